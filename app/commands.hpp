@@ -1,0 +1,19 @@
+// commands.hpp: the `tessera` binary's subcommands. app/ is the composition root: the one place
+// that links every component (driver, workers, runtime). Each command family lives in its own
+// cmd_*.cpp file and adds its subcommands to the CLI11 app here; the returned callback slot is
+// filled with the exit code by the command that ran.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::app {
+
+/// Exit code set by whichever subcommand ran (0 on success).
+int& exit_code();
+
+/// `tessera demo` (and later: train, sft, repl, generate, plot, export).
+void add_driver_commands(CLI::App& app);
+
+}  // namespace tessera::app

@@ -1,0 +1,28 @@
+// The `tessera` command-line entry point. Parses with CLI11 and dispatches to a subcommand.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "app/commands.hpp"
+
+namespace tessera::app {
+
+int& exit_code() {
+  static int code = 0;
+  return code;
+}
+
+}  // namespace tessera::app
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tessera: verl's FSDP backend as a C++ actor runtime"};
+  app.set_version_flag("--version", "tessera 0.1.0");
+  app.require_subcommand(1);
+  tessera::app::add_driver_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return tessera::app::exit_code();
+}
