@@ -16,4 +16,10 @@ int& exit_code();
 /// `tessera demo` (and later: train, sft, repl, generate, plot, export).
 void add_driver_commands(CLI::App& app);
 
+/// `tessera tokenize` (app/cmd_tokenize.cpp).
+void add_tokenizer_commands(CLI::App& app);
+
+/// `tessera init-model` (app/cmd_models.cpp).
+void add_model_commands(CLI::App& app);
+
 }  // namespace tessera::app

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tessera 0.1.0");
   app.require_subcommand(1);
   tessera::app::add_driver_commands(app);
+  tessera::app::add_tokenizer_commands(app);
+  tessera::app::add_model_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

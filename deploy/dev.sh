@@ -77,7 +77,7 @@ configure_and_build() {
   say "configuring into $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_BUILD_TYPE="${TESSERA_BUILD_TYPE:-RelWithDebInfo}" \
-    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "${extra[@]}" ${TESSERA_CMAKE_ARGS:-}
+    "${extra[@]}" ${TESSERA_CMAKE_ARGS:-}
   say "building with $JOBS jobs"
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
