@@ -1,0 +1,357 @@
+// nccl_communicator.cpp: the raw-NCCL backend. Compiled only with -DTESSERA_WITH_CUDA=ON; in a
+// CPU build this translation unit is empty and make_communicator("nccl") reports unimplemented.
+//
+// Note [NCCL backend]
+// * Rendezvous: the TCPStore of the Gloo backend carries the ncclUniqueId (rank 0 of the group
+//   creates it under "<prefix>/nccl_id"); join keys name absent ranks as for Gloo.
+// * Every CUDA/NCCL call goes through TESSERA_GPU_CHECK, the one checking wrapper: it turns a
+//   failure into a Status naming the call and the library's message (plus ncclGetLastError).
+// * Communicators are non-blocking (ncclConfig_t.blocking = 0), so a call never hangs past its
+//   timeout: after enqueueing, we poll ncclCommGetAsyncError and cudaStreamQuery until the
+//   stream drains or the deadline passes; then the communicator is aborted (ncclCommAbort) and
+//   reported broken, as NCCL requires after a timeout.
+// * The Debian LibTorch is CPU-only, so tensors usually live on the host: they are staged
+//   through device scratch buffers (H2D, collective, D2H on one stream). A tensor whose device
+//   is CUDA (a CUDA LibTorch, or at::from_blob on device memory) is used in place.
+#ifdef TESSERA_WITH_CUDA
+
+#include <torch/torch.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <thread>
+
+#include "runtime/collective/communicator.hpp"
+#include "runtime/collective/internal/backends.hpp"
+#include "runtime/collective/internal/store.hpp"
+
+namespace tessera::collective::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status gpu_status(cudaError_t e, const char* expr) {
+  if (e == cudaSuccess) return Status();
+  return make_error(ErrorCode::unavailable, "{} failed: {} ({})", expr, cudaGetErrorString(e),
+                    cudaGetErrorName(e));
+}
+
+Status gpu_status(ncclResult_t r, const char* expr) {
+  if (r == ncclSuccess || r == ncclInProgress) return Status();
+  const char* last = ncclGetLastError(nullptr);
+  return make_error(r == ncclInvalidArgument || r == ncclInvalidUsage ? ErrorCode::invalid_argument
+                                                                       : ErrorCode::unavailable,
+                    "{} failed: {}{}{}", expr, ncclGetErrorString(r),
+                    last && *last ? " - " : "", last ? last : "");
+}
+
+}  // namespace
+}  // namespace tessera::collective::internal
+
+/// The one checking wrapper for every CUDA and NCCL call in this backend.
+#define TESSERA_GPU_CHECK(expr) \
+  TESSERA_RETURN_IF_ERROR(::tessera::collective::internal::gpu_status((expr), #expr))
+
+namespace tessera::collective::internal {
+namespace {
+
+Result<ncclDataType_t> nccl_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kChar: return ncclInt8;
+    case at::kByte:
+    case at::kBool: return ncclUint8;
+    default:
+      return make_error(ErrorCode::invalid_argument, "dtype {} has no NCCL equivalent",
+                        c10::toString(t));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+/// Owns one NCCL communicator, its stream and its device scratch buffers.
+class NcclComm {
+ public:
+  NcclComm(int device, ncclComm_t comm, cudaStream_t stream)
+      : device_(device), comm_(comm), stream_(stream) {}
+  ~NcclComm() {
+    cudaSetDevice(device_);
+    for (void* p : scratch_) if (p) cudaFree(p);
+    if (comm_ && aborted_) ncclCommAbort(comm_);
+    if (comm_ && !aborted_) ncclCommDestroy(comm_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int device() const { return device_; }
+  ncclComm_t comm() const { return comm_; }
+  cudaStream_t stream() const { return stream_; }
+
+  /// Device buffer `slot` (0 or 1) of at least `bytes`, reused across calls.
+  Result<void*> scratch(int slot, size_t bytes) {
+    if (scratch_bytes_[slot] < bytes) {
+      if (scratch_[slot]) TESSERA_GPU_CHECK(cudaFree(scratch_[slot]));
+      scratch_[slot] = nullptr;
+      scratch_bytes_[slot] = 0;
+      TESSERA_GPU_CHECK(cudaMalloc(&scratch_[slot], bytes));
+      scratch_bytes_[slot] = bytes;
+    }
+    return scratch_[slot];
+  }
+
+  /// Polls until the stream drains; aborts the communicator at the deadline.
+  Status wait(Clock::time_point deadline, std::chrono::milliseconds timeout, const std::string& who) {
+    for (;;) {
+      ncclResult_t async = ncclSuccess;
+      TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm_, &async));
+      TESSERA_GPU_CHECK(async);
+      cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess && async == ncclSuccess) return Status();
+      if (q != cudaErrorNotReady) TESSERA_GPU_CHECK(q);
+      if (Clock::now() >= deadline) {
+        aborted_ = true;
+        return make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted)",
+                          who, timeout.count());
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  int device_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  void* scratch_[2] = {nullptr, nullptr};
+  size_t scratch_bytes_[2] = {0, 0};
+  bool aborted_ = false;
+};
+
+// Initialises a non-blocking communicator and waits (bounded) for it to become ready.
+Result<std::unique_ptr<NcclComm>> init_comm(int device, const ncclUniqueId& id, int rank, int size,
+                                            std::chrono::milliseconds timeout) {
+  TESSERA_GPU_CHECK(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  TESSERA_GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  Status st = gpu_status(ncclCommInitRankConfig(&comm, size, id, rank, &config),
+                         "ncclCommInitRankConfig");
+  auto owned = std::make_unique<NcclComm>(device, comm, stream);
+  TESSERA_RETURN_IF_ERROR(st);
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm, &state));
+    if (state == ncclSuccess) return owned;
+    TESSERA_GPU_CHECK(state);
+    if (Clock::now() >= deadline) {
+      return make_error(ErrorCode::timeout, "ncclCommInitRankConfig did not finish within {} ms",
+                        timeout.count());
+    }
+    std::this_thread::yield();
+  }
+}
+
+// Rank 0 of the group publishes the unique id; the others read it from the store.
+Result<ncclUniqueId> exchange_unique_id(c10d::Store& store, const std::string& prefix, int rank,
+                                        std::chrono::milliseconds timeout) {
+  ncclUniqueId id;
+  std::string key = prefix + "/nccl_id";
+  if (rank == 0) {
+    TESSERA_GPU_CHECK(ncclGetUniqueId(&id));
+    const auto* p = reinterpret_cast<const uint8_t*>(&id);
+    store.set(key, std::vector<uint8_t>(p, p + sizeof(id)));
+    return id;
+  }
+  try {
+    store.wait({key}, timeout);
+    std::vector<uint8_t> bytes = store.get(key);
+    if (bytes.size() != sizeof(id)) {
+      return make_error(ErrorCode::corrupt_data, "store key '{}' holds {} bytes, expected {}", key,
+                        bytes.size(), sizeof(id));
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+    return id;
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::timeout, "peer rank 0 did not publish the NCCL id within {} ms: {}",
+                      timeout.count(), first_line(e));
+  }
+}
+
+Result<std::unique_ptr<NcclComm>> build_comm(c10d::Store& store, const std::string& prefix,
+                                             int rank, int size, int device,
+                                             std::chrono::milliseconds timeout) {
+  TESSERA_RETURN_IF_ERROR(wait_for_joins(store, prefix, rank, size, timeout));
+  TESSERA_ASSIGN_OR_RETURN(ncclUniqueId id, exchange_unique_id(store, prefix, rank, timeout));
+  return init_comm(device, id, rank, size, timeout);
+}
+
+/// A buffer on the device: the tensor itself when it is on CUDA, else a staged scratch copy.
+struct DeviceView {
+  void* ptr = nullptr;
+  bool staged = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(int rank, int size, std::string name, std::chrono::milliseconds timeout,
+                   c10::intrusive_ptr<c10d::Store> store, std::string prefix,
+                   std::unique_ptr<NcclComm> comm)
+      : Communicator(rank, size, std::move(name), timeout), store_(std::move(store)),
+        prefix_(std::move(prefix)), comm_(std::move(comm)) {}
+
+  const char* backend_name() const override { return "nccl"; }
+
+ protected:
+  Status do_all_gather(const at::Tensor& in, const at::Tensor& out,
+                       std::chrono::milliseconds t) override {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
+    return run(in, out, t, -1, [&](void* src, void* dst) {
+      return gpu_status(ncclAllGather(src, dst, in.numel(), dt, comm_->comm(), comm_->stream()),
+                        "ncclAllGather");
+    });
+  }
+  Status do_reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
+                           std::chrono::milliseconds t) override {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
+    return run(in, out, t, -1, [&](void* src, void* dst) {
+      return gpu_status(ncclReduceScatter(src, dst, out.numel(), dt, nccl_op(op), comm_->comm(),
+                                          comm_->stream()),
+                        "ncclReduceScatter");
+    });
+  }
+  Status do_all_reduce(const at::Tensor& tensor, ReduceOp op, std::chrono::milliseconds t) override {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(tensor.scalar_type()));
+    return run(tensor, tensor, t, -1, [&](void* src, void* dst) {
+      return gpu_status(ncclAllReduce(src, dst, tensor.numel(), dt, nccl_op(op), comm_->comm(),
+                                      comm_->stream()),
+                        "ncclAllReduce");
+    });
+  }
+  Status do_broadcast(const at::Tensor& tensor, int root, std::chrono::milliseconds t) override {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(tensor.scalar_type()));
+    return run(tensor, tensor, t, rank() == root ? -1 : root, [&](void* src, void* dst) {
+      return gpu_status(ncclBroadcast(src, dst, tensor.numel(), dt, root, comm_->comm(),
+                                      comm_->stream()),
+                        "ncclBroadcast");
+    });
+  }
+  Status do_barrier(std::chrono::milliseconds t) override {
+    at::Tensor token = at::zeros({1}, at::kFloat);
+    return do_all_reduce(token, ReduceOp::sum, t);
+  }
+  Status do_send(const at::Tensor& tensor, int dst, std::chrono::milliseconds t) override {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(tensor.scalar_type()));
+    return run(tensor, at::Tensor(), t, dst, [&](void* src, void*) {
+      return gpu_status(ncclSend(src, tensor.numel(), dt, dst, comm_->comm(), comm_->stream()),
+                        "ncclSend");
+    });
+  }
+  Status do_recv(const at::Tensor& tensor, int src, std::chrono::milliseconds t) override {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(tensor.scalar_type()));
+    return run(at::Tensor(), tensor, t, src, [&](void*, void* dst) {
+      return gpu_status(ncclRecv(dst, tensor.numel(), dt, src, comm_->comm(), comm_->stream()),
+                        "ncclRecv");
+    });
+  }
+  Result<std::shared_ptr<Communicator>> do_new_subgroup(const std::vector<int>& members,
+                                                        int sub_rank, const std::string& name,
+                                                        std::chrono::milliseconds t) override {
+    std::string prefix =
+        fmt::format("{}/{}:{}[{}]", prefix_, subgroup_seq_++, name, fmt::join(members, ","));
+    int n = static_cast<int>(members.size());
+    TESSERA_ASSIGN_OR_RETURN(auto comm,
+                             build_comm(*store_, prefix, sub_rank, n, comm_->device(), t));
+    return std::shared_ptr<Communicator>(std::make_shared<NcclCommunicator>(
+        sub_rank, n, name, default_timeout(), store_, prefix, std::move(comm)));
+  }
+
+ private:
+  Result<DeviceView> to_device(const at::Tensor& t, int slot, bool copy_in) {
+    if (!t.defined()) return DeviceView{};
+    if (t.device().is_cuda()) return DeviceView{t.data_ptr(), false};
+    size_t bytes = t.numel() * t.element_size();
+    TESSERA_ASSIGN_OR_RETURN(void* p, comm_->scratch(slot, bytes));
+    if (copy_in) {
+      TESSERA_GPU_CHECK(cudaMemcpyAsync(p, t.data_ptr(), bytes, cudaMemcpyHostToDevice,
+                                        comm_->stream()));
+    }
+    return DeviceView{p, true};
+  }
+
+  // Stages `in`/`out`, enqueues `op(src, dst)`, copies the result back and waits, bounded.
+  template <class Op>
+  Status run(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t, int peer,
+             Op op) {
+    auto deadline = Clock::now() + t;
+    TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
+    bool in_place = in.defined() && out.defined() && in.data_ptr() == out.data_ptr();
+    TESSERA_ASSIGN_OR_RETURN(DeviceView src, to_device(in, 0, /*copy_in=*/true));
+    DeviceView dst = src;
+    if (!in_place) {
+      TESSERA_ASSIGN_OR_RETURN(dst, to_device(out, 1, /*copy_in=*/false));
+    }
+    TESSERA_RETURN_IF_ERROR(op(src.ptr, dst.ptr));
+    if (dst.staged) {
+      TESSERA_GPU_CHECK(cudaMemcpyAsync(out.data_ptr(), dst.ptr, out.numel() * out.element_size(),
+                                        cudaMemcpyDeviceToHost, comm_->stream()));
+    }
+    return comm_->wait(deadline, t, peer_text(peer));
+  }
+
+  std::string peer_text(int peer) const {
+    if (peer >= 0) return describe_peers({peer});
+    std::vector<int> others;
+    for (int r = 0; r < size(); ++r) if (r != rank()) others.push_back(r);
+    return (others.size() == 1 ? "" : "one of ") + describe_peers(others);
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
+  std::unique_ptr<NcclComm> comm_;
+  int subgroup_seq_ = 0;
+};
+
+Result<int> pick_device(const CommunicatorOptions& o) {
+  int count = 0;
+  TESSERA_GPU_CHECK(cudaGetDeviceCount(&count));
+  if (count == 0) return make_error(ErrorCode::unavailable, "no CUDA device is visible");
+  int device = o.cuda_device >= 0 ? o.cuda_device : o.rank % count;
+  if (device >= count) {
+    return make_error(ErrorCode::out_of_range, "cuda_device {} but only {} devices are visible",
+                      device, count);
+  }
+  return device;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Communicator>> make_nccl_communicator(const CommunicatorOptions& o) {
+  std::string ctx = "rendezvous " + rank_context(o.rank, o.world_size, o.group_name);
+  auto device = pick_device(o);
+  if (!device.ok()) return device.status().with_context(ctx);
+  auto store = connect_tcp_store(o);
+  if (!store.ok()) return store.status().with_context(ctx);
+  auto comm = build_comm(**store, o.group_name, o.rank, o.world_size, *device, o.timeout);
+  if (!comm.ok()) return comm.status().with_context(ctx);
+  return std::shared_ptr<Communicator>(std::make_shared<NcclCommunicator>(
+      o.rank, o.world_size, o.group_name, o.timeout, std::move(*store), o.group_name,
+      std::move(*comm)));
+}
+
+}  // namespace tessera::collective::internal
+
+#endif  // TESSERA_WITH_CUDA
