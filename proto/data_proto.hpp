@@ -10,7 +10,7 @@
 //     storage, like Python references to the same TensorDict) and deep for meta_info.
 //   * In-place methods stay in place (pop, rename, union_, reorder, to); `padding` does NOT mutate
 //     the caller (verl's does, which is how auto-padding leaked into callers): it returns a new one.
-//   * chunk/split/slice and integer-free indexing by Slice return VIEWS: tensors via narrow /
+//   * chunk/split/slice/unpad and index(Slice) return VIEWS: tensors via narrow /
 //     strided slicing and columns as (storage, offset, length) views; no bytes are copied.
 //     `concat` of adjacent views re-joins them in O(1) (Note [Zero-copy chunk/concat]).
 //   * `concat` merges meta_info like verl main, not v0.5.0: `metrics` from every input are kept
@@ -184,7 +184,7 @@ class DataProto {
   Result<DataProto> padding(int64_t padding_size, const std::string& padding_candidate = "") const;
   /// verl's pad_dataproto_to_divisor: appends rows copied from the BEGINNING (wrapping as often
   /// as needed) until size() % divisor == 0. Returns (padded, pad_size); pad_size == 0 returns an
-  /// alias of *this. Errors: divisor < 1, padding an empty DataProto.
+  /// alias of *this (also for an empty DataProto, as in verl). Error: divisor < 1.
   Result<std::pair<DataProto, int64_t>> pad_to_divisor(int64_t size_divisor) const;
   /// verl's unpad_dataproto: drops the last pad_size rows (a view). Error if pad_size is
   /// negative or > size().

@@ -1,0 +1,120 @@
+// tensor_ops.cpp: row views, gathers, index normalisation and the O(1) re-join of adjacent views.
+#include "proto/internal/tensor_ops.hpp"
+
+#include <torch/torch.h>
+
+namespace tessera::proto::internal {
+
+int64_t rows_of(const TensorDict& batch, const NonTensorBatch& columns) {
+  if (!batch.empty()) return batch.begin()->second.size(0);
+  if (!columns.empty()) return columns.begin()->second.size();
+  return 0;
+}
+
+DataProto view_rows(const DataProto& d, int64_t start, int64_t count, int64_t step) {
+  TensorDict batch;
+  for (const auto& [key, t] : d.batch()) {
+    // Tensor::slice keeps a view; end is exclusive and past the last row taken.
+    int64_t end = count == 0 ? start : start + (count - 1) * step + 1;
+    batch.insert_or_assign(key, step == 1 ? t.narrow(0, start, count) : t.slice(0, start, end, step));
+  }
+  NonTensorBatch columns;
+  for (const auto& [key, c] : d.non_tensor_batch()) {
+    columns.insert_or_assign(key, c.view(start, count, step));
+  }
+  return DataProtoAccess::make(std::move(batch), std::move(columns), d.meta_info());
+}
+
+Result<DataProto> gather_rows(const DataProto& d, const std::vector<int64_t>& idx,
+                              const char* what) {
+  return guard(what, [&]() -> Result<DataProto> {
+    at::Tensor index = torch::tensor(idx, torch::kLong);
+    TensorDict batch;
+    for (const auto& [key, t] : d.batch()) {
+      at::Tensor on_device = t.device() == index.device() ? index : index.to(t.device());
+      batch.insert_or_assign(key, t.index_select(0, on_device));
+    }
+    NonTensorBatch columns;
+    for (const auto& [key, c] : d.non_tensor_batch()) columns.insert_or_assign(key, c.take(idx));
+    return DataProtoAccess::make(std::move(batch), std::move(columns), d.meta_info());
+  });
+}
+
+Result<std::vector<int64_t>> normalize_indices(const std::vector<int64_t>& idx, int64_t n,
+                                               const char* what) {
+  std::vector<int64_t> out(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    int64_t v = idx[i];
+    if (v < -n || v >= n) {
+      return make_error(ErrorCode::out_of_range, "{}: index {} (position {}) is out of range for {} rows",
+                        what, v, i, n);
+    }
+    out[i] = v < 0 ? v + n : v;
+  }
+  return out;
+}
+
+Result<std::vector<int64_t>> indices_from_tensor(const at::Tensor& idx, int64_t n,
+                                                 const char* what) {
+  if (!idx.defined()) {
+    return make_error(ErrorCode::invalid_argument, "{}: index tensor is undefined", what);
+  }
+  if (idx.dim() != 1) {
+    return make_error(ErrorCode::invalid_argument, "{}: index tensor must be 1-D, got {} dims",
+                      what, idx.dim());
+  }
+  return guard(what, [&]() -> Result<std::vector<int64_t>> {
+    at::Tensor cpu = idx.to(torch::kCPU);
+    if (cpu.scalar_type() == torch::kBool) {
+      if (cpu.size(0) != n) {
+        return make_error(ErrorCode::invalid_argument, "{}: bool mask has {} entries for {} rows",
+                          what, cpu.size(0), n);
+      }
+      cpu = cpu.nonzero().flatten();
+    } else if (!at::isIntegralType(cpu.scalar_type(), /*includeBool=*/false)) {
+      return make_error(ErrorCode::invalid_argument, "{}: index tensor must be integer or bool, got {}",
+                        what, c10::toString(cpu.scalar_type()));
+    }
+    cpu = cpu.to(torch::kLong).contiguous();
+    const int64_t* p = cpu.data_ptr<int64_t>();
+    return normalize_indices(std::vector<int64_t>(p, p + cpu.numel()), n, what);
+  });
+}
+
+bool tensors_equal_nan(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  if (a.numel() == 0) return true;
+  bool same_view = a.device() == b.device() && a.storage().is_alias_of(b.storage()) &&
+                   a.storage_offset() == b.storage_offset() && a.strides() == b.strides();
+  if (same_view) return true;  // the same bytes: equal, NaN included
+  at::Tensor bb = b.device() == a.device() ? b : b.to(a.device());
+  if (!a.is_floating_point()) return a.equal(bb);
+  return at::logical_or(a.eq(bb), at::logical_and(a.isnan(), bb.isnan())).all().item<bool>();
+}
+
+at::Tensor try_join_adjacent(const std::vector<at::Tensor>& parts) {
+  // Note [Zero-copy chunk/concat] (data_proto_views.cpp).
+  if (parts.empty()) return {};
+  const at::Tensor& first = parts.front();
+  if (!first.defined() || first.dim() == 0 || first.requires_grad()) return {};
+  int64_t rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const at::Tensor& p = parts[i];
+    if (!p.defined() || p.requires_grad() || p.scalar_type() != first.scalar_type() ||
+        p.device() != first.device() || p.dim() != first.dim() ||
+        p.strides() != first.strides() || p.sizes().slice(1) != first.sizes().slice(1) ||
+        !p.storage().is_alias_of(first.storage())) {
+      return {};
+    }
+    if (i > 0) {
+      const at::Tensor& prev = parts[i - 1];
+      if (p.storage_offset() != prev.storage_offset() + prev.size(0) * prev.stride(0)) return {};
+    }
+    rows += p.size(0);
+  }
+  std::vector<int64_t> sizes = first.sizes().vec();
+  sizes[0] = rows;
+  return first.as_strided(sizes, first.strides(), first.storage_offset());
+}
+
+}  // namespace tessera::proto::internal

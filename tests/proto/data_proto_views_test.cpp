@@ -1,0 +1,222 @@
+// DataProto views: index, slice, chunk, split, concat (zero-copy proofs and meta merge).
+#include "tests/proto/test_util.hpp"
+
+namespace tessera::proto {
+namespace {
+
+using testing::expect_error;
+using testing::expected_uids;
+using testing::make_proto;
+using testing::shares_storage;
+using testing::uids;
+using testing::unwrap;
+using json = nlohmann::json;
+namespace ti = torch::indexing;
+
+TEST(DataProtoIndex, IntegerGivesItem) {
+  DataProto d = make_proto(5);
+  DataProtoItem item = unwrap(d.index(-2));
+  const at::Tensor& x = *d.batch().find("x");
+  EXPECT_TRUE(item.batch.find("x")->equal(x[3]));
+  EXPECT_TRUE(shares_storage(*item.batch.find("x"), x));
+  EXPECT_EQ(item.batch.find("ids")->item<int64_t>(), 103);
+  EXPECT_EQ(item.non_tensor_batch.find("uid")->str(0), "u3");
+  EXPECT_EQ(item.meta_info, d.meta_info());
+  expect_error(d.index(5), ErrorCode::out_of_range, "row 5");
+  expect_error(d.index(-6), ErrorCode::out_of_range, "row -6");
+}
+
+TEST(DataProtoIndex, OtherKindsDispatch) {
+  DataProto d = make_proto(6);
+  EXPECT_EQ(uids(unwrap(d.index(Slice{1, 5, 2}))), expected_uids({1, 3}));
+  EXPECT_EQ(uids(unwrap(d.index(std::vector<int64_t>{4, -6}))), expected_uids({4, 0}));
+  EXPECT_EQ(uids(unwrap(d.index(std::vector<bool>{true, false, false, false, false, true}))),
+            expected_uids({0, 5}));
+  EXPECT_EQ(uids(unwrap(d.index(torch::tensor({2, 2}, torch::kLong)))), expected_uids({2, 2}));
+}
+
+TEST(DataProtoSlice, PythonSemanticsAsViews) {
+  const int64_t n = 7;
+  DataProto d = make_proto(n);
+  const at::Tensor& x = *d.batch().find("x");
+  const std::vector<std::optional<int64_t>> bounds = {std::nullopt, -9, -3, -1, 0, 2, 5, 7, 10};
+  for (auto start : bounds) {
+    for (auto stop : bounds) {
+      for (int64_t step : {1, 2, 3}) {
+        DataProto s = unwrap(d.slice(start, stop, step));
+        // Reference: torch's own Python-style indexing of the source tensor.
+        at::Tensor expected = x.index({ti::Slice(start ? c10::optional<int64_t>(*start) : c10::nullopt,
+                                                 stop ? c10::optional<int64_t>(*stop) : c10::nullopt, step)});
+        const at::Tensor& got = *s.batch().find("x");
+        ASSERT_TRUE(got.equal(expected));
+        ASSERT_EQ(s.size(), expected.size(0));
+        if (s.size() > 0) {
+          ASSERT_TRUE(shares_storage(got, x));
+        }
+        std::vector<int64_t> rows;
+        for (int64_t r = 0; r < expected.size(0); ++r) rows.push_back(static_cast<int64_t>(expected[r][0].item<float>() / 3));
+        ASSERT_EQ(uids(s), expected_uids(rows));
+        if (s.size() > 0) {
+          ASSERT_EQ(s.non_tensor_batch().find("uid")->storage_id(), d.non_tensor_batch().find("uid")->storage_id());
+        }
+      }
+    }
+  }
+  expect_error(d.slice(0, 3, 0), ErrorCode::invalid_argument, "step");
+}
+
+TEST(DataProtoChunk, EqualChunksAreViews) {
+  DataProto d = make_proto(8);
+  auto chunks = unwrap(d.chunk(4));
+  ASSERT_EQ(chunks.size(), 4u);
+  const at::Tensor& x = *d.batch().find("x");
+  auto ref = x.chunk(4);
+  for (size_t i = 0; i < 4; ++i) {
+    const at::Tensor& c = *chunks[i].batch().find("x");
+    EXPECT_TRUE(c.equal(ref[i]));
+    EXPECT_EQ(c.data_ptr(), static_cast<float*>(x.data_ptr()) + 6 * i);  // a view, no copy
+    EXPECT_EQ(uids(chunks[i]), expected_uids({int64_t(2 * i), int64_t(2 * i + 1)}));
+    EXPECT_EQ(chunks[i].non_tensor_batch().find("uid")->storage_id(),
+              d.non_tensor_batch().find("uid")->storage_id());
+    EXPECT_EQ(chunks[i].meta_info(), d.meta_info());
+  }
+}
+
+TEST(DataProtoChunk, Errors) {
+  DataProto d = make_proto(5);
+  expect_error(d.chunk(2), ErrorCode::invalid_argument, "length 5 is not divisible by 2");
+  expect_error(d.chunk(0), ErrorCode::invalid_argument, "chunks must be >= 1");
+}
+
+TEST(DataProtoChunk, PaddingEnabledFollowsTensorDictChunk) {
+  DataProto d = make_proto(7, /*auto_padding=*/true);
+  auto chunks = unwrap(d.chunk(4));
+  auto ref = d.batch().find("x")->chunk(4);  // torch.chunk: 2, 2, 2, 1
+  ASSERT_EQ(chunks.size(), ref.size());
+  for (size_t i = 0; i < chunks.size(); ++i) EXPECT_TRUE(chunks[i].batch().find("x")->equal(ref[i]));
+  // 5 rows into 4: torch.chunk gives 3 pieces of 2, 2, 1 -> error rather than fewer chunks.
+  DataProto five = make_proto(5, /*auto_padding=*/true);
+  EXPECT_EQ(five.batch().find("x")->chunk(4).size(), 3u);
+  expect_error(five.chunk(4), ErrorCode::invalid_argument, "only 3 chunks");
+}
+
+TEST(DataProtoChunk, EmptyAndKeyless) {
+  auto empty = unwrap(make_proto(0).chunk(3));
+  ASSERT_EQ(empty.size(), 3u);
+  for (const auto& c : empty) EXPECT_EQ(c.size(), 0);
+  DataProto meta_only;
+  meta_only.meta_info()["k"] = 1;
+  auto chunks = unwrap(meta_only.chunk(2));
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[1].meta_info()["k"], 1);
+}
+
+TEST(DataProtoSplit, LastPieceShorter) {
+  DataProto d = make_proto(7);
+  auto parts = unwrap(d.split(3));
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(uids(parts[2]), expected_uids({6}));
+  auto ref = d.batch().find("x")->split(3);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(parts[i].batch().find("x")->equal(ref[i]));
+    EXPECT_TRUE(shares_storage(*parts[i].batch().find("x"), *d.batch().find("x")));
+  }
+  EXPECT_TRUE(unwrap(make_proto(0).split(2)).empty());
+  expect_error(d.split(0), ErrorCode::invalid_argument, "split_size");
+}
+
+TEST(DataProtoConcat, ChunkThenConcatIsZeroCopy) {
+  DataProto d = make_proto(16);
+  auto chunks = unwrap(d.chunk(8));
+  DataProto joined = unwrap(DataProto::concat(chunks));
+  for (const auto& key : d.batch().keys()) {
+    const at::Tensor& a = *d.batch().find(key);
+    const at::Tensor& b = *joined.batch().find(key);
+    EXPECT_EQ(a.data_ptr(), b.data_ptr()) << key;
+    EXPECT_TRUE(b.storage().is_alias_of(a.storage())) << key;
+    EXPECT_TRUE(a.equal(b));
+  }
+  for (const auto& key : d.non_tensor_batch().keys()) {
+    const Column& a = *d.non_tensor_batch().find(key);
+    const Column& b = *joined.non_tensor_batch().find(key);
+    EXPECT_EQ(a.storage_id(), b.storage_id()) << key;
+    EXPECT_EQ(a.storage_offset(), b.storage_offset());
+    EXPECT_TRUE(a.equals(b));
+  }
+  // Adjacent views of a slice re-join too.
+  DataProto mid = unwrap(d.slice(4, 12));
+  DataProto rejoined = unwrap(DataProto::concat(unwrap(mid.split(3))));
+  EXPECT_EQ(rejoined.batch().find("x")->data_ptr(), mid.batch().find("x")->data_ptr());
+}
+
+TEST(DataProtoConcat, NonAdjacentInputsAreCopied) {
+  DataProto d = make_proto(6);
+  auto chunks = unwrap(d.chunk(3));
+  DataProto joined = unwrap(DataProto::concat({chunks[2], chunks[0], chunks[1]}));
+  const at::Tensor& x = *d.batch().find("x");
+  at::Tensor expected = torch::cat({x.slice(0, 4, 6), x.slice(0, 0, 4)});
+  EXPECT_TRUE(joined.batch().find("x")->equal(expected));
+  EXPECT_FALSE(shares_storage(*joined.batch().find("x"), x));
+  EXPECT_EQ(uids(joined), expected_uids({4, 5, 0, 1, 2, 3}));
+  // Two unrelated DataProtos.
+  DataProto both = unwrap(DataProto::concat({make_proto(2), make_proto(3)}));
+  EXPECT_EQ(uids(both), expected_uids({0, 1, 0, 1, 2}));
+  EXPECT_TRUE(both.batch().find("ids")->equal(torch::tensor({100, 101, 100, 101, 102}, torch::kLong)));
+}
+
+TEST(DataProtoConcat, Errors) {
+  expect_error(DataProto::concat({}), ErrorCode::invalid_argument, "no DataProto");
+  DataProto a = make_proto(2);
+  DataProto b = make_proto(2);
+  ASSERT_TRUE(b.pop(std::vector<std::string>{"ids"}).ok());
+  expect_error(DataProto::concat({a, b}), ErrorCode::invalid_argument, "batch key 'ids' is missing from input 1");
+  expect_error(DataProto::concat({b, a}), ErrorCode::invalid_argument, "'ids' of input 1 is missing from input 0");
+  DataProto c = make_proto(2);
+  ASSERT_OK(c.set_column("uid", Column::int64s({1, 2})));
+  expect_error(DataProto::concat({a, c}), ErrorCode::invalid_argument, "non_tensor_batch key 'uid'");
+  DataProto e = make_proto(2);
+  ASSERT_OK(e.set_tensor("x", torch::zeros({2, 4})));
+  expect_error(DataProto::concat({a, e}), ErrorCode::invalid_argument, "batch key 'x'");
+}
+
+TEST(DataProtoConcat, MetricsFromEveryInputAreKept) {
+  std::vector<DataProto> ranks;
+  for (int r = 0; r < 3; ++r) {
+    DataProto d = make_proto(2);
+    d.meta_info()["metrics"] = json{{"actor/pg_loss", 0.5 * r}, {"actor/lr", 1e-3}};
+    ranks.push_back(d);
+  }
+  ranks[2].meta_info()["metrics"]["actor/entropy"] = json::array({1, 2});  // a list is flattened
+  DataProto joined = unwrap(DataProto::concat(ranks));
+  const json& m = joined.meta_info()["metrics"];
+  EXPECT_EQ(m["actor/pg_loss"], json::array({0.0, 0.5, 1.0}));
+  EXPECT_EQ(m["actor/lr"], json::array({1e-3, 1e-3, 1e-3}));
+  EXPECT_EQ(m["actor/entropy"], json::array({1, 2}));
+  EXPECT_EQ(joined.meta_info()["temperature"], 0.7);
+  // Associative: concat(concat(a, b), c) == concat(a, b, c).
+  DataProto ab = unwrap(DataProto::concat({ranks[0], ranks[1]}));
+  DataProto abc = unwrap(DataProto::concat({ab, ranks[2]}));
+  EXPECT_EQ(abc.meta_info()["metrics"], m);
+  // A list of metric objects contributes each of them.
+  DataProto listed = make_proto(1);
+  listed.meta_info()["metrics"] = json::array({json{{"k", 1}}, json{{"k", 2}}});
+  EXPECT_EQ(unwrap(DataProto::concat({listed})).meta_info()["metrics"]["k"], json::array({1, 2}));
+}
+
+TEST(DataProtoConcat, OtherMetaKeysMustAgree) {
+  DataProto a = make_proto(1);
+  DataProto b = make_proto(1);
+  DataProto c = make_proto(1);
+  c.meta_info()["temperature"] = 1.0;
+  b.meta_info()["only_b"] = true;
+  expect_error(DataProto::concat({a, b, c}), ErrorCode::invalid_argument,
+               "meta_info key 'temperature' differs between input 0 and input 2");
+  DataProto ok = unwrap(DataProto::concat({a, b}));
+  EXPECT_EQ(ok.meta_info()["only_b"], true);
+  DataProto bad = make_proto(1);
+  bad.meta_info()["metrics"] = 3;
+  expect_error(DataProto::concat({a, bad}), ErrorCode::invalid_argument, "metrics");
+}
+
+}  // namespace
+}  // namespace tessera::proto
