@@ -1,0 +1,186 @@
+// decoder.cpp: the forward maths. See decoder.hpp for the formulas and the masking rule.
+#include "workers/models/decoder.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "workers/models/kv_cache.hpp"
+
+namespace tessera::models {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const at::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({out_features, in_features}, options));
+  if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({num_embeddings, dim}, options));
+}
+
+at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps_, const at::TensorOptions& options) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+RotaryTables make_rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
+                                c10::ScalarType dtype) {
+  auto f32 = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
+  at::Tensor exponent = at::arange(0, head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(head_dim);
+  at::Tensor inv_freq = at::pow(theta, exponent).reciprocal();                         // [D/2]
+  at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
+  int64_t half = x.size(-1) / 2;
+  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * tables.cos + rotated * tables.sin;
+}
+
+at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len) {
+  int64_t total = past_len + query_len;
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(key_mask.device());
+  at::Tensor query_col = at::arange(past_len, total, long_opts).unsqueeze(1);  // [T, 1]
+  at::Tensor key_col = at::arange(0, total, long_opts).unsqueeze(0);           // [1, S]
+  at::Tensor causal = key_col.le(query_col);                                   // [T, S]
+  at::Tensor keys = key_mask.ne(0).view({key_mask.size(0), 1, 1, total});     // [B, 1, 1, S]
+  return causal.view({1, 1, query_len, total}).logical_and(keys);
+}
+
+namespace {
+
+// HF repeat_kv: [B, kv, S, D] -> [B, kv * groups, S, D].
+at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  auto s = x.sizes();
+  return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
+}
+
+// [B, T, heads * D] -> [B, heads, T, D]
+at::Tensor split_heads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
+  return x.view({x.size(0), x.size(1), heads, head_dim}).transpose(1, 2);
+}
+
+}  // namespace
+
+Attention::Attention(const ModelConfig& c, const at::TensorOptions& options)
+    : num_heads_(c.num_attention_heads), num_kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.hidden_size, num_heads_ * head_dim_, c.attention_bias, options));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads_ * head_dim_, c.hidden_size, false, options));
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
+                              const LayerCacheView* cache) const {
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = apply_rotary(split_heads(q_proj->forward(x), num_heads_, head_dim_), rope);
+  at::Tensor k = apply_rotary(split_heads(k_proj->forward(x), num_kv_heads_, head_dim_), rope);
+  at::Tensor v = split_heads(v_proj->forward(x), num_kv_heads_, head_dim_);
+  if (cache != nullptr) {
+    cache->key.narrow(2, cache->past, T).copy_(k);
+    cache->value.narrow(2, cache->past, T).copy_(v);
+    k = cache->key.narrow(2, 0, cache->past + T);
+    v = cache->value.narrow(2, 0, cache->past + T);
+  }
+  const int64_t groups = num_heads_ / num_kv_heads_;
+  k = repeat_kv(k, groups);
+  v = repeat_kv(v, groups);
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(scaling).to(at::kFloat);
+  scores = scores.masked_fill(visible.logical_not(), std::numeric_limits<float>::lowest());
+  at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
+  at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({B, T, num_heads_ * head_dim_});
+  return o_proj->forward(out);
+}
+
+MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) {
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, false, options));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, false, options));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, options));
+}
+
+at::Tensor MLP::forward(const at::Tensor& x) const {
+  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+DecoderLayer::DecoderLayer(const ModelConfig& c, const at::TensorOptions& options) {
+  self_attn = register_module("self_attn", std::make_shared<Attention>(c, options));
+  mlp = register_module("mlp", std::make_shared<MLP>(c, options));
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
+                                 const LayerCacheView* cache) const {
+  at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope, visible, cache);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+DecoderBackbone::DecoderBackbone(const ModelConfig& c, const at::TensorOptions& options) : config_(c) {
+  embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, options));
+  auto list = register_module("layers", std::make_shared<torch::nn::Module>("LayerList"));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(list->register_module(std::to_string(i), std::make_shared<DecoderLayer>(c, options)));
+  }
+  norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+}
+
+at::Tensor DecoderBackbone::run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
+                                       KVCache* cache) const {
+  RotaryTables rope = make_rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (cache == nullptr) {
+      h = layers[i]->forward(h, rope, visible, nullptr);
+      continue;
+    }
+    LayerCacheView view{cache->key(static_cast<int64_t>(i)), cache->value(static_cast<int64_t>(i)), cache->length()};
+    h = layers[i]->forward(h, rope, visible, &view);
+  }
+  return norm->forward(h);
+}
+
+at::Tensor DecoderBackbone::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                    const at::Tensor& position_ids) const {
+  TORCH_CHECK(input_ids.dim() == 2 && attention_mask.sizes() == input_ids.sizes() &&
+                  position_ids.sizes() == input_ids.sizes(),
+              "DecoderBackbone::forward: input_ids, attention_mask, position_ids must all be [B, T]; got ",
+              input_ids.sizes(), ", ", attention_mask.sizes(), ", ", position_ids.sizes());
+  at::Tensor visible = attention_visibility(attention_mask, input_ids.size(1), /*past_len=*/0);
+  return run_layers(embed_tokens->forward(input_ids), position_ids, visible, nullptr);
+}
+
+at::Tensor DecoderBackbone::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,
+                                         const at::Tensor& cache_mask) const {
+  const int64_t B = input_ids.size(0), T = input_ids.size(1), past = cache.length();
+  TORCH_CHECK(input_ids.dim() == 2 && position_ids.sizes() == input_ids.sizes(),
+              "forward_step: input_ids and position_ids must both be [B, T]");
+  TORCH_CHECK(B == cache.batch_size(), "forward_step: batch ", B, " != cache batch ", cache.batch_size());
+  TORCH_CHECK(past + T <= cache.capacity(), "forward_step: cache full (", past, " + ", T, " > ", cache.capacity(), ")");
+  TORCH_CHECK(cache_mask.dim() == 2 && cache_mask.size(0) == B && cache_mask.size(1) >= past + T,
+              "forward_step: cache_mask must be [", B, ", >= ", past + T, "], got ", cache_mask.sizes());
+  TORCH_CHECK(cache.dtype() == embed_tokens->weight.scalar_type(), "forward_step: cache dtype ",
+              cache.dtype(), " != parameter dtype ", embed_tokens->weight.scalar_type());
+  at::NoGradGuard no_grad;
+  at::Tensor visible = attention_visibility(cache_mask.narrow(1, 0, past + T), T, past);
+  at::Tensor h = run_layers(embed_tokens->forward(input_ids), position_ids, visible, &cache);
+  cache.advance(T);
+  return h;
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,143 @@
+// decoder.hpp: the decoder-only transformer shared by Llama and Qwen2, as torch::nn modules whose
+// parameters carry HF's names (q_proj.weight, input_layernorm.weight, ...).
+//
+// The maths follows HF's modeling_llama / modeling_qwen2 exactly:
+//   RMSNorm     y = weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)
+//   RoPE        inv_freq = 1 / theta^(arange(0, D, 2) / D); emb = cat(freqs, freqs);
+//               x' = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+//   attention   softmax_f32(q k^T * D^-0.5, masked) v, with repeat_kv for GQA
+//   MLP         down(silu(gate(x)) * up(x))
+// Masking: query t (cache column past + t) sees key column s iff s <= past + t and the key's
+// attention-mask bit is 1. Masked scores are set to the lowest finite float, not -inf, so a
+// query row with nothing visible (a left-padding position) gets a uniform, finite distribution
+// instead of NaN; its output is meaningless but harmless, exactly as in HF's eager path.
+//
+// Parameters are created uninitialised (at::empty) in the requested dtype; a loader or
+// initialize_weights() fills them. Every module holds its parameter tensors as the same TensorImpl
+// that named_parameters() returns, so Tensor::set_data on either swaps the storage for both.
+//
+// Thread-safety: a module may be used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "workers/models/config.hpp"
+
+namespace tessera::models {
+
+class KVCache;
+
+/// y = x W^T (+ b), with parameters "weight" [out, in] and optionally "bias" [out].
+class Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool with_bias, const at::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  at::Tensor bias;  ///< Undefined when constructed without bias.
+};
+
+/// Token embedding table, parameter "weight" [vocab, hidden].
+class Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& ids) const;
+  at::Tensor weight;
+};
+
+/// HF LlamaRMSNorm / Qwen2RMSNorm, parameter "weight" [hidden].
+class RMSNorm : public torch::nn::Module {
+ public:
+  RMSNorm(int64_t dim, double eps, const at::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  double eps;
+};
+
+/// cos/sin tables for one batch of position ids, [B, 1, T, head_dim] in the compute dtype.
+struct RotaryTables {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+
+/// HF rotary embedding for `position_ids` [B, T] (computed in fp32, cast to `dtype`).
+RotaryTables make_rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
+                                c10::ScalarType dtype);
+
+/// x * cos + rotate_half(x) * sin for x [B, heads, T, head_dim].
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
+
+/// Visibility [B, 1, T, past + T] (bool): key column s visible to query t iff s <= past + t and
+/// key_mask[b, s] != 0. REQUIRES: key_mask is [B, past + T].
+at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len);
+
+/// Where one layer reads and writes its keys/values during incremental decoding.
+struct LayerCacheView {
+  at::Tensor key;    ///< [B, kv_heads, capacity, head_dim]
+  at::Tensor value;  ///< [B, kv_heads, capacity, head_dim]
+  int64_t past = 0;  ///< Columns already filled; new keys go to [past, past + T).
+};
+
+/// HF LlamaAttention / Qwen2Attention: q/k/v/o projections (q/k/v biases when configured).
+class Attention : public torch::nn::Module {
+ public:
+  Attention(const ModelConfig& config, const at::TensorOptions& options);
+  /// x [B, T, hidden]; visible [B, 1, T, S]; cache null for a full forward (S == T).
+  at::Tensor forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
+                     const LayerCacheView* cache) const;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+};
+
+/// HF LlamaMLP (SwiGLU): down_proj(silu(gate_proj(x)) * up_proj(x)).
+class MLP : public torch::nn::Module {
+ public:
+  MLP(const ModelConfig& config, const at::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& x) const;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+/// One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
+class DecoderLayer : public torch::nn::Module {
+ public:
+  DecoderLayer(const ModelConfig& config, const at::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
+                     const LayerCacheView* cache) const;
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<Attention> self_attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+/// HF LlamaModel / Qwen2Model ("model."): embed_tokens, layers.N, norm.
+class DecoderBackbone : public torch::nn::Module {
+ public:
+  DecoderBackbone(const ModelConfig& config, const at::TensorOptions& options);
+
+  /// Final-norm hidden states [B, T, hidden] for a whole (left-padded) batch.
+  /// REQUIRES: input_ids, attention_mask, position_ids are [B, T] integer tensors.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                     const at::Tensor& position_ids) const;
+
+  /// Appends T new tokens to `cache` and returns their hidden states [B, T, hidden].
+  /// `cache_mask` is [B, >= cache.length() + T]; its first cache.length() + T columns say which
+  /// cache columns each row may attend to. Runs without autograd. See KVCache for the contract.
+  at::Tensor forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,
+                          const at::Tensor& cache_mask) const;
+
+  std::shared_ptr<Embedding> embed_tokens;
+  std::vector<std::shared_ptr<DecoderLayer>> layers;  ///< Registered as "layers.0", "layers.1", ...
+  std::shared_ptr<RMSNorm> norm;
+
+ private:
+  at::Tensor run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
+                        KVCache* cache) const;
+  ModelConfig config_;
+};
+
+}  // namespace tessera::models

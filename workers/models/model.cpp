@@ -1,0 +1,177 @@
+// model.cpp: CausalLM / ValueModel heads, parameter swapping and HF-style initialisation.
+#include "workers/models/model.hpp"
+
+#include <set>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "workers/models/kv_cache.hpp"
+
+namespace tessera::models {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Status check_dtype(const ModelInit& init) {
+  auto name = torch_dtype_name(init.dtype);
+  return name.ok() ? Status() : name.status();
+}
+
+template <class Model>
+Result<std::shared_ptr<Model>> build(ModelConfig config, const ModelInit& init, HeadKind head) {
+  TESSERA_RETURN_IF_ERROR(validate_model_config(config, "model config"));
+  TESSERA_RETURN_IF_ERROR(check_dtype(init));
+  TESSERA_ASSIGN_OR_RETURN(config.architecture, architecture_name(config.model_type, head));
+  config.torch_dtype = *torch_dtype_name(init.dtype);
+  try {
+    auto model = std::make_shared<Model>(std::move(config), init);
+    if (init.seed) TESSERA_RETURN_IF_ERROR(initialize_weights(*model, *init.seed));
+    return model;
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "cannot build model: {}", e.what());
+  }
+}
+
+// HF _init_weights, one rule per parameter kind.
+void init_one(const std::string& name, const at::Tensor& p, const ModelConfig& c, at::Generator& gen) {
+  if (ends_with(name, "norm.weight")) {
+    p.fill_(1.0);
+  } else if (ends_with(name, ".bias")) {
+    p.zero_();
+  } else {
+    p.normal_(0.0, c.initializer_range, gen);
+    if (name == "model.embed_tokens.weight" && c.pad_token_id && *c.pad_token_id >= 0 &&
+        *c.pad_token_id < p.size(0)) {
+      p.select(0, *c.pad_token_id).zero_();
+    }
+  }
+}
+
+}  // namespace
+
+PretrainedModel::PretrainedModel(ModelConfig config, HeadKind head, const ModelInit& init)
+    : torch::nn::Module(head == HeadKind::causal_lm ? "CausalLM" : "ValueModel"),
+      config_(std::move(config)),
+      head_(head) {
+  backbone_ = register_module("model", std::make_shared<DecoderBackbone>(config_, at::TensorOptions().dtype(init.dtype)));
+}
+
+TensorMap PretrainedModel::parameter_map() const {
+  TensorMap out;
+  for (const auto& item : named_parameters()) out.emplace(item.key(), item.value());
+  return out;
+}
+
+Status PretrainedModel::set_parameter(const std::string& name, const at::Tensor& tensor) {
+  auto params = named_parameters();
+  at::Tensor* p = params.find(name);
+  if (p == nullptr) {
+    return make_error(ErrorCode::not_found, "{}: no parameter '{}'", config_.architecture, name);
+  }
+  if (!tensor.defined() || tensor.sizes() != p->sizes()) {
+    return make_error(ErrorCode::invalid_argument, "{}: parameter '{}' has shape {}, got {}", config_.architecture,
+                      name, fmt::to_string(fmt::join(p->sizes(), ",")),
+                      tensor.defined() ? fmt::to_string(fmt::join(tensor.sizes(), ",")) : std::string("undefined"));
+  }
+  try {
+    p->set_data(tensor);
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::invalid_argument, "{}: cannot alias parameter '{}': {}", config_.architecture, name,
+                      e.what());
+  }
+  return Status();
+}
+
+Status PretrainedModel::set_parameters(const TensorMap& tensors, bool require_all) {
+  for (const auto& [name, t] : tensors) TESSERA_RETURN_IF_ERROR(set_parameter(name, t));
+  if (!require_all) return Status();
+  for (const auto& item : named_parameters()) {
+    if (tensors.count(item.key()) == 0) {
+      return make_error(ErrorCode::not_found, "{}: parameter '{}' not given", config_.architecture, item.key());
+    }
+  }
+  return Status();
+}
+
+CausalLM::CausalLM(ModelConfig config, const ModelInit& init)
+    : PretrainedModel(std::move(config), HeadKind::causal_lm, init) {
+  if (!config_.tie_word_embeddings) {
+    lm_head_ = register_module("lm_head", std::make_shared<Linear>(config_.hidden_size, config_.vocab_size, false,
+                                                                   at::TensorOptions().dtype(init.dtype)));
+  }
+}
+
+Result<std::shared_ptr<CausalLM>> CausalLM::create(ModelConfig config, const ModelInit& init) {
+  return build<CausalLM>(std::move(config), init, HeadKind::causal_lm);
+}
+
+Result<std::shared_ptr<CausalLM>> CausalLM::from_parameters(ModelConfig config, const TensorMap& tensors) {
+  auto embed = tensors.find("model.embed_tokens.weight");
+  if (embed == tensors.end()) return make_error(ErrorCode::not_found, "from_parameters: no 'model.embed_tokens.weight'");
+  ModelInit init;
+  init.dtype = embed->second.scalar_type();
+  TESSERA_ASSIGN_OR_RETURN(auto model, create(std::move(config), init));
+  TESSERA_RETURN_IF_ERROR(model->set_parameters(tensors, /*require_all=*/true));
+  return model;
+}
+
+const at::Tensor& CausalLM::lm_head_weight() const {
+  return lm_head_ ? lm_head_->weight : backbone_->embed_tokens->weight;
+}
+
+at::Tensor CausalLM::head(const at::Tensor& hidden) const {
+  return at::linear(hidden, lm_head_weight()).to(at::kFloat);
+}
+
+at::Tensor CausalLM::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                             const at::Tensor& position_ids) {
+  return head(backbone_->forward(input_ids, attention_mask, position_ids));
+}
+
+at::Tensor CausalLM::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,
+                                  const at::Tensor& cache_mask) {
+  at::NoGradGuard no_grad;
+  return head(backbone_->forward_step(input_ids, position_ids, cache, cache_mask));
+}
+
+ValueModel::ValueModel(ModelConfig config, const ModelInit& init)
+    : PretrainedModel(std::move(config), HeadKind::value, init) {
+  score_ = register_module("score", std::make_shared<Linear>(config_.hidden_size, 1, init.score_bias,
+                                                             at::TensorOptions().dtype(init.dtype)));
+}
+
+Result<std::shared_ptr<ValueModel>> ValueModel::create(ModelConfig config, const ModelInit& init) {
+  config.extra["id2label"] = {{"0", "LABEL_0"}};
+  config.extra["label2id"] = {{"LABEL_0", 0}};
+  return build<ValueModel>(std::move(config), init, HeadKind::value);
+}
+
+at::Tensor ValueModel::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                               const at::Tensor& position_ids) {
+  at::Tensor hidden = backbone_->forward(input_ids, attention_mask, position_ids);
+  return score_->forward(hidden).squeeze(-1).to(at::kFloat);
+}
+
+Status initialize_weights(PretrainedModel& model, uint64_t seed, const std::vector<std::string>& names) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  auto params = model.named_parameters();
+  std::set<std::string> wanted(names.begin(), names.end());
+  for (const std::string& n : wanted) {
+    if (params.find(n) == nullptr) return make_error(ErrorCode::not_found, "initialize_weights: no parameter '{}'", n);
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& item : params) {
+    if (!wanted.empty() && wanted.count(item.key()) == 0) continue;
+    // Drawn in fp32 on the CPU whatever the parameter's dtype/device, so a bf16 model is exactly
+    // the rounded fp32 one for the same seed.
+    at::Tensor value = at::empty(item.value().sizes(), at::TensorOptions().dtype(at::kFloat));
+    init_one(item.key(), value, model.config(), gen);
+    item.value().copy_(value);
+  }
+  return Status();
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,72 @@
+// weight_loader.hpp: verl's hf_weight_loader idea as a table. Each HF architecture name
+// ("Qwen2ForCausalLM", "LlamaForTokenClassification", ...) maps to a loader function that moves a
+// checkpoint's tensors into a Tessera model (renaming, dropping or initialising as that
+// architecture needs). A new architecture is added by registering a row, not by editing a switch.
+// (A new model *family* also needs a row in config.cpp's model-type table.)
+//
+// Built-in rows: LlamaForCausalLM, Qwen2ForCausalLM, LlamaForTokenClassification,
+// Qwen2ForTokenClassification, all served by load_hf_decoder_weights().
+//
+// Thread-safety: the global registry is internally locked; registration may happen at any time.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "proto/status.hpp"
+#include "workers/models/config.hpp"
+#include "workers/models/safetensors.hpp"
+
+namespace tessera::models {
+
+class PretrainedModel;
+
+/// Options for loading a checkpoint into a model.
+struct LoadOptions {
+  /// Parameter dtype. Unset: the checkpoint's model.embed_tokens.weight dtype. Tensors already in
+  /// this dtype alias the mmap'd file (zero copy); others are converted (copied).
+  std::optional<c10::ScalarType> dtype;
+  /// Seed for a value head that the checkpoint lacks (critic initialised from an actor checkpoint).
+  uint64_t score_seed = 0;
+};
+
+/// Moves `checkpoint` (read from `source`) into `model`; every parameter must end up set.
+using WeightLoaderFn = std::function<Status(const TensorMap& checkpoint, const std::string& source,
+                                            PretrainedModel& model, const LoadOptions& options)>;
+
+/// One registered architecture.
+struct ArchitectureEntry {
+  HeadKind head = HeadKind::causal_lm;  ///< The head the checkpoint itself carries.
+  WeightLoaderFn load;
+};
+
+/// Architecture name -> loader.
+class WeightLoaderRegistry {
+ public:
+  /// The process-wide registry, with the built-in rows.
+  static WeightLoaderRegistry& global();
+
+  /// Adds a row; an error if `architecture` is already registered.
+  Status add(const std::string& architecture, ArchitectureEntry entry);
+  /// The row for `architecture`; not_found listing the known names otherwise.
+  Result<ArchitectureEntry> find(const std::string& architecture) const;
+  /// Registered names, sorted.
+  std::vector<std::string> architectures() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, ArchitectureEntry> table_;
+};
+
+/// The loader for HF Llama/Qwen2 checkpoints (names are already Tessera's). It drops
+/// `*.rotary_emb.inv_freq`, drops lm_head.weight when the head is tied or the target is a value
+/// model, and seeds a missing `score.*` for a value model (logging that it did, as HF does).
+/// Any other unknown or missing tensor is an error naming it and `source`.
+Status load_hf_decoder_weights(const TensorMap& checkpoint, const std::string& source, PretrainedModel& model,
+                               const LoadOptions& options);
+
+}  // namespace tessera::models
