@@ -3,8 +3,9 @@
 #   tessera_add_component(<name> SOURCES <src>... [DEPS <target>...])
 #       -> static library tessera_<name>, alias tessera::<name>. Includes are repo-rooted.
 #   tessera_add_test(<name> SOURCES <src>... [DEPS <target>...] LABELS <label>...)
-#       -> executable bin/<name>, its GoogleTest cases registered with ctest under the labels
-#          (unit | integration | slow | gpu).
+#       -> executable bin/<name>, registered as one ctest entry with the labels
+#          (unit | integration | slow | gpu) and the environment TESSERA_SOURCE_DIR,
+#          TESSERA_SHARED_DIR (golden fixtures), TESSERA_BIN_DIR, OMP_NUM_THREADS=1.
 #   tessera_add_bench(<name> SOURCES <src>... [DEPS <target>...])
 #       -> Google Benchmark executable bin/<name>, run by bench/run.
 #
@@ -66,14 +67,14 @@ function(tessera_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   _tessera_target_common(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock)
-  include(GoogleTest)
-  gtest_discover_tests(${name}
-    DISCOVERY_MODE PRE_TEST
-    DISCOVERY_TIMEOUT 60
-    PROPERTIES
-      LABELS "${ARG_LABELS}"
-      TIMEOUT ${ARG_TIMEOUT}
-      ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;OMP_NUM_THREADS=1")
+  # One ctest entry per binary: every process start loads LibTorch (~0.5 s of CPU), so one
+  # process per GoogleTest case would cost more than most of our tests. ctest -j runs binaries
+  # in parallel; --output-on-failure shows the failing cases.
+  add_test(NAME ${name} COMMAND ${name} --gtest_color=no)
+  set_tests_properties(${name} PROPERTIES
+    LABELS "${ARG_LABELS}"
+    TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;OMP_NUM_THREADS=1")
 endfunction()
 
 function(tessera_add_bench name)

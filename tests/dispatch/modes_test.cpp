@@ -1,0 +1,279 @@
+// Tests of the Dispatch / Execute modes (dispatch/modes.hpp), with and without auto-padding.
+// Expected rows are computed independently from row ids, not with the functions under test.
+#include <gtest/gtest.h>
+
+#include "dispatch/modes.hpp"
+#include "tests/dispatch/test_util.hpp"
+
+namespace tessera::dispatch {
+namespace {
+
+using testing::ids;
+using testing::rows;
+
+SplitContext ctx(int32_t world, bool auto_padding = false) {
+  SplitContext c;
+  c.world_size = world;
+  c.auto_padding = auto_padding;
+  return c;
+}
+
+Result<SplitResult> split(const std::string& mode, const Args& args, const SplitContext& c) {
+  return split_args(DispatchRegistry::global(), mode, args, c);
+}
+
+Result<Value> collect(const std::string& mode, const ValueList& outs, int32_t world, int64_t pad = 0) {
+  CollectContext c;
+  c.world_size = world;
+  c.pad = pad;
+  return collect_outputs(DispatchRegistry::global(), mode, ExecuteMode::all, outs, c);
+}
+
+std::vector<int64_t> range(int64_t b, int64_t e) {
+  std::vector<int64_t> v;
+  for (int64_t i = b; i < e; ++i) v.push_back(i);
+  return v;
+}
+
+TEST(ExecuteMode, RanksAndParsing) {
+  EXPECT_EQ(execute_ranks(ExecuteMode::all, 3), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(execute_ranks(ExecuteMode::rank_zero, 3), (std::vector<int32_t>{0}));
+  EXPECT_EQ(*parse_execute_mode("rank_zero"), ExecuteMode::rank_zero);
+  EXPECT_EQ(*parse_execute_mode("ALL"), ExecuteMode::all);
+  auto bad = parse_execute_mode("SOME");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("SOME"), std::string::npos);
+}
+
+TEST(PadSize, MatchesVerlFormula) {
+  for (int64_t n = 1; n <= 5; ++n)
+    for (int64_t L = 0; L <= 12; ++L) EXPECT_EQ((L + pad_size_for(L, n)) % n, 0) << L << " " << n;
+  EXPECT_EQ(pad_size_for(10, 4), 2);
+  EXPECT_EQ(pad_size_for(8, 4), 0);
+}
+
+TEST(OneToAll, ReplicatesEveryArgAndCollectsAList) {
+  Args args{Value(nlohmann::json{{"lr", 0.1}}), Value(rows(4))};
+  auto s = split(Dispatch::ONE_TO_ALL, args, ctx(3));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ASSERT_EQ(s->per_rank.size(), 3u);
+  for (const auto& a : s->per_rank) {
+    ASSERT_EQ(a.size(), 2u);
+    EXPECT_EQ(a[0].json()["lr"], 0.1);
+    EXPECT_EQ(ids(a[1].proto()), range(0, 4));
+  }
+  auto c = collect(Dispatch::ONE_TO_ALL, {Value(1), Value(2), Value(3)}, 3);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->is_list());
+  EXPECT_EQ(c->list()[2].json(), 3);
+}
+
+TEST(AllToAll, PassesArgsOrScattersWhenEveryArgIsAList) {
+  auto same = split(Dispatch::ALL_TO_ALL, {Value(7), Value(nlohmann::json::array({1, 2}))}, ctx(2));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->per_rank[1][0].json(), 7);
+  EXPECT_EQ(same->per_rank[1][1].json(), nlohmann::json::array({1, 2}));
+  auto scattered = split(Dispatch::ALL_TO_ALL, {Value(nlohmann::json::array({1, 2})), Value(ValueList{Value("a"), Value("b")})}, ctx(2));
+  ASSERT_TRUE(scattered.ok());
+  EXPECT_EQ(scattered->per_rank[1][0].json(), 2);
+  EXPECT_EQ(scattered->per_rank[1][1].json(), "b");
+}
+
+TEST(DpCompute, GivesElementIToRankIAndRejectsWrongLengths) {
+  auto s = split(Dispatch::DP_COMPUTE, {Value(nlohmann::json::array({10, 11, 12}))}, ctx(3));
+  ASSERT_TRUE(s.ok());
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(s->per_rank[r][0].json(), 10 + r);
+  auto bad = split(Dispatch::DP_COMPUTE, {Value(nlohmann::json::array({1, 2}))}, ctx(3));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("argument 0"), std::string::npos) << bad.status().to_string();
+  auto scalar = split(Dispatch::DP_COMPUTE, {Value(5)}, ctx(2));
+  EXPECT_FALSE(scalar.ok());
+  EXPECT_FALSE(collect(Dispatch::DP_COMPUTE, {Value(1)}, 2).ok());
+}
+
+TEST(DpComputeProto, ChunksAreViewsAndCollectConcats) {
+  proto::DataProto data = rows(8);
+  auto s = split(Dispatch::DP_COMPUTE_PROTO, {Value(data)}, ctx(4));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->pad, 0);
+  ValueList outs;
+  const auto* base = data.tensor("x")->data_ptr<int64_t>();
+  for (int r = 0; r < 4; ++r) {
+    const auto& piece = s->per_rank[r][0].proto();
+    EXPECT_EQ(ids(piece), range(2 * r, 2 * r + 2));
+    EXPECT_EQ(piece.tensor("x")->data_ptr<int64_t>(), base + 2 * r * 2) << "chunk must be a view";
+    outs.push_back(piece);
+  }
+  auto c = collect(Dispatch::DP_COMPUTE_PROTO, outs, 4, s->pad);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(ids(c->proto()), range(0, 8));
+  EXPECT_EQ(c->proto().column("uid")->str(7), "row7");
+}
+
+TEST(DpComputeProto, WithoutPaddingANonDivisibleLengthIsAnError) {
+  auto s = split(Dispatch::DP_COMPUTE_PROTO, {Value(rows(10))}, ctx(4));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("DP_COMPUTE_PROTO: argument 0"), std::string::npos) << s.status().to_string();
+}
+
+TEST(DpComputeProto, AutoPaddingCopiesLastRowAndUnpadsOutput) {
+  proto::DataProto data = rows(10, /*auto_padding=*/true);
+  auto s = split(Dispatch::DP_COMPUTE_PROTO, {Value(data)}, ctx(4));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->pad, 2);
+  EXPECT_EQ(data.size(), 10) << "the caller's DataProto must not be padded in place";
+  std::vector<int64_t> seen;
+  ValueList outs;
+  for (int r = 0; r < 4; ++r) {
+    auto piece = ids(s->per_rank[r][0].proto());
+    EXPECT_EQ(piece.size(), 3u);
+    seen.insert(seen.end(), piece.begin(), piece.end());
+    outs.push_back(s->per_rank[r][0]);
+  }
+  std::vector<int64_t> expected = range(0, 10);
+  expected.push_back(9);
+  expected.push_back(9);
+  EXPECT_EQ(seen, expected);
+  auto c = collect(Dispatch::DP_COMPUTE_PROTO, outs, 4, s->pad);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(ids(c->proto()), range(0, 10));
+}
+
+TEST(DpComputeProto, GlobalAutoPaddingSwitchAndEqualLengthRule) {
+  auto s = split(Dispatch::DP_COMPUTE_PROTO, {Value(rows(5)), Value(rows(5))}, ctx(2, /*auto_padding=*/true));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->pad, 1);
+  auto bad = split(Dispatch::DP_COMPUTE_PROTO, {Value(rows(5)), Value(rows(7))}, ctx(2, true));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("equal lengths"), std::string::npos);
+}
+
+TEST(DpComputeProto, RejectsNonDataArgsAndNonDataOutputs) {
+  auto s = split(Dispatch::DP_COMPUTE_PROTO, {Value(3)}, ctx(2));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("must be a DataProto"), std::string::npos);
+  auto c = collect(Dispatch::DP_COMPUTE_PROTO, {Value(rows(2)), Value(1)}, 2);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("rank 1"), std::string::npos);
+}
+
+TEST(DpComputeProto, FutureArgsGetTheirConsumerCoordinates) {
+  FutureRef f;
+  f.id = 42;
+  f.producer = "actor";
+  auto s = split(Dispatch::DP_COMPUTE_PROTO, {make_future(f)}, ctx(3, /*auto_padding=*/true));
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->pad, -1) << "pad of a future is unknown until its length is";
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(is_future(s->per_rank[r][0]));
+    const FutureRef g = *future_of(s->per_rank[r][0]);
+    EXPECT_EQ(g.id, 42u);
+    EXPECT_EQ(g.consumer_rank, r);
+    EXPECT_EQ(g.consumer_world, 3);
+    EXPECT_TRUE(g.auto_padding);
+  }
+}
+
+TEST(DpComputeProtoWithFunc, ReplicatesNameChunksDataWithoutPadding) {
+  auto s = split(Dispatch::DP_COMPUTE_PROTO_WITH_FUNC, {Value("score_fn"), Value(rows(6, true))}, ctx(3));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->pad, 0);
+  ValueList outs;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(s->per_rank[r][0].json(), "score_fn");
+    EXPECT_EQ(ids(s->per_rank[r][1].proto()), range(2 * r, 2 * r + 2));
+    outs.push_back(s->per_rank[r][1]);
+  }
+  EXPECT_EQ(ids(collect(Dispatch::DP_COMPUTE_PROTO_WITH_FUNC, outs, 3)->proto()), range(0, 6));
+  EXPECT_FALSE(split(Dispatch::DP_COMPUTE_PROTO_WITH_FUNC, {Value(rows(7, true))}, ctx(3)).ok());
+  EXPECT_FALSE(split(Dispatch::DP_COMPUTE_PROTO_WITH_FUNC, {Value("f"), Value(rows(7))}, ctx(3)).ok())
+      << "no auto-padding in WITH_FUNC";
+  // With padding enabled in meta_info, verl's chunk falls back to ceil-sized pieces (3, 3, 1)
+  // and nothing is padded or stripped.
+  auto uneven = split(Dispatch::DP_COMPUTE_PROTO_WITH_FUNC, {Value("f"), Value(rows(7, true))}, ctx(3));
+  ASSERT_TRUE(uneven.ok()) << uneven.status().to_string();
+  EXPECT_EQ(uneven->pad, 0);
+  EXPECT_EQ(ids(uneven->per_rank[2][1].proto()), (std::vector<int64_t>{6}));
+}
+
+TEST(DpComputeMetric, SplitsLikeProtoAndReturnsEveryRanksOutput) {
+  auto s = split(Dispatch::DP_COMPUTE_METRIC, {Value(rows(3, true))}, ctx(2));
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->pad, 1);
+  auto c = collect(Dispatch::DP_COMPUTE_METRIC, {Value(nlohmann::json{{"loss", 1.0}}), Value(nlohmann::json{{"loss", 2.0}})}, 2, s->pad);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->list().size(), 2u) << "metrics of the rank that got padding rows are kept";
+  EXPECT_EQ(c->list()[1].json()["loss"], 2.0);
+}
+
+TEST(NdDispatch, TensorParallelPeersShareAChunkAndOnlyCollectRanksAnswer) {
+  SplitContext c = ctx(4);
+  c.mesh_info["rollout"] = MeshDispatchInfo{{0, 0, 1, 1}, {true, false, true, false}};
+  auto s = split("nd:rollout", {Value(rows(6))}, c);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(ids(s->per_rank[0][0].proto()), range(0, 3));
+  EXPECT_EQ(ids(s->per_rank[1][0].proto()), range(0, 3));
+  EXPECT_EQ(ids(s->per_rank[2][0].proto()), range(3, 6));
+  EXPECT_EQ(ids(s->per_rank[3][0].proto()), range(3, 6));
+  CollectContext cc;
+  cc.world_size = 4;
+  cc.mesh_info = c.mesh_info;
+  ValueList outs{s->per_rank[0][0], Value("ignored"), s->per_rank[2][0], Value("ignored")};
+  auto out = collect_outputs(DispatchRegistry::global(), "nd:rollout", ExecuteMode::all, outs, cc);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(ids(out->proto()), range(0, 6));
+}
+
+TEST(NdDispatch, PadsToDpSizeAndRequiresRegistration) {
+  SplitContext c = ctx(4, /*auto_padding=*/true);
+  c.mesh_info["actor"] = MeshDispatchInfo{{0, 1, 0, 1}, {true, true, false, false}};
+  auto s = split("nd:actor", {Value(rows(3))}, c);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->pad, 1);
+  EXPECT_EQ(ids(s->per_rank[1][0].proto()), (std::vector<int64_t>{2, 2}));
+  auto missing = split("nd:critic", {Value(rows(4))}, c);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("critic"), std::string::npos);
+}
+
+TEST(RankZero, CollectPassesTheSingleOutputThrough) {
+  CollectContext cc;
+  cc.world_size = 4;
+  auto out = collect_outputs(DispatchRegistry::global(), Dispatch::DP_COMPUTE_PROTO, ExecuteMode::rank_zero,
+                             {Value(rows(2))}, cc);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(ids(out->proto()), range(0, 2));
+  EXPECT_FALSE(collect_outputs(DispatchRegistry::global(), Dispatch::ONE_TO_ALL, ExecuteMode::rank_zero,
+                               {Value(1), Value(2)}, cc).ok());
+}
+
+TEST(Registry, CustomModesCanBeAddedAndUpdated) {
+  DispatchRegistry reg;
+  DispatchMode reverse{"REVERSE",
+                       [](const Args& a, const SplitContext& c) -> Result<SplitResult> {
+                         SplitResult r;
+                         for (int i = 0; i < c.world_size; ++i) r.per_rank.push_back(Args{Value(c.world_size - 1 - i)});
+                         return r;
+                       },
+                       [](const ValueList& o, const CollectContext&) -> Result<Value> { return Value(o.back()); }};
+  ASSERT_TRUE(reg.register_mode(reverse).ok());
+  EXPECT_EQ(reg.register_mode(reverse).code(), ErrorCode::already_exists);
+  auto s = split_args(reg, "REVERSE", {}, ctx(3));
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->per_rank[0][0].json(), 2);
+  reverse.collect = [](const ValueList& o, const CollectContext&) -> Result<Value> { return Value(o.front()); };
+  ASSERT_TRUE(reg.update_mode(reverse).ok());
+  CollectContext cc;
+  EXPECT_EQ(collect_outputs(reg, "REVERSE", ExecuteMode::all, {Value(1), Value(2)}, cc)->json(), 1);
+  DispatchMode unknown = reverse;
+  unknown.name = "NOPE";
+  EXPECT_EQ(reg.update_mode(unknown).code(), ErrorCode::not_found);
+  auto missing = reg.find("MISSING");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("DP_COMPUTE_PROTO"), std::string::npos) << "lists known modes";
+  EXPECT_FALSE(reg.register_mode(DispatchMode{"nd:x", reverse.split, reverse.collect}).ok());
+  EXPECT_FALSE(split_args(reg, Dispatch::ONE_TO_ALL, {}, ctx(0)).ok());
+}
+
+}  // namespace
+}  // namespace tessera::dispatch
