@@ -22,6 +22,15 @@ uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
+// A possible merge of the symbol at `pos` with its right neighbour. The queue pops the lowest
+// rank first and, among equal ranks, the leftmost (HF's `Merge` ordering).
+struct MergeCandidate {
+  int32_t rank;
+  int pos;
+  int32_t new_id;
+  bool operator>(const MergeCandidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+};
+
 // "U+00E9" for a character, "byte 0xFF" for an ill-formed byte.
 std::string describe_char(std::string_view c) {
   const unicode::Utf8Char d = unicode::decode_utf8(c, 0);
@@ -213,13 +222,7 @@ void BpeModel::merge_all(std::vector<int32_t>& symbols) const {
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
   }
-  struct Candidate {
-    int32_t rank;
-    int pos;
-    int32_t new_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  std::priority_queue<MergeCandidate, std::vector<MergeCandidate>, std::greater<MergeCandidate>> queue;
   auto push_pair = [&](int left) {
     if (left < 0 || next[left] < 0) return;
     auto it = merges_.find(pair_key(symbols[left], symbols[next[left]]));
@@ -227,7 +230,7 @@ void BpeModel::merge_all(std::vector<int32_t>& symbols) const {
   };
   for (int i = 0; i + 1 < n; ++i) push_pair(i);
   while (!queue.empty()) {
-    const Candidate top = queue.top();
+    const MergeCandidate top = queue.top();
     queue.pop();
     if (!alive[top.pos] || next[top.pos] < 0) continue;
     const int right = next[top.pos];
