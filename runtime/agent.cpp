@@ -1,0 +1,206 @@
+// agent.cpp: the node agent actor (see the header; Note [Agent authentication]).
+#include "runtime/agent.hpp"
+
+#include <unistd.h>
+
+#include <set>
+#include <unordered_map>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <caf/stateful_actor.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "runtime/auth.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/internal/shm.hpp"
+#include "runtime/worker_actor.hpp"
+
+namespace tessera::runtime {
+namespace {
+
+struct Hosted {
+  caf::actor actor;
+  WorkerContext context;
+  std::string owner;  // node id (string) of the driver that spawned it
+};
+
+struct AgentState {
+  AgentEnv env;
+  std::unordered_map<std::string, std::pair<std::string, std::string>> challenges;  // node -> (Nd, Na)
+  std::set<std::string> authenticated;
+  std::unordered_map<std::string, caf::actor> reporters;   // node -> driver's call hub
+  std::unordered_map<caf::actor_addr, std::string> reporter_nodes;
+  std::unordered_map<caf::actor_addr, Hosted> workers;
+  static inline const char* name = "tessera.agent";
+};
+
+using Agent = caf::stateful_actor<AgentState>*;
+
+std::string sender_node(Agent self) {
+  const auto& s = self->current_sender();
+  return s ? caf::to_string(s->node()) : std::string();
+}
+
+Status check_sender(Agent self) {
+  const auto& s = self->current_sender();
+  if (!s) return make_error(ErrorCode::permission_denied, "agent: anonymous request refused");
+  if (s->node() == self->node()) return Status();
+  if (self->state.env.trust_local_only) {
+    return make_error(ErrorCode::permission_denied, "embedded agent: remote request refused");
+  }
+  if (self->state.authenticated.count(caf::to_string(s->node())) > 0) return Status();
+  return make_error(ErrorCode::permission_denied,
+                    "agent on {}: driver node has not authenticated", self->state.env.host);
+}
+
+AgentInfo agent_info(Agent self) {
+  const AgentEnv& env = self->state.env;
+  return AgentInfo{env.host, internal::machine_id(), env.devices, static_cast<int64_t>(::getpid()),
+                   "0.1.0"};
+}
+
+caf::result<std::string, std::string> on_hello(Agent self, const std::string& driver_nonce) {
+  if (self->state.env.token.empty()) {
+    return to_caf_error(make_error(ErrorCode::permission_denied, "agent has no token"));
+  }
+  if (driver_nonce.size() != 32) {
+    return to_caf_error(make_error(ErrorCode::invalid_argument, "hello: nonce must be 32 bytes"));
+  }
+  Result<std::string> na = random_bytes(32);
+  if (!na.ok()) return to_caf_error(na.status());
+  self->state.challenges[sender_node(self)] = {driver_nonce, *na};
+  return {*na, agent_proof(self->state.env.token, driver_nonce, *na)};
+}
+
+caf::result<AgentInfo> on_auth(Agent self, const std::string& proof, const caf::actor& hub) {
+  std::string node = sender_node(self);
+  auto it = self->state.challenges.find(node);
+  if (it == self->state.challenges.end()) {
+    return to_caf_error(make_error(ErrorCode::permission_denied, "auth without hello"));
+  }
+  auto [nd, na] = it->second;
+  self->state.challenges.erase(it);  // single use
+  if (!constant_time_equal(proof, driver_proof(self->state.env.token, na, nd))) {
+    spdlog::warn("agent: refused a driver with a wrong token (node {})", node);
+    return to_caf_error(make_error(ErrorCode::permission_denied,
+                                   "agent on {}: wrong token", self->state.env.host));
+  }
+  self->state.authenticated.insert(node);
+  if (hub) {
+    self->state.reporters[node] = hub;
+    self->state.reporter_nodes[hub.address()] = node;
+    self->monitor(hub);
+  }
+  spdlog::info("agent: driver authenticated (node {})", node);
+  return agent_info(self);
+}
+
+caf::result<caf::actor> on_spawn(Agent self, SpawnRequest req) {
+  Status st = check_sender(self);
+  const AgentEnv& env = self->state.env;
+  if (st.ok() && std::find(env.devices.begin(), env.devices.end(), req.context.device) ==
+                     env.devices.end()) {
+    st = make_error(ErrorCode::invalid_argument, "agent on {}: no device '{}' (has {})", env.host,
+                    req.context.device, fmt::join(env.devices, ","));
+  }
+  if (!st.ok()) return to_caf_error(st);
+  if (req.context.host.empty()) req.context.host = env.host;
+  WorkerHostEnv wenv{env.registry, env.data_plane, env.inline_payload_max_bytes};
+  WorkerContext ctx = req.context;
+  caf::actor worker = spawn_worker_actor(self->system(), std::move(req), wenv,
+                                         env.detached_workers);
+  auto rp = self->make_response_promise<caf::actor>();
+  std::string owner = sender_node(self);
+  self->request(worker, env.spawn_timeout, init_atom::value)
+      .then(
+          [=](const std::vector<MethodInfo>&) mutable {
+            self->monitor(worker);
+            self->state.workers[worker.address()] = Hosted{worker, ctx, owner};
+            rp.deliver(worker);
+          },
+          [=](caf::error& err) mutable {
+            self->send_exit(worker, caf::exit_reason::kill);
+            rp.deliver(err);
+          });
+  return rp;
+}
+
+// A hosted worker ended: report it. A driver's hub ended: stop that driver's workers.
+void on_down(Agent self, const caf::down_msg& dm) {
+  auto w = self->state.workers.find(dm.source);
+  if (w != self->state.workers.end()) {
+    const Hosted& h = w->second;
+    std::string reason = caf::to_string(dm.reason);
+    spdlog::warn("agent: {} of group '{}' terminated: {}", describe_worker(h.context),
+                 h.context.group, reason);
+    auto r = self->state.reporters.find(h.owner);
+    if (r != self->state.reporters.end()) {
+      self->send(r->second, down_atom::value,
+                 WorkerDown{h.context.group, h.context.rank, h.context.host, reason});
+    }
+    self->state.workers.erase(w);
+    return;
+  }
+  auto rn = self->state.reporter_nodes.find(dm.source);
+  if (rn == self->state.reporter_nodes.end()) return;
+  std::string node = rn->second;
+  spdlog::warn("agent: driver (node {}) is gone; stopping its workers", node);
+  for (auto& [addr, h] : self->state.workers) {
+    if (h.owner == node) self->send_exit(h.actor, caf::exit_reason::user_shutdown);
+  }
+  self->state.reporters.erase(node);
+  self->state.authenticated.erase(node);
+  self->state.reporter_nodes.erase(rn);
+}
+
+caf::behavior agent_behavior(Agent self, AgentEnv env) {
+  self->state.env = std::move(env);
+  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  self->set_exit_handler([=](caf::exit_msg& msg) {
+    for (auto& [addr, h] : self->state.workers) self->send_exit(h.actor, msg.reason);
+    self->quit(msg.reason);
+  });
+  return {
+      [=](hello_atom, const std::string& nonce) { return on_hello(self, nonce); },
+      [=](auth_atom, const std::string& proof, const caf::actor& hub) {
+        return on_auth(self, proof, hub);
+      },
+      [=](info_atom) -> caf::result<AgentInfo> {
+        Status st = check_sender(self);
+        if (!st.ok()) return to_caf_error(st);
+        return agent_info(self);
+      },
+      [=](caf::spawn_atom, SpawnRequest& req) { return on_spawn(self, std::move(req)); },
+      [=](rdzv_atom) -> caf::result<uint16_t> {
+        Status st = check_sender(self);
+        if (!st.ok()) return to_caf_error(st);
+        Result<uint16_t> port = pick_free_port("0.0.0.0");
+        if (!port.ok()) return to_caf_error(port.status());
+        return *port;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_agent_actor(caf::actor_system& system, AgentEnv env) {
+  return system.spawn(agent_behavior, std::move(env));
+}
+
+Result<uint16_t> pick_free_port(const std::string& host) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  if (ec) return make_error(ErrorCode::invalid_argument, "bad address '{}'", host);
+  asio::ip::tcp::acceptor acceptor(io);
+  asio::ip::tcp::endpoint ep(address, 0);
+  acceptor.open(ep.protocol(), ec);
+  if (!ec) acceptor.bind(ep, ec);
+  if (ec) return make_error(ErrorCode::io_error, "no free port on {}: {}", host, ec.message());
+  return acceptor.local_endpoint().port();
+}
+
+}  // namespace tessera::runtime

@@ -1,0 +1,154 @@
+// wire.cpp: Value <-> WireValue.
+#include "runtime/wire.hpp"
+
+#include <fmt/format.h>
+
+#include "proto/codec.hpp"
+
+namespace tessera::runtime {
+namespace {
+
+Result<WireValue> proto_to_wire(const proto::DataProto& data, DataPlane& dp,
+                                const EncodeOptions& options,
+                                std::vector<PayloadHandle>* published) {
+  WireValue w;
+  if (options.remote && options.inline_max_bytes > 0) {
+    TESSERA_ASSIGN_OR_RETURN(proto::EncodedFrame frame, proto::encode(data));
+    if (frame.size() <= options.inline_max_bytes) {
+      w.kind = static_cast<uint8_t>(WireKind::proto_inline);
+      w.frame.resize(frame.size());
+      frame.flatten_into(reinterpret_cast<uint8_t*>(w.frame.data()));
+      return w;
+    }
+  }
+  PayloadHandle h = dp.publish(data, options.consumers);
+  if (published != nullptr) published->push_back(h);
+  w.kind = static_cast<uint8_t>(WireKind::proto_slices);
+  w.slices.push_back(DataPlane::whole(h));
+  return w;
+}
+
+// Fetched slices, consumed in the order from_wire walks the values.
+struct Prefetched {
+  std::vector<Result<proto::DataProto>> parts;
+  size_t next = 0;
+};
+
+void collect_slices(const WireValue& w, std::vector<PayloadSlice>& out) {
+  if (w.kind == static_cast<uint8_t>(WireKind::proto_slices)) {
+    out.insert(out.end(), w.slices.begin(), w.slices.end());
+  }
+  for (const WireValue& item : w.items) collect_slices(item, out);
+}
+
+Result<Value> join_parts(std::vector<Result<proto::DataProto>> parts) {
+  std::vector<proto::DataProto> pieces;
+  pieces.reserve(parts.size());
+  for (auto& p : parts) {
+    if (!p.ok()) return p.status();
+    pieces.push_back(std::move(p).value());
+  }
+  if (pieces.size() == 1) return Value(std::move(pieces[0]));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto joined, proto::DataProto::concat(pieces));
+  return Value(std::move(joined));
+}
+
+Result<Value> slices_from_wire(const WireValue& w, DataPlane& dp, bool consume,
+                               Prefetched* pre) {
+  if (w.slices.empty()) {
+    return make_error(ErrorCode::corrupt_data, "a payload reference with no slices");
+  }
+  if (pre == nullptr) return join_parts(dp.fetch_all(w.slices, consume));
+  if (pre->next + w.slices.size() > pre->parts.size()) {
+    return make_error(ErrorCode::internal, "prefetched slices out of step");
+  }
+  std::vector<Result<proto::DataProto>> parts(
+      std::make_move_iterator(pre->parts.begin() + pre->next),
+      std::make_move_iterator(pre->parts.begin() + pre->next + w.slices.size()));
+  pre->next += w.slices.size();
+  return join_parts(std::move(parts));
+}
+
+Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched* pre);
+
+Result<Value> decode_list(const WireValue& w, DataPlane& dp, bool consume, Prefetched* pre) {
+  Value::List items;
+  items.reserve(w.items.size());
+  for (const WireValue& wi : w.items) {
+    TESSERA_ASSIGN_OR_RETURN(Value v, decode(wi, dp, consume, pre));
+    items.push_back(std::move(v));
+  }
+  return Value(std::move(items));
+}
+
+Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched* pre) {
+  switch (static_cast<WireKind>(w.kind)) {
+    case WireKind::json: {
+      nlohmann::json j = nlohmann::json::parse(w.json, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) return make_error(ErrorCode::corrupt_data, "malformed JSON value");
+      return Value(std::move(j));
+    }
+    case WireKind::proto_inline: {
+      TESSERA_ASSIGN_OR_RETURN(proto::DataProto d,
+                               proto::decode_copy(w.frame.data(), w.frame.size()));
+      return Value(std::move(d));
+    }
+    case WireKind::proto_slices:
+      return slices_from_wire(w, dp, consume, pre);
+    case WireKind::list:
+      return decode_list(w, dp, consume, pre);
+  }
+  return make_error(ErrorCode::corrupt_data, "unknown wire value kind {}", w.kind);
+}
+
+}  // namespace
+
+std::vector<PayloadHandle> payload_handles(const WireValue& wire) {
+  std::vector<PayloadSlice> slices;
+  collect_slices(wire, slices);
+  std::vector<PayloadHandle> out;
+  for (const PayloadSlice& s : slices) out.push_back(s.handle);
+  return out;
+}
+
+WireValue json_wire(const nlohmann::json& json) {
+  WireValue w;
+  w.kind = static_cast<uint8_t>(WireKind::json);
+  w.json = json.dump();
+  return w;
+}
+
+Result<WireValue> to_wire(const Value& value, DataPlane& dp, const EncodeOptions& options,
+                          std::vector<PayloadHandle>* published) {
+  if (value.is_json()) return json_wire(value.json());
+  if (value.is_proto()) return proto_to_wire(value.proto(), dp, options, published);
+  WireValue w;
+  w.kind = static_cast<uint8_t>(WireKind::list);
+  for (const Value& item : value.list()) {
+    TESSERA_ASSIGN_OR_RETURN(WireValue wi, to_wire(item, dp, options, published));
+    w.items.push_back(std::move(wi));
+  }
+  return w;
+}
+
+Result<Value> from_wire(const WireValue& w, DataPlane& dp, bool consume) {
+  return decode(w, dp, consume, nullptr);
+}
+
+Result<std::vector<Value>> from_wire_many(const std::vector<WireValue>& wires, DataPlane& dp,
+                                          bool consume) {
+  std::vector<PayloadSlice> slices;
+  for (const WireValue& w : wires) collect_slices(w, slices);
+  Prefetched pre;
+  if (!slices.empty()) pre.parts = dp.fetch_all(slices, consume);
+  std::vector<Value> out;
+  out.reserve(wires.size());
+  for (size_t i = 0; i < wires.size(); ++i) {
+    Result<Value> v = decode(wires[i], dp, consume, slices.empty() ? nullptr : &pre);
+    if (!v.ok()) return v.status().with_context(fmt::format("value {}", i));
+    out.push_back(std::move(v).value());
+  }
+  return out;
+}
+
+}  // namespace tessera::runtime

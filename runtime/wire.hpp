@@ -1,0 +1,45 @@
+// wire.hpp: runtime::Value <-> WireValue, the step between a method's arguments and a CAF
+// message. DataProtos become payload handles published on the sender's data plane (or, for a
+// small one bound to another process, an inline frame); the receiver pulls them back.
+//
+// Thread-safety: free functions; the DataPlane is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/status.hpp"
+#include "runtime/data_plane.hpp"
+#include "runtime/messages.hpp"
+#include "runtime/value.hpp"
+
+namespace tessera::runtime {
+
+/// How to encode values bound for one receiver.
+struct EncodeOptions {
+  bool remote = false;           ///< The receiver lives in another process.
+  uint32_t consumers = 1;        ///< Consuming fetches expected per published payload (0: keep).
+  uint64_t inline_max_bytes = 0; ///< Inline a DataProto for a remote receiver up to this size.
+};
+
+/// Encodes `value`. Every payload it publishes is appended to `published` (if not null), so
+/// the caller can release what the receiver never fetched. Errors come from proto::encode.
+Result<WireValue> to_wire(const Value& value, DataPlane& data_plane, const EncodeOptions& options,
+                          std::vector<PayloadHandle>* published = nullptr);
+
+/// Decodes `wire`, pulling payload slices (peer to peer; concatenated when several). With
+/// `consume`, each fetch counts as one consumer of its payload. Errors name the payload.
+Result<Value> from_wire(const WireValue& wire, DataPlane& data_plane, bool consume);
+
+/// from_wire() of several values, fetching every payload slice among them concurrently (one
+/// round of fetches for all ranks' results, or all of a call's arguments).
+Result<std::vector<Value>> from_wire_many(const std::vector<WireValue>& wires,
+                                          DataPlane& data_plane, bool consume);
+
+/// Every payload handle a WireValue refers to (to release results nobody will fetch).
+std::vector<PayloadHandle> payload_handles(const WireValue& wire);
+
+/// A WireValue holding JSON.
+WireValue json_wire(const nlohmann::json& json);
+
+}  // namespace tessera::runtime

@@ -1,0 +1,135 @@
+// worker_actor.cpp: the worker actor shell (see the header).
+#include "runtime/worker_actor.hpp"
+
+#include <algorithm>
+
+#include <c10/util/Exception.h>
+#include <caf/stateful_actor.hpp>
+#include <fmt/format.h>
+
+#include "runtime/errors.hpp"
+#include "runtime/wire.hpp"
+
+namespace tessera::runtime {
+namespace {
+
+struct WorkerState {
+  SpawnRequest request;
+  WorkerHostEnv env;
+  std::vector<std::unique_ptr<Worker>> roles;
+  std::map<std::string, const MethodEntry*> table;  // qualified name -> entry
+  bool ready = false;
+  static inline const char* name = "tessera.worker";
+};
+
+using WorkerActor = caf::stateful_actor<WorkerState>*;
+
+// One line: newlines of multi-line exception texts become " | ".
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  std::replace(text.begin(), text.end(), '\n', '|');
+  return text;
+}
+
+// Runs `f`, turning any exception into a Status naming `what`.
+template <class F>
+auto guarded(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    return make_error(ErrorCode::internal, "{} threw c10::Error: {}", what,
+                      one_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "{} threw: {}", what, one_line(e.what()));
+  } catch (...) {
+    return make_error(ErrorCode::internal, "{} threw a non-std exception", what);
+  }
+}
+
+Result<std::unique_ptr<Worker>> build_role(const WorkerState& st, const RoleSpec& role) {
+  TESSERA_ASSIGN_OR_RETURN(WorkerFactory factory, st.env.registry->find(role.type_name));
+  nlohmann::json config = nlohmann::json::parse(role.init_config, nullptr, false);
+  if (config.is_discarded()) {
+    return make_error(ErrorCode::invalid_argument, "role '{}': init config is not valid JSON",
+                      role.role);
+  }
+  std::string what = fmt::format("constructing worker type '{}'", role.type_name);
+  return guarded(what, [&] { return factory(st.request.context, config); });
+}
+
+std::vector<MethodInfo> method_infos(const WorkerState& st) {
+  std::vector<MethodInfo> out;
+  for (const auto& [name, entry] : st.table) out.push_back(MethodInfo{name, entry->attributes.dump()});
+  return out;
+}
+
+Status init_roles(WorkerState& st) {
+  if (st.ready) return Status();
+  if (st.request.roles.empty()) return make_error(ErrorCode::invalid_argument, "no roles given");
+  for (const RoleSpec& role : st.request.roles) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, build_role(st, role));
+    for (const auto& [name, entry] : w->methods()) {
+      std::string q = qualified_method_name(role.role, name);
+      if (!st.table.emplace(q, &entry).second) {
+        return make_error(ErrorCode::already_exists, "two roles register method '{}'", q);
+      }
+    }
+    st.roles.push_back(std::move(w));
+  }
+  st.ready = true;
+  return Status();
+}
+
+Result<CallReply> invoke(WorkerState& st, const CallRequest& req, bool caller_remote) {
+  if (!st.ready) return make_error(ErrorCode::unavailable, "worker is not initialised");
+  auto it = st.table.find(req.method);
+  if (it == st.table.end()) return make_error(ErrorCode::not_found, "no method '{}'", req.method);
+  DataPlane& dp = *st.env.data_plane;
+  Result<std::vector<Value>> resolved = from_wire_many(req.args, dp, /*consume=*/true);
+  if (!resolved.ok()) return resolved.status().with_context("resolving the arguments");
+  std::vector<Value> args = std::move(resolved).value();
+  const MethodEntry* entry = it->second;
+  Result<Value> out = guarded("the method", [&] { return entry->fn(args); });
+  if (!out.ok()) return out.status();
+  bool keep = req.result_mode == static_cast<uint8_t>(ResultMode::keep);
+  EncodeOptions opts{caller_remote, keep ? 0u : 1u, keep ? 0 : st.env.inline_payload_max_bytes};
+  TESSERA_ASSIGN_OR_RETURN(WireValue w, to_wire(*out, dp, opts));
+  return CallReply{std::move(w)};
+}
+
+caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHostEnv env) {
+  self->state.request = std::move(request);
+  self->state.env = env;
+  return {
+      [=](init_atom) -> caf::result<std::vector<MethodInfo>> {
+        Status st = init_roles(self->state);
+        if (!st.ok()) return to_caf_error(st.with_context(describe_worker(self->state.request.context)));
+        return method_infos(self->state);
+      },
+      [=](call_atom, const CallRequest& req) -> caf::result<CallReply> {
+        const auto& sender = self->current_sender();
+        bool remote = sender != nullptr && sender->node() != self->node();
+        Result<CallReply> r = invoke(self->state, req, remote);
+        if (r.ok()) return std::move(r).value();
+        std::string where = fmt::format("{}, method '{}'", describe_worker(self->state.request.context),
+                                        req.method);
+        return to_caf_error(r.status().with_context(where));
+      },
+      [=](methods_atom) { return method_infos(self->state); },
+      [=](context_atom) { return self->state.request.context; },
+  };
+}
+
+}  // namespace
+
+std::string describe_worker(const WorkerContext& c) {
+  return fmt::format("rank {} ({} on {})", c.rank, c.device, c.host);
+}
+
+caf::actor spawn_worker_actor(caf::actor_system& system, SpawnRequest request, WorkerHostEnv env,
+                              bool detached) {
+  if (detached) return system.spawn<caf::detached>(worker_behavior, std::move(request), env);
+  return system.spawn(worker_behavior, std::move(request), env);
+}
+
+}  // namespace tessera::runtime

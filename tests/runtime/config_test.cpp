@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "runtime/config.hpp"
+
+namespace tessera::runtime {
+namespace {
+
+std::string temp_file(const std::string& name, const std::string& text, mode_t mode) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  ::chmod(path.c_str(), mode);
+  return path;
+}
+
+TEST(Config, DevicesExpand) {
+  EXPECT_EQ(*parse_devices("cpu:3"), (std::vector<std::string>{"cpu:0", "cpu:1", "cpu:2"}));
+  EXPECT_EQ(*parse_devices("cuda:0-2"), (std::vector<std::string>{"cuda:0", "cuda:1", "cuda:2"}));
+  EXPECT_EQ(*parse_devices("cuda:5"), (std::vector<std::string>{"cuda:5"}));
+  EXPECT_EQ(*parse_devices("cpu:1,cuda:2"), (std::vector<std::string>{"cpu:0", "cuda:2"}));
+  for (const char* bad : {"", "cpu", "cpu:x", "gpu:1", "cuda:3-1", "cpu:0"}) {
+    Result<std::vector<std::string>> r = parse_devices(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_NE(r.status().message().find(bad), std::string::npos) << bad;
+  }
+}
+
+TEST(Config, CudaDevicesNeedACudaBuild) {
+#ifndef TESSERA_WITH_CUDA
+  Status st = check_devices_supported({"cpu:0", "cuda:1"});
+  EXPECT_EQ(st.code(), ErrorCode::unimplemented);
+  EXPECT_NE(st.message().find("cuda:1"), std::string::npos);
+#endif
+  EXPECT_TRUE(check_devices_supported({"cpu:0"}).ok());
+}
+
+TEST(Config, TokenFileMustBePrivate) {
+  std::string ok = temp_file("tok_ok", "0123456789abcdef0123\n", 0600);
+  EXPECT_EQ(*read_token_file(ok), "0123456789abcdef0123");
+  std::string open = temp_file("tok_open", "0123456789abcdef0123\n", 0644);
+  Result<std::string> r = read_token_file(open);
+  EXPECT_EQ(r.status().code(), ErrorCode::permission_denied);
+  EXPECT_NE(r.status().message().find("chmod 600"), std::string::npos);
+  std::string group = temp_file("tok_group", "0123456789abcdef0123\n", 0640);
+  EXPECT_EQ(read_token_file(group).status().code(), ErrorCode::permission_denied);
+  std::string shorty = temp_file("tok_short", "abc\n", 0600);
+  EXPECT_EQ(read_token_file(shorty).status().code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(read_token_file("/nonexistent/tok").status().code(), ErrorCode::not_found);
+}
+
+TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
+  auto cfg = RuntimeConfig::from_json(nlohmann::json{
+      {"agents", {"10.0.0.1:7700", "10.0.0.2:7700"}},
+      {"token", "0123456789abcdef"},
+      {"call_timeout_s", 2.5},
+      {"heartbeat_interval_ms", 100},
+      {"data_plane", {{"bind_host", "0.0.0.0"}, {"port", 9000}}}});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_EQ(cfg->agents.size(), 2u);
+  EXPECT_EQ(cfg->call_timeout, Millis(2500));
+  EXPECT_EQ(cfg->heartbeat_interval, Millis(100));
+  EXPECT_EQ(cfg->data_plane.port, 9000);
+  auto bad = RuntimeConfig::from_json(nlohmann::json{{"agentz", {}}});
+  EXPECT_NE(bad.status().message().find("cluster.agentz"), std::string::npos);
+  auto bad2 = RuntimeConfig::from_json(nlohmann::json{{"data_plane", {{"prot", 1}}}});
+  EXPECT_NE(bad2.status().message().find("cluster.data_plane.prot"), std::string::npos);
+  auto no_token = RuntimeConfig::from_json(nlohmann::json{{"agents", {"h:1"}}});
+  EXPECT_EQ(no_token.status().code(), ErrorCode::invalid_argument);
+  auto neg = RuntimeConfig::from_json(nlohmann::json{{"call_timeout_s", 0}});
+  EXPECT_FALSE(neg.ok());
+}
+
+}  // namespace
+}  // namespace tessera::runtime

@@ -1,0 +1,25 @@
+// test_workers.hpp: worker types used by the runtime tests and benchmarks.
+//
+//   "echo"  double_it(DataProto) -> every tensor * 2, meta_info["rank"] = rank
+//           identity(DataProto)  -> the same DataProto (bandwidth benchmark)
+//           sum(DataProto)       -> JSON {"sum": sum of every tensor, "rows": n}
+//           rank_info()          -> JSON of the WorkerContext
+//           fail()               -> throws std::runtime_error("boom")
+//           torch_fail()         -> a LibTorch shape error (c10::Error)
+//           sleep_ms(ms)         -> sleeps ms, returns ms (a long computation to kill)
+//           add(a, b)            -> JSON a + b
+//   "critic" value(DataProto)    -> JSON {"role": "critic", "rows": n}
+//   Init config {"fail": true} makes construction fail; {"throw": true} makes it throw.
+#pragma once
+
+#include "runtime/worker.hpp"
+
+namespace tessera::runtime::testing {
+
+/// Registers "echo" and "critic" into `registry`.
+void register_test_workers(WorkerTypeRegistry& registry);
+
+/// A registry holding the test workers.
+const WorkerTypeRegistry& test_registry();
+
+}  // namespace tessera::runtime::testing
