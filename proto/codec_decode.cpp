@@ -48,6 +48,13 @@ Status corrupt(std::string message) {
 
 struct DepthExceeded {};
 
+/// A tensor or column name; Cap'n Proto Text must not contain NUL bytes.
+Result<std::string> read_name(capnp::Text::Reader text, const char* kind) {
+  std::string name(text.begin(), text.size());
+  if (name.find('\0') != std::string::npos) return corrupt(fmt::format("{} name contains a NUL byte", kind));
+  return name;
+}
+
 Result<json> parse_json(capnp::Text::Reader text, int64_t max_depth, const std::string& what) {
   try {
     auto cb = [max_depth](int depth, json::parse_event_t, json&) {
@@ -112,8 +119,7 @@ class FrameDecoder {
  private:
   Result<TensorSpec> check_tensor(wire::TensorEntry::Reader e) {
     TensorSpec s;
-    auto name = e.getName();
-    s.name.assign(name.begin(), name.size());
+    TESSERA_ASSIGN_OR_RETURN(s.name, read_name(e.getName(), "tensor"));
     if (!names_.insert(s.name).second) return corrupt(fmt::format("duplicate tensor '{}'", s.name));
     auto dtype = internal::dtype_from_wire(static_cast<uint16_t>(e.getDtype()));
     if (!dtype) return corrupt(fmt::format("tensor '{}' has unknown dtype {}", s.name, static_cast<uint16_t>(e.getDtype())));
@@ -198,8 +204,7 @@ class FrameDecoder {
   }
 
   Result<std::pair<std::string, Column>> read_column(wire::ColumnEntry::Reader e) {
-    auto text = e.getName();
-    std::string name(text.begin(), text.size());
+    TESSERA_ASSIGN_OR_RETURN(std::string name, read_name(e.getName(), "column"));
     const int64_t rows = e.getRows();
     const int64_t width = e.getWidth();
     if (rows != rows_) return corrupt(fmt::format("column '{}' has {} rows, header says {}", name, rows, rows_));

@@ -77,7 +77,15 @@ void for_each_element(const Column& c, Fn&& fn) {
   }
 }
 
+/// Keys travel as Cap'n Proto Text, which cannot hold NUL bytes.
+Status check_key(const std::string& key, const char* kind) {
+  if (key.find('\0') == std::string::npos) return Status();
+  return make_error(ErrorCode::invalid_argument, "encode: {} key '{}' contains a NUL byte", kind,
+                    key.substr(0, key.find('\0')));
+}
+
 Status fill_column(wire::ColumnEntry::Builder e, const std::string& key, const Column& c) {
+  TESSERA_RETURN_IF_ERROR(check_key(key, "non_tensor_batch"));
   e.setName(key);
   e.setRows(c.size());
   e.setWidth(c.width());
@@ -151,6 +159,7 @@ class FrameBuilder {
   Status plan_tensors(const DataProto& data) {
     uint64_t pos = 0;
     for (const auto& [key, t] : data.batch()) {
+      TESSERA_RETURN_IF_ERROR(check_key(key, "batch"));
       if (!t.device().is_cpu()) {
         return make_error(ErrorCode::invalid_argument,
                           "encode: tensor '{}' is on {}; move it to CPU first", key, t.device().str());

@@ -229,7 +229,9 @@ Status DataProto::union_(const DataProto& other) {
                       other.size());
   }
   TensorDict batch = batch_;
-  for (const auto& [key, t] : other.batch_) {
+  for (const auto& kv : other.batch_) {
+    const std::string& key = kv.first;
+    const at::Tensor& t = kv.second;  // not a structured binding: lambdas capture it (C++17)
     if (const at::Tensor* mine = batch.find(key)) {
       bool equal = false;
       TESSERA_RETURN_IF_ERROR(internal::guard("union_", [&]() -> Status {

@@ -111,8 +111,9 @@ void DataProtoIterator::start_epoch() {
   ++epoch_;
   batch_in_epoch_ = 0;
   if (!shuffle_) return;
-  // torch's DataLoader draws its base seed from the generator before RandomSampler's randperm;
-  // drawing in the same order keeps the permutations those of verl for the same seed.
+  // torch's DataLoader (1.13) draws its base seed from the generator, then RandomSampler calls
+  // randperm on it; we draw in the same order, aiming at verl's order for the same seed (not
+  // verified against Python here: no Python torch on the build machine).
   at::empty({}, at::kLong).random_(generator_);
   order_ = at::randperm(data_.size(), generator_, at::kLong);
 }
@@ -134,7 +135,9 @@ std::optional<DataProto> DataProtoIterator::next() {
 
 Status DataProto::to(const c10::Device& device) {
   TensorDict moved;
-  for (const auto& [key, t] : batch_) {
+  for (const auto& kv : batch_) {
+    const std::string& key = kv.first;
+    const at::Tensor& t = kv.second;  // not a structured binding: the lambda captures it (C++17)
     std::string what = "to(" + device.str() + "): batch key '" + key + "'";
     TESSERA_RETURN_IF_ERROR(internal::guard(what.c_str(), [&]() -> Status {
       moved.insert_or_assign(key, t.to(device));

@@ -175,6 +175,12 @@ TEST(Codec, EncodeErrors) {
   expect_error(encode(m), ErrorCode::invalid_argument, "meta_info");
   DataProto j = unwrap(DataProto::from_dict({}, {{"j", Column::jsons({json(std::string("\xc3", 1))})}}));
   expect_error(encode(j), ErrorCode::invalid_argument, "column 'j' row 0");
+  // Keys travel as Cap'n Proto Text, which cannot hold NUL (found by the fuzzer: "\0" and ""
+  // collapsed into one key).
+  DataProto nul = unwrap(DataProto::from_dict({}, {{std::string("a\0b", 3), Column::int64s({1})}}));
+  expect_error(encode(nul), ErrorCode::invalid_argument, "non_tensor_batch key 'a' contains a NUL byte");
+  DataProto tnul = unwrap(DataProto::from_dict({{std::string("\0", 1), torch::zeros({1})}}));
+  expect_error(encode(tnul), ErrorCode::invalid_argument, "batch key '' contains a NUL byte");
 }
 
 TEST(Codec, DecodeLimits) {

@@ -1,6 +1,7 @@
 // Malformed-frame corpus: thousands of frames derived from valid ones (every truncation, byte
 // flips, absurd values patched over every header word, hand-patched fields). Each must decode
 // to an error or to a well-formed DataProto whose every byte can be read; never a crash.
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -156,6 +157,23 @@ TEST(MalformedFrames, PatchedFieldsGiveSpecificErrors) {
   ASSERT_NE(dim13, std::string::npos);
   expect_corrupt(patched(dim13, static_cast<uint64_t>(-13)), "negative dim");
   expect_corrupt(patched(dim13, 1ull << 62), "overflows");
+}
+
+TEST(MalformedFrames, NulInNamesIsRejected) {
+  NonTensorBatch c{{"colQ", Column::int64s({1})}};
+  DataProto d = unwrap(DataProto::from_dict({{"tenQ", torch::zeros({1})}}, c));
+  EncodedFrame f = unwrap(encode(d));
+  std::vector<uint8_t> frame(f.size());
+  f.flatten_into(frame.data());
+  for (const std::string name : {"tenQ", "colQ"}) {
+    std::vector<uint8_t> bad = frame;
+    auto it = std::search(bad.begin(), bad.end(), name.begin(), name.end());
+    ASSERT_NE(it, bad.end());
+    it[3] = '\0';  // "tenQ" -> "ten\0": still NUL-terminated Text, but with an embedded NUL
+    auto r = decode_copy(bad.data(), bad.size());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("name contains a NUL byte"), std::string::npos) << r.status().to_string();
+  }
 }
 
 TEST(MalformedFrames, NonAdjacentPiecesAreCopiedInOrder) {
