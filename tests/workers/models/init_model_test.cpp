@@ -1,0 +1,160 @@
+// init_model: a complete, deterministic HF directory; init -> load -> save -> load is bitwise
+// identical with identical logits; bad options give one-line errors.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "tests/workers/models/model_test_util.hpp"
+#include "workers/models/init_model.hpp"
+#include "workers/models/model_io.hpp"
+#include "workers/models/tokenizer.hpp"
+
+namespace tessera::models {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+InitModelOptions small(const std::string& arch, const std::string& out) {
+  InitModelOptions o;
+  o.arch = arch;
+  o.hidden = 32;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.intermediate = 64;
+  o.tokenizer = "bytes";
+  o.seed = 7;
+  o.out = out;
+  o.max_position = 256;
+  return o;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(InitModel, WritesACompleteHfDirectory) {
+  TempDir tmp;
+  ASSERT_TRUE(init_model(small("qwen2", tmp / "m")).ok());
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_TRUE(fs::exists(fs::path(tmp / "m") / f)) << f;
+  }
+  auto tok = Tokenizer::from_dir(tmp / "m");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto cfg = load_model_config(tmp / "m");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_EQ(cfg->architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(cfg->vocab_size, tok->vocab_size());
+  EXPECT_EQ(cfg->eos_token_ids, std::vector<int64_t>{*tok->eos_token_id()});
+  EXPECT_EQ(cfg->pad_token_id, std::optional<int64_t>(*tok->pad_token_id()));
+  EXPECT_EQ(cfg->num_key_value_heads, 2);
+  // HF init: norms 1, biases 0, matrices ~ N(0, 0.02), pad row of the embedding zero.
+  auto model = load_causal_lm(tmp / "m");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  TensorMap p = (*model)->parameter_map();
+  EXPECT_TRUE(at::equal(p.at("model.norm.weight"), at::ones({32})));
+  EXPECT_TRUE(at::equal(p.at("model.layers.0.self_attn.q_proj.bias"), at::zeros({32})));
+  double sd = p.at("model.layers.0.mlp.up_proj.weight").std().item<double>();
+  EXPECT_NEAR(sd, 0.02, 0.003);
+  EXPECT_EQ(p.at("model.embed_tokens.weight")[*cfg->pad_token_id].abs().sum().item<double>(), 0.0);
+  // No staging directory is left behind.
+  for (const auto& e : fs::directory_iterator(tmp.path())) EXPECT_EQ(e.path().filename(), "m");
+}
+
+TEST(InitModel, RoundTripIsBitwiseIdenticalWithIdenticalLogits) {
+  TempDir tmp;
+  ASSERT_TRUE(init_model(small("llama", tmp / "a")).ok());
+  auto a = load_causal_lm(tmp / "a");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(save_pretrained(**a, tmp / "b").ok());
+  auto b = load_causal_lm(tmp / "b");
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  TensorMap pa = (*a)->parameter_map(), pb = (*b)->parameter_map();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& [name, t] : pa) {
+    const at::Tensor& u = pb.at(name);
+    ASSERT_EQ(t.sizes(), u.sizes()) << name;
+    EXPECT_EQ(std::memcmp(t.data_ptr(), u.data_ptr(), t.nbytes()), 0) << name;
+  }
+  EXPECT_EQ(read_bytes(tmp / "a/model.safetensors"), read_bytes(tmp / "b/model.safetensors"));
+  testing::Batch batch = testing::left_padded_batch({6, 3}, 6, (*a)->config().vocab_size, 5);
+  torch::NoGradGuard g;
+  at::Tensor la = (*a)->forward(batch.input_ids, batch.attention_mask, batch.position_ids);
+  at::Tensor lb = (*b)->forward(batch.input_ids, batch.attention_mask, batch.position_ids);
+  EXPECT_TRUE(at::equal(la, lb));
+  // The same model saved as shards (HF index layout) loads back identically.
+  ASSERT_TRUE(save_pretrained(**a, tmp / "s", CheckpointWriteOptions{/*max_shard_bytes=*/20000, "model"}).ok());
+  EXPECT_TRUE(fs::exists(tmp / "s/model.safetensors.index.json"));
+  auto s = load_causal_lm(tmp / "s");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  for (const auto& [name, t] : pa) EXPECT_TRUE(at::equal(t, (*s)->parameter_map().at(name))) << name;
+}
+
+TEST(InitModel, SeededAndDeterministic) {
+  TempDir tmp;
+  InitModelOptions o = small("qwen2", tmp / "x");
+  ASSERT_TRUE(init_model(o).ok());
+  o.out = tmp / "y";
+  ASSERT_TRUE(init_model(o).ok());
+  o.out = tmp / "z";
+  o.seed = 8;
+  ASSERT_TRUE(init_model(o).ok());
+  EXPECT_EQ(read_bytes(tmp / "x/model.safetensors"), read_bytes(tmp / "y/model.safetensors"));
+  EXPECT_NE(read_bytes(tmp / "x/model.safetensors"), read_bytes(tmp / "z/model.safetensors"));
+  EXPECT_EQ(read_bytes(tmp / "x/config.json"), read_bytes(tmp / "y/config.json"));
+}
+
+TEST(InitModel, CharTokenizerTiedBf16AndCopiedTokenizer) {
+  TempDir tmp;
+  InitModelOptions o = small("llama", tmp / "c");
+  o.tokenizer = "chars:0123456789+-= ";
+  o.tie_word_embeddings = true;
+  o.dtype = "bfloat16";
+  o.vocab_size = 64;
+  ASSERT_TRUE(init_model(o).ok());
+  auto m = load_causal_lm(tmp / "c");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->config().vocab_size, 64);
+  EXPECT_EQ((*m)->config().torch_dtype, "bfloat16");
+  EXPECT_EQ((*m)->parameter_map().at("model.norm.weight").scalar_type(), at::kBFloat16);
+  EXPECT_EQ((*m)->parameter_map().count("lm_head.weight"), 0u);
+  // PATH: the tokenizer files are copied from an existing directory.
+  InitModelOptions copy = small("qwen2", tmp / "d");
+  copy.tokenizer = tmp / "c";
+  copy.vocab_size = 64;
+  ASSERT_TRUE(init_model(copy).ok());
+  EXPECT_EQ(read_bytes(tmp / "c/tokenizer.json"), read_bytes(tmp / "d/tokenizer.json"));
+}
+
+TEST(InitModel, BadOptionsAreOneLineErrors) {
+  TempDir tmp;
+  InitModelOptions o = small("mistral", tmp / "e");
+  Status st = init_model(o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("mistral"), std::string::npos) << st.to_string();
+  o = small("llama", tmp / "e");
+  o.heads = 5;
+  EXPECT_FALSE(init_model(o).ok());
+  o = small("llama", tmp / "e");
+  o.vocab_size = 10;
+  st = init_model(o);
+  EXPECT_NE(st.message().find("--vocab-size 10"), std::string::npos) << st.to_string();
+  o = small("llama", tmp / "e");
+  o.tokenizer = tmp / "nowhere";
+  st = init_model(o);
+  EXPECT_NE(st.message().find("no tokenizer.json"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(fs::exists(tmp / "e"));
+  ASSERT_TRUE(init_model(small("llama", tmp / "f")).ok());
+  st = init_model(small("llama", tmp / "f"));
+  EXPECT_EQ(st.code(), ErrorCode::already_exists);
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
+}
+
+}  // namespace
+}  // namespace tessera::models

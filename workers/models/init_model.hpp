@@ -1,0 +1,44 @@
+// init_model.hpp: `tessera init-model` as a library function. It writes a complete HF model
+// directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) for a small,
+// randomly initialised Llama or Qwen2, seeded and deterministic: the same options give the same
+// bytes. Initialisation is HF's _init_weights (normal(0, initializer_range = 0.02) for matrices and
+// the embedding, with the pad row zeroed; norms 1; biases 0).
+//
+// The directory is staged in `<out>.tmp-<pid>-<n>` and renamed into place, so `out` either does
+// not exist or is complete. An existing non-empty `out` is refused.
+// Thread-safety: re-entrant; concurrent calls must use distinct `out` paths.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "proto/status.hpp"
+
+namespace tessera::models {
+
+/// The knobs of `tessera init-model`.
+struct InitModelOptions {
+  std::string arch = "llama";         ///< HF model_type: "llama" or "qwen2".
+  int64_t hidden = 0;                 ///< hidden_size.
+  int64_t layers = 0;                 ///< num_hidden_layers.
+  int64_t heads = 0;                  ///< num_attention_heads.
+  int64_t kv_heads = 0;               ///< num_key_value_heads; 0 = heads.
+  int64_t intermediate = 0;           ///< intermediate_size; 0 = 8/3 * hidden rounded up to 64.
+  /// "bytes" (256 byte tokens + specials), "chars:ALPHABET" (one token per character), or a
+  /// directory holding tokenizer.json (+ tokenizer_config.json), which is copied.
+  std::string tokenizer = "bytes";
+  uint64_t seed = 0;
+  std::string out;                    ///< The directory to create.
+  std::optional<int64_t> vocab_size;  ///< Default: the tokenizer's; must not be smaller.
+  int64_t max_position = 2048;        ///< max_position_embeddings (and model_max_length).
+  bool tie_word_embeddings = false;
+  std::string dtype = "float32";      ///< torch_dtype of the written weights.
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+};
+
+/// Writes the model directory described by `options` (see the header comment).
+Status init_model(const InitModelOptions& options);
+
+}  // namespace tessera::models
