@@ -1,0 +1,256 @@
+// Offload round trips (bitwise), sharded checkpoints loaded at another world size continuing
+// exactly like an uninterrupted run, interrupted saves (an error before publication, and a child
+// process killed mid-save) leaving the previous checkpoint loadable, and HF export.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "tests/workers/fsdp/fsdp_test_util.hpp"
+#include "workers/fsdp/checkpoint.hpp"
+#include "workers/models/safetensors.hpp"
+
+namespace tessera::fsdp {
+namespace {
+
+using namespace testing;
+using collective::Communicator;
+using S = ShardingStrategy;
+namespace fs = std::filesystem;
+
+std::shared_ptr<Communicator> borrow(Communicator& c) {
+  return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+}
+
+std::string temp_dir(const std::string& name) {
+  std::string dir = ::testing::TempDir() + "tessera_fsdp_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::remove_all(dir + ".tmp");
+  return dir;
+}
+
+bool all_equal(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [k, v] : a) {
+    if (!b.count(k) || !at::equal(v, b.at(k))) return false;
+  }
+  return true;
+}
+
+TEST(Offload, RoundTripIsBitwiseAndTrainingContinuesExactly) {
+  RunResult want = reference_run(3);
+  collective::testing::with_world("inproc", 2, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, true);
+    fsdp_step(*e, w, 0, true);
+    std::vector<at::Tensor> shards, m, v;
+    for (size_t u = 0; u < e->layouts().size(); ++u) {
+      auto& s = e->unit_state(static_cast<int>(u));
+      shards.push_back(s.shard.clone());
+      m.push_back(s.adam.exp_avg.clone());
+      v.push_back(s.adam.exp_avg_sq.clone());
+    }
+    int64_t resident = e->resident_bytes();
+    EXPECT_GT(resident, 0);
+    ASSERT_TRUE(e->offload_params().ok());
+    ASSERT_TRUE(e->offload_optimizer().ok());
+    EXPECT_EQ(e->resident_bytes(), 0);  // the working copies are freed
+    EXPECT_FALSE(e->unit_state(0).shard.defined());
+    Status st = e->begin_forward(ForwardMode::train);
+    EXPECT_NE(st.message().find("call load_params() first"), std::string::npos) << st.message();
+    ASSERT_TRUE(e->load_params().ok());
+    auto step = e->step();
+    EXPECT_NE(step.status().message().find("call load_optimizer() first"), std::string::npos);
+    ASSERT_TRUE(e->load_optimizer().ok());
+    EXPECT_EQ(e->resident_bytes(), resident);
+    for (size_t u = 0; u < shards.size(); ++u) {
+      auto& s = e->unit_state(static_cast<int>(u));
+      EXPECT_TRUE(at::equal(s.shard, shards[u]));
+      EXPECT_TRUE(at::equal(s.adam.exp_avg, m[u]));
+      EXPECT_TRUE(at::equal(s.adam.exp_avg_sq, v[u]));
+    }
+    for (int s = 1; s < 3; ++s) fsdp_step(*e, w, s, true);
+    EXPECT_LE(max_relative_error(*e->full_state_dict(at::kFloat), want.params), 1e-5);
+  });
+}
+
+TEST(Offload, WrapWithParamOffloadStartsOffloaded) {
+  collective::testing::with_world("inproc", 2, [&](int, Communicator& w) {
+    auto model = make_model();
+    auto mesh = *collective::DeviceMesh::for_fsdp(borrow(w), -1);
+    WrapPolicy policy;
+    FsdpOptions o;
+    o.param_offload = true;
+    o.optimizer_offload = true;
+    auto e = FsdpModule::wrap(model, *make_units(*model, policy), mesh, o, test_optim());
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_TRUE((*e)->params_offloaded());
+    EXPECT_EQ((*e)->resident_bytes(), 0);
+  });
+}
+
+// Saved at world 4 after 3 steps, loaded at world 2 (and 1), 2 more steps: equals 5 steps of the
+// single-process reference.
+TEST(Checkpoint, SavedAtWorld4LoadedAtWorld2And1ContinuesIdentically) {
+  RunResult want = reference_run(5);
+  std::string dir = temp_dir("resize");
+  collective::testing::with_world("inproc", 4, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, true);
+    for (int s = 0; s < 3; ++s) fsdp_step(*e, w, s, true);
+    Status st = save_checkpoint(*e, dir);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  });
+  auto manifest = read_manifest(dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status().to_string();
+  EXPECT_EQ((*manifest)["world_size"], 4);
+  EXPECT_EQ((*manifest)["shard_count"], 4);
+  EXPECT_FALSE(fs::exists(dir + ".tmp"));
+  for (int world : {2, 1}) {
+    collective::testing::with_world("inproc", world, [&](int, Communicator& w) {
+      auto e = make_engine(borrow(w), world == 1 ? S::no_shard : S::full_shard, true);
+      Status st = load_checkpoint(*e, dir);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      EXPECT_EQ(e->optimizer_steps(), 3);
+      for (int s = 3; s < 5; ++s) {
+        double loss = fsdp_step(*e, w, s, true);
+        EXPECT_NEAR(loss, want.losses[s], 1e-5 * want.losses[s]) << "world " << world << " step " << s;
+      }
+      EXPECT_LE(max_relative_error(*e->full_state_dict(at::kFloat), want.params), 1e-5) << "world " << world;
+    });
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ErrorBeforePublicationKeepsThePreviousCheckpoint) {
+  std::string dir = temp_dir("abort");
+  std::map<std::string, at::Tensor> saved;
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    fsdp_step(*e, w, 0, false);
+    ASSERT_TRUE(save_checkpoint(*e, dir).ok());
+    auto snapshot = *e->full_state_dict(at::kFloat);
+    if (rank == 0) saved = snapshot;
+    fsdp_step(*e, w, 1, false);
+    SaveOptions failing;
+    failing.after_rank_files = [rank](const std::string&) {
+      return rank == 1 ? Status(ErrorCode::io_error, "disk full (simulated)") : Status();
+    };
+    Status st = save_checkpoint(*e, dir, failing);
+    ASSERT_FALSE(st.ok());
+    if (rank == 1) EXPECT_NE(st.message().find("disk full (simulated)"), std::string::npos) << st.message();
+    if (rank == 0) EXPECT_NE(st.message().find("another rank failed"), std::string::npos) << st.message();
+  });
+  EXPECT_TRUE(fs::exists(dir + ".tmp"));                     // the partial attempt is left aside
+  EXPECT_FALSE(fs::exists(dir + ".tmp/manifest.json"));
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    ASSERT_TRUE(load_checkpoint(*e, dir).ok());
+    auto now = *e->full_state_dict(at::kFloat);
+    EXPECT_TRUE(all_equal(now, saved));
+    ASSERT_TRUE(save_checkpoint(*e, dir).ok());  // the next save cleans the leftovers
+  });
+  EXPECT_FALSE(fs::exists(dir + ".tmp"));
+  fs::remove_all(dir);
+}
+
+constexpr const char* kChildDirEnv = "TESSERA_FSDP_KILL_DIR";
+
+// A child process loads the checkpoint, trains, and is SIGKILLed after writing its files into
+// the temp directory, before the manifest and the swap. The parent then loads the original.
+TEST(Checkpoint, ProcessKilledMidSaveLeavesThePreviousCheckpointLoadable) {
+  std::string dir = temp_dir("kill");
+  std::map<std::string, at::Tensor> saved;
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    fsdp_step(*e, w, 0, false);
+    ASSERT_TRUE(save_checkpoint(*e, dir).ok());
+    saved = *e->full_state_dict(at::kFloat);
+  });
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv(kChildDirEnv, dir.c_str(), 1);
+    const char* argv[] = {"/proc/self/exe", "--gtest_filter=FsdpChild.*", nullptr};
+    ::execv("/proc/self/exe", const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
+  EXPECT_TRUE(fs::exists(dir + ".tmp/model_shard_0_of_1.safetensors"));  // it really was mid-save
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    Status st = load_checkpoint(*e, dir);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(all_equal(*e->full_state_dict(at::kFloat), saved));
+  });
+  fs::remove_all(dir);
+  fs::remove_all(dir + ".tmp");
+}
+
+TEST(FsdpChild, KilledMidSave) {
+  const char* dir = std::getenv(kChildDirEnv);
+  if (dir == nullptr) GTEST_SKIP() << "child mode only";
+  ::alarm(120);
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    ASSERT_TRUE(load_checkpoint(*e, dir).ok());
+    fsdp_step(*e, w, 1, false);
+    SaveOptions die;
+    die.after_rank_files = [](const std::string&) -> Status {
+      ::raise(SIGKILL);
+      return Status();
+    };
+    (void)save_checkpoint(*e, dir, die);
+  });
+  FAIL() << "the child should have been killed";
+}
+
+TEST(Checkpoint, CorruptOrForeignCheckpointsAreNamedErrors) {
+  std::string dir = temp_dir("corrupt");
+  collective::testing::with_world("inproc", 2, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    ASSERT_TRUE(save_checkpoint(*e, dir).ok());
+  });
+  fs::resize_file(dir + "/model_shard_1_of_2.safetensors", 10);
+  auto m = read_manifest(dir);
+  EXPECT_EQ(m.status().code(), ErrorCode::corrupt_data);
+  EXPECT_NE(m.status().message().find("'model_shard_1_of_2.safetensors' is missing or not"), std::string::npos)
+      << m.status().message();
+  EXPECT_EQ(read_manifest(dir + "_nothing").status().code(), ErrorCode::not_found);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ExportHfWritesSafetensorsAndConfig) {
+  std::string dir = temp_dir("export"), out = temp_dir("export_out");
+  std::map<std::string, at::Tensor> full;
+  nlohmann::json config = {{"model_type", "tiny"}, {"hidden_size", kDim}, {"torch_dtype", "float32"}};
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, false);
+    fsdp_step(*e, w, 0, false);
+    SaveOptions o;
+    o.hf_config = config;
+    ASSERT_TRUE(save_checkpoint(*e, dir, o).ok());
+    ASSERT_TRUE(save_checkpoint(*e, dir + "_plain").ok());
+    auto f = *e->full_state_dict(at::kFloat);
+    if (rank == 0) full = f;
+  });
+  ExportOptions eo;
+  eo.dtype = at::kBFloat16;
+  Status st = export_hf(dir, out, eo);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto tensors = models::read_safetensors_checkpoint(out);
+  ASSERT_TRUE(tensors.ok()) << tensors.status().to_string();
+  ASSERT_EQ(tensors->size(), full.size());
+  for (const auto& [name, t] : full) EXPECT_TRUE(at::equal(tensors->at(name), t.to(at::kBFloat16))) << name;
+  std::ifstream in(out + "/config.json");
+  auto written = nlohmann::json::parse(in);
+  EXPECT_EQ(written["torch_dtype"], "bfloat16");
+  EXPECT_EQ(written["hidden_size"], kDim);
+  EXPECT_EQ(export_hf(dir + "_plain", out + "2").code(), ErrorCode::not_found);
+  fs::remove_all(dir);
+  fs::remove_all(dir + "_plain");
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace tessera::fsdp

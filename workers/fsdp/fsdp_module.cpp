@@ -1,0 +1,313 @@
+// fsdp_module.cpp: wrapping, gather / reduce / release, forward and backward.
+// The design is Note [FSDP engine] in fsdp_module.hpp.
+#include "workers/fsdp/fsdp_module.hpp"
+
+#include <torch/torch.h>
+
+#include <set>
+
+namespace tessera::fsdp {
+namespace {
+
+using collective::ReduceOp;
+
+Status from_exception(const char* where, const std::exception& e) {
+  std::string msg;
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
+    msg = ce->what_without_backtrace();
+  } else {
+    msg = e.what();
+  }
+  if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+  return make_error(ErrorCode::internal, "{}: {}", where, msg);
+}
+
+at::Tensor empty_param(c10::ScalarType dtype) { return at::empty({0}, at::TensorOptions(dtype)); }
+
+Status check_mesh(ShardingStrategy s, const collective::DeviceMesh& mesh) {
+  bool two_d = mesh.ndim() == 2 && mesh.has_dim("ddp") && mesh.has_dim("fsdp");
+  bool one_d = mesh.ndim() == 1 && mesh.has_dim("fsdp");
+  if (s == ShardingStrategy::hybrid_shard && !two_d) {
+    return make_error(ErrorCode::invalid_argument,
+                      "HYBRID_SHARD needs a (ddp, fsdp) device mesh, got {}", mesh.to_string());
+  }
+  if (s != ShardingStrategy::hybrid_shard && !one_d) {
+    return make_error(ErrorCode::invalid_argument, "{} needs a 1-D (fsdp) device mesh, got {}",
+                      to_string(s), mesh.to_string());
+  }
+  return Status();
+}
+
+}  // namespace
+
+FsdpOptions fsdp_options_from_config(const FsdpConfig& config, int world_size) {
+  FsdpOptions o;
+  o.strategy = resolve_strategy(config, world_size);
+  o.mixed_precision = config.mixed_precision;
+  o.model_dtype = config.model_dtype;
+  o.param_offload = config.param_offload;
+  o.optimizer_offload = config.optimizer_offload;
+  return o;
+}
+
+FsdpModule::~FsdpModule() = default;
+
+FsdpModule::UnitState& FsdpModule::unit_state(int unit) { return *units_[unit]; }
+
+const at::Tensor& FsdpModule::shard(int unit) const { return units_[unit]->shard; }
+
+Result<int> FsdpModule::unit_index(const std::string& name) const {
+  for (size_t i = 0; i < layouts_.size(); ++i) {
+    if (layouts_[i].unit == name) return static_cast<int>(i);
+  }
+  return make_error(ErrorCode::not_found, "FSDP has no unit '{}'", name);
+}
+
+Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::Module> module,
+                                                     std::vector<UnitSpec> units,
+                                                     collective::DeviceMesh mesh,
+                                                     const FsdpOptions& options,
+                                                     const OptimizerOptions& optim) {
+  if (!module) return make_error(ErrorCode::invalid_argument, "FSDP wrap: module is null");
+  TESSERA_RETURN_IF_ERROR(check_mesh(options.strategy, mesh).with_context("FSDP wrap"));
+  std::unique_ptr<FsdpModule> m(new FsdpModule(std::move(mesh)));
+  m->module_ = std::move(module);
+  m->options_ = options;
+  m->optim_ = optim;
+  m->scheduler_ = LrScheduler(optim.adamw.lr, optim.schedule);
+  auto fsdp = *m->mesh_.group("fsdp");
+  if (options.strategy == ShardingStrategy::no_shard) {
+    m->replicate_group_ = fsdp;  // the whole world on a 1-D mesh
+  } else {
+    m->shard_count_ = fsdp->size();
+    m->shard_index_ = fsdp->rank();
+    if (m->shard_count_ > 1) m->shard_group_ = fsdp;
+    if (options.strategy == ShardingStrategy::hybrid_shard) m->replicate_group_ = *m->mesh_.group("ddp");
+  }
+  try {
+    TESSERA_RETURN_IF_ERROR(m->init_units(units));
+    for (auto& buffer : m->module_->buffers(/*recurse=*/true)) {
+      if (at::isFloatingType(buffer.scalar_type())) {
+        buffer.set_data(buffer.to(options.mixed_precision.buffer_dtype));
+      }
+    }
+  } catch (const std::exception& e) {
+    return from_exception("FSDP wrap", e);
+  }
+  if (options.param_offload) TESSERA_RETURN_IF_ERROR(m->offload_params());
+  if (options.optimizer_offload) TESSERA_RETURN_IF_ERROR(m->offload_optimizer());
+  return m;
+}
+
+// Validates coverage, builds layouts, flattens (and syncs) each unit, keeps this rank's shard.
+Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) params[item.key()] = item.value();
+  std::set<std::string> claimed;
+  for (const auto& spec : units) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    auto state = std::make_unique<UnitState>();
+    for (const auto& name : spec.param_names) {
+      auto it = params.find(name);
+      if (it == params.end()) {
+        return make_error(ErrorCode::not_found, "FSDP wrap: unit '{}' names unknown parameter '{}'",
+                          spec.name, name);
+      }
+      if (!claimed.insert(name).second) {
+        return make_error(ErrorCode::invalid_argument,
+                          "FSDP wrap: parameter '{}' is in two units (second: '{}')", name, spec.name);
+      }
+      shapes.emplace_back(name, it->second.sizes().vec());
+      state->params.push_back(it->second);
+    }
+    TESSERA_ASSIGN_OR_RETURN(FlatLayout layout, make_flat_layout(spec.name, shapes, shard_count_));
+    state->trainable = state->params.front().requires_grad();
+    state->recompute = spec.recompute;
+    for (const auto& p : state->params) {
+      if (p.requires_grad() != state->trainable) {
+        return make_error(ErrorCode::invalid_argument,
+                          "FSDP wrap: unit '{}' mixes trainable and frozen parameters", spec.name);
+      }
+    }
+    at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype));
+    for (size_t i = 0; i < layout.params.size(); ++i) {
+      const auto& e = layout.params[i];
+      flat.narrow(0, e.offset, e.numel).copy_(state->params[i].detach().reshape(-1));
+    }
+    if (options_.sync_module_states && mesh_.world()->size() > 1) {
+      TESSERA_RETURN_IF_ERROR(mesh_.world()->broadcast(flat, 0, options_.comm));
+    }
+    auto [begin, end] = layout.shard_range(shard_index_);
+    state->shard = flat.narrow(0, begin, end - begin).clone();
+    state->adam.exp_avg = at::zeros_like(state->shard);
+    state->adam.exp_avg_sq = at::zeros_like(state->shard);
+    state->anchor = at::empty({0}, at::TensorOptions(at::kFloat)).requires_grad_(true);
+    for (auto& p : state->params) p.set_data(empty_param(options_.mixed_precision.param_dtype));
+    layouts_.push_back(std::move(layout));
+    units_.push_back(std::move(state));
+  }
+  for (const auto& [name, tensor] : params) {
+    if (!claimed.count(name)) {
+      return make_error(ErrorCode::invalid_argument, "FSDP wrap: parameter '{}' is in no unit", name);
+    }
+  }
+  return Status();
+}
+
+Status FsdpModule::check_loaded(const char* what) const {
+  if (params_offloaded_) {
+    return make_error(ErrorCode::invalid_argument,
+                      "FSDP {}: parameters are offloaded to CPU; call load_params() first", what);
+  }
+  return Status();
+}
+
+bool FsdpModule::recompute_in_backward() const {
+  return options_.strategy == ShardingStrategy::full_shard ||
+         options_.strategy == ShardingStrategy::hybrid_shard;
+}
+
+Status FsdpModule::gather_unit(int u, bool train) {
+  UnitState& s = *units_[u];
+  const FlatLayout& layout = layouts_[u];
+  const auto param_dtype = options_.mixed_precision.param_dtype;
+  at::Tensor local = s.shard.to(param_dtype);
+  s.full = at::empty({layout.padded_numel}, at::TensorOptions(param_dtype));
+  if (shard_group_) {
+    Status st = shard_group_->all_gather(local, s.full, options_.comm);
+    if (!st.ok()) return st.with_context("FSDP gather of unit '" + layout.unit + "'");
+  } else {
+    s.full.copy_(local);
+  }
+  bool with_grad = train && s.trainable;
+  if (with_grad) s.full_grad = at::zeros({layout.padded_numel}, at::TensorOptions(param_dtype));
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const auto& e = layout.params[i];
+    s.params[i].set_data(s.full.narrow(0, e.offset, e.numel).view(e.shape));
+    if (with_grad) s.params[i].mutable_grad() = s.full_grad.narrow(0, e.offset, e.numel).view(e.shape);
+  }
+  s.pending_reduce = with_grad;
+  return Status();
+}
+
+Status FsdpModule::reduce_unit(int u) {
+  UnitState& s = *units_[u];
+  const FlatLayout& layout = layouts_[u];
+  if (!s.pending_reduce) return Status();
+  s.pending_reduce = false;
+  std::string ctx = "FSDP gradient reduction of unit '" + layout.unit + "'";
+  at::Tensor g = s.full_grad.to(options_.mixed_precision.reduce_dtype);
+  at::Tensor reduced = g;
+  if (shard_group_) {
+    reduced = at::empty({layout.shard_numel()}, g.options());
+    Status st = shard_group_->reduce_scatter(g, reduced, ReduceOp::avg, options_.comm);
+    if (!st.ok()) return st.with_context(ctx);
+  }
+  if (replicate_group_) {
+    Status st = replicate_group_->all_reduce(reduced, ReduceOp::avg, options_.comm);
+    if (!st.ok()) return st.with_context(ctx);
+  }
+  if (s.shard_grad.defined()) {
+    s.shard_grad.add_(reduced.to(options_.model_dtype));
+  } else {
+    s.shard_grad = reduced.to(options_.model_dtype, /*non_blocking=*/false, /*copy=*/true);
+  }
+  return Status();
+}
+
+void FsdpModule::release_unit(int u) {
+  UnitState& s = *units_[u];
+  for (auto& p : s.params) {
+    p.set_data(empty_param(options_.mixed_precision.param_dtype));
+    p.mutable_grad() = at::Tensor();
+  }
+  s.full = at::Tensor();
+  s.full_grad = at::Tensor();
+  s.pending_reduce = false;
+}
+
+Status FsdpModule::begin_forward(ForwardMode mode) {
+  TESSERA_RETURN_IF_ERROR(check_loaded("begin_forward"));
+  if (in_forward_) {
+    return make_error(ErrorCode::invalid_argument,
+                      "FSDP begin_forward: the previous forward has not ended (call backward() "
+                      "or end_forward())");
+  }
+  in_forward_ = true;
+  mode_ = mode;
+  recompute_fns_.clear();
+  try {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u]->recompute && recompute_in_backward()) continue;  // run_unit gathers it
+      TESSERA_RETURN_IF_ERROR(gather_unit(static_cast<int>(u), mode == ForwardMode::train));
+    }
+  } catch (const std::exception& e) {
+    return from_exception("FSDP begin_forward", e);
+  }
+  return Status();
+}
+
+Status FsdpModule::end_forward() {
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(static_cast<int>(u));
+  recompute_fns_.clear();
+  in_forward_ = false;
+  return Status();
+}
+
+Status FsdpModule::reduce_pending() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    TESSERA_RETURN_IF_ERROR(reduce_unit(static_cast<int>(u)));
+    release_unit(static_cast<int>(u));
+  }
+  return Status();
+}
+
+Status FsdpModule::backward(const at::Tensor& loss) {
+  if (!in_forward_ || mode_ != ForwardMode::train) {
+    return make_error(ErrorCode::invalid_argument,
+                      "FSDP backward: no training forward is in progress (begin_forward(train))");
+  }
+  Status st;
+  try {
+    loss.backward();
+  } catch (const std::exception& e) {
+    st = from_exception("FSDP backward", e);
+  }
+  if (st.ok()) {
+    try {
+      st = reduce_pending();
+    } catch (const std::exception& e) {
+      st = from_exception("FSDP backward", e);
+    }
+  }
+  end_forward();
+  return st;
+}
+
+void FsdpModule::zero_grad() {
+  for (auto& s : units_) s->shard_grad = at::Tensor();
+}
+
+Result<std::map<std::string, at::Tensor>> FsdpModule::full_state_dict(c10::ScalarType dtype) {
+  TESSERA_RETURN_IF_ERROR(check_loaded("full_state_dict"));
+  std::map<std::string, at::Tensor> out;
+  try {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const FlatLayout& layout = layouts_[u];
+      at::Tensor full = units_[u]->shard;
+      if (shard_group_) {
+        full = at::empty({layout.padded_numel}, units_[u]->shard.options());
+        Status st = shard_group_->all_gather(units_[u]->shard, full, options_.comm);
+        if (!st.ok()) return st.with_context("FSDP full_state_dict of unit '" + layout.unit + "'");
+      }
+      for (const auto& e : layout.params) {
+        out[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape).to(dtype, false, /*copy=*/true);
+      }
+    }
+  } catch (const std::exception& e) {
+    return from_exception("FSDP full_state_dict", e);
+  }
+  return out;
+}
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,225 @@
+// fsdp_module.hpp: Tessera's FSDP engine over any torch::nn::Module.
+//
+// Note [FSDP engine]
+// The module is cut into units (sets of named parameters; for the decoder: one per layer plus a
+// root unit with the embeddings, final norm and head). Each unit's parameters are flattened into
+// one FlatParameter (flat_param.hpp), padded to a multiple of the shard count K, and each rank
+// keeps only its shard (in model_dtype, normally fp32) and the AdamW moments of that shard.
+//
+// Forward: gathering a unit all-gathers the shards (cast to param_dtype) into a full flat buffer
+// and points every module parameter at its slice with Tensor::set_data (no copy; the parameter
+// stays a leaf, see models' Note [Swapping parameters]). For training, each parameter's .grad is
+// pre-set to a slice of a zeroed flat gradient buffer, so autograd accumulates straight into it.
+// Backward: after autograd, the flat gradient is cast to reduce_dtype and reduce-scattered
+// (average over the data-parallel ranks) into the shard gradient; then the unit is released
+// (its parameters point at empty tensors again).
+//
+// Strategies (DeviceMesh groups: "fsdp" shards, "ddp" replicates):
+//   FULL_SHARD     K = |fsdp|; units routed through run_unit() are freed right after their
+//                  forward and re-gathered in backward by recomputing the unit (activation
+//                  checkpointing); other units stay gathered until backward.
+//   SHARD_GRAD_OP  K = |fsdp|; units stay gathered from forward to backward.
+//   NO_SHARD       K = 1; gradients are all-reduced (averaged) over the world.
+//   HYBRID_SHARD   (ddp, fsdp) mesh: K = |fsdp|; reduce-scatter over fsdp, then all-reduce over ddp;
+//                  run_unit() recomputes as in FULL_SHARD.
+// Averaging over all ranks means: N ranks each computing the mean loss of an equal share of a
+// global batch produce the gradient of the mean loss over the whole batch, as one process would.
+//
+// Step: global grad norm = sqrt(sum of squared shard gradients over the fsdp group); non-finite
+// skips the update and zeroes gradients (verl); otherwise clip (torch's clip_grad_norm_ formula)
+// and run AdamW (optim.hpp) on every shard. A unit that received no gradient since the last step
+// is not updated (torch skips parameters whose grad is None).
+//
+// Offload: param_offload / optimizer_offload move the shards / moments into separate CPU buffers
+// (pinned on CUDA builds) and free the working copies; load_* copies them back bitwise. While
+// offloaded, forward and step fail with an error saying what to load.
+//
+// Thread contract: one thread drives one FsdpModule; all ranks call the collective methods
+// (everything except the accessors and offload/load) in the same order.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "proto/status.hpp"
+#include "runtime/collective/communicator.hpp"
+#include "runtime/collective/device_mesh.hpp"
+#include "workers/fsdp/flat_param.hpp"
+#include "workers/fsdp/optim.hpp"
+#include "workers/fsdp/options.hpp"
+
+namespace tessera::fsdp {
+
+/// A set of named parameters that is gathered and sharded as one FlatParameter.
+struct UnitSpec {
+  std::string name;                      ///< e.g. "model.layers.3" or "root".
+  std::vector<std::string> param_names;  ///< Module parameter names, in flat order.
+  /// The model runs this unit through run_unit(): under FULL_SHARD / HYBRID_SHARD it is then not
+  /// gathered by begin_forward(), freed after its forward and recomputed in backward.
+  bool recompute = false;
+};
+
+/// How an FsdpModule shards, casts and offloads.
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::full_shard;
+  MixedPrecision mixed_precision;
+  c10::ScalarType model_dtype = c10::ScalarType::Float;  ///< Dtype of the shards (master weights).
+  bool param_offload = false;      ///< Offload shards right after wrapping.
+  bool optimizer_offload = false;  ///< Offload the AdamW moments right after wrapping.
+  bool sync_module_states = true;  ///< Broadcast world rank 0's parameters when wrapping.
+  collective::CollectiveOptions comm;  ///< Timeout of every collective.
+};
+
+/// Builds FsdpOptions from a parsed fsdp_config for a world of `world_size`.
+FsdpOptions fsdp_options_from_config(const FsdpConfig& config, int world_size);
+
+/// What one optimizer step did.
+struct StepResult {
+  double grad_norm = 0.0;       ///< Global norm before clipping (verl's actor/grad_norm).
+  bool skipped = false;         ///< Non-finite norm: nothing updated, gradients zeroed.
+  double lr = 0.0;              ///< Learning rate used.
+  int64_t optimizer_steps = 0;  ///< AdamW steps taken so far (skips not counted).
+};
+
+/// Whether a forward pass will be followed by backward().
+enum class ForwardMode : uint8_t { train, eval };
+
+/// The FSDP engine. See Note [FSDP engine].
+class FsdpModule {
+ public:
+  /// Wraps `module`: checks that `units` cover every parameter exactly once, flattens and shards
+  /// them (rank k of the fsdp group keeps shard k), frees the module's parameter storage, casts
+  /// floating buffers to buffer_dtype, and allocates AdamW state. Collective over the mesh.
+  /// The module must outlive nothing: the FsdpModule holds it.
+  static Result<std::unique_ptr<FsdpModule>> wrap(std::shared_ptr<torch::nn::Module> module,
+                                                  std::vector<UnitSpec> units,
+                                                  collective::DeviceMesh mesh,
+                                                  const FsdpOptions& options,
+                                                  const OptimizerOptions& optim);
+  ~FsdpModule();
+
+  /// Gathers every unit except those the model runs through run_unit() with recompute into the
+  /// module. `train` also sets up gradient buffers; follow it with backward().
+  Status begin_forward(ForwardMode mode);
+
+  /// Runs `fn(input)` as unit `unit`, gathering it first if needed; under FULL_SHARD and
+  /// HYBRID_SHARD in training mode the unit is freed after the call and recomputed in backward.
+  /// `fn` is kept until backward: capture tensors by value. Collective.
+  Result<at::Tensor> run_unit(int unit, std::function<at::Tensor(const at::Tensor&)> fn,
+                              const at::Tensor& input);
+
+  /// Index of the unit called `name`.
+  Result<int> unit_index(const std::string& name) const;
+
+  /// loss.backward(), then reduces every gathered unit's gradient into its shard and frees the
+  /// full parameters. Gradients accumulate over calls until step(). Collective.
+  Status backward(const at::Tensor& loss);
+
+  /// Frees the full parameters after an eval forward (or abandons a train forward).
+  Status end_forward();
+
+  /// Clips by the global norm and runs AdamW on every shard (or skips on a non-finite norm),
+  /// then zeroes the gradients. Does not advance the LR schedule. Collective.
+  Result<StepResult> step();
+
+  /// Advances the LR schedule by one (verl: once per update_actor call).
+  void lr_scheduler_step() { scheduler_.step(); }
+  /// The learning rate the next step() uses.
+  double current_lr() const { return scheduler_.current_lr(); }
+  /// Drops accumulated shard gradients.
+  void zero_grad();
+
+  /// Moves the shards to the offload buffers and frees the working copies.
+  Status offload_params();
+  /// Copies the shards back from the offload buffers (bitwise).
+  Status load_params();
+  /// Moves the AdamW moments to the offload buffers and frees the working copies.
+  Status offload_optimizer();
+  /// Copies the AdamW moments back (bitwise).
+  Status load_optimizer();
+  bool params_offloaded() const { return params_offloaded_; }
+  bool optimizer_offloaded() const { return optimizer_offloaded_; }
+  /// Bytes of working (non-offloaded) shards, shard gradients and AdamW moments.
+  int64_t resident_bytes() const;
+
+  /// Every parameter by name, gathered and cast to `dtype` (fresh tensors). Collective over the
+  /// fsdp group.
+  Result<std::map<std::string, at::Tensor>> full_state_dict(c10::ScalarType dtype);
+
+  /// This rank's shard of unit `unit` (model_dtype). REQUIRES: params loaded.
+  const at::Tensor& shard(int unit) const;
+
+  const std::vector<FlatLayout>& layouts() const { return layouts_; }
+  ShardingStrategy strategy() const { return options_.strategy; }
+  const FsdpOptions& options() const { return options_; }
+  const OptimizerOptions& optimizer_options() const { return optim_; }
+  const collective::DeviceMesh& mesh() const { return mesh_; }
+  /// K: shards per unit; and this rank's shard index in [0, K).
+  int shard_count() const { return shard_count_; }
+  int shard_index() const { return shard_index_; }
+  torch::nn::Module& module() const { return *module_; }
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+
+  // ---- used by checkpoint.cpp -------------------------------------------------------------
+  struct UnitState;
+  UnitState& unit_state(int unit);
+  LrScheduler& scheduler() { return scheduler_; }
+  void set_optimizer_steps(int64_t steps) { optimizer_steps_ = steps; }
+
+  // ---- used by the recompute autograd function (recompute.cpp) ------------------------------
+  Status gather_unit(int unit, bool train);
+  Status reduce_unit(int unit);
+  void release_unit(int unit);
+
+ private:
+  explicit FsdpModule(collective::DeviceMesh mesh) : mesh_(std::move(mesh)) {}
+  Status init_units(const std::vector<UnitSpec>& units);
+  Status check_loaded(const char* what) const;
+  bool recompute_in_backward() const;
+  Status reduce_pending();
+  Result<double> global_grad_norm();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  collective::DeviceMesh mesh_;
+  FsdpOptions options_;
+  OptimizerOptions optim_;
+  LrScheduler scheduler_{0.0, {}};
+  std::shared_ptr<collective::Communicator> shard_group_;      // null when K == 1
+  std::shared_ptr<collective::Communicator> replicate_group_;  // ddp (HYBRID) or world (NO_SHARD)
+  int shard_count_ = 1;
+  int shard_index_ = 0;
+  std::vector<FlatLayout> layouts_;
+  std::vector<std::unique_ptr<UnitState>> units_;
+  std::vector<std::function<at::Tensor(const at::Tensor&)>> recompute_fns_;  // live until backward
+  int64_t optimizer_steps_ = 0;
+  bool params_offloaded_ = false;
+  bool optimizer_offloaded_ = false;
+  bool in_forward_ = false;
+  ForwardMode mode_ = ForwardMode::eval;
+
+  friend struct RecomputeUnit;
+};
+
+/// Per-unit tensors. Owned by FsdpModule; exposed for checkpoint.cpp and recompute.cpp.
+struct FsdpModule::UnitState {
+  std::vector<at::Tensor> params;  ///< The module's parameters (same TensorImpl), flat order.
+  bool trainable = true;           ///< All parameters require grad (mixed units are refused).
+  bool recompute = false;          ///< UnitSpec::recompute.
+  at::Tensor shard;                ///< [S] model_dtype; undefined while offloaded.
+  at::Tensor shard_grad;           ///< [S] model_dtype reduced gradient; undefined when none.
+  AdamWState adam;                 ///< Moments; undefined while offloaded.
+  at::Tensor offload_shard;        ///< CPU copy while offloaded (kept allocated).
+  AdamWState offload_adam;         ///< CPU copies of the moments.
+  at::Tensor full;                 ///< [padded] param_dtype while gathered.
+  at::Tensor full_grad;            ///< [padded] param_dtype while gathered for training.
+  bool pending_reduce = false;     ///< Gathered for training, gradient not yet reduced.
+  at::Tensor anchor;               ///< Zero-size leaf that makes run_unit outputs require grad.
+};
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,136 @@
+// fsdp_step.cpp: the optimizer step (global-norm clipping, non-finite skip, AdamW on shards) and
+// parameter / optimizer-state offload. See Note [FSDP engine] in fsdp_module.hpp.
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "workers/fsdp/fsdp_module.hpp"
+
+namespace tessera::fsdp {
+namespace {
+
+// The offload destination: a separate host buffer (pinned when the working copy is on a GPU, so
+// the copies can be asynchronous on CUDA builds).
+at::Tensor host_buffer_like(const at::Tensor& t) {
+  auto options = t.options().device(at::kCPU);
+  if (t.is_cuda()) options = options.pinned_memory(true);
+  return at::empty(t.sizes(), options);
+}
+
+// Copies `src` into the (reused) host buffer `dst`.
+void offload_into(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type()) {
+    dst = host_buffer_like(src);
+  }
+  dst.copy_(src);
+}
+
+// A fresh working copy of `host`.
+at::Tensor load_from(const at::Tensor& host) { return host.clone(at::MemoryFormat::Contiguous); }
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+Result<double> FsdpModule::global_grad_norm() {
+  double local = 0.0;
+  for (auto& s : units_) {
+    if (s->shard_grad.defined()) local += s->shard_grad.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  if (shard_group_) {
+    at::Tensor t = at::tensor({local}, at::kDouble);
+    Status st = shard_group_->all_reduce(t, collective::ReduceOp::sum, options_.comm);
+    if (!st.ok()) return st.with_context("FSDP grad norm");
+    local = t.item<double>();
+  }
+  return std::sqrt(local);
+}
+
+Result<StepResult> FsdpModule::step() {
+  TESSERA_RETURN_IF_ERROR(check_loaded("step"));
+  if (optimizer_offloaded_) {
+    return make_error(ErrorCode::invalid_argument,
+                      "FSDP step: optimizer state is offloaded to CPU; call load_optimizer() first");
+  }
+  if (in_forward_) {
+    return make_error(ErrorCode::invalid_argument, "FSDP step: a forward is still in progress");
+  }
+  StepResult result;
+  result.lr = scheduler_.current_lr();
+  try {
+    TESSERA_ASSIGN_OR_RETURN(result.grad_norm, global_grad_norm());
+    if (!std::isfinite(result.grad_norm)) {
+      result.skipped = true;
+      result.optimizer_steps = optimizer_steps_;
+      zero_grad();
+      return result;
+    }
+    double clip = optim_.clip_grad;
+    double coef = clip > 0 ? clip / (result.grad_norm + 1e-6) : 1.0;
+    ++optimizer_steps_;
+    for (auto& s : units_) {
+      if (!s->shard_grad.defined() || !s->trainable) continue;
+      if (coef < 1.0) s->shard_grad.mul_(coef);
+      adamw_update(s->shard, s->shard_grad, s->adam, optim_.adamw, result.lr, optimizer_steps_);
+    }
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    return make_error(ErrorCode::internal, "FSDP step: {}", msg);
+  }
+  zero_grad();
+  result.optimizer_steps = optimizer_steps_;
+  return result;
+}
+
+Status FsdpModule::offload_params() {
+  if (in_forward_) {
+    return make_error(ErrorCode::invalid_argument, "FSDP offload_params: a forward is in progress");
+  }
+  if (params_offloaded_) return Status();
+  for (auto& s : units_) {
+    offload_into(s->offload_shard, s->shard);
+    s->shard = at::Tensor();  // frees the working copy
+  }
+  params_offloaded_ = true;
+  return Status();
+}
+
+Status FsdpModule::load_params() {
+  if (!params_offloaded_) return Status();
+  for (auto& s : units_) s->shard = load_from(s->offload_shard);
+  params_offloaded_ = false;
+  return Status();
+}
+
+Status FsdpModule::offload_optimizer() {
+  if (optimizer_offloaded_) return Status();
+  for (auto& s : units_) {
+    offload_into(s->offload_adam.exp_avg, s->adam.exp_avg);
+    offload_into(s->offload_adam.exp_avg_sq, s->adam.exp_avg_sq);
+    s->adam = AdamWState{};
+  }
+  optimizer_offloaded_ = true;
+  return Status();
+}
+
+Status FsdpModule::load_optimizer() {
+  if (!optimizer_offloaded_) return Status();
+  for (auto& s : units_) {
+    s->adam.exp_avg = load_from(s->offload_adam.exp_avg);
+    s->adam.exp_avg_sq = load_from(s->offload_adam.exp_avg_sq);
+  }
+  optimizer_offloaded_ = false;
+  return Status();
+}
+
+int64_t FsdpModule::resident_bytes() const {
+  int64_t total = 0;
+  for (const auto& s : units_) {
+    total += bytes_of(s->shard) + bytes_of(s->shard_grad) + bytes_of(s->adam.exp_avg) +
+             bytes_of(s->adam.exp_avg_sq);
+  }
+  return total;
+}
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,98 @@
+// recompute.cpp: run_unit() and the autograd function behind FULL_SHARD's free-after-forward.
+//
+// Note [Recompute unit]
+// With leaf parameters aliasing a gathered buffer (Note [FSDP engine]), autograd's saved tensors
+// reference the full parameters, so a unit can only be freed after its forward if backward does
+// not need what forward saved. RecomputeUnit achieves that, like torch.utils.checkpoint:
+//   forward:  gather the unit (no gradient buffers), run fn(input) without building a graph,
+//             release the unit; save only `input`.
+//   backward: gather the unit again (with gradient buffers), rerun fn on a detached copy of
+//             `input` with grad enabled, backpropagate grad_output through it (a re-entrant
+//             autograd call, which accumulates into the flat gradient buffer), reduce-scatter the
+//             unit's gradient right away and release it; return the input's gradient.
+// A zero-size leaf `anchor` that requires grad is passed as a second input, so the node is in
+// the graph even when `input` does not require grad. Errors inside backward can only leave
+// autograd as exceptions; FsdpModule::backward() catches them and returns a Status. All ranks
+// build the same graph, so the gathers and reductions issued from backward happen in the same
+// order everywhere.
+#include <torch/torch.h>
+
+#include "workers/fsdp/fsdp_module.hpp"
+
+namespace tessera::fsdp {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct RecomputeUnit : public torch::autograd::Function<RecomputeUnit> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor input, at::Tensor anchor,
+                               FsdpModule* engine, int64_t unit, int64_t fn_index) {
+    ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["fn"] = fn_index;
+    ctx->save_for_backward({input});
+    throw_if_error(engine->gather_unit(static_cast<int>(unit), /*train=*/false));
+    at::Tensor out = engine->recompute_fns_[fn_index](input);
+    engine->release_unit(static_cast<int>(unit));
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto* engine = reinterpret_cast<FsdpModule*>(ctx->saved_data["engine"].toInt());
+    int unit = static_cast<int>(ctx->saved_data["unit"].toInt());
+    int64_t fn_index = ctx->saved_data["fn"].toInt();
+    at::Tensor input = ctx->get_saved_variables()[0];
+    throw_if_error(engine->gather_unit(unit, /*train=*/true));
+    at::Tensor x = input.detach().requires_grad_(input.requires_grad());
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = engine->recompute_fns_[fn_index](x);
+    }
+    if (out.requires_grad()) torch::autograd::backward({out}, {grad_outputs[0]});
+    Status st = engine->reduce_unit(unit);
+    engine->release_unit(unit);
+    throw_if_error(st);
+    at::Tensor grad_input = x.requires_grad() ? x.grad() : at::Tensor();
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  static void throw_if_error(const Status& st) {
+    if (!st.ok()) throw std::runtime_error(st.to_string());
+  }
+};
+
+Result<at::Tensor> FsdpModule::run_unit(int unit, std::function<at::Tensor(const at::Tensor&)> fn,
+                                        const at::Tensor& input) {
+  if (!in_forward_) {
+    return make_error(ErrorCode::invalid_argument, "FSDP run_unit: call begin_forward() first");
+  }
+  if (unit < 0 || unit >= static_cast<int>(units_.size())) {
+    return make_error(ErrorCode::out_of_range, "FSDP run_unit: unit {} is outside [0, {})", unit,
+                      units_.size());
+  }
+  UnitState& s = *units_[unit];
+  try {
+    bool recompute = s.recompute && recompute_in_backward();
+    if (!recompute) {
+      if (!s.full.defined()) TESSERA_RETURN_IF_ERROR(gather_unit(unit, mode_ == ForwardMode::train));
+      return fn(input);
+    }
+    if (mode_ == ForwardMode::eval || !at::GradMode::is_enabled()) {
+      TESSERA_RETURN_IF_ERROR(gather_unit(unit, /*train=*/false));
+      at::Tensor out = fn(input);
+      release_unit(unit);
+      return out;
+    }
+    recompute_fns_.push_back(std::move(fn));
+    int64_t index = static_cast<int64_t>(recompute_fns_.size()) - 1;
+    return RecomputeUnit::apply(input, s.anchor, this, static_cast<int64_t>(unit), index)[0];
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) msg = ce->what_without_backtrace();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    return make_error(ErrorCode::internal, "FSDP run_unit '{}': {}", layouts_[unit].unit, msg);
+  }
+}
+
+}  // namespace tessera::fsdp

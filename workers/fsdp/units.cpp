@@ -1,0 +1,102 @@
+// units.cpp: wrap policies -> UnitSpecs (see units.hpp).
+#include "workers/fsdp/units.hpp"
+
+#include <torch/torch.h>
+
+#include <set>
+
+namespace tessera::fsdp {
+namespace {
+
+std::string last_component(const std::string& class_name) {
+  auto pos = class_name.rfind("::");
+  return pos == std::string::npos ? class_name : class_name.substr(pos + 2);
+}
+
+bool matches_layer_class(const std::string& class_name, const std::vector<std::string>& wanted) {
+  std::string short_name = last_component(class_name);
+  if (wanted.empty()) {
+    const std::string suffix = "DecoderLayer";
+    return short_name.size() >= suffix.size() &&
+           short_name.compare(short_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
+  for (const auto& w : wanted) {
+    if (w == short_name || w == class_name) return true;
+    bool hf_decoder = w == "LlamaDecoderLayer" || w == "Qwen2DecoderLayer";
+    if (hf_decoder && short_name == "DecoderLayer") return true;
+  }
+  return false;
+}
+
+std::vector<std::string> params_under(const torch::nn::Module& m, const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+    names.push_back(prefix.empty() ? item.key() : prefix + "." + item.key());
+  }
+  return names;
+}
+
+// Size-based: post-order; returns the parameter names of `m` not claimed by a unit below it.
+std::vector<std::string> wrap_by_size(const torch::nn::Module& m, const std::string& prefix,
+                                      int64_t min_params, std::vector<UnitSpec>& units,
+                                      bool is_root) {
+  std::vector<std::string> unclaimed;
+  for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+    unclaimed.push_back(prefix.empty() ? item.key() : prefix + "." + item.key());
+  }
+  for (const auto& child : m.named_children()) {
+    std::string child_prefix = prefix.empty() ? child.key() : prefix + "." + child.key();
+    auto rest = wrap_by_size(*child.value(), child_prefix, min_params, units, false);
+    unclaimed.insert(unclaimed.end(), rest.begin(), rest.end());
+  }
+  if (is_root) return unclaimed;
+  int64_t count = 0;
+  std::map<std::string, at::Tensor> all;
+  for (const auto& item : m.named_parameters(true)) {
+    all[prefix.empty() ? item.key() : prefix + "." + item.key()] = item.value();
+  }
+  for (const auto& name : unclaimed) count += all[name].numel();
+  if (count >= min_params && !unclaimed.empty()) {
+    units.push_back({prefix, unclaimed});
+    return {};
+  }
+  return unclaimed;
+}
+
+}  // namespace
+
+Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const WrapPolicy& policy,
+                                         bool recompute_layers) {
+  std::vector<UnitSpec> units;
+  std::vector<std::string> all = params_under(module, "");
+  if (all.empty()) return make_error(ErrorCode::invalid_argument, "FSDP units: module has no parameters");
+  if (!policy.disable && policy.min_num_params > 0) {
+    auto rest = wrap_by_size(module, "", policy.min_num_params, units, /*is_root=*/true);
+    for (auto& u : units) u.recompute = recompute_layers;
+    if (!rest.empty()) units.push_back({"root", rest});
+    return units;
+  }
+  std::set<std::string> claimed;
+  if (!policy.disable) {
+    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+      const std::string& key = item.key();
+      bool inside_unit = false;
+      for (const auto& u : units) inside_unit |= key.rfind(u.name + ".", 0) == 0;
+      if (inside_unit || !matches_layer_class(item.value()->name(), policy.transformer_layer_cls_to_wrap)) {
+        continue;
+      }
+      UnitSpec spec{key, params_under(*item.value(), key), recompute_layers};
+      if (spec.param_names.empty()) continue;
+      claimed.insert(spec.param_names.begin(), spec.param_names.end());
+      units.push_back(std::move(spec));
+    }
+  }
+  UnitSpec root{"root", {}, false};
+  for (const auto& name : all) {
+    if (!claimed.count(name)) root.param_names.push_back(name);
+  }
+  if (!root.param_names.empty()) units.push_back(std::move(root));
+  return units;
+}
+
+}  // namespace tessera::fsdp
