@@ -1,0 +1,247 @@
+// KVCacheEngine against an independent reference: greedy tokens are the argmax of a full
+// (no-cache) forward, rollout_log_probs are its log-softmax, for left-padded mixed-length batches
+// with EOS inside; scheduling (slots, budget, continuous/static) never changes the output; seeds
+// reproduce; validation and do_sample follow verl.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "tests/workers/rollout/rollout_test_util.hpp"
+
+namespace tessera::rollout {
+namespace {
+
+using testing::get;
+
+constexpr int64_t kP = 8;
+const std::vector<int64_t> kLengths = {8, 3, 5, 1, 7, 2};
+
+// Checks every valid response token of `out` against the full-forward reference: it must be the
+// argmax (greedy) and, when present, rollout_log_probs must equal log_softmax(logits / T).
+void check_against_full_forward(models::CausalLM& model, const proto::DataProto& out, bool greedy, double temperature) {
+  at::Tensor logits = testing::full_forward_logits(model, out);
+  at::Tensor responses = get(out, "responses");
+  const bool has_lp = out.batch().contains("rollout_log_probs");
+  at::Tensor lp = has_lp ? get(out, "rollout_log_probs") : at::Tensor();
+  std::vector<int64_t> valid = testing::valid_lengths(out, kP);
+  int64_t checked = 0, exact_argmax = 0;
+  double max_lp_diff = 0.0;
+  for (int64_t b = 0; b < responses.size(0); ++b) {
+    for (int64_t t = 0; t < valid[static_cast<size_t>(b)]; ++t) {
+      at::Tensor row = logits[b][kP - 1 + t];
+      const int64_t token = responses[b][t].item<int64_t>();
+      if (greedy) {
+        // The chosen token is a maximiser up to float rounding between the two code paths.
+        EXPECT_GE(row[token].item<double>(), row.max().item<double>() - 1e-5) << "row " << b << " t " << t;
+        exact_argmax += row.argmax().item<int64_t>() == token;
+      }
+      if (has_lp) {
+        double ref = at::log_softmax(row / temperature, 0)[token].item<double>();
+        max_lp_diff = std::max(max_lp_diff, std::abs(ref - lp[b][t].item<double>()));
+      }
+      ++checked;
+    }
+    for (int64_t t = valid[static_cast<size_t>(b)]; has_lp && t < responses.size(1); ++t) {
+      EXPECT_EQ(lp[b][t].item<float>(), -1.0f) << "log-prob padding at row " << b << " t " << t;
+    }
+  }
+  std::printf("[reference] %ld tokens checked, %ld exact argmax, max |logprob - ref| = %.3g\n", checked, exact_argmax,
+              max_lp_diff);
+  if (greedy) {
+    EXPECT_EQ(exact_argmax, checked);
+  }
+  EXPECT_LT(max_lp_diff, 1e-4);
+  EXPECT_GT(checked, 0);
+}
+
+// The first-EOS truncation of `full` (responses generated with ignore_eos), padded with `pad`.
+at::Tensor truncate_at_eos(const at::Tensor& full, const std::vector<int64_t>& eos, int64_t pad) {
+  at::Tensor out = full.clone();
+  for (int64_t b = 0; b < full.size(0); ++b) {
+    bool seen = false;
+    for (int64_t t = 0; t < full.size(1); ++t) {
+      if (seen) out[b][t] = pad;
+      if (std::count(eos.begin(), eos.end(), full[b][t].item<int64_t>()) > 0) seen = true;
+    }
+  }
+  return out;
+}
+
+TEST(KVCacheEngine, GreedyEqualsFullForwardArgmaxWithEosInside) {
+  auto model = testing::tiny_model(1);
+  RolloutConfig cfg = testing::test_config();
+  cfg.do_sample = false;
+  cfg.calculate_log_probs = true;
+  cfg.ignore_eos = true;
+  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 3, /*eos=*/95);
+  proto::DataProto full = testing::generate(*testing::make_engine(model, cfg), prompts);
+  check_against_full_forward(*model, full, /*greedy=*/true, 1.0);
+
+  // Make EOS a token the greedy path emits early in row 0, so rows stop at different places.
+  at::Tensor full_resp = get(full, "responses");
+  const int64_t eos = full_resp[0][3].item<int64_t>();
+  cfg.ignore_eos = false;
+  prompts.meta_info()["eos_token_id"] = nlohmann::json::array({eos, 94});
+  proto::DataProto out = testing::generate(*testing::make_engine(model, cfg), prompts);
+  check_against_full_forward(*model, out, /*greedy=*/true, 1.0);
+  EXPECT_TRUE(get(out, "responses").equal(truncate_at_eos(full_resp, {eos, 94}, /*pad=*/0)));
+  std::vector<int64_t> valid = testing::valid_lengths(out, kP);
+  EXPECT_LE(valid[0], 4);
+  EXPECT_LT(*std::min_element(valid.begin(), valid.end()), cfg.response_length);
+}
+
+TEST(KVCacheEngine, SampledLogProbsMatchFullForward) {
+  auto model = testing::tiny_model(2);
+  RolloutConfig cfg = testing::test_config();
+  cfg.temperature = 0.7;
+  cfg.top_k = 20;
+  cfg.top_p = 0.9;
+  cfg.calculate_log_probs = true;
+  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 4, /*eos=*/5);
+  proto::DataProto out = testing::generate(*testing::make_engine(model, cfg, 11), prompts);
+  check_against_full_forward(*model, out, /*greedy=*/false, 0.7);
+}
+
+// Slot counts, prefill budgets and batching modes change the schedule, never the tokens.
+TEST(KVCacheEngine, SchedulingNeverChangesTheOutput) {
+  auto model = testing::tiny_model(3);
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 14; ++i) lengths.push_back(1 + (i * 5) % kP);
+  proto::DataProto prompts = testing::prompt_batch(lengths, kP, 5, /*eos=*/nlohmann::json::array({7, 11, 13, 17}));
+  for (bool sample : {false, true}) {
+    RolloutConfig base = testing::test_config(/*response_length=*/16);
+    base.do_sample = sample;
+    base.calculate_log_probs = true;
+    base.max_num_seqs = 1024;
+    base.batching = BatchingMode::static_waves;
+    proto::DataProto reference = testing::generate(*testing::make_engine(model, base, 9), prompts);
+    struct Variant {
+      BatchingMode mode;
+      int64_t slots, budget;
+    };
+    for (Variant v : {Variant{BatchingMode::continuous, 3, 64}, Variant{BatchingMode::continuous, 5, 8},
+                      Variant{BatchingMode::static_waves, 4, 16}, Variant{BatchingMode::continuous, 1024, 1}}) {
+      RolloutConfig cfg = base;
+      cfg.batching = v.mode;
+      cfg.max_num_seqs = v.slots;
+      cfg.max_num_batched_tokens = v.budget;
+      auto engine = testing::make_engine(model, cfg, 9);
+      proto::DataProto out = testing::generate(*engine, prompts);
+      SCOPED_TRACE(::testing::Message() << "sample=" << sample << " mode=" << to_string(v.mode) << " slots=" << v.slots
+                                        << " budget=" << v.budget);
+      EXPECT_TRUE(get(out, "responses").equal(get(reference, "responses")));
+      EXPECT_TRUE(get(out, "attention_mask").equal(get(reference, "attention_mask")));
+      EXPECT_LT((get(out, "rollout_log_probs") - get(reference, "rollout_log_probs")).abs().max().item<double>(), 1e-5);
+      const GenerationStats& s = engine->last_stats();
+      std::printf("[schedule %s slots=%ld budget=%ld sample=%d] steps=%ld row_steps=%ld admissions=%ld shrinks=%ld "
+                  "defrags=%ld\n",
+                  to_string(v.mode), v.slots, v.budget, sample, s.decode_steps, s.decode_row_steps, s.admissions,
+                  s.shrinks, s.defrags);
+      if (v.mode == BatchingMode::continuous && v.slots == 3) {
+        EXPECT_GT(s.defrags, 0);  // 14 prompts through 3 slots outrun the cache capacity
+      }
+    }
+    if (!sample) check_against_full_forward(*model, reference, /*greedy=*/true, 1.0);
+  }
+}
+
+TEST(KVCacheEngine, ContinuousBatchingRefillsSlots) {
+  auto model = testing::tiny_model(4);
+  std::vector<int64_t> lengths(12, 4);
+  proto::DataProto prompts = testing::prompt_batch(lengths, kP, 6, nlohmann::json::array({3, 9, 21, 33, 41, 50}));
+  RolloutConfig cfg = testing::test_config(/*response_length=*/24);
+  cfg.max_num_seqs = 4;
+  cfg.temperature = 1.0;
+  auto continuous = testing::make_engine(model, cfg, 1);
+  testing::generate(*continuous, prompts);
+  cfg.batching = BatchingMode::static_waves;
+  auto waves = testing::make_engine(model, cfg, 1);
+  testing::generate(*waves, prompts);
+  const GenerationStats &c = continuous->last_stats(), &w = waves->last_stats();
+  std::printf("[refill] continuous steps=%ld admissions=%ld; static steps=%ld admissions=%ld\n", c.decode_steps,
+              c.admissions, w.decode_steps, w.admissions);
+  EXPECT_EQ(c.generated_tokens, w.generated_tokens);
+  EXPECT_GT(c.admissions, 3);               // prompts admitted as slots free up, not in 3 waves
+  EXPECT_LE(c.decode_steps, w.decode_steps);  // the long tail of each wave is not waited for
+  EXPECT_LE(c.decode_row_steps, 4 * c.decode_steps);
+}
+
+TEST(KVCacheEngine, SeedsReproduceAndCallsDiffer) {
+  auto model = testing::tiny_model(5);
+  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 7, 95);
+  RolloutConfig cfg = testing::test_config();
+  auto a = testing::make_engine(model, cfg, 42), b = testing::make_engine(model, cfg, 42);
+  auto c = testing::make_engine(model, cfg, 43);
+  at::Tensor a1 = get(testing::generate(*a, prompts), "responses");
+  at::Tensor a2 = get(testing::generate(*a, prompts), "responses");
+  at::Tensor b1 = get(testing::generate(*b, prompts), "responses");
+  at::Tensor b2 = get(testing::generate(*b, prompts), "responses");
+  at::Tensor c1 = get(testing::generate(*c, prompts), "responses");
+  EXPECT_TRUE(a1.equal(b1));
+  EXPECT_TRUE(a2.equal(b2));
+  EXPECT_FALSE(a1.equal(a2));  // the next call draws a new seed
+  EXPECT_FALSE(a1.equal(c1));  // another seed samples differently
+}
+
+// verl's n: the trainer repeats the prompts; the engine samples each repeated row independently.
+TEST(KVCacheEngine, RepeatedPromptsSampleIndependently) {
+  auto model = testing::tiny_model(6);
+  auto repeated = testing::prompt_batch({5, 3}, kP, 8, 95).repeat(3, /*interleave=*/true);
+  ASSERT_TRUE(repeated.ok());
+  RolloutConfig cfg = testing::test_config();
+  cfg.n = 3;
+  proto::DataProto out = testing::generate(*testing::make_engine(model, cfg, 3), *repeated);
+  at::Tensor r = get(out, "responses");
+  ASSERT_EQ(r.size(0), 6);
+  EXPECT_FALSE(r[0].equal(r[1]));
+  EXPECT_FALSE(r[1].equal(r[2]));
+  EXPECT_TRUE(get(out, "prompts")[0].equal(get(out, "prompts")[2]));
+}
+
+TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {
+  auto model = testing::tiny_model(7);
+  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 9, 95);
+  RolloutConfig cfg = testing::test_config();
+  cfg.temperature = 1.5;  // training sampling: far from greedy
+  auto engine = testing::make_engine(model, cfg, 5);
+  proto::DataProto greedy_in = prompts;
+  greedy_in.meta_info()["do_sample"] = false;
+  at::Tensor greedy = get(testing::generate(*engine, greedy_in), "responses");
+  proto::DataProto val_in = prompts;
+  val_in.meta_info()["validate"] = true;  // val_kwargs: temperature 0 -> greedy
+  EXPECT_TRUE(get(testing::generate(*engine, val_in), "responses").equal(greedy));
+  EXPECT_FALSE(get(testing::generate(*engine, prompts), "responses").equal(greedy));
+  cfg.val_kwargs.temperature = 1.0;  // sampled validation
+  auto sampled_val = testing::make_engine(model, cfg, 5);
+  EXPECT_FALSE(get(testing::generate(*sampled_val, val_in), "responses").equal(greedy));
+}
+
+TEST(KVCacheEngine, RejectsBadInputsAndConfigs) {
+  auto model = testing::tiny_model(8);
+  RolloutConfig cfg = testing::test_config();
+  proto::DataProto prompts = testing::prompt_batch({4, 2}, 4, 1, 95);
+  get(prompts, "input_ids")[1][3] = testing::kVocab;  // out of the vocabulary
+  auto out = testing::make_engine(model, cfg)->generate_sequences(prompts);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("row 1"), std::string::npos) << out.status().to_string();
+
+  RolloutConfig tp = cfg;
+  tp.tensor_model_parallel_size = 2;
+  auto e1 = KVCacheEngine::create(model, tp);
+  ASSERT_FALSE(e1.ok());
+  EXPECT_EQ(e1.status().code(), ErrorCode::unimplemented);
+  RolloutConfig bf16 = cfg;
+  bf16.dtype = "bfloat16";
+  auto e2 = KVCacheEngine::create(model, bf16);
+  ASSERT_FALSE(e2.ok());
+  EXPECT_NE(e2.status().message().find("dtype"), std::string::npos);
+  RolloutConfig long_cfg = cfg;
+  long_cfg.response_length = 125;
+  auto e3 = KVCacheEngine::create(model, long_cfg);
+  ASSERT_FALSE(e3.ok());
+  EXPECT_NE(e3.status().message().find("max_position_embeddings"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::rollout

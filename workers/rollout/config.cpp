@@ -1,0 +1,343 @@
+// config.cpp: the key tables of actor_rollout_ref.rollout. Each key has one rule: a setter that
+// stores (or checks) its value, or no setter when the key is vLLM/SGLang-only and merely reported.
+#include "workers/rollout/config.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <type_traits>
+
+namespace tessera::rollout {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kPrefix = "actor_rollout_ref.rollout.";
+
+/// What a setter may touch besides its target: the list of reported keys.
+struct ParseState {
+  std::vector<std::string> ignored;
+};
+
+template <class Target>
+using Setter = Status (*)(const json& value, const std::string& key, Target& target, ParseState& state);
+
+/// One accepted key: a setter, or nullptr for "accepted, no effect, reported".
+template <class Target>
+struct KeyRule {
+  const char* key;
+  Setter<Target> set;
+};
+
+Status type_error(const std::string& key, const char* expected, const json& v) {
+  return make_error(ErrorCode::invalid_argument, "{}: expected {}, got {} ({})", key, expected, v.type_name(),
+                    v.dump().substr(0, 60));
+}
+
+// ---- typed readers (null never reaches them: it means "keep the default") ----------------------
+
+Status read(const json& v, const std::string& key, bool& out) {
+  if (!v.is_boolean()) return type_error(key, "a boolean", v);
+  out = v.get<bool>();
+  return Status();
+}
+
+Status read(const json& v, const std::string& key, int64_t& out) {
+  if (!v.is_number_integer()) return type_error(key, "an integer", v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return make_error(ErrorCode::out_of_range, "{}: {} does not fit in int64", key, v.dump());
+  }
+  out = v.get<int64_t>();
+  return Status();
+}
+
+Status read(const json& v, const std::string& key, uint64_t& out) {
+  if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)) {
+    return type_error(key, "a non-negative integer", v);
+  }
+  out = v.get<uint64_t>();
+  return Status();
+}
+
+Status read(const json& v, const std::string& key, double& out) {
+  if (!v.is_number()) return type_error(key, "a number", v);
+  out = v.get<double>();
+  return Status();
+}
+
+Status read(const json& v, const std::string& key, std::string& out) {
+  if (!v.is_string()) return type_error(key, "a string", v);
+  out = v.get<std::string>();
+  return Status();
+}
+
+template <class T>
+Status read(const json& v, const std::string& key, std::optional<T>& out) {
+  T value{};
+  TESSERA_RETURN_IF_ERROR(read(v, key, value));
+  out = value;
+  return Status();
+}
+
+/// Stores the value in `target.*Member`.
+template <auto Member, class Target>
+Status set_field(const json& v, const std::string& key, Target& target, ParseState&) {
+  return read(v, key, target.*Member);
+}
+
+/// Walks `object` with `rules`; unknown keys are errors, setter-less keys are reported.
+template <class Target, size_t N>
+Status apply_rules(const json& object, const std::string& prefix, const KeyRule<Target> (&rules)[N],
+                   Target& target, ParseState& state) {
+  if (!object.is_object()) {
+    std::string where = prefix.empty() ? std::string(kPrefix) : prefix;
+    return type_error(where.substr(0, where.size() - 1), "an object", object);
+  }
+  for (const auto& [name, value] : object.items()) {
+    const std::string key = prefix + name;
+    const KeyRule<Target>* rule = nullptr;
+    for (const auto& r : rules) {
+      if (name == r.key) rule = &r;
+    }
+    if (rule == nullptr) return make_error(ErrorCode::invalid_argument, "unknown rollout config key '{}'", key);
+    if (rule->set == nullptr) {
+      state.ignored.push_back(key);
+    } else if (!value.is_null()) {
+      TESSERA_RETURN_IF_ERROR(rule->set(value, key, target, state));
+    }
+  }
+  return Status();
+}
+
+// ---- keys whose default is harmless but whose other values ask for a missing feature ----------
+
+/// Accepts `allowed` (reported as ignored: it changes nothing); anything else is unimplemented.
+template <class T>
+Status accept_only(const json& v, const std::string& key, const T& allowed, const char* feature, ParseState& state) {
+  T value{};
+  TESSERA_RETURN_IF_ERROR(read(v, key, value));
+  if (value != allowed) {
+    return make_error(ErrorCode::unimplemented, "{}={}: {} is not implemented by Tessera's rollout engine", key,
+                      v.dump(), feature);
+  }
+  state.ignored.push_back(key);
+  return Status();
+}
+
+template <class Target>
+Status mode_sync_only(const json& v, const std::string& key, Target&, ParseState& s) {
+  std::string mode;
+  TESSERA_RETURN_IF_ERROR(read(v, key, mode));
+  if (mode == "sync") return Status();
+  return make_error(ErrorCode::unimplemented, "{}='{}': the async server rollout (agent loop) is not implemented; use 'sync'",
+                    key, mode);
+}
+
+template <class Target>
+Status must_be_one(const json& v, const std::string& key, Target&, ParseState& s) {
+  return accept_only<int64_t>(v, key, 1, "this parallelism", s);
+}
+template <class Target>
+Status must_be_false(const json& v, const std::string& key, Target&, ParseState& s) {
+  return accept_only<bool>(v, key, false, "this feature", s);
+}
+template <class Target>
+Status must_be_zero(const json& v, const std::string& key, Target&, ParseState& s) {
+  double value = 0;
+  TESSERA_RETURN_IF_ERROR(read(v, key, value));
+  if (value != 0.0) {
+    return make_error(ErrorCode::unimplemented, "{}={}: early termination of rollouts is not implemented", key, v.dump());
+  }
+  s.ignored.push_back(key);
+  return Status();
+}
+template <class Target>
+Status must_be_absent(const json& v, const std::string& key, Target&, ParseState&) {
+  return make_error(ErrorCode::unimplemented, "{}={}: multi-modal rollout is not implemented", key, v.dump().substr(0, 60));
+}
+
+// ---- nested sections ---------------------------------------------------------------------------
+
+const KeyRule<SamplingConfig> kSamplingRules[] = {
+    {"_target_", nullptr},
+    {"temperature", set_field<&SamplingConfig::temperature, SamplingConfig>},
+    {"top_k", set_field<&SamplingConfig::top_k, SamplingConfig>},
+    {"top_p", set_field<&SamplingConfig::top_p, SamplingConfig>},
+    {"n", set_field<&SamplingConfig::n, SamplingConfig>},
+    {"do_sample", set_field<&SamplingConfig::do_sample, SamplingConfig>},
+};
+
+Status set_batching(const json& v, const std::string& key, RolloutConfig& c, ParseState&) {
+  std::string mode;
+  TESSERA_RETURN_IF_ERROR(read(v, key, mode));
+  if (mode == "continuous") {
+    c.batching = BatchingMode::continuous;
+  } else if (mode == "static") {
+    c.batching = BatchingMode::static_waves;
+  } else {
+    return make_error(ErrorCode::invalid_argument, "{}='{}': expected 'continuous' or 'static'", key, mode);
+  }
+  return Status();
+}
+
+const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
+    {"batching", set_batching},
+};
+
+Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
+  static const KeyRule<RolloutConfig> rules[] = {
+      {"vllm", nullptr},
+      {"sglang", nullptr},
+      {"tessera", [](const json& t, const std::string& k, RolloutConfig& cfg, ParseState& st) {
+         return apply_rules(t, k + ".", kTesseraEngineRules, cfg, st);
+       }},
+  };
+  return apply_rules(v, key + ".", rules, c, s);
+}
+
+Status set_val_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
+  return apply_rules(v, key + ".", kSamplingRules, c.val_kwargs, s);
+}
+
+// multi_turn is the async agent loop's section: only `enable: false` is meaningful here.
+Status set_multi_turn(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
+  if (!v.is_object()) return type_error(key, "an object", v);
+  for (const auto& [name, value] : v.items()) {
+    if (name == "enable" && !value.is_null()) {
+      TESSERA_RETURN_IF_ERROR(accept_only<bool>(value, key + ".enable", false, "multi-turn rollout", s));
+    } else {
+      s.ignored.push_back(key + "." + name);
+    }
+  }
+  return Status();
+}
+
+Status set_name(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
+  TESSERA_RETURN_IF_ERROR(read(v, key, c.name));
+  if (c.name != "tessera") s.ignored.push_back(key);  // vllm/sglang/hf all run Tessera's engine
+  return Status();
+}
+
+// verl v0.5.0 keys plus those added up to main (reference/verl-fsdp.md §6.1).
+const KeyRule<RolloutConfig> kRolloutRules[] = {
+    {"name", set_name},
+    {"mode", mode_sync_only<RolloutConfig>},
+    {"temperature", set_field<&RolloutConfig::temperature, RolloutConfig>},
+    {"top_k", set_field<&RolloutConfig::top_k, RolloutConfig>},
+    {"top_p", set_field<&RolloutConfig::top_p, RolloutConfig>},
+    {"n", set_field<&RolloutConfig::n, RolloutConfig>},
+    {"prompt_length", set_field<&RolloutConfig::prompt_length, RolloutConfig>},
+    {"response_length", set_field<&RolloutConfig::response_length, RolloutConfig>},
+    {"do_sample", set_field<&RolloutConfig::do_sample, RolloutConfig>},
+    {"ignore_eos", set_field<&RolloutConfig::ignore_eos, RolloutConfig>},
+    {"calculate_log_probs", set_field<&RolloutConfig::calculate_log_probs, RolloutConfig>},
+    {"val_kwargs", set_val_kwargs},
+    {"dtype", set_field<&RolloutConfig::dtype, RolloutConfig>},
+    {"tensor_model_parallel_size", set_field<&RolloutConfig::tensor_model_parallel_size, RolloutConfig>},
+    {"free_cache_engine", set_field<&RolloutConfig::free_cache_engine, RolloutConfig>},
+    {"max_num_seqs", set_field<&RolloutConfig::max_num_seqs, RolloutConfig>},
+    {"max_num_batched_tokens", set_field<&RolloutConfig::max_num_batched_tokens, RolloutConfig>},
+    {"max_model_len", set_field<&RolloutConfig::max_model_len, RolloutConfig>},
+    {"seed", set_field<&RolloutConfig::seed, RolloutConfig>},
+    {"log_prob_micro_batch_size", set_field<&RolloutConfig::log_prob_micro_batch_size, RolloutConfig>},
+    {"log_prob_micro_batch_size_per_gpu", set_field<&RolloutConfig::log_prob_micro_batch_size_per_gpu, RolloutConfig>},
+    {"log_prob_use_dynamic_bsz", set_field<&RolloutConfig::log_prob_use_dynamic_bsz, RolloutConfig>},
+    {"log_prob_max_token_len_per_gpu", set_field<&RolloutConfig::log_prob_max_token_len_per_gpu, RolloutConfig>},
+    {"layered_summon", set_field<&RolloutConfig::layered_summon, RolloutConfig>},
+    {"update_weights_bucket_megabytes", set_field<&RolloutConfig::update_weights_bucket_megabytes, RolloutConfig>},
+    {"engine_kwargs", set_engine_kwargs},
+    {"multi_turn", set_multi_turn},
+    // Features Tessera does not implement: their defaults are accepted (and reported).
+    {"data_parallel_size", must_be_one<RolloutConfig>},
+    {"expert_parallel_size", must_be_one<RolloutConfig>},
+    {"pipeline_model_parallel_size", must_be_one<RolloutConfig>},
+    {"use_fire_sampling", must_be_false<RolloutConfig>},
+    {"skip_rollout", must_be_false<RolloutConfig>},
+    {"over_sample_rate", must_be_zero<RolloutConfig>},
+    {"limit_images", must_be_absent<RolloutConfig>},
+    // vLLM/SGLang engine or server settings: no effect on Tessera's engine.
+    {"_target_", nullptr},
+    {"gpu_memory_utilization", nullptr},
+    {"enforce_eager", nullptr},
+    {"cudagraph_capture_sizes", nullptr},
+    {"load_format", nullptr},
+    {"enable_chunked_prefill", nullptr},
+    {"enable_prefix_caching", nullptr},
+    {"disable_log_stats", nullptr},
+    {"multi_stage_wake_up", nullptr},
+    {"logprobs_mode", nullptr},
+    {"agent", nullptr},
+    {"trace", nullptr},
+    {"profiler", nullptr},
+    {"checkpoint_engine", nullptr},
+    {"skip_dump_dir", nullptr},
+};
+
+bool known_name(const std::string& name) {
+  return name == "vllm" || name == "sglang" || name == "hf" || name == "naive" || name == "tessera";
+}
+
+}  // namespace
+
+const char* to_string(BatchingMode mode) {
+  return mode == BatchingMode::continuous ? "continuous" : "static";
+}
+
+Result<std::optional<c10::ScalarType>> rollout_dtype(const RolloutConfig& config) {
+  const std::string& d = config.dtype;
+  if (d == "auto") return std::optional<c10::ScalarType>();
+  if (d == "bfloat16" || d == "bf16") return std::optional<c10::ScalarType>(c10::ScalarType::BFloat16);
+  if (d == "float16" || d == "half" || d == "fp16") return std::optional<c10::ScalarType>(c10::ScalarType::Half);
+  if (d == "float32" || d == "float" || d == "fp32") return std::optional<c10::ScalarType>(c10::ScalarType::Float);
+  return make_error(ErrorCode::invalid_argument, "{}dtype: unknown dtype '{}' (bfloat16|float16|float32|auto)",
+                    kPrefix, d);
+}
+
+Status validate_rollout_config(const RolloutConfig& c) {
+  auto positive = [](int64_t v, const char* key) -> Status {
+    if (v >= 1) return Status();
+    return make_error(ErrorCode::invalid_argument, "{}{}={} must be >= 1", kPrefix, key, v);
+  };
+  auto sampling = [](const SamplingConfig& s, const std::string& where) -> Status {
+    if (!(s.temperature >= 0.0)) {
+      return make_error(ErrorCode::invalid_argument, "{}{}temperature={} must be >= 0", kPrefix, where, s.temperature);
+    }
+    if (!(s.top_p > 0.0 && s.top_p <= 1.0)) {
+      return make_error(ErrorCode::invalid_argument, "{}{}top_p={} must be in (0, 1]", kPrefix, where, s.top_p);
+    }
+    if (s.top_k < -1) return make_error(ErrorCode::invalid_argument, "{}{}top_k={} must be >= -1", kPrefix, where, s.top_k);
+    if (s.n < 1) return make_error(ErrorCode::invalid_argument, "{}{}n={} must be >= 1", kPrefix, where, s.n);
+    return Status();
+  };
+  if (!known_name(c.name)) {
+    return make_error(ErrorCode::invalid_argument, "{}name='{}': expected vllm|sglang|hf|naive|tessera", kPrefix, c.name);
+  }
+  TESSERA_RETURN_IF_ERROR(positive(c.prompt_length, "prompt_length"));
+  TESSERA_RETURN_IF_ERROR(positive(c.response_length, "response_length"));
+  TESSERA_RETURN_IF_ERROR(positive(c.max_num_seqs, "max_num_seqs"));
+  TESSERA_RETURN_IF_ERROR(positive(c.max_num_batched_tokens, "max_num_batched_tokens"));
+  TESSERA_RETURN_IF_ERROR(positive(c.tensor_model_parallel_size, "tensor_model_parallel_size"));
+  TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));
+  TESSERA_RETURN_IF_ERROR(sampling(c.val_kwargs, "val_kwargs."));
+  if (c.max_model_len && *c.max_model_len < c.prompt_length + c.response_length) {
+    return make_error(ErrorCode::invalid_argument, "{}max_model_len={} is shorter than prompt_length + response_length = {}",
+                      kPrefix, *c.max_model_len, c.prompt_length + c.response_length);
+  }
+  auto dtype = rollout_dtype(c);
+  return dtype.ok() ? Status() : dtype.status();
+}
+
+Result<ParsedRolloutConfig> parse_rollout_config(const nlohmann::json& rollout) {
+  ParsedRolloutConfig out;
+  ParseState state;
+  TESSERA_RETURN_IF_ERROR(apply_rules(rollout, kPrefix, kRolloutRules, out.config, state));
+  TESSERA_RETURN_IF_ERROR(validate_rollout_config(out.config));
+  out.ignored_keys = std::move(state.ignored);
+  if (!out.ignored_keys.empty()) {
+    spdlog::info("rollout config: {} key(s) have no effect on Tessera's KV-cache engine (vLLM/SGLang-only or "
+                 "unused defaults): {}",
+                 out.ignored_keys.size(), fmt::join(out.ignored_keys, ", "));
+  }
+  return out;
+}
+
+}  // namespace tessera::rollout

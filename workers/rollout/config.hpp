@@ -1,0 +1,108 @@
+// config.hpp: verl's rollout config (`actor_rollout_ref.rollout.*`, reference/verl-fsdp.md §6.1)
+// as a plain struct, parsed from the JSON form of that YAML subtree.
+//
+// Contract of parse_rollout_config():
+//  - Every key verl v0.5.0 (and later releases) defines is accepted. Keys that drive Tessera's
+//    KV-cache engine (sampling, lengths, slots, dtype, log-probs, ...) or that other Tessera
+//    components read later (log_prob_* for the actor's recompute, layered_summon and
+//    update_weights_bucket_megabytes for the sharding manager) are stored in RolloutConfig.
+//  - Keys that only configure vLLM/SGLang (gpu_memory_utilization, enforce_eager, load_format,
+//    engine_kwargs.vllm, ...) have no effect here. They are accepted and REPORTED: returned in
+//    ParsedRolloutConfig::ignored_keys (full dotted names) and logged in one info line.
+//  - A feature verl offers that Tessera does not implement is an `unimplemented` error when its
+//    key asks for it (mode=async, multi_turn.enable=true, over_sample_rate>0, ...); its default
+//    value is accepted and reported as ignored.
+//  - An unknown key, or a value of the wrong JSON type, is an error naming the full key.
+//  - null means "keep the default" for every key (OmegaConf's convention).
+//
+// Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
+// arguments under engine_kwargs.<engine>): `batching: continuous|static`.
+//
+// Deviation from verl's defaults: tensor_model_parallel_size defaults to 1 (verl: 2) because the
+// engine has no rollout tensor parallelism yet; a value > 1 parses, and engine creation fails with
+// `unimplemented`.
+//
+// Thread-safety: plain values; the functions are re-entrant.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
+
+#include "proto/status.hpp"
+
+namespace tessera::rollout {
+
+/// Sampling knobs shared by the training rollout and validation (`val_kwargs`).
+struct SamplingConfig {
+  double temperature = 1.0;
+  int64_t top_k = -1;   ///< -1 or 0 disables top-k.
+  double top_p = 1.0;   ///< 1 disables nucleus filtering.
+  int64_t n = 1;        ///< Samples per prompt; the TRAINER repeats prompts, the engine ignores it.
+  bool do_sample = true;
+};
+
+/// How the engine fills its slots (engine_kwargs.tessera.batching).
+enum class BatchingMode : uint8_t {
+  continuous,  ///< A finished row's slot is refilled from the pending prompts at once.
+  static_waves,  ///< "static": slots are refilled only when the whole wave has finished.
+};
+
+/// "continuous" / "static".
+const char* to_string(BatchingMode mode);
+
+/// actor_rollout_ref.rollout.* with verl's names and v0.5.0 defaults (see the header comment).
+struct RolloutConfig {
+  std::string name = "vllm";  ///< Any of vllm|sglang|hf|tessera: all run Tessera's engine.
+  std::string mode = "sync";
+  double temperature = 1.0;
+  int64_t top_k = -1;
+  double top_p = 1.0;
+  int64_t n = 1;
+  int64_t prompt_length = 512;
+  int64_t response_length = 512;
+  bool do_sample = true;
+  bool ignore_eos = false;
+  bool calculate_log_probs = false;
+  SamplingConfig val_kwargs{/*temperature=*/0.0, /*top_k=*/-1, /*top_p=*/1.0, /*n=*/1, /*do_sample=*/false};
+  std::string dtype = "bfloat16";  ///< Parameter/KV dtype the engine expects; "auto" = the weights'.
+  int64_t tensor_model_parallel_size = 1;
+  bool free_cache_engine = true;   ///< Stored; the KV cache never outlives generate_sequences.
+  int64_t max_num_seqs = 1024;     ///< Concurrent sequences (KV-cache slots).
+  int64_t max_num_batched_tokens = 8192;  ///< Prompt tokens (padded) prefilled in one step.
+  std::optional<int64_t> max_model_len;   ///< If set, must cover prompt + response length.
+  std::optional<uint64_t> seed;           ///< Base of the per-rank sampling seed, if given.
+  // Read by other components (the actor's log-prob recompute, the sharding manager).
+  std::optional<int64_t> log_prob_micro_batch_size;
+  std::optional<int64_t> log_prob_micro_batch_size_per_gpu;
+  bool log_prob_use_dynamic_bsz = false;
+  int64_t log_prob_max_token_len_per_gpu = 16384;
+  bool layered_summon = false;
+  int64_t update_weights_bucket_megabytes = 512;
+  // engine_kwargs.tessera
+  BatchingMode batching = BatchingMode::continuous;
+};
+
+/// The parsed config plus the keys that were accepted but have no effect here.
+struct ParsedRolloutConfig {
+  RolloutConfig config;
+  std::vector<std::string> ignored_keys;  ///< Full dotted names, in input order.
+};
+
+/// Parses the `actor_rollout_ref.rollout` object (see the header comment for the rules) and
+/// validates the result. Logs the ignored keys (one spdlog info line) when there are any.
+Result<ParsedRolloutConfig> parse_rollout_config(const nlohmann::json& rollout);
+
+/// Range checks: lengths and slot counts >= 1, temperature >= 0, top_p in (0, 1], top_k >= -1,
+/// max_model_len >= prompt + response, a known dtype and name. Errors name the key.
+Status validate_rollout_config(const RolloutConfig& config);
+
+/// The dtype named by config.dtype ("bfloat16", "bf16", "float16", "half", "float32", "float",
+/// "fp32"); nullopt for "auto".
+Result<std::optional<c10::ScalarType>> rollout_dtype(const RolloutConfig& config);
+
+}  // namespace tessera::rollout

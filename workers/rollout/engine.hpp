@@ -1,0 +1,49 @@
+// engine.hpp: the narrow interface between rollout workers (and the sharding manager) and a
+// generation engine: verl's BaseRollout.generate_sequences plus weights handed over by reference.
+//
+// Implementations: KVCacheEngine (kv_engine.hpp). A worker owns one engine per rollout rank and
+// calls it from one thread.
+#pragma once
+
+#include <cstdint>
+
+#include "proto/data_proto.hpp"
+#include "proto/status.hpp"
+#include "workers/models/safetensors.hpp"
+
+namespace tessera::rollout {
+
+/// Counters of the last generate_sequences call (for metrics and benchmarks).
+struct GenerationStats {
+  int64_t rows = 0;              ///< Prompts generated for.
+  int64_t prompt_tokens = 0;     ///< Real prompt tokens prefilled.
+  int64_t prefill_tokens = 0;    ///< Tokens computed by prefill, left padding included.
+  int64_t generated_tokens = 0;  ///< Response tokens produced (through EOS).
+  int64_t decode_steps = 0;      ///< Batched decode forwards.
+  int64_t decode_row_steps = 0;  ///< Sum over decode steps of the rows computed (idle slots included).
+  int64_t admissions = 0;        ///< Prefill forwards (each admits one or more prompts).
+  int64_t shrinks = 0;           ///< KV-cache repacks that dropped finished rows' slots.
+  int64_t defrags = 0;           ///< KV-cache repacks that squeezed out columns (cache was full).
+  double prefill_seconds = 0;
+  double decode_seconds = 0;     ///< Decode forwards plus sampling.
+  double total_seconds = 0;      ///< The whole call, input checks and output assembly included.
+};
+
+/// A rollout engine: generates responses for a batch of prompts (verl §6.3 contract).
+class RolloutEngine {
+ public:
+  virtual ~RolloutEngine() = default;
+
+  /// verl's generate_sequences: see workers/rollout/contract.hpp for the exact input and output.
+  virtual Result<proto::DataProto> generate_sequences(const proto::DataProto& prompts) = 0;
+
+  /// Makes the engine compute with `tensors` (HF parameter names, the engine's dtype and device)
+  /// in place: the engine aliases them, no byte is copied. The caller keeps them alive and
+  /// unmodified while the engine generates. On error the engine's weights are unchanged.
+  virtual Status load_weights_by_reference(const models::TensorMap& tensors) = 0;
+
+  /// Counters of the last successful generate_sequences call.
+  virtual const GenerationStats& last_stats() const = 0;
+};
+
+}  // namespace tessera::rollout

@@ -1,0 +1,38 @@
+// generation_loop.hpp (internal): the scheduler of one generate_sequences call: admission and
+// prefill, batched decode steps, finishing, slot refill (continuous batching) or waves (static),
+// and repacking. kv_engine.hpp describes the behaviour; slot_cache.hpp the cache layout.
+//
+// Thread-safety: one thread. Throws c10::Error only if the model does (the engine converts).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/status.hpp"
+#include "workers/rollout/config.hpp"
+#include "workers/rollout/contract.hpp"
+#include "workers/rollout/engine.hpp"
+#include "workers/rollout/sampling.hpp"
+#include "workers/rollout/step_model.hpp"
+
+namespace tessera::rollout::internal {
+
+/// Everything the loop needs besides the model and the prompts.
+struct LoopOptions {
+  int64_t slots = 1;                  ///< max_num_seqs.
+  int64_t prefill_token_budget = 1;   ///< max_num_batched_tokens (padded tokens per prefill).
+  int64_t response_length = 1;
+  BatchingMode batching = BatchingMode::continuous;
+  bool ignore_eos = false;
+  bool want_logprobs = false;
+  std::vector<int64_t> eos_token_ids;
+  SamplingParams sampling;
+  uint64_t call_seed = 0;             ///< Row r samples from RowRng(row_seed(call_seed, r)).
+};
+
+/// Generates for every prompt (token ids, non-empty, already checked against the vocabulary).
+/// Returns one GeneratedRow per prompt, in order; fills `stats` (rows, tokens, steps, timings).
+Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::vector<std::vector<int64_t>>& prompts,
+                                                 const LoopOptions& options, GenerationStats& stats);
+
+}  // namespace tessera::rollout::internal

@@ -1,0 +1,123 @@
+// kv_engine.cpp: KVCacheEngine: config checks, the generate_sequences wrapper around the
+// generation loop (input contract -> loop -> output contract), and weight aliasing.
+#include "workers/rollout/kv_engine.hpp"
+
+#include <chrono>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "workers/rollout/contract.hpp"
+#include "workers/rollout/internal/generation_loop.hpp"
+#include "workers/rollout/sampling.hpp"
+
+namespace tessera::rollout {
+namespace {
+
+Status check_engine_config(const RolloutConfig& config, const StepModel& model) {
+  TESSERA_RETURN_IF_ERROR(validate_rollout_config(config));
+  if (config.tensor_model_parallel_size > 1) {
+    return make_error(ErrorCode::unimplemented,
+                      "actor_rollout_ref.rollout.tensor_model_parallel_size={}: rollout tensor parallelism is not "
+                      "implemented yet; use 1",
+                      config.tensor_model_parallel_size);
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto dtype, rollout_dtype(config));
+  if (dtype && *dtype != model.dtype()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref.rollout.dtype={} but the model's parameters are {}; hand the engine weights in "
+                      "its dtype or set dtype=auto",
+                      config.dtype, c10::toString(model.dtype()));
+  }
+  const int64_t context = model.cache_config().max_position_embeddings;
+  if (config.prompt_length + config.response_length > context) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref.rollout: prompt_length {} + response_length {} exceeds the model's "
+                      "max_position_embeddings {}",
+                      config.prompt_length, config.response_length, context);
+  }
+  return Status();
+}
+
+}  // namespace
+
+KVCacheEngine::KVCacheEngine(std::unique_ptr<StepModel> model, RolloutConfig config, const EngineOptions& options)
+    : model_(std::move(model)), config_(std::move(config)), generator_(at::detail::createCPUGenerator(options.seed)) {}
+
+Result<std::unique_ptr<KVCacheEngine>> KVCacheEngine::create(std::unique_ptr<StepModel> model, RolloutConfig config,
+                                                             const EngineOptions& options) {
+  if (model == nullptr) return make_error(ErrorCode::invalid_argument, "KVCacheEngine: no model");
+  TESSERA_RETURN_IF_ERROR(check_engine_config(config, *model));
+  return std::unique_ptr<KVCacheEngine>(new KVCacheEngine(std::move(model), std::move(config), options));
+}
+
+Result<std::unique_ptr<KVCacheEngine>> KVCacheEngine::create(std::shared_ptr<models::CausalLM> model,
+                                                             RolloutConfig config, const EngineOptions& options) {
+  if (model == nullptr) return make_error(ErrorCode::invalid_argument, "KVCacheEngine: no model");
+  return create(std::make_unique<CausalLMStepModel>(std::move(model)), std::move(config), options);
+}
+
+Result<std::unique_ptr<KVCacheEngine>> KVCacheEngine::create_from_tensors(models::ModelConfig model_config,
+                                                                          const models::TensorMap& tensors,
+                                                                          RolloutConfig config,
+                                                                          const EngineOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(auto model, models::CausalLM::from_parameters(std::move(model_config), tensors));
+  return create(std::move(model), std::move(config), options);
+}
+
+Status KVCacheEngine::load_weights_by_reference(const models::TensorMap& tensors) {
+  try {
+    return model_->load_weights_by_reference(tensors);
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "load_weights_by_reference: {}", e.what());
+  }
+}
+
+Status KVCacheEngine::check_prompts(const std::vector<std::vector<int64_t>>& prompts) const {
+  const auto& c = model_->cache_config();
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    for (int64_t id : prompts[row]) {
+      if (id < 0 || id >= c.vocab_size) {
+        return make_error(ErrorCode::out_of_range, "generate_sequences: row {} has token id {} outside [0, {})", row, id,
+                          c.vocab_size);
+      }
+    }
+    const int64_t end = static_cast<int64_t>(prompts[row].size()) + config_.response_length;
+    if (end > c.max_position_embeddings) {
+      return make_error(ErrorCode::out_of_range,
+                        "generate_sequences: row {} needs {} positions (prompt {} + response_length {}), the model has {}",
+                        row, end, prompts[row].size(), config_.response_length, c.max_position_embeddings);
+    }
+  }
+  return Status();
+}
+
+Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProto& prompts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TESSERA_ASSIGN_OR_RETURN(GenerationInputs in, read_generation_inputs(prompts, config_.do_sample));
+  TESSERA_RETURN_IF_ERROR(check_prompts(in.prompts));
+  internal::LoopOptions options;
+  options.slots = config_.max_num_seqs;
+  options.prefill_token_budget = config_.max_num_batched_tokens;
+  options.response_length = config_.response_length;
+  options.batching = config_.batching;
+  options.ignore_eos = config_.ignore_eos;
+  options.want_logprobs = config_.calculate_log_probs;
+  options.eos_token_ids = in.eos_token_ids;
+  options.sampling = resolve_sampling(config_, in.do_sample, in.validate);
+  options.call_seed = at::check_generator<at::CPUGeneratorImpl>(generator_)->random64();
+  GenerationStats stats;
+  std::vector<GeneratedRow> rows;
+  try {
+    TESSERA_ASSIGN_OR_RETURN(rows, internal::run_generation(*model_, in.prompts, options, stats));
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "generate_sequences: the model failed: {}", e.what());
+  }
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, build_generation_output(prompts, in, rows, config_.response_length,
+                                                                         config_.calculate_log_probs));
+  stats.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_ = stats;
+  return out;
+}
+
+}  // namespace tessera::rollout

@@ -1,0 +1,85 @@
+// kv_engine.hpp: Tessera's generation engine: batched autoregressive decoding over a
+// preallocated KV cache, with continuous batching.
+//
+// How a call runs (internal/generation_loop.cpp has the details):
+//  - The prompts (left pads stripped) queue up; `max_num_seqs` KV-cache slots hold the sequences
+//    in flight. Newly admitted prompts are prefilled together (at most max_num_batched_tokens
+//    padded prompt tokens per prefill, at least one prompt), then every in-flight row advances
+//    one token per batched decode step.
+//  - A row finishes at its first EOS (unless ignore_eos) or after response_length tokens. Its
+//    slot is freed at once: with continuous batching it is refilled from the pending prompts
+//    before the next step; with static batching ("waves") slots are refilled only when the whole
+//    wave is done. Finished rows stop costing compute: when no refill is possible, the cache is
+//    repacked without them once they make up 1/8 of the slots, and the vocabulary head only
+//    runs for live rows.
+//  - Sampling follows sampling.hpp (vLLM rules, a per-row torch CPU generator). Each call draws
+//    its seed from the engine's generator (seeded by EngineOptions::seed), so consecutive calls
+//    differ, the same seed replays the same sequence of calls, and results do not depend on the
+//    slot count or the batching mode.
+//  - `n` is not used: as in verl v0.5, the trainer repeats the prompts, and the engine generates
+//    once per row (repeated rows draw from different row streams).
+//
+// Weights are never copied: the engine computes with a models::CausalLM it shares with its
+// creator, and load_weights_by_reference() re-points every parameter at the given tensors
+// (models' Note [Swapping parameters]); data_ptr identity holds afterwards.
+//
+// Thread-safety: one thread at a time per engine; the model must not run elsewhere meanwhile.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/core/Generator.h>
+
+#include "proto/data_proto.hpp"
+#include "proto/status.hpp"
+#include "workers/models/config.hpp"
+#include "workers/models/model.hpp"
+#include "workers/rollout/config.hpp"
+#include "workers/rollout/engine.hpp"
+#include "workers/rollout/step_model.hpp"
+
+namespace tessera::rollout {
+
+/// Per-rank settings that are not part of verl's rollout config.
+struct EngineOptions {
+  /// Seed of the engine's torch CPU generator. Workers pass verl's per-dp-rank seed
+  /// (dp_rank + 1000, plus rollout.seed if set) so TP peers sample alike.
+  uint64_t seed = 0;
+};
+
+/// The KV-cache RolloutEngine. See the header comment.
+class KVCacheEngine final : public RolloutEngine {
+ public:
+  /// An engine over `model` (shared, no copy). Checks the config (tensor_model_parallel_size > 1
+  /// is unimplemented), that config.dtype matches the model's dtype (unless "auto"), and that
+  /// prompt_length + response_length fits max_position_embeddings.
+  static Result<std::unique_ptr<KVCacheEngine>> create(std::shared_ptr<models::CausalLM> model, RolloutConfig config,
+                                                       const EngineOptions& options = {});
+  /// An engine over a model built on `tensors` by reference (models::CausalLM::from_parameters).
+  static Result<std::unique_ptr<KVCacheEngine>> create_from_tensors(models::ModelConfig model_config,
+                                                                    const models::TensorMap& tensors,
+                                                                    RolloutConfig config,
+                                                                    const EngineOptions& options = {});
+  /// An engine over any StepModel (a tensor-parallel one, a fake). REQUIRES: model != nullptr.
+  static Result<std::unique_ptr<KVCacheEngine>> create(std::unique_ptr<StepModel> model, RolloutConfig config,
+                                                       const EngineOptions& options = {});
+
+  Result<proto::DataProto> generate_sequences(const proto::DataProto& prompts) override;
+  Status load_weights_by_reference(const models::TensorMap& tensors) override;
+  const GenerationStats& last_stats() const override { return stats_; }
+
+  const RolloutConfig& config() const { return config_; }
+  StepModel& step_model() const { return *model_; }
+
+ private:
+  KVCacheEngine(std::unique_ptr<StepModel> model, RolloutConfig config, const EngineOptions& options);
+  Status check_prompts(const std::vector<std::vector<int64_t>>& prompts) const;
+
+  std::unique_ptr<StepModel> model_;
+  RolloutConfig config_;
+  at::Generator generator_;  ///< Draws one seed per call.
+  GenerationStats stats_;
+};
+
+}  // namespace tessera::rollout
