@@ -99,7 +99,35 @@ Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::
   return m;
 }
 
-// Validates coverage, builds layouts, flattens (and syncs) each unit, keeps this rank's shard.
+// Looks up a unit's parameters, claiming each name once; fills `state` and the (name, shape) list.
+static Status collect_unit_params(const UnitSpec& spec, const std::map<std::string, at::Tensor>& params,
+                           std::set<std::string>& claimed, FsdpModule::UnitState& state,
+                           std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+  for (const auto& name : spec.param_names) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      return make_error(ErrorCode::not_found, "FSDP wrap: unit '{}' names unknown parameter '{}'",
+                        spec.name, name);
+    }
+    if (!claimed.insert(name).second) {
+      return make_error(ErrorCode::invalid_argument,
+                        "FSDP wrap: parameter '{}' is in two units (second: '{}')", name, spec.name);
+    }
+    shapes.emplace_back(name, it->second.sizes().vec());
+    state.params.push_back(it->second);
+  }
+  state.trainable = !state.params.empty() && state.params.front().requires_grad();
+  state.recompute = spec.recompute;
+  for (const auto& p : state.params) {
+    if (p.requires_grad() != state.trainable) {
+      return make_error(ErrorCode::invalid_argument,
+                        "FSDP wrap: unit '{}' mixes trainable and frozen parameters", spec.name);
+    }
+  }
+  return Status();
+}
+
+// Validates coverage, builds layouts, and shards every unit.
 Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
   std::map<std::string, at::Tensor> params;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) params[item.key()] = item.value();
@@ -107,42 +135,9 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
   for (const auto& spec : units) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
     auto state = std::make_unique<UnitState>();
-    for (const auto& name : spec.param_names) {
-      auto it = params.find(name);
-      if (it == params.end()) {
-        return make_error(ErrorCode::not_found, "FSDP wrap: unit '{}' names unknown parameter '{}'",
-                          spec.name, name);
-      }
-      if (!claimed.insert(name).second) {
-        return make_error(ErrorCode::invalid_argument,
-                          "FSDP wrap: parameter '{}' is in two units (second: '{}')", name, spec.name);
-      }
-      shapes.emplace_back(name, it->second.sizes().vec());
-      state->params.push_back(it->second);
-    }
+    TESSERA_RETURN_IF_ERROR(collect_unit_params(spec, params, claimed, *state, shapes));
     TESSERA_ASSIGN_OR_RETURN(FlatLayout layout, make_flat_layout(spec.name, shapes, shard_count_));
-    state->trainable = state->params.front().requires_grad();
-    state->recompute = spec.recompute;
-    for (const auto& p : state->params) {
-      if (p.requires_grad() != state->trainable) {
-        return make_error(ErrorCode::invalid_argument,
-                          "FSDP wrap: unit '{}' mixes trainable and frozen parameters", spec.name);
-      }
-    }
-    at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype));
-    for (size_t i = 0; i < layout.params.size(); ++i) {
-      const auto& e = layout.params[i];
-      flat.narrow(0, e.offset, e.numel).copy_(state->params[i].detach().reshape(-1));
-    }
-    if (options_.sync_module_states && mesh_.world()->size() > 1) {
-      TESSERA_RETURN_IF_ERROR(mesh_.world()->broadcast(flat, 0, options_.comm));
-    }
-    auto [begin, end] = layout.shard_range(shard_index_);
-    state->shard = flat.narrow(0, begin, end - begin).clone();
-    state->adam.exp_avg = at::zeros_like(state->shard);
-    state->adam.exp_avg_sq = at::zeros_like(state->shard);
-    state->anchor = at::empty({0}, at::TensorOptions(at::kFloat)).requires_grad_(true);
-    for (auto& p : state->params) p.set_data(empty_param(options_.mixed_precision.param_dtype));
+    TESSERA_RETURN_IF_ERROR(shard_unit(*state, layout));
     layouts_.push_back(std::move(layout));
     units_.push_back(std::move(state));
   }
@@ -151,6 +146,26 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
       return make_error(ErrorCode::invalid_argument, "FSDP wrap: parameter '{}' is in no unit", name);
     }
   }
+  return Status();
+}
+
+// Flattens the unit (world rank 0's values when syncing), keeps this rank's shard, allocates the
+// AdamW moments and frees the module's parameter storage.
+Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
+  at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype));
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const auto& e = layout.params[i];
+    flat.narrow(0, e.offset, e.numel).copy_(state.params[i].detach().reshape(-1));
+  }
+  if (options_.sync_module_states && mesh_.world()->size() > 1) {
+    TESSERA_RETURN_IF_ERROR(mesh_.world()->broadcast(flat, 0, options_.comm));
+  }
+  auto [begin, end] = layout.shard_range(shard_index_);
+  state.shard = flat.narrow(0, begin, end - begin).clone();
+  state.adam.exp_avg = at::zeros_like(state.shard);
+  state.adam.exp_avg_sq = at::zeros_like(state.shard);
+  state.anchor = at::empty({0}, at::TensorOptions(at::kFloat)).requires_grad_(true);
+  for (auto& p : state.params) p.set_data(empty_param(options_.mixed_precision.param_dtype));
   return Status();
 }
 

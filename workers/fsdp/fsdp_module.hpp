@@ -180,6 +180,7 @@ class FsdpModule {
  private:
   explicit FsdpModule(collective::DeviceMesh mesh) : mesh_(std::move(mesh)) {}
   Status init_units(const std::vector<UnitSpec>& units);
+  Status shard_unit(UnitState& state, const FlatLayout& layout);
   Status check_loaded(const char* what) const;
   bool recompute_in_backward() const;
   Status reduce_pending();
