@@ -110,6 +110,16 @@ void finish(Hub self, const caf::actor_addr& addr, uint64_t id, Result<WireValue
   call.batch->set(call.index, std::move(result));
 }
 
+// The target's entry, monitoring it on first sight.
+Target& watch(Hub self, const caf::actor& actor, const WorkerContext& context) {
+  auto [it, fresh] = self->state.targets.try_emplace(actor.address());
+  if (fresh) {
+    it->second.context = context;
+    self->monitor(actor);
+  }
+  return it->second;
+}
+
 void send_one(Hub self, const WorkerRef& target, CallRequest& req, Millis timeout,
               const std::shared_ptr<CallBatch>& batch, size_t index) {
   caf::actor_addr addr = target.actor.address();
@@ -119,13 +129,9 @@ void send_one(Hub self, const WorkerRef& target, CallRequest& req, Millis timeou
                                  who(target.context), dead->second, req.method));
     return;
   }
-  auto [it, fresh] = self->state.targets.try_emplace(addr);
-  if (fresh) {
-    it->second.context = target.context;
-    self->monitor(target.actor);
-  }
+  Target& t = watch(self, target.actor, target.context);
   uint64_t id = self->state.next_id++;
-  it->second.calls.emplace(id, PendingCall{batch, index, req.method});
+  t.calls.emplace(id, PendingCall{batch, index, req.method});
   self->request(target.actor, timeout, call_atom::value, std::move(req))
       .then([=](CallReply& reply) { finish(self, addr, id, std::move(reply.result)); },
             [=](caf::error& err) { finish(self, addr, id, to_status(err)); });
@@ -158,6 +164,9 @@ caf::behavior hub_behavior(Hub self) {
           send_one(self, job->targets[i], job->requests[i], job->timeout, job->batch, i);
         }
       },
+      [=](watch_atom, const caf::actor& worker, const WorkerContext& context) {
+        watch(self, worker, context);
+      },
       [=](watch_atom, const caf::actor& agent, const std::string& address) {
         self->state.agents[agent.address()] = address;
         self->monitor(agent);
@@ -187,6 +196,10 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   if (targets.empty()) return batch;
   caf::anon_send(hub_, batch_atom::value, std::move(job));
   return batch;
+}
+
+void CallHub::watch_worker(const WorkerRef& worker) {
+  caf::anon_send(hub_, watch_atom::value, worker.actor, worker.context);
 }
 
 void CallHub::watch_agent(const caf::actor& agent, const std::string& address) {

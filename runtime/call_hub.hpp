@@ -70,6 +70,8 @@ class CallHub {
   /// REQUIRES: targets.size() == requests.size().
   std::shared_ptr<CallBatch> call(const std::vector<WorkerRef>& targets,
                                   std::vector<CallRequest> requests, Millis timeout = Millis(0));
+  /// Monitors a worker from the moment it exists, so a death before its first call is known.
+  void watch_worker(const WorkerRef& worker);
   /// Monitors an agent; its death is logged and its workers' pending calls fail.
   void watch_agent(const caf::actor& agent, const std::string& address);
   /// The hub actor (agents send it down_atom reports).

@@ -67,6 +67,7 @@ Result<std::vector<WorkerRef>> Runtime::spawn_workers(const std::string& group,
     for (auto& w : out) caf::anon_send_exit(w.actor, caf::exit_reason::user_shutdown);
     return first;
   }
+  for (auto& w : out) hub_->watch_worker(w);
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& w : out) spawned_.push_back(w.actor);
   return out;

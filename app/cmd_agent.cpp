@@ -1,0 +1,52 @@
+// `tessera agent`: the node agent (runtime::run_agent does the work; this file maps flags).
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "app/commands.hpp"
+#include "runtime/agent_main.hpp"
+#include "runtime/worker.hpp"
+
+namespace tessera::app {
+namespace {
+
+// The worker types an agent can spawn by name. Every worker family registers itself here as
+// it lands (workers/ ActorRolloutRefWorker, CriticWorker, RewardModelWorker).
+const runtime::WorkerTypeRegistry& agent_worker_types() {
+  static const runtime::WorkerTypeRegistry registry;
+  return registry;
+}
+
+}  // namespace
+
+void add_agent_commands(CLI::App& app) {
+  auto opts = std::make_shared<runtime::AgentOptions>();
+  auto shutdown_s = std::make_shared<double>(5.0);
+  CLI::App* cmd = app.add_subcommand(
+      "agent", "Run a node agent: authenticate drivers, spawn worker actors on this node's devices");
+  cmd->add_option("--listen", opts->listen, "HOST:PORT for drivers (port 0: any)")
+      ->capture_default_str();
+  cmd->add_option("--devices", opts->devices, "cpu:N | cuda:A-B (comma-separated list)")
+      ->capture_default_str();
+  cmd->add_option("--token-file", opts->token_file,
+                  "Shared secret (mode 600); drivers must hold the same token")
+      ->required();
+  cmd->add_option("--tls-cert", opts->tls_cert, "PEM certificate: TLS for driver connections");
+  cmd->add_option("--tls-key", opts->tls_key, "PEM private key of --tls-cert");
+  cmd->add_option("--tls-cafile", opts->tls_cafile, "CA bundle to verify drivers' certificates");
+  cmd->add_option("--data-plane-listen", opts->data_plane_listen,
+                  "HOST:PORT for payload transfers (default: --listen host, any port)");
+  cmd->add_option("--advertise-host", opts->advertise_host,
+                  "Host name or IP that drivers and peers use to reach this node");
+  cmd->add_option("--shutdown-timeout-s", *shutdown_s, "Grace period for workers on SIGTERM")
+      ->capture_default_str();
+  cmd->callback([opts, shutdown_s] {
+    opts->runtime.shutdown_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(*shutdown_s * 1000));
+    exit_code() = runtime::run_agent(*opts, agent_worker_types());
+  });
+}
+
+}  // namespace tessera::app
