@@ -22,4 +22,10 @@ void add_tokenizer_commands(CLI::App& app);
 /// `tessera init-model` (app/cmd_models.cpp).
 void add_model_commands(CLI::App& app);
 
+/// `tessera export` (app/cmd_export.cpp): HF directory from a sharded FSDP checkpoint.
+void add_export_commands(CLI::App& app);
+
+/// `tessera agent` (app/cmd_agent.cpp): the node agent.
+void add_agent_commands(CLI::App& app);
+
 }  // namespace tessera::app

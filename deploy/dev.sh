@@ -15,6 +15,7 @@ JOBS="${TESSERA_JOBS:-$(nproc)}"
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
+  libgloo-dev
   libtorch-dev libopenblas0-pthread
   libcaf-dev libssl-dev
   libcapnp-dev capnproto
