@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include "runtime/agent_main.hpp"
-#include "tests/runtime/test_workers.hpp"
 
 extern char** environ;
 
@@ -135,7 +134,7 @@ std::string write_token_file(const std::string& name, const std::string& token, 
   return path;
 }
 
-int agent_test_main(int argc, char** argv) {
+int agent_test_main(int argc, char** argv, const WorkerTypeRegistry& registry) {
   if (argc < 2 || std::strcmp(argv[1], "--tessera-agent") != 0) return -1;
   AgentOptions o;
   o.listen = "127.0.0.1:0";
@@ -148,7 +147,7 @@ int agent_test_main(int argc, char** argv) {
     else if (k == "--data-plane-listen") o.data_plane_listen = v;
     else if (k == "--shutdown-timeout-ms") o.runtime.shutdown_timeout = std::chrono::milliseconds(std::stoi(v));
   }
-  return run_agent(o, test_registry());
+  return run_agent(o, registry);
 }
 
 }  // namespace tessera::runtime::testing

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "proto/status.hpp"
+#include "runtime/worker.hpp"
 
 namespace tessera::runtime::testing {
 
@@ -50,8 +51,8 @@ class AgentProcess {
 /// Writes a 0600 token file under the test temp dir; returns its path.
 std::string write_token_file(const std::string& name, const std::string& token, int mode = 0600);
 
-/// If argv[1] is --tessera-agent, runs an agent with the test worker types and returns its exit
-/// status; otherwise returns -1 (run the tests).
-int agent_test_main(int argc, char** argv);
+/// If argv[1] is --tessera-agent, runs an agent with the worker types of `registry` and returns
+/// its exit status; otherwise returns -1 (run the tests).
+int agent_test_main(int argc, char** argv, const WorkerTypeRegistry& registry);
 
 }  // namespace tessera::runtime::testing

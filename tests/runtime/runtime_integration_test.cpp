@@ -269,7 +269,8 @@ TEST(ClusterFailures, SigtermStopsAnAgentWithLiveWorkersCleanly) {
 }  // namespace tessera::runtime
 
 int main(int argc, char** argv) {
-  int agent = tessera::runtime::testing::agent_test_main(argc, argv);
+  int agent = tessera::runtime::testing::agent_test_main(argc, argv,
+                                                         tessera::runtime::testing::test_registry());
   if (agent >= 0) return agent;
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

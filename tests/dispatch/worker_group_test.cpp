@@ -1,0 +1,192 @@
+// WorkerGroup on the embedded runtime (4 CPU "devices" in this process): every dispatch mode
+// with and without padding, RANK_ZERO, n-d dispatch, colocated roles, futures between groups.
+// Expected outputs are derived from the inputs by the rules of verl's modes (§1.1), row by row.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "dispatch/worker_group.hpp"
+#include "runtime/runtime.hpp"
+#include "tests/dispatch/test_util.hpp"
+#include "tests/dispatch/worker_group_test_workers.hpp"
+
+namespace tessera::dispatch {
+namespace {
+
+using testing::ids;
+using testing::rows;
+
+std::vector<int64_t> rank_column(const proto::DataProto& d) {
+  auto t = d.tensor("rank")->contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// Row i of n rows, chunked into `world` ceil-sized pieces after padding, is on rank i / per.
+std::vector<int64_t> owners(int64_t n, int64_t world) {
+  int64_t padded = n + (world - n % world) % world;
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(i / (padded / world));
+  return v;
+}
+
+class WorkerGroupTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    runtime::RuntimeConfig cfg;
+    cfg.embedded_devices = "cpu:4";
+    auto rt = runtime::Runtime::start(cfg, testing::dp_registry());
+    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+    rt_ = rt->release();
+    auto wg = WorkerGroup::spawn(*rt_, "dp", *rt_->resource_pool(), {{"", "dp_worker", "{}"}});
+    ASSERT_TRUE(wg.ok()) << wg.status().to_string();
+    wg_ = new std::shared_ptr<WorkerGroup>(*wg);
+  }
+  static void TearDownTestSuite() {
+    delete wg_;
+    delete rt_;
+  }
+  WorkerGroup& wg() { return **wg_; }
+
+  static runtime::Runtime* rt_;
+  static std::shared_ptr<WorkerGroup>* wg_;
+};
+runtime::Runtime* WorkerGroupTest::rt_ = nullptr;
+std::shared_ptr<WorkerGroup>* WorkerGroupTest::wg_ = nullptr;
+
+TEST_F(WorkerGroupTest, DpComputeProtoChunksAndConcatenates) {
+  auto out = wg().call("tag", {Value(rows(8))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(ids(out->proto()), iota(8));
+  EXPECT_EQ(rank_column(out->proto()), (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), *rows(8).tensor("y") * 2));
+}
+
+TEST_F(WorkerGroupTest, DpComputeProtoPadsAndUnpads) {
+  auto out = wg().call("tag", {Value(rows(10, /*auto_padding=*/true))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(ids(out->proto()), iota(10));
+  EXPECT_EQ(rank_column(out->proto()), owners(10, 4));
+  auto unpadded = wg().call("tag", {Value(rows(10))});
+  ASSERT_FALSE(unpadded.ok());
+  EXPECT_NE(unpadded.status().message().find("dp.tag"), std::string::npos);
+}
+
+TEST_F(WorkerGroupTest, OneToAllAndAllToAll) {
+  auto out = wg().call("info", {Value(rows(6)), Value(nlohmann::json(7))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_EQ(out->list().size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(out->list()[r].json()["rank"], r);
+    EXPECT_EQ(out->list()[r].json()["rows"], 6);
+    EXPECT_EQ(out->list()[r].json()["nargs"], 2);
+  }
+  auto all = wg().call("info_all", {Value(nlohmann::json::array({"a", "b", "c", "d"}))});
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  EXPECT_EQ(all->list()[2].json()["arg"], "c");  // every arg a length-N list: scattered
+  auto same = wg().call("info_all", {Value(nlohmann::json("x"))});
+  EXPECT_EQ(same->list()[3].json()["arg"], "x");
+}
+
+TEST_F(WorkerGroupTest, DpComputeGivesRankIElementI) {
+  auto out = wg().call("scale", {Value(nlohmann::json::array({1, 2, 3, 4}))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  std::vector<int64_t> got;
+  for (const Value& v : out->list()) got.push_back(v.json());
+  EXPECT_EQ(got, (std::vector<int64_t>{10, 21, 32, 43}));
+  EXPECT_FALSE(wg().call("scale", {Value(nlohmann::json::array({1, 2}))}).ok());
+}
+
+TEST_F(WorkerGroupTest, DpComputeProtoWithFuncReplicatesTheName) {
+  auto out = wg().call("with_func", {Value(nlohmann::json("negate")), Value(rows(8))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), -*rows(8).tensor("y")));
+}
+
+TEST_F(WorkerGroupTest, DpComputeMetricKeepsEveryRanksOutput) {
+  for (int64_t n : {8, 10}) {
+    auto out = wg().call("metric", {Value(rows(n, true))});
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_EQ(out->list().size(), 4u);
+    int64_t per = n == 8 ? 2 : 3;
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(out->list()[r].json()["rows"], per);
+  }
+}
+
+TEST_F(WorkerGroupTest, RankZeroRunsOnlyRankZero) {
+  auto out = wg().call("leader", {});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->json()["rank"], 0);
+}
+
+TEST_F(WorkerGroupTest, NdDispatchSendsTpPeersTheSameChunkAndCollectsLeaders) {
+  auto out = wg().call("nd_tag", {Value(rows(8))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(ids(out->proto()), iota(8));
+  EXPECT_EQ(rank_column(out->proto()), (std::vector<int64_t>{0, 0, 0, 0, 2, 2, 2, 2}));
+}
+
+TEST_F(WorkerGroupTest, AFutureFeedsAnotherGroupChunkByChunk) {
+  auto pool2 = rt_->resource_pool({2});
+  auto consumer = WorkerGroup::spawn(*rt_, "consumer", *pool2, {{"", "dp_worker", "{}"}});
+  ASSERT_TRUE(consumer.ok()) << consumer.status().to_string();
+  auto fut = wg().call("tag_async", {Value(rows(10, true))});  // non-blocking by its spec
+  ASSERT_TRUE(fut.ok()) << fut.status().to_string();
+  ASSERT_TRUE(is_future(*fut));
+  auto out = (*consumer)->call("tag", {*fut});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(ids(out->proto()), iota(10));
+  EXPECT_EQ(rank_column(out->proto()), owners(10, 2));
+  EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), *rows(10).tensor("y") * 4));
+  auto again = (*consumer)->call("tag", {*fut});
+  EXPECT_EQ(again.status().code(), ErrorCode::not_found);  // single-use
+  EXPECT_EQ(rt_->data_plane().stats().payloads, 0u);       // every payload was released
+}
+
+TEST_F(WorkerGroupTest, AFutureWithPaddingForTheConsumer) {
+  auto fut = wg().call_async("tag", {Value(rows(8))});  // a future only fetched at the end
+  ASSERT_TRUE(fut.ok());
+  auto pool3 = rt_->resource_pool({3});
+  auto consumer = WorkerGroup::spawn(*rt_, "c3", *pool3, {{"", "dp_worker", "{}"}},
+                                     WorkerGroupOptions{true, {}});
+  ASSERT_TRUE(consumer.ok());
+  auto fut4 = wg().call_async("tag", {Value(rows(7, true))});
+  auto out = (*consumer)->call("tag", {make_future(*fut4)});  // 7 rows over 3: padded to 9
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(ids(out->proto()), iota(7));
+  EXPECT_EQ(rank_column(out->proto()), owners(7, 3));
+  auto got = WorkerGroup::get(*fut);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(ids(got->proto()), iota(8));
+  EXPECT_EQ(WorkerGroup::release(*fut).code(), ErrorCode::not_found);
+}
+
+TEST_F(WorkerGroupTest, ColocatedRolesGetTheirOwnViews) {
+  auto fused = WorkerGroup::spawn(*rt_, "fused", *rt_->resource_pool(),
+                                  {{"actor", "dp_worker", "{}"}, {"critic", "dp_worker", "{}"}});
+  ASSERT_TRUE(fused.ok()) << fused.status().to_string();
+  auto actor = (*fused)->role("actor");
+  auto critic = (*fused)->role("critic");
+  ASSERT_TRUE(actor.ok() && critic.ok());
+  auto a = (*actor)->call("tag", {Value(rows(4))});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(rank_column(a->proto()), (std::vector<int64_t>{0, 1, 2, 3}));
+  auto c = (*critic)->call("nd_tag", {Value(rows(4))});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ((*fused)->workers()[1].actor, (*actor)->workers()[1].actor);
+  EXPECT_FALSE((*fused)->role("reward").ok());
+}
+
+TEST_F(WorkerGroupTest, UnknownMethodsListTheKnownOnes) {
+  auto out = wg().call("nope", {});
+  EXPECT_EQ(out.status().code(), ErrorCode::not_found);
+  EXPECT_NE(out.status().message().find("tag_async"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::dispatch
