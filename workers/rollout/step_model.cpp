@@ -3,8 +3,43 @@
 
 #include <torch/torch.h>
 
+#include "workers/models/decoder.hpp"
+#include "workers/rollout/internal/decode_attention.hpp"
+
 namespace tessera::rollout {
 namespace {
+
+// [B, T, heads * D] -> [B, heads, T, D]
+at::Tensor split_heads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
+  return x.view({x.size(0), x.size(1), heads, head_dim}).transpose(1, 2);
+}
+
+// The decoder's attention (decoder.hpp) for one new token per row: project, rotate, append K/V
+// to the cache at column `past`, attend over the visible columns with the cache-reading kernel,
+// project out. x [B, 1, hidden]; visible [B, >= past + 1] bool with unit column stride.
+at::Tensor decode_attention_block(const models::Attention& attn, const models::ModelConfig& c, const at::Tensor& x,
+                                  const models::RotaryTables& rope, models::KVCache& cache, int64_t layer,
+                                  const at::Tensor& visible) {
+  const int64_t B = x.size(0), past = cache.length();
+  at::Tensor q = models::apply_rotary(split_heads(attn.q_proj->forward(x), c.num_attention_heads, c.head_dim), rope);
+  at::Tensor k = models::apply_rotary(split_heads(attn.k_proj->forward(x), c.num_key_value_heads, c.head_dim), rope);
+  at::Tensor v = split_heads(attn.v_proj->forward(x), c.num_key_value_heads, c.head_dim);
+  cache.key(layer).narrow(2, past, 1).copy_(k);
+  cache.value(layer).narrow(2, past, 1).copy_(v);
+  at::Tensor out = internal::decode_attention(q.reshape({B, c.num_attention_heads, c.head_dim}).contiguous(),
+                                              cache.key(layer), cache.value(layer), visible, past + 1);
+  return attn.o_proj->forward(out.view({B, 1, c.num_attention_heads * c.head_dim}));
+}
+
+void check_step_inputs(const at::Tensor& ids, const at::Tensor& pos, const models::KVCache& cache,
+                       const at::Tensor& mask) {
+  const int64_t B = ids.size(0), T = ids.size(1), past = cache.length();
+  TORCH_CHECK(ids.dim() == 2 && pos.sizes() == ids.sizes(), "forward_step: input_ids and position_ids must be [B, T]");
+  TORCH_CHECK(B == cache.batch_size(), "forward_step: batch ", B, " != cache batch ", cache.batch_size());
+  TORCH_CHECK(past + T <= cache.capacity(), "forward_step: cache full (", past, " + ", T, " > ", cache.capacity(), ")");
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == B && mask.size(1) >= past + T, "forward_step: cache_mask must be [",
+              B, ", >= ", past + T, "], got ", mask.sizes());
+}
 
 std::string shape_string(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ",")); }
 
@@ -29,13 +64,51 @@ Status check_alias(const std::string& name, const at::Tensor& param, const at::T
 
 }  // namespace
 
-CausalLMStepModel::CausalLMStepModel(std::shared_ptr<models::CausalLM> model) : model_(std::move(model)) {}
+CausalLMStepModel::CausalLMStepModel(std::shared_ptr<models::CausalLM> model, PartialSumHook all_reduce)
+    : model_(std::move(model)), all_reduce_(std::move(all_reduce)) {}
 
 c10::ScalarType CausalLMStepModel::dtype() const { return model_->lm_head_weight().scalar_type(); }
 
+at::Tensor CausalLMStepModel::partial_sum(at::Tensor t) const {
+  if (all_reduce_) all_reduce_(t);
+  return t;
+}
+
+// DecoderBackbone::forward_step, layer by layer, with the TP reduction points and the decode
+// kernel (see Note [Tensor parallelism seam]).
 at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids,
                                            models::KVCache& cache, const at::Tensor& cache_mask) {
-  return model_->backbone().forward_step(input_ids, position_ids, cache, cache_mask);
+  check_step_inputs(input_ids, position_ids, cache, cache_mask);
+  at::NoGradGuard no_grad;
+  const models::ModelConfig& c = model_->config();
+  models::DecoderBackbone& backbone = model_->backbone();
+  const int64_t T = input_ids.size(1), past = cache.length();
+  at::Tensor h = backbone.embed_tokens->forward(input_ids);
+  models::RotaryTables rope = models::make_rotary_tables(position_ids, c.head_dim, c.rope_theta, h.scalar_type());
+  const bool decode = T == 1 && internal::decode_attention_supported(cache.key(0));
+  at::Tensor visible;
+  if (decode) {
+    visible = cache_mask.scalar_type() == at::kBool && cache_mask.stride(1) == 1 ? cache_mask
+                                                                                  : cache_mask.to(at::kBool).contiguous();
+  } else {
+    visible = models::attention_visibility(cache_mask.narrow(1, 0, past + T), T, past);
+  }
+  for (size_t l = 0; l < backbone.layers.size(); ++l) {
+    const models::DecoderLayer& layer = *backbone.layers[l];
+    const int64_t li = static_cast<int64_t>(l);
+    at::Tensor x = layer.input_layernorm->forward(h);
+    at::Tensor attn;
+    if (decode) {
+      attn = decode_attention_block(*layer.self_attn, c, x, rope, cache, li, visible);
+    } else {
+      models::LayerCacheView view{cache.key(li), cache.value(li), past};
+      attn = layer.self_attn->forward(x, rope, visible, &view);
+    }
+    h = h + partial_sum(attn);
+    h = h + partial_sum(layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
+  }
+  cache.advance(T);
+  return backbone.norm->forward(h);
 }
 
 at::Tensor CausalLMStepModel::logits(const at::Tensor& hidden) {

@@ -4,22 +4,24 @@
 //
 // Note [Tensor parallelism seam]
 // The loop (internal/generation_loop) never sees heads, layers or parameter shapes; it sizes the
-// KV cache from cache_config() and calls forward_step()/logits(). Rollout TP therefore lands as a
-// second StepModel, without touching the loop or the sampler:
-//  - cache_config() reports the per-rank shapes (num_attention_heads / tp, num_key_value_heads /
-//    tp, intermediate_size / tp), so each rank's KVCache holds only its heads;
-//  - forward_step() runs q/k/v and gate/up column-split (the rank's heads / MLP columns) and o_proj /
-//    down_proj row-split, then calls an all-reduce hook (collective::Communicator::all_reduce over
-//    the rollout TP group) on each partial sum before the residual add;
-//  - logits() computes the rank's vocabulary slice and all-gathers it, so every TP peer samples
-//    from identical logits; with the same per-rank seed (verl: dp_rank + 1000) they then draw the
-//    same tokens.
-// load_weights_by_reference() then receives only the rank's slices (the sharding manager cuts them
-// from FSDP shards), keeping the colocated reshard copy-free.
+// KV cache from cache_config() and calls forward_step()/logits(). CausalLMStepModel runs the
+// decoder layer by layer itself (reusing the models' modules: norms, projections, RoPE, MLP), and
+// marks the two places where Megatron-style tensor parallelism needs a sum across ranks: the
+// attention output (after o_proj) and the MLP output (after down_proj), each passed to the
+// PartialSumHook before the residual add. A rollout TP rank is then:
+//  - a CausalLM built from a per-rank config (num_attention_heads / tp, num_key_value_heads / tp,
+//    intermediate_size / tp, head_dim kept), so q/k/v/gate/up hold the rank's output columns and
+//    o_proj/down_proj the matching input columns, and its KVCache holds only the rank's heads;
+//  - a hook that all-reduces over the rollout TP group (collective::Communicator::all_reduce);
+//  - load_weights_by_reference() fed with the rank's slices, cut by the sharding manager straight
+//    from the FSDP shards (embeddings, norms and lm_head are replicated).
+// Every TP peer then computes identical logits and, with the same per-rank seed (verl: dp_rank +
+// 1000), samples the same tokens, so the generation loop and the sampler stay unchanged.
 //
 // Thread-safety: one thread at a time (like the model it wraps).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include <ATen/core/Tensor.h>
@@ -51,11 +53,17 @@ class StepModel {
   virtual Status load_weights_by_reference(const models::TensorMap& tensors) = 0;
 };
 
-/// The single-rank StepModel over a models::CausalLM (shared, not copied).
+/// Receives a partial sum that tensor parallelism must all-reduce, and leaves the sum in its
+/// argument (in place, or by assigning a new tensor). See the Note.
+using PartialSumHook = std::function<void(at::Tensor& partial_sum)>;
+
+/// The StepModel over a models::CausalLM (shared, not copied). Decode steps (one token per row)
+/// of fp32 models read the KV cache with a dedicated kernel (internal/decode_attention.hpp);
+/// other steps use the models' attention module. Same maths as CausalLM::forward_step.
 class CausalLMStepModel final : public StepModel {
  public:
-  /// REQUIRES: model != nullptr.
-  explicit CausalLMStepModel(std::shared_ptr<models::CausalLM> model);
+  /// `all_reduce`: empty for a single rank. REQUIRES: model != nullptr.
+  explicit CausalLMStepModel(std::shared_ptr<models::CausalLM> model, PartialSumHook all_reduce = {});
 
   const models::ModelConfig& cache_config() const override { return model_->config(); }
   c10::ScalarType dtype() const override;
@@ -68,7 +76,10 @@ class CausalLMStepModel final : public StepModel {
   models::CausalLM& model() const { return *model_; }
 
  private:
+  at::Tensor partial_sum(at::Tensor t) const;
+
   std::shared_ptr<models::CausalLM> model_;
+  PartialSumHook all_reduce_;
 };
 
 }  // namespace tessera::rollout
