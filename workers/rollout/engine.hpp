@@ -24,8 +24,10 @@ struct GenerationStats {
   int64_t admissions = 0;        ///< Prefill forwards (each admits one or more prompts).
   int64_t shrinks = 0;           ///< KV-cache repacks that dropped finished rows' slots.
   int64_t defrags = 0;           ///< KV-cache repacks that squeezed out columns (cache was full).
-  double prefill_seconds = 0;
-  double decode_seconds = 0;     ///< Decode forwards plus sampling.
+  double prefill_seconds = 0;    ///< Wall time of the prefills (first tokens sampled included).
+  double decode_seconds = 0;     ///< Wall time of the decode steps (sampling included).
+  double prefill_cpu_seconds = 0;  ///< Process CPU time (all threads) of the prefills.
+  double decode_cpu_seconds = 0;   ///< Process CPU time (all threads) of the decode steps.
   double total_seconds = 0;      ///< The whole call, input checks and output assembly included.
 };
 

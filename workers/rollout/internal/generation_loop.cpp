@@ -19,6 +19,8 @@
 #include <deque>
 #include <optional>
 
+#include <time.h>
+
 #include <torch/torch.h>
 
 #include "workers/rollout/internal/slot_cache.hpp"
@@ -29,6 +31,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU time of the whole process (every intra-op thread), in seconds.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 // Repack (shrink) once idle slots that cannot be refilled reach this fraction of the batch.
 constexpr int64_t kShrinkDivisor = 8;
@@ -111,6 +120,7 @@ class GenerationLoop {
     }
     if (free.empty()) return Status();
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     int64_t W = 0;
     std::vector<int64_t> taken = take_admissions(free.size(), W);
     const int64_t k = static_cast<int64_t>(taken.size());
@@ -142,6 +152,7 @@ class GenerationLoop {
     stats_.admissions += 1;
     stats_.prefill_tokens += k * W;
     stats_.prefill_seconds += seconds_since(t0);
+    stats_.prefill_cpu_seconds += process_cpu_seconds() - cpu0;
     return Status();
   }
 
@@ -171,6 +182,7 @@ class GenerationLoop {
   // Feeds every live row its last token and samples the next one.
   void decode_step() {
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     const int64_t S = cache_->slots();
     at::Tensor ids = at::zeros({S, 1}, at::kLong), pos = at::zeros({S, 1}, at::kLong);
     at::Tensor live = at::zeros({S}, at::kBool);
@@ -194,6 +206,7 @@ class GenerationLoop {
     stats_.decode_steps += 1;
     stats_.decode_row_steps += S;
     stats_.decode_seconds += seconds_since(t0);
+    stats_.decode_cpu_seconds += process_cpu_seconds() - cpu0;
   }
 
   // logits [n, V] belong to slots[0..n): draws, appends, and frees the slots of finished rows.
