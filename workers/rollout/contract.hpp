@@ -5,7 +5,8 @@
 //   input_ids [bs, P] (integer, left-padded), attention_mask [bs, P], position_ids [bs, P];
 //   meta_info: eos_token_id (int or non-empty list of ints), pad_token_id (int), optional
 //   do_sample (bool; default given by the caller), validate (bool, default false).
-//   Each attention_mask row must be 0...0 1...1 with at least one 1; the prompt is the tokens
+//   A batch of 0 rows gives an output of 0 rows. Each attention_mask row must be 0...0 1...1
+//   with at least one 1; the prompt is the tokens
 //   under the 1s (left pads are stripped by the mask, not by comparing with pad_token_id).
 //   (bs, 3, P) mrope position_ids are refused (the models have no mrope).
 // Output DataProto (meta_info is empty, as verl's vLLM rollout returns it):

@@ -101,6 +101,17 @@ TEST(Contract, BuildsVerlsOutputLayout) {
                                                            "position_ids", "rollout_log_probs"}));
 }
 
+TEST(Contract, EmptyBatchGivesEmptyOutput) {
+  auto model = testing::tiny_model(12);
+  proto::DataProto prompts = testing::prompt_batch({3, 2}, 4, 1, 2);
+  auto empty = prompts.slice(0, 0);
+  ASSERT_TRUE(empty.ok());
+  auto out = testing::make_engine(model, testing::test_config(/*response_length=*/5))->generate_sequences(*empty);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(get(*out, "responses").sizes(), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(get(*out, "input_ids").sizes(), (std::vector<int64_t>{0, 9}));
+}
+
 TEST(Contract, EngineOutputFollowsTheContract) {
   auto model = testing::tiny_model(11);
   RolloutConfig cfg = testing::test_config(/*response_length=*/10);

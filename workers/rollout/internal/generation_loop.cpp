@@ -111,6 +111,24 @@ class GenerationLoop {
     return taken;
   }
 
+  // The prompts of `rows`, right-aligned in width W: ids (0 under padding) and mask [k, W].
+  std::pair<at::Tensor, at::Tensor> left_padded(const std::vector<int64_t>& rows, int64_t W) {
+    const int64_t k = static_cast<int64_t>(rows.size());
+    at::Tensor ids = at::zeros({k, W}, at::kLong), mask = at::zeros({k, W}, at::kLong);
+    auto id = ids.accessor<int64_t, 2>();
+    auto m = mask.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < k; ++i) {
+      const auto& p = prompts_[static_cast<size_t>(rows[static_cast<size_t>(i)])];
+      const int64_t off = W - static_cast<int64_t>(p.size());
+      for (size_t t = 0; t < p.size(); ++t) {
+        id[i][off + static_cast<int64_t>(t)] = p[t];
+        m[i][off + static_cast<int64_t>(t)] = 1;
+      }
+      stats_.prompt_tokens += static_cast<int64_t>(p.size());
+    }
+    return {ids, mask};
+  }
+
   // Prefills the admitted prompts (left-padded to their common width) in a cache of their own,
   // moves their K/V into free slots and samples each one's first token.
   Status admit() {
@@ -124,18 +142,7 @@ class GenerationLoop {
     int64_t W = 0;
     std::vector<int64_t> taken = take_admissions(free.size(), W);
     const int64_t k = static_cast<int64_t>(taken.size());
-    at::Tensor ids = at::zeros({k, W}, at::kLong), mask = at::zeros({k, W}, at::kLong);
-    auto id = ids.accessor<int64_t, 2>();
-    auto m = mask.accessor<int64_t, 2>();
-    for (int64_t i = 0; i < k; ++i) {
-      const auto& p = prompts_[static_cast<size_t>(taken[static_cast<size_t>(i)])];
-      const int64_t off = W - static_cast<int64_t>(p.size());
-      for (size_t t = 0; t < p.size(); ++t) {
-        id[i][off + static_cast<int64_t>(t)] = p[t];
-        m[i][off + static_cast<int64_t>(t)] = 1;
-      }
-      stats_.prompt_tokens += static_cast<int64_t>(p.size());
-    }
+    auto [ids, mask] = left_padded(taken, W);
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
                                                                           {k, W, model_.dtype(), c10::Device(c10::DeviceType::CPU)}));
