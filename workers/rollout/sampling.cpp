@@ -41,18 +41,19 @@ at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
 }
 
 // Inverse-CDF draw: the first token whose cumulative probability exceeds u * total. The CDF is
-// in double and the target is kept strictly below the total, so a zero-probability token (whose
-// CDF step is exactly 0) can never be chosen.
+// monotone (a cumulative sum of non-negative terms, rounded monotonically) and a zero-probability
+// token repeats its predecessor's value exactly; with the target kept strictly below the total,
+// searchsorted(right) therefore always lands on a token of positive probability.
 at::Tensor inverse_cdf(const at::Tensor& filtered_logits, const std::vector<double>& uniforms) {
   const int64_t n = filtered_logits.size(0);
-  at::Tensor cdf = at::softmax(filtered_logits, 1).to(at::kDouble).cumsum(1);
+  at::Tensor cdf = at::softmax(filtered_logits, 1, at::kFloat).cumsum(1);
   at::Tensor total = cdf.narrow(1, cdf.size(1) - 1, 1).contiguous();
-  at::Tensor target = at::empty({n, 1}, at::kDouble);
-  auto t = target.accessor<double, 2>();
-  auto tot = total.accessor<double, 2>();
+  at::Tensor target = at::empty({n, 1}, at::kFloat);
+  const float* tot = total.data_ptr<float>();
+  float* t = target.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
-    double x = uniforms[static_cast<size_t>(i)] * tot[i][0];
-    t[i][0] = std::min(x, std::nextafter(tot[i][0], 0.0));
+    const float x = static_cast<float>(uniforms[static_cast<size_t>(i)] * static_cast<double>(tot[i]));
+    t[i] = std::min(x, std::nextafter(tot[i], 0.0f));
   }
   at::Tensor idx = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true);
   return idx.squeeze(1).clamp_max(filtered_logits.size(1) - 1);

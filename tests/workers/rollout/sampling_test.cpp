@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "workers/rollout/sampling.hpp"
@@ -90,6 +91,20 @@ TEST(Sampler, TopKKeepsTiesAtTheThreshold) {
   at::Tensor logits = at::tensor({1.0f, 3.0f, 1.0f, 0.0f, 1.0f}).unsqueeze(0);
   at::Tensor kept = apply_top_k_top_p(logits, /*top_k=*/2, /*top_p=*/1.0);
   EXPECT_TRUE(at::isfinite(kept).equal(at::tensor({1, 1, 1, 0, 1}).to(at::kBool).unsqueeze(0)));
+}
+
+TEST(Sampler, ExtremeUniformsNeverPickZeroProbabilityTokens) {
+  const float inf = std::numeric_limits<float>::infinity();
+  at::Tensor row = at::tensor({-inf, 1.0f, -inf, 2.0f, -inf, -inf});
+  std::vector<double> u = {0.0, 1e-300, 0.5, 1.0 - 0x1.0p-53, 0.9999999};
+  at::Tensor logits = row.unsqueeze(0).expand({static_cast<int64_t>(u.size()), -1}).contiguous();
+  at::Tensor tokens = sample_tokens(logits, {false, 1.0, -1, 1.0}, u, false).tokens;
+  EXPECT_EQ(tokens[0].item<int64_t>(), 1);
+  EXPECT_EQ(tokens[3].item<int64_t>(), 3);
+  for (int64_t i = 0; i < tokens.size(0); ++i) {
+    const int64_t t = tokens[i].item<int64_t>();
+    EXPECT_TRUE(t == 1 || t == 3) << "u=" << u[static_cast<size_t>(i)] << " drew " << t;
+  }
 }
 
 TEST(Sampler, GreedyIsArgmaxAndLogProbsAreLogSoftmax) {
