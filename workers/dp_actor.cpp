@@ -1,0 +1,338 @@
+// dp_actor.cpp: LocalTrainableModule and DataParallelPPOActor (see dp_actor.hpp).
+#include "workers/dp_actor.hpp"
+
+#include <cmath>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "workers/algos/kl.hpp"
+#include "workers/algos/losses.hpp"
+#include "workers/algos/torch_functional.hpp"
+#include "workers/ppo_inputs.hpp"
+
+namespace tessera::workers {
+
+// ---- LocalTrainableModule -----------------------------------------------------------------------
+
+namespace {
+
+Result<std::unique_ptr<torch::optim::Optimizer>> make_optimizer(const std::vector<at::Tensor>& params,
+                                                                const LocalOptimizerOptions& o) {
+  if (!(o.lr >= 0)) return make_error(ErrorCode::invalid_argument, "optim.lr = {} must be >= 0", o.lr);
+  if (o.optimizer == "adamw") {
+    auto opts = torch::optim::AdamWOptions(o.lr)
+                    .betas(std::make_tuple(o.beta1, o.beta2))
+                    .eps(o.eps)
+                    .weight_decay(o.weight_decay);
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::AdamW>(params, opts));
+  }
+  if (o.optimizer == "sgd") {
+    auto opts = torch::optim::SGDOptions(o.lr).weight_decay(o.weight_decay);
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(params, opts));
+  }
+  return make_error(ErrorCode::invalid_argument, "optim.optimizer = '{}' is not one of: adamw, sgd", o.optimizer);
+}
+
+}  // namespace
+
+LocalTrainableModule::LocalTrainableModule(std::shared_ptr<models::PretrainedModel> model,
+                                           std::unique_ptr<torch::optim::Optimizer> optim, double lr)
+    : model_(std::move(model)), optimizer_(std::move(optim)), lr_(lr) {}
+
+LocalTrainableModule::~LocalTrainableModule() = default;
+
+Result<std::shared_ptr<LocalTrainableModule>> LocalTrainableModule::create(
+    std::shared_ptr<models::PretrainedModel> model, std::optional<LocalOptimizerOptions> optimizer) {
+  if (!model) return make_error(ErrorCode::invalid_argument, "LocalTrainableModule: null model");
+  std::unique_ptr<torch::optim::Optimizer> optim;
+  double lr = 0.0;
+  if (optimizer) {
+    TESSERA_ASSIGN_OR_RETURN(optim, make_optimizer(model->parameters(), *optimizer));
+    lr = optimizer->lr;
+  }
+  return std::shared_ptr<LocalTrainableModule>(new LocalTrainableModule(std::move(model), std::move(optim), lr));
+}
+
+Result<at::Tensor> LocalTrainableModule::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                 const at::Tensor& position_ids, ForwardMode mode) {
+  try {
+    model_->train(mode == ForwardMode::train);
+    return model_->forward(input_ids, attention_mask, position_ids);
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::forward");
+  }
+}
+
+Status LocalTrainableModule::backward(const at::Tensor& loss) {
+  try {
+    loss.backward();
+    return Status();
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::backward");
+  }
+}
+
+Result<StepOutcome> LocalTrainableModule::clip_and_step(double max_norm) {
+  if (!optimizer_) {
+    return make_error(ErrorCode::invalid_argument,
+                      "LocalTrainableModule: no optimizer (a frozen reference module cannot be updated)");
+  }
+  try {
+    StepOutcome out;
+    out.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+    if (!std::isfinite(out.grad_norm)) {  // verl: skip the update, drop the gradients
+      out.skipped = true;
+      zero_grad();
+      return out;
+    }
+    optimizer_->step();
+    return out;
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::clip_and_step");
+  }
+}
+
+void LocalTrainableModule::zero_grad() {
+  for (auto& p : model_->parameters()) p.mutable_grad() = at::Tensor();  // set_to_none, as torch 2.x
+}
+
+double LocalTrainableModule::lr() const { return optimizer_ ? lr_ : 0.0; }
+
+// ---- Forward helpers ----------------------------------------------------------------------------
+
+Result<LogProbOutput> response_log_probs(const at::Tensor& logits, const at::Tensor& responses, double temperature,
+                                         bool calculate_entropy) {
+  if (logits.dim() != 3 || responses.dim() != 2 || logits.size(0) != responses.size(0) ||
+      responses.size(1) >= logits.size(1)) {
+    return make_error(ErrorCode::invalid_argument,
+                      "response_log_probs: logits [B, T, V] and responses [B, R < T] expected, got {}-D and {}-D",
+                      logits.dim(), responses.dim());
+  }
+  if (!(temperature > 0)) {
+    return make_error(ErrorCode::invalid_argument, "meta_info.temperature = {} must be > 0", temperature);
+  }
+  const int64_t T = logits.size(1), R = responses.size(1);
+  at::Tensor sliced = logits.narrow(1, T - R - 1, R) / temperature;
+  LogProbOutput out;
+  TESSERA_ASSIGN_OR_RETURN(out.log_probs, algos::logprobs_from_logits(sliced, responses));
+  if (calculate_entropy) {
+    TESSERA_ASSIGN_OR_RETURN(out.entropys, algos::entropy_from_logits(sliced));
+  }
+  return out;
+}
+
+namespace {
+
+Result<double> read_temperature(const proto::DataProto& data) {
+  TESSERA_ASSIGN_OR_RETURN(double t, meta_number(data.meta_info(), "temperature"));
+  if (!(t > 0)) return make_error(ErrorCode::invalid_argument, "meta_info.temperature = {} must be > 0", t);
+  return t;
+}
+
+const std::vector<std::string> kForwardKeys = {"responses", "input_ids", "attention_mask", "position_ids"};
+
+}  // namespace
+
+// ---- DataParallelPPOActor -----------------------------------------------------------------------
+
+DataParallelPPOActor::DataParallelPPOActor(ActorConfig config, std::shared_ptr<PolicyModule> module,
+                                           MicroBatchCountSync sync, algos::PolicyLossFn loss_fn)
+    : config_(std::move(config)), module_(std::move(module)), sync_(std::move(sync)), loss_fn_(std::move(loss_fn)) {}
+
+Result<std::unique_ptr<DataParallelPPOActor>> DataParallelPPOActor::create(ActorConfig config,
+                                                                           std::shared_ptr<PolicyModule> module,
+                                                                           MicroBatchCountSync sync) {
+  if (!module) return make_error(ErrorCode::invalid_argument, "DataParallelPPOActor: null module");
+  TESSERA_RETURN_IF_ERROR(validate_actor_config(config, "actor"));
+  if (config.ppo_micro_batch_size) {
+    return make_error(ErrorCode::invalid_argument,
+                      "DataParallelPPOActor: actor.ppo_micro_batch_size is set; run normalize_actor_config first");
+  }
+  if (!config.use_dynamic_bsz) {
+    if (!config.ppo_micro_batch_size_per_gpu) {
+      return make_error(ErrorCode::invalid_argument,
+                        "actor.ppo_micro_batch_size_per_gpu must be set when actor.use_dynamic_bsz is false");
+    }
+    TESSERA_RETURN_IF_ERROR(check_micro_divides_mini(config.ppo_mini_batch_size, "actor.ppo_mini_batch_size",
+                                                     *config.ppo_micro_batch_size_per_gpu,
+                                                     "actor.ppo_micro_batch_size_per_gpu"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto loss_fn, algos::get_policy_loss_fn(config.policy_loss.loss_mode));
+  return std::unique_ptr<DataParallelPPOActor>(
+      new DataParallelPPOActor(std::move(config), std::move(module), std::move(sync), std::move(loss_fn)));
+}
+
+Result<LogProbOutput> DataParallelPPOActor::compute_log_prob(const proto::DataProto& data, bool calculate_entropy) {
+  try {
+    return compute_log_prob_impl(data, calculate_entropy);
+  } catch (...) {
+    return status_from_current_exception("compute_log_prob");
+  }
+}
+
+Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::DataProto& data,
+                                                                   bool calculate_entropy) {
+  TESSERA_RETURN_IF_ERROR(check_text_only(data));
+  if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "compute_log_prob: empty batch");
+  TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
+  TESSERA_ASSIGN_OR_RETURN(bool use_dynamic_bsz, meta_bool(data.meta_info(), "use_dynamic_bsz"));
+  TESSERA_RETURN_IF_ERROR(read_sequence_batch(data).status());
+  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kForwardKeys, std::vector<std::string>{}));
+  MicroBatches micro;
+  if (use_dynamic_bsz) {
+    TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, meta_positive_int(data.meta_info(), "max_token_len"));
+    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len, "meta_info.max_token_len", sync_));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(int64_t mbs, meta_positive_int(data.meta_info(), "micro_batch_size"));
+    TESSERA_ASSIGN_OR_RETURN(micro, split_micro_batches(selected, mbs, "meta_info.micro_batch_size"));
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> log_probs, entropys;
+  for (const auto& mb : micro.batches) {
+    TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(mb));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits,
+                             module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::eval));
+    TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
+    log_probs.push_back(out.log_probs);
+    if (calculate_entropy) entropys.push_back(out.entropys);
+  }
+  LogProbOutput out;
+  out.log_probs = at::cat(log_probs, 0);
+  if (calculate_entropy) out.entropys = at::cat(entropys, 0);
+  if (use_dynamic_bsz) {
+    TESSERA_ASSIGN_OR_RETURN(out.log_probs, restore_dynamic_batch(out.log_probs, micro.indices));
+    if (calculate_entropy) {
+      TESSERA_ASSIGN_OR_RETURN(out.entropys, restore_dynamic_batch(out.entropys, micro.indices));
+    }
+  }
+  return out;
+}
+
+Result<Metrics> DataParallelPPOActor::update_policy(const proto::DataProto& data) {
+  try {
+    return update_policy_impl(data);
+  } catch (...) {
+    Status st = status_from_current_exception("update_policy");
+    (void)module_->end_forward();
+    module_->zero_grad();
+    return st;
+  }
+}
+
+Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(check_text_only(data));
+  if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_policy: empty batch");
+  TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
+  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(data));
+  std::vector<std::string> keys = kForwardKeys;
+  for (const char* key : {"old_log_probs", "advantages"}) {
+    TESSERA_RETURN_IF_ERROR(read_response_tensor(data, key, seq).status());
+    keys.emplace_back(key);
+  }
+  if (config_.use_kl_loss) {
+    TESSERA_RETURN_IF_ERROR(read_response_tensor(data, "ref_log_prob", seq).status());
+    keys.emplace_back("ref_log_prob");
+  }
+  TESSERA_RETURN_IF_ERROR(read_response_mask(data, seq).status());
+  if (data.batch().contains("response_mask")) keys.emplace_back("response_mask");
+  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(keys, std::vector<std::string>{}));
+
+  // verl v0.5.0: sequential mini-batches, no shuffle (Note in dp_actor.hpp).
+  TESSERA_ASSIGN_OR_RETURN(auto mini_batches, selected.split(config_.ppo_mini_batch_size));
+  Metrics metrics;
+  for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch) {
+    for (const auto& mini_batch : mini_batches) {
+      TESSERA_RETURN_IF_ERROR(update_mini_batch(mini_batch, temperature, metrics));
+    }
+  }
+  module_->zero_grad();
+  append_to_dict(metrics, {{"actor/lr", module_->lr()}});
+  return metrics;
+}
+
+Result<MicroBatches> DataParallelPPOActor::micro_batches_for_update(const proto::DataProto& mini_batch) const {
+  if (config_.use_dynamic_bsz) {
+    return rearrange_micro_batches(mini_batch, config_.ppo_max_token_len_per_gpu * config_.ulysses_sequence_parallel_size,
+                                   "actor.ppo_max_token_len_per_gpu", sync_);
+  }
+  return split_micro_batches(mini_batch, *config_.ppo_micro_batch_size_per_gpu, "actor.ppo_micro_batch_size_per_gpu");
+}
+
+Status DataParallelPPOActor::update_mini_batch(const proto::DataProto& mini_batch, double temperature,
+                                               Metrics& metrics) {
+  TESSERA_ASSIGN_OR_RETURN(auto micro, micro_batches_for_update(mini_batch));
+  module_->zero_grad();
+  for (const auto& micro_batch : micro.batches) {
+    // verl v0.5.0's scaling: token share of the configured mini-batch (dynamic) or 1/grad_accum.
+    const double scale =
+        config_.use_dynamic_bsz
+            ? static_cast<double>(micro_batch.size()) / static_cast<double>(config_.ppo_mini_batch_size)
+            : 1.0 / static_cast<double>(config_.ppo_mini_batch_size / *config_.ppo_micro_batch_size_per_gpu);
+    TESSERA_RETURN_IF_ERROR(update_micro_batch(micro_batch, temperature, scale, metrics));
+  }
+  TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module_->clip_and_step(config_.grad_clip));
+  append_to_dict(metrics, {{"actor/grad_norm", step.grad_norm}});
+  return Status();
+}
+
+namespace {
+
+// The loss of one micro-batch and its metrics, from the policy's logits (verl's update_policy body).
+struct MicroLoss {
+  at::Tensor loss;
+  std::map<std::string, double> metrics;
+};
+
+Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::PolicyLossFn& loss_fn,
+                                   const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits,
+                                   double temperature) {
+  const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy;
+  TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor old_log_prob, mb.tensor("old_log_probs"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor advantages, mb.tensor("advantages"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
+  const std::string& mode = config.loss_agg_mode;
+  TESSERA_ASSIGN_OR_RETURN(auto pg, loss_fn(old_log_prob, out.log_probs, advantages, mask, mode,
+                                            config.policy_loss_config()));
+  MicroLoss r;
+  at::Tensor policy_loss = pg.pg_loss;
+  if (calculate_entropy) {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor entropy, algos::agg_loss(out.entropys, mask, mode));
+    if (config.entropy_coeff != 0) policy_loss = policy_loss - entropy * config.entropy_coeff;
+    r.metrics["actor/entropy"] = entropy.item<double>();
+  }
+  if (config.use_kl_loss) {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_log_prob, mb.tensor("ref_log_prob"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor kld, algos::kl_penalty(out.log_probs, ref_log_prob, config.kl_loss_type));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor kl_loss, algos::agg_loss(kld, mask, mode));
+    policy_loss = policy_loss + kl_loss * config.kl_loss_coef;
+    r.metrics["actor/kl_loss"] = kl_loss.item<double>();
+    r.metrics["actor/kl_coef"] = config.kl_loss_coef;
+  }
+  r.loss = policy_loss;
+  r.metrics["actor/pg_loss"] = pg.pg_loss.item<double>();
+  r.metrics["actor/pg_clipfrac"] = pg.pg_clipfrac.item<double>();
+  r.metrics["actor/ppo_kl"] = pg.ppo_kl.item<double>();
+  r.metrics["actor/pg_clipfrac_lower"] = pg.pg_clipfrac_lower.item<double>();
+  return r;
+}
+
+}  // namespace
+
+Status DataParallelPPOActor::update_micro_batch(const proto::DataProto& micro_batch, double temperature,
+                                                double loss_scale, Metrics& metrics) {
+  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor logits,
+                           module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::train));
+  auto loss = micro_batch_loss(config_, loss_fn_, micro_batch, seq, logits, temperature);
+  if (!loss.ok()) {
+    (void)module_->end_forward();
+    return loss.status();
+  }
+  TESSERA_RETURN_IF_ERROR(module_->backward(loss->loss * loss_scale));
+  append_to_dict(metrics, loss->metrics);
+  return Status();
+}
+
+}  // namespace tessera::workers
