@@ -152,7 +152,7 @@ void BM_rollout_decode(benchmark::State& state) {
   state.counters["flops_cpu"] = work / decode_cpu_s;
   state.counters["roofline_fraction_cpu"] = (work / decode_cpu_s) / (step_work / roof.cpu);
 }
-BENCHMARK(BM_rollout_decode)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_rollout_decode)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_rollout_matmul_roofline(benchmark::State& state) {
   const int64_t B = state.range(0);
@@ -168,7 +168,7 @@ void BM_rollout_matmul_roofline(benchmark::State& state) {
   state.counters["flops"] = work / wall;
   state.counters["flops_cpu"] = work / cpu;
 }
-BENCHMARK(BM_rollout_matmul_roofline)->Arg(64)->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(1.0);
+BENCHMARK(BM_rollout_matmul_roofline)->Arg(64)->Unit(benchmark::kMillisecond)->UseManualTime();
 
 constexpr int64_t kShortBatch = 32, kShortPrompt = 8, kShortResponse = 32;
 
@@ -181,7 +181,7 @@ void BM_rollout_kv_cache_short(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(engine->generate_sequences(batch));
   state.SetItemsProcessed(state.iterations() * kShortBatch * kShortResponse);
 }
-BENCHMARK(BM_rollout_kv_cache_short)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
+BENCHMARK(BM_rollout_kv_cache_short)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The baseline: greedy decoding that recomputes the whole prefix every step (no KV cache); the
 // vocabulary head runs on the last position only, as the engine's does.
@@ -203,7 +203,7 @@ void BM_rollout_no_cache_short(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * kShortBatch * kShortResponse);
 }
-BENCHMARK(BM_rollout_no_cache_short)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_rollout_no_cache_short)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // 256 EOS ids out of 8192: each step stops a row with probability ~3%, so lengths are geometric
 // (mean ~30) with a long tail up to the 128-token cap.
@@ -232,8 +232,8 @@ void run_long_tail(benchmark::State& state, BatchingMode mode) {
 
 void BM_rollout_continuous(benchmark::State& state) { run_long_tail(state, BatchingMode::continuous); }
 void BM_rollout_static(benchmark::State& state) { run_long_tail(state, BatchingMode::static_waves); }
-BENCHMARK(BM_rollout_continuous)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
-BENCHMARK(BM_rollout_static)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_rollout_continuous)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_rollout_static)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
