@@ -19,7 +19,7 @@ function(tessera_setup_pch)
   target_link_libraries(tessera_deps INTERFACE
     ${TORCH_LIBRARIES} CAF::core CAF::io CapnProto::capnp CapnProto::kj Boost::headers
     nlohmann_json::nlohmann_json yaml-cpp spdlog::spdlog fmt::fmt CLI11::CLI11
-    PkgConfig::PCRE2 Threads::Threads)
+    PkgConfig::PCRE2 PNG::PNG ${READLINE_LIBRARY} Threads::Threads)
   target_include_directories(tessera_deps INTERFACE ${CMAKE_SOURCE_DIR})
   target_compile_options(tessera_deps INTERFACE -fPIC -Wall -Wextra -Wno-unused-parameter -Winvalid-pch)
   if(TESSERA_WITH_CUDA)

@@ -96,6 +96,7 @@ struct FutureState {
   std::vector<runtime::PayloadHandle> inputs;   // driver-published args, released when done
   std::vector<uint64_t> consumed;           // futures this call consumed
   std::optional<Result<std::vector<runtime::WireValue>>> results;
+  std::mutex mu;  // guards results (a future may be waited on from several threads)
 };
 
 class FutureTable {
@@ -138,6 +139,7 @@ void release_future_payloads(FutureState& s);
 // Waits for the call behind `s` (once), then releases the driver-side inputs and the futures
 // it consumed.
 const Result<std::vector<runtime::WireValue>>& resolve(FutureState& s) {
+  std::lock_guard<std::mutex> lock(s.mu);
   if (!s.results) {
     s.results = runtime::first_error(s.batch->wait());
     s.rt->release_all(s.inputs);
@@ -395,6 +397,11 @@ Result<FutureRef> WorkerGroup::call_async(const std::string& method, const Args&
   TESSERA_ASSIGN_OR_RETURN(MethodSpec spec, find_spec(method));
   TESSERA_ASSIGN_OR_RETURN(Value f, invoke(spec, args, /*blocking=*/false));
   return future_of(f);
+}
+
+Status WorkerGroup::wait(const FutureRef& future) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<FutureState> s, FutureTable::get().find(future));
+  return resolve(*s).status();
 }
 
 Result<Value> WorkerGroup::get(const FutureRef& future) {

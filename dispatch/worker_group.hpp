@@ -114,6 +114,9 @@ class WorkerGroup {
   /// The same call, non-blocking regardless of the spec: a FutureRef.
   Result<FutureRef> call_async(const std::string& method, const Args& args);
 
+  /// Blocks until the call behind `future` finished; its data stays on the producer ranks.
+  /// The producer's error, if it failed.
+  static Status wait(const FutureRef& future);
   /// Materialises a future at the driver (collects its outputs) and releases its payloads.
   static Result<Value> get(const FutureRef& future);
   /// Drops an unused future's payloads. not_found if it was already consumed or released.

@@ -122,7 +122,8 @@ Status expand_item(const std::string& item, const std::string& spec, int& next_c
   std::string rest = colon == std::string::npos ? "" : item.substr(colon + 1);
   if (kind == "cpu") {
     TESSERA_ASSIGN_OR_RETURN(int n, parse_int(rest, spec));
-    if (n < 1) return make_error(ErrorCode::invalid_argument, "bad device spec '{}': cpu:0", spec);
+    if (n < 1) return make_error(ErrorCode::invalid_argument, "bad device spec '{}': cpu:N needs a device count N >= 1",
+                                 spec);
     for (int i = 0; i < n; ++i) out.push_back("cpu:" + std::to_string(next_cpu++));
     return Status();
   }

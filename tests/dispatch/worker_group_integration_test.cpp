@@ -126,6 +126,7 @@ TEST_F(WorkerGroupCluster, AFuturesBytesMovePeerToPeerNotThroughTheDriver) {
   ASSERT_TRUE(consumer.ok()) << consumer.status().to_string();
   auto fut = wg().call("tag_async", {Value(wide_rows(10, true))});
   ASSERT_TRUE(fut.ok()) << fut.status().to_string();
+  ASSERT_TRUE(WorkerGroup::wait(*future_of(*fut)).ok());  // producers pulled their inputs
   auto before = rt_->data_plane().stats();
   auto metric = (*consumer)->call("metric", {*fut});  // JSON answers: only control bytes return
   ASSERT_TRUE(metric.ok()) << metric.status().to_string();
