@@ -175,6 +175,11 @@ class SftWorker : public dispatch::WorkerBase {
   Status init_model() {
     if (module_) return make_error(ErrorCode::invalid_argument, "sft init_model: already initialised");
     TESSERA_ASSIGN_OR_RETURN(config_, parse_sft_worker_config(init_));
+    // verl's SFT trainer hard-codes bf16 parameters for its CUDA FSDP; on CPU devices Tessera
+    // computes in fp32 unless model.fsdp_config.mixed_precision says otherwise.
+    if (!config_.fsdp_config.contains("mixed_precision") && context().device.rfind("cpu", 0) == 0) {
+      config_.fsdp_config["mixed_precision"] = {{"param_dtype", "fp32"}};
+    }
     torch::manual_seed(init_.value("seed", uint64_t{0}));
     const std::string backend = init_.value("comm_backend", default_comm_backend(context()));
     TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));

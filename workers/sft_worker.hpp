@@ -8,6 +8,8 @@
 //   model.fsdp_config           model_dtype, wrap_policy, and the Tessera extensions
 //                               mixed_precision / fsdp_size / sharding_strategy (as the actor's);
 //                               cpu_offload / offload_params true are unimplemented errors.
+//                               Without mixed_precision, CPU ranks compute in fp32 (verl's SFT
+//                               trainer hard-codes bf16 for CUDA, which CUDA ranks keep).
 //   model.lora_rank > 0, model.external_lib: unimplemented errors. enable_gradient_checkpointing,
 //   trust_remote_code, use_liger, use_shm, strategy, lora_alpha, target_modules: accepted, no effect.
 //   optim.{lr, betas, weight_decay, warmup_steps_ratio, clip_grad, lr_scheduler (cosine|constant),

@@ -1,0 +1,50 @@
+// ppo_state.hpp (private to driver/): what RayPPOTrainer holds besides its worker groups, read
+// once from the config (ppo_trainer_state.cpp).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "driver/checkpoint_manager.hpp"
+#include "driver/data.hpp"
+#include "driver/logger.hpp"
+#include "driver/ppo_trainer.hpp"
+#include "driver/reward.hpp"
+#include "workers/algos/kl.hpp"
+#include "workers/models/tokenizer.hpp"
+
+namespace tessera::driver {
+
+struct RayPPOTrainer::State {
+  std::optional<models::Tokenizer> tokenizer;
+  std::optional<RLHFDataset> train_dataset;
+  std::optional<RLHFDataset> val_dataset;  ///< Unset when data.val_files is null / empty.
+  std::optional<StatefulDataLoader> train_loader;
+  std::unique_ptr<NaiveRewardManager> reward_fn;
+  std::unique_ptr<NaiveRewardManager> val_reward_fn;
+  std::unique_ptr<algos::KLController> kl_ctrl;  ///< Only with algorithm.use_kl_in_reward.
+  std::optional<Tracking> tracking;
+  std::optional<CheckpointManager> ckpt;
+  std::unique_ptr<ProgressBar> bar;
+
+  bool use_critic = false, use_ref = false, use_rm = false, use_kl_in_reward = false;
+  bool balance = true, norm_adv_by_std_in_grpo = true;
+  int64_t seed = 1, n = 1, total_training_steps = 0, critic_warmup = 0, test_freq = -1, save_freq = -1;
+  int64_t world_size = 1;
+  std::string adv_estimator, kl_penalty, loss_agg_mode;
+  double gamma = 1.0, lam = 1.0, temperature = 1.0;
+  int64_t val_n = 1;
+  bool val_do_sample = false;
+  int64_t eos_token_id = 0, pad_token_id = 0;
+};
+
+/// Tokenizer, datasets, dataloader, reward managers, KL controller, loggers and checkpoint
+/// manager from a validated PPO config. `console` null leaves the console logger out.
+Result<std::unique_ptr<RayPPOTrainer::State>> make_ppo_state(const nlohmann::json& cfg, std::FILE* console);
+
+}  // namespace tessera::driver

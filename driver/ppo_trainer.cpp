@@ -1,0 +1,204 @@
+// ppo_trainer.cpp: RayPPOTrainer construction, placement and fit() (see ppo_trainer.hpp).
+// The per-step body lives in ppo_trainer_fit.cpp, the driver-side maths in ppo_trainer_steps.cpp.
+#include "driver/ppo_trainer.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "driver/config.hpp"
+#include "driver/internal/ppo_state.hpp"
+
+namespace tessera::driver {
+
+using nlohmann::json;
+
+RayPPOTrainer::~RayPPOTrainer() {
+  actor_rollout_wg_.reset();
+  critic_wg_.reset();
+  ref_wg_.reset();
+  rm_wg_.reset();
+  colocated_.reset();
+  if (runtime_) runtime_->shutdown();
+}
+
+namespace {
+
+Result<std::string> read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(ErrorCode::not_found, "cluster.token_file: cannot read '{}'", path);
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string token = s.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) return make_error(ErrorCode::invalid_argument, "cluster.token_file: '{}' is empty", path);
+  return token;
+}
+
+}  // namespace
+
+Result<runtime::RuntimeConfig> trainer_runtime_config(const json& cfg) {
+  runtime::RuntimeConfig rc;
+  TESSERA_ASSIGN_OR_RETURN(auto agents, config_get<std::vector<std::string>>(cfg, "cluster.agents"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t nnodes, config_get<int64_t>(cfg, "trainer.nnodes"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t per_node, config_get<int64_t>(cfg, "trainer.n_gpus_per_node"));
+  TESSERA_ASSIGN_OR_RETURN(std::string device, config_get<std::string>(cfg, "trainer.device"));
+  if (!agents.empty()) {
+    rc.agents = agents;
+    TESSERA_ASSIGN_OR_RETURN(auto token_file, config_get<std::optional<std::string>>(cfg, "cluster.token_file"));
+    if (!token_file) return make_error(ErrorCode::invalid_argument, "cluster.token_file: required with cluster.agents");
+    TESSERA_ASSIGN_OR_RETURN(rc.token, read_token_file(*token_file));
+    return rc;
+  }
+  if (nnodes != 1) {
+    return make_error(ErrorCode::invalid_argument, "trainer.nnodes: {} needs cluster.agents (embedded runs are one node)",
+                      nnodes);
+  }
+  if (device == "cpu") rc.embedded_devices = fmt::format("cpu:{}", per_node);
+  else if (device == "cuda") rc.embedded_devices = per_node == 1 ? "cuda:0" : fmt::format("cuda:0-{}", per_node - 1);
+  else return make_error(ErrorCode::invalid_argument, "trainer.device: '{}' is not cpu or cuda", device);
+  return rc;
+}
+
+namespace {
+
+// The init config of one colocated role (workers/registry.hpp).
+std::string role_init(const json& cfg, const std::string& subtree, const std::string& role, int64_t seed) {
+  json init{{"config", cfg.value(subtree, json::object())}, {"seed", seed}};
+  if (!role.empty()) init["role"] = role;
+  return init.dump();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RayPPOTrainer>> RayPPOTrainer::create(json cfg, const runtime::WorkerTypeRegistry& registry,
+                                                             PpoTrainerOptions options) {
+  TESSERA_RETURN_IF_ERROR(validate_ppo_config(cfg));
+  std::unique_ptr<RayPPOTrainer> t(new RayPPOTrainer());
+  t->options_ = options;
+  TESSERA_ASSIGN_OR_RETURN(int64_t threads, config_get_or<int64_t>(cfg, "trainer.num_threads", 0));
+  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  TESSERA_ASSIGN_OR_RETURN(t->state_, make_ppo_state(cfg, options.console));
+  t->total_training_steps_ = t->state_->total_training_steps;
+  // verl writes the step count into the optimiser configs (_create_dataloader).
+  cfg["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] = t->total_training_steps_;
+  if (t->state_->use_critic) cfg["critic"]["optim"]["total_training_steps"] = t->total_training_steps_;
+  t->cfg_ = std::move(cfg);
+  TESSERA_RETURN_IF_ERROR(t->start_workers(registry));
+  return t;
+}
+
+Status RayPPOTrainer::start_workers(const runtime::WorkerTypeRegistry& registry) {
+  TESSERA_ASSIGN_OR_RETURN(runtime::RuntimeConfig rc, trainer_runtime_config(cfg_));
+  TESSERA_ASSIGN_OR_RETURN(runtime_, runtime::Runtime::start(rc, registry));
+  TESSERA_ASSIGN_OR_RETURN(int64_t nnodes, config_get<int64_t>(cfg_, "trainer.nnodes"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t per_node, config_get<int64_t>(cfg_, "trainer.n_gpus_per_node"));
+  TESSERA_ASSIGN_OR_RETURN(runtime::ResourcePool pool,
+                           runtime_->resource_pool(std::vector<int>(static_cast<size_t>(nnodes), static_cast<int>(per_node))));
+  const State& s = *state_;
+  std::vector<runtime::RoleSpec> roles;
+  roles.push_back({"actor_rollout", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", "actor_rollout", s.seed)});
+  if (s.use_critic) roles.push_back({"critic", "critic", role_init(cfg_, "critic", "", s.seed)});
+  if (s.use_ref) roles.push_back({"ref", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", "ref", s.seed)});
+  if (s.use_rm) roles.push_back({"rm", "reward_model", role_init(cfg_, "reward_model", "", s.seed)});
+  TESSERA_ASSIGN_OR_RETURN(colocated_, dispatch::WorkerGroup::spawn(*runtime_, "global_pool", pool, roles));
+  TESSERA_ASSIGN_OR_RETURN(actor_rollout_wg_, colocated_->role("actor_rollout"));
+  if (s.use_critic) {
+    TESSERA_ASSIGN_OR_RETURN(critic_wg_, colocated_->role("critic"));
+  }
+  if (s.use_ref) {
+    TESSERA_ASSIGN_OR_RETURN(ref_wg_, colocated_->role("ref"));
+  }
+  if (s.use_rm) {
+    TESSERA_ASSIGN_OR_RETURN(rm_wg_, colocated_->role("rm"));
+  }
+  return Status();
+}
+
+Status RayPPOTrainer::init_workers() {
+  // verl: critic, ref, rm, then actor_rollout last (so the rollout can size its cache).
+  for (dispatch::WorkerGroup* wg : {critic_wg_.get(), ref_wg_.get(), rm_wg_.get(), actor_rollout_wg_.get()}) {
+    if (wg == nullptr) continue;
+    TESSERA_RETURN_IF_ERROR(wg->call("init_model", {}).status());
+  }
+  return Status();
+}
+
+Status RayPPOTrainer::log_step(int64_t step, const Metrics& metrics) {
+  history_.emplace_back(step, metrics);
+  if (state_->tracking) TESSERA_RETURN_IF_ERROR(state_->tracking->log(metrics, step));
+  return Status();
+}
+
+Status RayPPOTrainer::save_checkpoint() {
+  State& s = *state_;
+  const int64_t step = global_steps_;
+  TESSERA_RETURN_IF_ERROR(s.ckpt->begin_save(step).status());
+  auto save = [&](dispatch::WorkerGroup& wg, const std::filesystem::path& dir) {
+    // Rotation is the CheckpointManager's (commit prunes); the workers keep everything.
+    json args{{"local_path", dir.string()}, {"hdfs_path", nullptr}, {"global_step", step}, {"max_ckpt_to_keep", nullptr}};
+    return wg.call("save_checkpoint", {dispatch::Value(args)}).status();
+  };
+  TESSERA_RETURN_IF_ERROR(save(*actor_rollout_wg_, s.ckpt->actor_dir(step)));
+  if (critic_wg_) TESSERA_RETURN_IF_ERROR(save(*critic_wg_, s.ckpt->critic_dir(step)));
+  json trainer_state{{"global_step", step}, {"kl_coef", s.kl_ctrl ? s.kl_ctrl->value() : 0.0}};
+  TESSERA_RETURN_IF_ERROR(s.ckpt->write_driver_state(step, s.train_loader->state_dict(), trainer_state));
+  return s.ckpt->commit(step);
+}
+
+Status RayPPOTrainer::load_checkpoint() {
+  State& s = *state_;
+  TESSERA_ASSIGN_OR_RETURN(std::optional<ResumePoint> point, s.ckpt->resolve_resume());
+  if (!point) return Status();
+  TESSERA_ASSIGN_OR_RETURN(bool del_local, config_get<bool>(cfg_, "trainer.del_local_ckpt_after_load"));
+  auto load = [&](dispatch::WorkerGroup& wg, const std::filesystem::path& dir) {
+    json args{{"local_path", dir.string()}, {"hdfs_path", nullptr}, {"del_local_after_load", del_local}};
+    return wg.call("load_checkpoint", {dispatch::Value(args)}).status();
+  };
+  TESSERA_RETURN_IF_ERROR(load(*actor_rollout_wg_, point->step_dir / "actor"));
+  if (critic_wg_) TESSERA_RETURN_IF_ERROR(load(*critic_wg_, point->step_dir / "critic"));
+  if (point->dataloader_state.is_null()) {
+    std::fprintf(stderr, "warning: %s has no dataloader state; the data order restarts\n", point->step_dir.c_str());
+  } else {
+    TESSERA_RETURN_IF_ERROR(s.train_loader->load_state_dict(point->dataloader_state));
+  }
+  global_steps_ = point->global_step;
+  return Status();
+}
+
+Status RayPPOTrainer::fit() {
+  State& s = *state_;
+  global_steps_ = 0;
+  TESSERA_RETURN_IF_ERROR(load_checkpoint());
+  TESSERA_ASSIGN_OR_RETURN(bool val_before, config_get<bool>(cfg_, "trainer.val_before_train"));
+  TESSERA_ASSIGN_OR_RETURN(bool val_only, config_get<bool>(cfg_, "trainer.val_only"));
+  if (val_before && s.val_dataset) {
+    TESSERA_ASSIGN_OR_RETURN(Metrics val, validate());
+    TESSERA_RETURN_IF_ERROR(log_step(global_steps_, val));
+    if (val_only) return Status();
+  }
+  if (options_.progress) s.bar = std::make_unique<ProgressBar>(total_training_steps_, options_.progress);
+  global_steps_ += 1;
+  if (global_steps_ > total_training_steps_) return Status();  // resumed after the last step
+  TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
+  for (int64_t epoch = s.train_loader->epoch(); epoch < total_epochs; ++epoch) {
+    while (std::optional<std::vector<int64_t>> indices = s.train_loader->next()) {
+      const bool is_last = global_steps_ >= total_training_steps_;
+      TESSERA_ASSIGN_OR_RETURN(Metrics metrics, train_step(*indices, is_last));
+      metrics["training/epoch"] = static_cast<double>(epoch);
+      TESSERA_RETURN_IF_ERROR(log_step(global_steps_, metrics));
+      if (s.bar) s.bar->update(global_steps_, metrics);
+      if (options_.after_step) TESSERA_RETURN_IF_ERROR(options_.after_step(global_steps_, metrics));
+      if (is_last) {
+        if (s.bar) s.bar->finish();
+        return Status();
+      }
+      global_steps_ += 1;
+    }
+  }
+  if (s.bar) s.bar->finish();
+  return Status();
+}
+
+}  // namespace tessera::driver

@@ -1,0 +1,133 @@
+// ppo_trainer.hpp: verl's RayPPOTrainer (verl/trainer/ppo/ray_trainer.py, v0.5.0) over Tessera's
+// runtime and WorkerGroups: worker placement, fit() in verl's step order, validation,
+// checkpoint/resume.
+//
+// Placement (reference/verl-fsdp.md §7.1): one resource pool over trainer.nnodes x
+// trainer.n_gpus_per_node devices (embedded "cpu:N" / "cuda:0-N" by default, or the agents of
+// cluster.agents), one colocated worker actor per rank hosting the roles verl maps to the global
+// pool: "actor_rollout" (always), "critic" (adv_estimator gae), "ref" (use_kl_in_reward or
+// actor.use_kl_loss), "rm" (reward_model.enable). Each role's WorkerGroup is a role view of the
+// colocated group. init_model order: critic, ref, rm, actor_rollout last (verl).
+//
+// fit() (§7.2), per batch of data.train_batch_size prompts:
+//   pop generation keys -> repeat n (interleave) -> gen (+gen_max for remax) -> uid ->
+//   repeat + union -> response_mask -> balance_batch -> reward (rm scores, then the rule reward
+//   manager) -> old_log_prob (actor/entropy) -> ref -> values -> adv (KL in reward, then
+//   compute_advantage) -> update_critic -> update_actor (after critic_warmup) -> validation every
+//   test_freq -> checkpoint every save_freq -> metrics, loggers, progress bar.
+// Rollout uids are deterministic ("<global_step>-<row>") instead of verl's uuid4: they only
+// group samples, and determinism makes resumed runs comparable.
+//
+// Checkpoints follow verl's layout through CheckpointManager; the driver state (trainer_state.json)
+// holds global_step and the KL controller's coefficient, data.json the dataloader position.
+//
+// Thread contract: one driver thread owns a trainer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "dispatch/worker_group.hpp"
+#include "driver/metrics.hpp"
+#include "proto/data_proto.hpp"
+#include "proto/status.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/worker.hpp"
+
+namespace tessera::driver {
+
+/// Knobs of a trainer run that are not part of verl's config.
+struct PpoTrainerOptions {
+  std::FILE* console = stdout;   ///< Console logger output (null: no console logging).
+  std::FILE* progress = stderr;  ///< Progress bar output (null: no bar).
+  /// Called after each completed step (after its checkpoint): tests stop or kill here.
+  std::function<Status(int64_t global_step, const Metrics& metrics)> after_step;
+};
+
+/// verl's RayPPOTrainer. See the header comment.
+class RayPPOTrainer {
+ public:
+  /// Validates `cfg` (validate_ppo_config), loads the tokenizer and datasets, starts the runtime
+  /// (embedded, or cluster.agents) and spawns the worker groups; init_workers() builds the models.
+  /// REQUIRES: `registry` holds the worker types and outlives the trainer.
+  static Result<std::unique_ptr<RayPPOTrainer>> create(nlohmann::json cfg, const runtime::WorkerTypeRegistry& registry,
+                                                       PpoTrainerOptions options = {});
+  ~RayPPOTrainer();
+
+  /// init_model on every group, critic / ref / rm first and actor_rollout last (verl).
+  Status init_workers();
+
+  /// verl's fit(): resume, optional validation before training, then the training loop.
+  Status fit();
+
+  /// verl's _validate(): val-core/... and val-aux/... metrics over the whole validation set.
+  Result<Metrics> validate();
+
+  /// Metrics of every logged step (validation before training is step 0 when enabled).
+  const std::vector<std::pair<int64_t, Metrics>>& history() const { return history_; }
+  int64_t global_steps() const { return global_steps_; }
+  int64_t total_training_steps() const { return total_training_steps_; }
+  const nlohmann::json& config() const { return cfg_; }
+
+  /// The role views (null when the role is not used).
+  dispatch::WorkerGroup* actor_rollout_wg() const { return actor_rollout_wg_.get(); }
+  dispatch::WorkerGroup* critic_wg() const { return critic_wg_.get(); }
+
+  struct State;  ///< Datasets, loaders, reward managers, KL controller (ppo_trainer.cpp).
+
+ private:
+  RayPPOTrainer() = default;
+  Status start_workers(const runtime::WorkerTypeRegistry& registry);
+  Result<Metrics> train_step(const std::vector<int64_t>& indices, bool is_last_step);
+  Status save_checkpoint();
+  Status load_checkpoint();
+  Status log_step(int64_t step, const Metrics& metrics);
+
+  nlohmann::json cfg_;
+  PpoTrainerOptions options_;
+  std::unique_ptr<State> state_;
+  std::unique_ptr<runtime::Runtime> runtime_;
+  std::shared_ptr<dispatch::WorkerGroup> colocated_;
+  std::shared_ptr<dispatch::WorkerGroup> actor_rollout_wg_, critic_wg_, ref_wg_, rm_wg_;
+  int64_t global_steps_ = 0;
+  int64_t total_training_steps_ = 0;
+  std::vector<std::pair<int64_t, Metrics>> history_;
+};
+
+/// The runtime of a trainer config: the agents of cluster.agents (token from cluster.token_file),
+/// or the embedded devices "cpu:N" / "cuda:0-(N-1)" for trainer.device with N =
+/// trainer.n_gpus_per_node (embedded runs need trainer.nnodes == 1). Errors name the key.
+Result<runtime::RuntimeConfig> trainer_runtime_config(const nlohmann::json& cfg);
+
+// ---- The driver-side steps (ppo_trainer_steps.cpp), exposed for tests ---------------------------
+
+/// verl's get_seqlen_balanced_partitions(equal_size=True): Karmarkar-Karp split of the rows into
+/// k partitions of equal size with balanced sums of `seqlens`; each partition sorted ascending.
+/// REQUIRES: k >= 1 and seqlens.size() divisible by k (error otherwise, naming both).
+Result<std::vector<std::vector<int64_t>>> balanced_equal_partitions(const std::vector<int64_t>& seqlens, int64_t k);
+
+/// verl's _balance_batch: reorders `batch` so that dp rank i gets partition i of the attention-
+/// mask lengths; adds global_seqlen/{min,max,minmax_diff,balanced_min,balanced_max,mean}.
+Status balance_batch(proto::DataProto& batch, int64_t world_size, Metrics& metrics);
+
+/// verl's apply_kl_penalty: token_level_rewards = token_level_scores - beta * kl(old, ref) *
+/// response_mask; returns the batch-mean KL (actor/reward_kl_penalty) for the controller update.
+Result<double> apply_kl_penalty(proto::DataProto& batch, double beta, const std::string& kl_penalty);
+
+/// verl's compute_advantage: the registered estimator `adv_estimator` (algos) over
+/// token_level_rewards, response_mask, values (gae), uid (group estimators) and
+/// reward_baselines (remax); sets advantages and returns.
+Status compute_advantage(proto::DataProto& batch, const std::string& adv_estimator, double gamma, double lam,
+                         bool norm_adv_by_std_in_grpo);
+
+/// verl's compute_response_mask: attention_mask[:, -R:] with R = responses.size(1).
+Result<at::Tensor> compute_response_mask(const proto::DataProto& batch);
+
+}  // namespace tessera::driver

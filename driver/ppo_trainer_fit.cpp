@@ -1,0 +1,232 @@
+// ppo_trainer_fit.cpp: one fit() step in verl v0.5.0's order, and _validate (see ppo_trainer.hpp).
+#include <torch/torch.h>
+
+#include "driver/config.hpp"
+#include "driver/internal/ppo_state.hpp"
+#include "workers/algos/losses.hpp"
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+using dispatch::Value;
+using State = RayPPOTrainer::State;
+
+const std::vector<std::string> kGenTensorKeys = {"input_ids", "attention_mask", "position_ids"};
+
+// verl's gen_batch pop: the prompt tensors plus raw_prompt_ids and, when present, raw_prompt / index.
+Result<proto::DataProto> pop_generation_keys(proto::DataProto& batch) {
+  std::vector<std::string> non_tensor = {"raw_prompt_ids"};
+  for (const char* k : {"multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs", "index", "agent_name"}) {
+    if (batch.column(k).ok()) non_tensor.push_back(k);
+  }
+  return batch.pop(kGenTensorKeys, non_tensor);
+}
+
+// Calls a DataProto method and returns its output with meta_info["metrics"] moved into `metrics`
+// (timing_s/* entries into `timing` instead, as verl merges the worker's timing dict).
+Result<proto::DataProto> call_proto(dispatch::WorkerGroup& wg, const std::string& method, const proto::DataProto& in,
+                                    Metrics& metrics, TimingRaw& timing) {
+  TESSERA_ASSIGN_OR_RETURN(Value v, wg.call(method, {Value(in)}));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, v.as_proto(wg.name() + "." + method));
+  json& meta = out.meta_info();
+  if (meta.contains("metrics")) {
+    json worker = meta["metrics"];
+    meta.erase("metrics");
+    json rest = json::object();
+    for (auto& [k, val] : worker.items()) {
+      if (k.rfind("timing_s/", 0) == 0 && val.is_number()) timing[k.substr(9)] = val.get<double>();
+      else rest[k] = val;
+    }
+    TESSERA_RETURN_IF_ERROR(merge_worker_metrics(rest, metrics));
+  }
+  return out;
+}
+
+// Unions `part` (a worker output without meta_info) into `batch`.
+Status union_output(proto::DataProto& batch, proto::DataProto part) {
+  part.meta_info() = json::object();
+  return batch.union_(part);
+}
+
+std::vector<std::string> step_uids(int64_t step, int64_t rows) {
+  std::vector<std::string> uids;
+  for (int64_t i = 0; i < rows; ++i) uids.push_back(fmt::format("{}-{}", step, i));
+  return uids;
+}
+
+// token_level_scores (and reward extra infos as columns) from the rule reward manager.
+Status add_scores(const State& s, proto::DataProto& batch) {
+  TESSERA_ASSIGN_OR_RETURN(RewardOutput r, (*s.reward_fn)(batch));
+  TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_scores", r.reward_tensor));
+  for (auto& [key, values] : r.reward_extra_info) {
+    TESSERA_RETURN_IF_ERROR(batch.set_column(key, proto::Column::jsons(values)));
+  }
+  return Status();
+}
+
+// verl's gen_max (ReMax): greedy rollouts of the same prompts, scored, as reward_baselines.
+Status remax_baselines(dispatch::WorkerGroup& actor, const State& s, const proto::DataProto& gen_batch,
+                       proto::DataProto& batch, Metrics& metrics, TimingRaw& timing) {
+  MarkedTimer timer("gen_max", timing);
+  proto::DataProto baseline_in = gen_batch;
+  baseline_in.meta_info()["do_sample"] = false;
+  TimingRaw ignored;
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, call_proto(actor, "generate_sequences", baseline_in, metrics, ignored));
+  proto::DataProto scored = batch;
+  TESSERA_RETURN_IF_ERROR(union_output(scored, out));
+  TESSERA_ASSIGN_OR_RETURN(RewardOutput r, (*s.reward_fn)(scored));
+  return batch.set_tensor("reward_baselines", r.reward_tensor.sum(-1));
+}
+
+}  // namespace
+
+Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, bool is_last_step) {
+  State& s = *state_;
+  Metrics metrics;
+  TimingRaw timing;
+  std::optional<MarkedTimer> step_timer(std::in_place, "step", timing);
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, s.train_dataset->collate(indices));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen_batch, pop_generation_keys(batch));
+  TESSERA_ASSIGN_OR_RETURN(gen_batch, gen_batch.repeat(s.n, /*interleave=*/true));
+  gen_batch.meta_info()["global_steps"] = global_steps_;
+  proto::DataProto gen_out;
+  {
+    MarkedTimer t("gen", timing);
+    TESSERA_ASSIGN_OR_RETURN(gen_out, call_proto(*actor_rollout_wg_, "generate_sequences", gen_batch, metrics, timing));
+  }
+  if (s.adv_estimator == "remax") {
+    TESSERA_RETURN_IF_ERROR(remax_baselines(*actor_rollout_wg_, s, gen_batch, batch, metrics, timing));
+  }
+  TESSERA_RETURN_IF_ERROR(batch.set_column("uid", proto::Column::strings(step_uids(global_steps_, batch.size()))));
+  TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.n, /*interleave=*/true));
+  if (gen_out.tensor("old_log_probs").ok()) {  // recomputed below, as verl v0.5.0 does
+    TESSERA_RETURN_IF_ERROR(gen_out.pop(std::vector<std::string>{"old_log_probs"}).status());
+  }
+  TESSERA_RETURN_IF_ERROR(union_output(batch, gen_out));
+  {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor response_mask, compute_response_mask(batch));
+    TESSERA_RETURN_IF_ERROR(batch.set_tensor("response_mask", response_mask));
+  }
+  if (s.balance) TESSERA_RETURN_IF_ERROR(balance_batch(batch, actor_rollout_wg_->world_size(), metrics));
+  {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, batch.tensor("attention_mask"));
+    at::Tensor lens = mask.sum(-1).to(torch::kInt64).contiguous();
+    batch.meta_info()["global_token_num"] =
+        std::vector<int64_t>(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
+  }
+  batch.meta_info()["temperature"] = s.temperature;
+  {
+    MarkedTimer t("reward", timing);
+    if (rm_wg_) {
+      TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
+      TESSERA_RETURN_IF_ERROR(union_output(batch, rm));
+    }
+    TESSERA_RETURN_IF_ERROR(add_scores(s, batch));
+  }
+  {
+    MarkedTimer t("old_log_prob", timing);
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto old, call_proto(*actor_rollout_wg_, "compute_log_prob", batch, metrics, timing));
+    if (old.tensor("entropys").ok()) {
+      TESSERA_ASSIGN_OR_RETURN(proto::DataProto ent, old.pop(std::vector<std::string>{"entropys"}));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor e, ent.tensor("entropys"));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor rmask, batch.tensor("response_mask"));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor agg, algos::agg_loss(e, rmask.to(e.scalar_type()), s.loss_agg_mode));
+      metrics["actor/entropy"] = agg.item<double>();
+    }
+    TESSERA_RETURN_IF_ERROR(union_output(batch, old));
+  }
+  if (ref_wg_) {
+    MarkedTimer t("ref", timing);
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto ref, call_proto(*ref_wg_, "compute_ref_log_prob", batch, metrics, timing));
+    TESSERA_RETURN_IF_ERROR(union_output(batch, ref));
+  }
+  if (critic_wg_) {
+    MarkedTimer t("values", timing);
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto values, call_proto(*critic_wg_, "compute_values", batch, metrics, timing));
+    TESSERA_RETURN_IF_ERROR(union_output(batch, values));
+  }
+  {
+    MarkedTimer t("adv", timing);
+    if (s.use_kl_in_reward) {
+      const double beta = s.kl_ctrl->value();
+      TESSERA_ASSIGN_OR_RETURN(double kl, apply_kl_penalty(batch, beta, s.kl_penalty));
+      s.kl_ctrl->update(kl, batch.size());
+      metrics["actor/reward_kl_penalty"] = kl;
+      metrics["actor/reward_kl_penalty_coeff"] = beta;
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor scores, batch.tensor("token_level_scores"));
+      TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_rewards", scores));
+    }
+    TESSERA_RETURN_IF_ERROR(compute_advantage(batch, s.adv_estimator, s.gamma, s.lam, s.norm_adv_by_std_in_grpo));
+  }
+  if (critic_wg_) {
+    MarkedTimer t("update_critic", timing);
+    TESSERA_RETURN_IF_ERROR(call_proto(*critic_wg_, "update_critic", batch, metrics, timing).status());
+  }
+  if (s.critic_warmup <= global_steps_) {
+    MarkedTimer t("update_actor", timing);
+    batch.meta_info()["multi_turn"] = false;
+    TESSERA_RETURN_IF_ERROR(call_proto(*actor_rollout_wg_, "update_actor", batch, metrics, timing).status());
+  }
+  if (s.val_dataset && s.test_freq > 0 && (is_last_step || global_steps_ % s.test_freq == 0)) {
+    MarkedTimer t("testing", timing);
+    TESSERA_ASSIGN_OR_RETURN(Metrics val, validate());
+    metrics.insert(val.begin(), val.end());
+  }
+  if (s.save_freq > 0 && (is_last_step || global_steps_ % s.save_freq == 0)) {
+    MarkedTimer t("save_checkpoint", timing);
+    TESSERA_RETURN_IF_ERROR(save_checkpoint());
+  }
+  step_timer.reset();
+  metrics["training/global_step"] = static_cast<double>(global_steps_);
+  TESSERA_ASSIGN_OR_RETURN(Metrics data, compute_data_metrics(batch, critic_wg_ != nullptr));
+  TESSERA_ASSIGN_OR_RETURN(Metrics timing_m, compute_timing_metrics(batch, timing));
+  TESSERA_ASSIGN_OR_RETURN(Metrics perf, compute_throughout_metrics(batch, timing, s.world_size));
+  for (const Metrics* m : {&data, &timing_m, &perf}) metrics.insert(m->begin(), m->end());
+  return metrics;
+}
+
+Result<Metrics> RayPPOTrainer::validate() {
+  State& s = *state_;
+  if (!s.val_dataset) return make_error(ErrorCode::invalid_argument, "validate: data.val_files is not set");
+  std::vector<int64_t> all(static_cast<size_t>(s.val_dataset->size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, s.val_dataset->collate(all));
+  TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.val_n, /*interleave=*/true));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen, pop_generation_keys(batch));
+  json& meta = gen.meta_info();
+  meta["eos_token_id"] = s.eos_token_id;
+  meta["pad_token_id"] = s.pad_token_id;
+  meta["recompute_log_prob"] = false;
+  meta["do_sample"] = s.val_do_sample;
+  meta["validate"] = true;
+  meta["global_steps"] = global_steps_;
+  TESSERA_ASSIGN_OR_RETURN(auto padded, gen.pad_to_divisor(actor_rollout_wg_->world_size()));
+  Metrics ignored;
+  TimingRaw ignored_timing;
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out,
+                           call_proto(*actor_rollout_wg_, "generate_sequences", padded.first, ignored, ignored_timing));
+  TESSERA_ASSIGN_OR_RETURN(out, out.unpad(padded.second));
+  TESSERA_RETURN_IF_ERROR(union_output(batch, out));
+  batch.meta_info()["validate"] = true;
+  TESSERA_ASSIGN_OR_RETURN(RewardOutput r, (*s.val_reward_fn)(batch));
+  std::map<std::string, std::vector<json>> infos = r.reward_extra_info;
+  at::Tensor scores = r.reward_tensor.sum(-1).to(torch::kFloat64).contiguous();
+  std::vector<json>& reward = infos["reward"];
+  for (int64_t i = 0; i < scores.numel(); ++i) reward.push_back(scores.data_ptr<double>()[i]);
+  TESSERA_ASSIGN_OR_RETURN(proto::Column sources, batch.column("data_source"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor prompts, batch.tensor("prompts"));
+  std::vector<std::string> data_sources, inputs;
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    const json ds = sources.row_json(i);
+    data_sources.push_back(ds.is_string() ? ds.get<std::string>() : ds.dump());
+    // verl groups samples by the decoded prompt text; the prompt ids identify it equally.
+    at::Tensor row = prompts[i].contiguous();
+    inputs.push_back(std::string(reinterpret_cast<const char*>(row.data_ptr()), row.numel() * row.element_size()));
+  }
+  TESSERA_ASSIGN_OR_RETURN(ValidationMetrics vm, process_validation_metrics(data_sources, inputs, infos));
+  return validation_metric_dict(vm);
+}
+
+}  // namespace tessera::driver

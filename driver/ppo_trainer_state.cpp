@@ -1,0 +1,122 @@
+// ppo_trainer_state.cpp: make_ppo_state (see internal/ppo_state.hpp).
+#include "driver/config.hpp"
+#include "driver/internal/ppo_state.hpp"
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+using State = RayPPOTrainer::State;
+
+Status read_flags(const json& cfg, State& s) {
+  TESSERA_ASSIGN_OR_RETURN(s.adv_estimator, config_get<std::string>(cfg, "algorithm.adv_estimator"));
+  TESSERA_ASSIGN_OR_RETURN(s.use_kl_in_reward, config_get<bool>(cfg, "algorithm.use_kl_in_reward"));
+  TESSERA_ASSIGN_OR_RETURN(s.kl_penalty, config_get<std::string>(cfg, "algorithm.kl_penalty"));
+  TESSERA_ASSIGN_OR_RETURN(s.gamma, config_get<double>(cfg, "algorithm.gamma"));
+  TESSERA_ASSIGN_OR_RETURN(s.lam, config_get<double>(cfg, "algorithm.lam"));
+  TESSERA_ASSIGN_OR_RETURN(s.norm_adv_by_std_in_grpo, config_get<bool>(cfg, "algorithm.norm_adv_by_std_in_grpo"));
+  TESSERA_ASSIGN_OR_RETURN(s.use_rm, config_get<bool>(cfg, "reward_model.enable"));
+  TESSERA_ASSIGN_OR_RETURN(s.balance, config_get<bool>(cfg, "trainer.balance_batch"));
+  TESSERA_ASSIGN_OR_RETURN(s.critic_warmup, config_get<int64_t>(cfg, "trainer.critic_warmup"));
+  TESSERA_ASSIGN_OR_RETURN(s.test_freq, config_get<int64_t>(cfg, "trainer.test_freq"));
+  TESSERA_ASSIGN_OR_RETURN(s.save_freq, config_get<int64_t>(cfg, "trainer.save_freq"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t nnodes, config_get<int64_t>(cfg, "trainer.nnodes"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t per_node, config_get<int64_t>(cfg, "trainer.n_gpus_per_node"));
+  s.world_size = nnodes * per_node;
+  TESSERA_ASSIGN_OR_RETURN(s.n, config_get<int64_t>(cfg, "actor_rollout_ref.rollout.n"));
+  TESSERA_ASSIGN_OR_RETURN(s.temperature, config_get<double>(cfg, "actor_rollout_ref.rollout.temperature"));
+  TESSERA_ASSIGN_OR_RETURN(s.val_n, config_get<int64_t>(cfg, "actor_rollout_ref.rollout.val_kwargs.n"));
+  TESSERA_ASSIGN_OR_RETURN(s.val_do_sample, config_get<bool>(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample"));
+  TESSERA_ASSIGN_OR_RETURN(s.loss_agg_mode, config_get<std::string>(cfg, "actor_rollout_ref.actor.loss_agg_mode"));
+  TESSERA_ASSIGN_OR_RETURN(s.seed, config_get_or<int64_t>(cfg, "data.seed", 1));
+  s.use_critic = need_critic(cfg);
+  s.use_ref = need_reference_policy(cfg);
+  if (s.adv_estimator == "remax" && s.n != 1) {
+    return make_error(ErrorCode::unimplemented,
+                      "algorithm.adv_estimator=remax with actor_rollout_ref.rollout.n={}: only n=1 is supported "
+                      "(verl v0.5.0 unions the un-repeated batch with the baseline generation)", s.n);
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto custom_path, config_get<std::optional<std::string>>(cfg, "custom_reward_function.path"));
+  if (custom_path) {
+    return make_error(ErrorCode::unimplemented, "custom_reward_function.path: '{}' (Python reward functions cannot be "
+                      "loaded; use a built-in data_source scorer)", *custom_path);
+  }
+  return Status();
+}
+
+Status load_data(const json& cfg, State& s) {
+  TESSERA_ASSIGN_OR_RETURN(auto tok_path, config_get<std::optional<std::string>>(cfg, "data.tokenizer"));
+  TESSERA_ASSIGN_OR_RETURN(std::string model_path, config_get<std::string>(cfg, "actor_rollout_ref.model.path"));
+  TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(tok_path.value_or(model_path)));
+  TESSERA_ASSIGN_OR_RETURN(int32_t pad, dataset_pad_id(tok));
+  const auto eos = tok.eos_token_id();
+  if (!eos) return make_error(ErrorCode::invalid_argument, "{}: the tokenizer has no eos_token", tok.source());
+  s.eos_token_id = *eos;
+  s.pad_token_id = pad;
+  TESSERA_ASSIGN_OR_RETURN(RLHFDatasetOptions opts, RLHFDatasetOptions::from_config(cfg));
+  TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
+  TESSERA_ASSIGN_OR_RETURN(RLHFDataset train, RLHFDataset::load(train_files, tok, opts));
+  s.train_dataset.emplace(std::move(train));
+  const json* val_files = config_find(cfg, "data.val_files");
+  if (val_files != nullptr && !val_files->is_null() && !(val_files->is_array() && val_files->empty())) {
+    TESSERA_ASSIGN_OR_RETURN(auto files, data_files(cfg, "data.val_files"));
+    TESSERA_ASSIGN_OR_RETURN(RLHFDataset val, RLHFDataset::load(files, tok, opts));
+    s.val_dataset.emplace(std::move(val));
+  }
+  DataLoaderOptions lo;
+  TESSERA_ASSIGN_OR_RETURN(lo.batch_size, config_get<int64_t>(cfg, "data.train_batch_size"));
+  TESSERA_ASSIGN_OR_RETURN(lo.shuffle, config_get<bool>(cfg, "data.shuffle"));
+  lo.drop_last = true;
+  lo.seed = static_cast<uint64_t>(s.seed);
+  TESSERA_ASSIGN_OR_RETURN(StatefulDataLoader loader, StatefulDataLoader::create(s.train_dataset->size(), lo));
+  s.train_loader.emplace(std::move(loader));
+  TESSERA_ASSIGN_OR_RETURN(std::string key, config_get<std::string>(cfg, "data.reward_fn_key"));
+  s.reward_fn = std::make_unique<NaiveRewardManager>(tok, ScorerRegistry::with_builtins(), RewardManagerOptions{0, key});
+  s.val_reward_fn = std::make_unique<NaiveRewardManager>(tok, ScorerRegistry::with_builtins(), RewardManagerOptions{0, key});
+  s.tokenizer.emplace(std::move(tok));
+  return Status();
+}
+
+Status total_steps(const json& cfg, State& s) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t epochs, config_get<int64_t>(cfg, "trainer.total_epochs"));
+  s.total_training_steps = s.train_loader->size() * epochs;
+  TESSERA_ASSIGN_OR_RETURN(auto fixed, config_get<std::optional<int64_t>>(cfg, "trainer.total_training_steps"));
+  if (fixed) s.total_training_steps = *fixed;
+  if (s.total_training_steps < 1) {
+    return make_error(ErrorCode::invalid_argument, "trainer.total_training_steps: {} (dataloader of {} batches x {} epochs)",
+                      s.total_training_steps, s.train_loader->size(), epochs);
+  }
+  return Status();
+}
+
+Status make_services(const json& cfg, std::FILE* console, State& s) {
+  if (s.use_kl_in_reward) {
+    algos::KLControlConfig kc;
+    TESSERA_ASSIGN_OR_RETURN(kc.type, config_get<std::string>(cfg, "algorithm.kl_ctrl.type"));
+    TESSERA_ASSIGN_OR_RETURN(kc.kl_coef, config_get<double>(cfg, "algorithm.kl_ctrl.kl_coef"));
+    TESSERA_ASSIGN_OR_RETURN(kc.horizon, config_get<int64_t>(cfg, "algorithm.kl_ctrl.horizon"));
+    TESSERA_ASSIGN_OR_RETURN(kc.target_kl, config_get<double>(cfg, "algorithm.kl_ctrl.target_kl"));
+    TESSERA_ASSIGN_OR_RETURN(s.kl_ctrl, algos::get_kl_controller(kc));
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
+  if (console == nullptr) backends.erase(std::remove(backends.begin(), backends.end(), "console"), backends.end());
+  TESSERA_ASSIGN_OR_RETURN(std::string dir, config_get<std::string>(cfg, "trainer.default_local_dir"));
+  TESSERA_ASSIGN_OR_RETURN(Tracking tracking, Tracking::create(backends, dir, console ? console : stdout));
+  s.tracking.emplace(std::move(tracking));
+  TESSERA_ASSIGN_OR_RETURN(CheckpointOptions co, CheckpointOptions::from_config(cfg));
+  s.ckpt.emplace(std::move(co));
+  return Status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RayPPOTrainer::State>> make_ppo_state(const json& cfg, std::FILE* console) {
+  auto s = std::make_unique<State>();
+  TESSERA_RETURN_IF_ERROR(read_flags(cfg, *s));
+  TESSERA_RETURN_IF_ERROR(load_data(cfg, *s));
+  TESSERA_RETURN_IF_ERROR(total_steps(cfg, *s));
+  TESSERA_RETURN_IF_ERROR(make_services(cfg, console, *s));
+  return s;
+}
+
+}  // namespace tessera::driver
