@@ -1,0 +1,163 @@
+// worker_test_util.hpp: a tiny HF model directory written once per test process, verl-shaped
+// configs and batches for the worker classes, and N ranks as threads (in-process collectives).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "proto/data_proto.hpp"
+#include "runtime/messages.hpp"
+#include "workers/models/config.hpp"
+#include "workers/models/init_model.hpp"
+
+namespace tessera::workers::testing {
+
+using json = nlohmann::json;
+
+/// A 2-layer qwen2 (hidden 32, 4 heads over 2 KV heads) with a 40-character tokenizer, written once.
+inline const std::string& tiny_model_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/tessera_worker_test_XXXXXX";
+    const char* base = mkdtemp(tmpl);
+    EXPECT_NE(base, nullptr);
+    std::string out = std::string(base) + "/model";
+    models::InitModelOptions o;
+    o.arch = "qwen2";
+    o.hidden = 32;
+    o.layers = 2;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.intermediate = 48;
+    o.tokenizer = "chars:abcdefghijklmnopqrstuvwxyz0123456789+= ";
+    o.seed = 7;
+    o.max_position = 128;
+    o.out = out;
+    Status st = models::init_model(o);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  }();
+  return dir;
+}
+
+/// The tiny model's config.json.
+inline models::ModelConfig tiny_model_config() {
+  auto c = models::load_model_config(tiny_model_dir());
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return *c;
+}
+
+/// An fp32 fsdp_config (gathers in fp32, so results compare at fp32 precision).
+inline json fp32_fsdp(bool param_offload = false, bool optimizer_offload = false) {
+  return {{"mixed_precision", {{"param_dtype", "fp32"}, {"reduce_dtype", "fp32"}, {"buffer_dtype", "fp32"}}},
+          {"param_offload", param_offload},
+          {"optimizer_offload", optimizer_offload}};
+}
+
+/// A verl actor_rollout_ref subtree for the tiny model (fp32 everywhere). `mini` and `micro` in
+/// prompts / per GPU as verl's config states them.
+inline json arr_config(int64_t mini = 4, int64_t micro = 1, int64_t response_length = 6) {
+  return {
+      {"model", {{"path", tiny_model_dir()}, {"use_remove_padding", false}}},
+      {"actor",
+       {{"ppo_mini_batch_size", mini},
+        {"ppo_micro_batch_size_per_gpu", micro},
+        {"ppo_epochs", 1},
+        {"clip_ratio", 0.2},
+        {"entropy_coeff", 0.0},
+        {"grad_clip", 1.0},
+        {"optim", {{"lr", 1e-2}, {"weight_decay", 0.01}}},
+        {"fsdp_config", fp32_fsdp()}}},
+      {"rollout",
+       {{"dtype", "float32"},
+        {"temperature", 1.0},
+        {"prompt_length", 8},
+        {"response_length", response_length},
+        {"log_prob_micro_batch_size_per_gpu", 2},
+        {"calculate_log_probs", true},
+        {"max_num_seqs", 8}}},
+      {"ref", {{"log_prob_micro_batch_size_per_gpu", 2}, {"fsdp_config", fp32_fsdp()}}},
+  };
+}
+
+/// A worker context: rank `rank` of `world`, rendezvous id by `port` (unique per test).
+inline runtime::WorkerContext context(int rank, int world, uint16_t port, const std::string& group = "wg") {
+  runtime::WorkerContext c;
+  c.group = group;
+  c.rank = rank;
+  c.world_size = world;
+  c.device = "cpu:" + std::to_string(rank);
+  c.master_addr = "127.0.0.1";
+  c.master_port = port;
+  return c;
+}
+
+/// A fresh rendezvous port id for in-process groups (never bound: inproc keys only).
+inline uint16_t next_port() {
+  static std::atomic<uint16_t> port{41000};
+  return port++;
+}
+
+/// Runs fn(rank) on `world` threads and joins them.
+inline void run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { fn(r); });
+  for (auto& t : threads) t.join();
+}
+
+/// Left-padded prompts [B, P] from the tiny vocabulary (ids >= 3), lengths `lens`.
+inline proto::DataProto make_prompts(const std::vector<int64_t>& lens, int64_t P, uint64_t seed, int64_t vocab) {
+  const auto B = static_cast<int64_t>(lens.size());
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Tensor mask = at::zeros({B, P}, at::kLong);
+  for (int64_t i = 0; i < B; ++i) mask[i].narrow(0, P - lens[i], lens[i]).fill_(1);
+  at::Tensor ids = at::randint(3, vocab, {B, P}, gen, at::kLong) * mask;
+  proto::TensorDict t;
+  t.insert_or_assign("input_ids", ids);
+  t.insert_or_assign("attention_mask", mask);
+  t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
+  auto d = proto::DataProto::from_dict(std::move(t));
+  EXPECT_TRUE(d.ok()) << d.status().to_string();
+  return *d;
+}
+
+/// A verl rollout batch: prompts left-padded to P, responses right-padded to R.
+inline proto::DataProto make_rollout(const std::vector<int64_t>& prompt_lens, const std::vector<int64_t>& response_lens,
+                                     int64_t P, int64_t R, uint64_t seed, int64_t vocab) {
+  const auto B = static_cast<int64_t>(prompt_lens.size());
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Tensor pm = at::zeros({B, P}, at::kLong), rm = at::zeros({B, R}, at::kLong);
+  for (int64_t i = 0; i < B; ++i) {
+    pm[i].narrow(0, P - prompt_lens[i], prompt_lens[i]).fill_(1);
+    rm[i].narrow(0, 0, response_lens[i]).fill_(1);
+  }
+  at::Tensor prompts = at::randint(3, vocab, {B, P}, gen, at::kLong) * pm;
+  at::Tensor responses = at::randint(3, vocab, {B, R}, gen, at::kLong) * rm;
+  at::Tensor mask = at::cat({pm, rm}, 1);
+  proto::TensorDict t;
+  t.insert_or_assign("input_ids", at::cat({prompts, responses}, 1));
+  t.insert_or_assign("attention_mask", mask);
+  t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
+  t.insert_or_assign("responses", responses);
+  t.insert_or_assign("response_mask", rm);
+  t.insert_or_assign("advantages", at::randn({B, R}, gen) * rm);
+  auto d = proto::DataProto::from_dict(std::move(t));
+  EXPECT_TRUE(d.ok()) << d.status().to_string();
+  return *d;
+}
+
+/// Max |a - b|.
+inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+}  // namespace tessera::workers::testing

@@ -1,0 +1,254 @@
+// actor_rollout_ref_worker.cpp: ActorRolloutRefWorker (see actor_rollout_ref_worker.hpp).
+#include "workers/actor_rollout_ref_worker.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "workers/models/model_io.hpp"
+#include "workers/ppo_inputs.hpp"
+
+namespace tessera::workers {
+
+using json = nlohmann::json;
+using dispatch::Args;
+namespace Dispatch = dispatch::Dispatch;
+using dispatch::Value;
+
+ActorRolloutRefWorker::ActorRolloutRefWorker(runtime::WorkerContext context, json init_config, std::string role)
+    : WorkerBase(std::move(context)), init_config_(std::move(init_config)), role_(std::move(role)) {}
+
+Result<std::unique_ptr<ActorRolloutRefWorker>> ActorRolloutRefWorker::create(const runtime::WorkerContext& context,
+                                                                             const json& init_config) {
+  // Only the role is checked here; the rest is parsed (and refused) by init_model.
+  const json role = init_config.is_object() ? init_config.value("role", json()) : json();
+  const auto& roles = actor_rollout_ref_roles();
+  if (!role.is_string() || std::find(roles.begin(), roles.end(), role.get<std::string>()) == roles.end()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref init config: role {} is not one of actor, rollout, ref, actor_rollout, "
+                      "actor_rollout_ref",
+                      role.dump());
+  }
+  std::unique_ptr<ActorRolloutRefWorker> w(new ActorRolloutRefWorker(context, init_config, role.get<std::string>()));
+  w->register_methods();
+  return w;
+}
+
+void ActorRolloutRefWorker::register_methods() {
+  auto proto_method = [this](const char* name, Result<proto::DataProto> (ActorRolloutRefWorker::*fn)(const proto::DataProto&)) {
+    Status st = methods().add(name, Dispatch::DP_COMPUTE_PROTO, [this, name, fn](const Args& args) -> Result<Value> {
+      TESSERA_ASSIGN_OR_RETURN(proto::DataProto data, proto_arg(args, name));
+      TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, (this->*fn)(data));
+      return Value(std::move(out));
+    });
+    if (!st.ok()) spdlog::error("ActorRolloutRefWorker: {}", st.to_string());
+  };
+  (void)methods().add("init_model", Dispatch::ONE_TO_ALL, [this](const Args&) -> Result<Value> {
+    TESSERA_RETURN_IF_ERROR(init_model());
+    return Value(json());
+  });
+  proto_method("generate_sequences", &ActorRolloutRefWorker::generate_sequences);
+  proto_method("compute_log_prob", &ActorRolloutRefWorker::compute_log_prob);
+  proto_method("compute_ref_log_prob", &ActorRolloutRefWorker::compute_ref_log_prob);
+  proto_method("update_actor", &ActorRolloutRefWorker::update_actor);
+  (void)methods().add("save_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
+    TESSERA_ASSIGN_OR_RETURN(auto a, parse_save_checkpoint_args(args));
+    TESSERA_RETURN_IF_ERROR(save_checkpoint(a));
+    return Value(json());
+  });
+  (void)methods().add("load_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
+    TESSERA_ASSIGN_OR_RETURN(auto a, parse_load_checkpoint_args(args));
+    TESSERA_RETURN_IF_ERROR(load_checkpoint(a));
+    return Value(json());
+  });
+}
+
+Status ActorRolloutRefWorker::require(bool has, const char* method, const char* what) const {
+  if (!initialized_) {
+    return make_error(ErrorCode::invalid_argument, "{}: init_model has not run on rank {}", method, context().rank);
+  }
+  if (has) return Status();
+  return make_error(ErrorCode::invalid_argument, "{}: role '{}' has no {}", method, role_, what);
+}
+
+// ---- init_model ---------------------------------------------------------------------------------
+
+Status ActorRolloutRefWorker::init_model() {
+  if (initialized_) return make_error(ErrorCode::invalid_argument, "init_model: already initialised");
+  TESSERA_ASSIGN_OR_RETURN(config_, parse_actor_rollout_ref_config(init_config_, context().world_size));
+  const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
+  TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
+  TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path));
+  TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, model_config_));
+  if (config_.is_actor || config_.is_rollout) TESSERA_RETURN_IF_ERROR(build_actor_rollout());
+  if (config_.is_ref) TESSERA_RETURN_IF_ERROR(build_ref());
+  initialized_ = true;
+  return Status();
+}
+
+Status ActorRolloutRefWorker::build_actor_rollout() {
+  const std::string fsdp_path = "actor_rollout_ref.actor.fsdp_config";
+  TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.actor_fsdp_config, fsdp_path));
+  models::LoadOptions load;
+  load.dtype = dtype;
+  TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
+  FsdpBuildOptions b;
+  b.fsdp_config = config_.actor_fsdp_config;
+  b.fsdp_config_path = fsdp_path;
+  b.optim = config_.is_actor ? config_.actor_optim : json();  // a standalone rollout has no optimizer
+  b.optim_path = "actor_rollout_ref.actor.optim";
+  b.grad_clip = config_.actor.grad_clip;
+  TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
+  if (config_.is_actor) {
+    TESSERA_ASSIGN_OR_RETURN(actor_, DataParallelPPOActor::create(config_.actor, actor_module_, make_dp_count_sync(world_)));
+  }
+  if (config_.is_rollout) {
+    // verl: the engine samples with a per-dp-rank seed so TP peers agree; the generation RNG of the
+    // sharding manager is seeded with dp_rank + 1000.
+    const uint64_t dp_rank = static_cast<uint64_t>(context().rank);
+    rollout::ShardingManagerOptions o;
+    o.config = config_.rollout;
+    o.engine.seed = dp_rank + 1000 + config_.rollout.seed.value_or(config_.seed);
+    o.generation_seed = dp_rank + 1000;
+    TESSERA_ASSIGN_OR_RETURN(sharding_, rollout::FsdpShardingManager::create(actor_module_->engine(), model_config_, o));
+  }
+  return Status();
+}
+
+Status ActorRolloutRefWorker::build_ref() {
+  const std::string fsdp_path = "actor_rollout_ref.ref.fsdp_config";
+  TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.ref.fsdp_config, fsdp_path));
+  models::LoadOptions load;
+  load.dtype = dtype;
+  TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
+  FsdpBuildOptions b;
+  b.fsdp_config = config_.ref.fsdp_config;
+  b.fsdp_config_path = fsdp_path;
+  b.force_param_offload = true;  // verl: the reference policy is always CPU-offloaded
+  TESSERA_ASSIGN_OR_RETURN(ref_module_, build_fsdp_module(model, world_, b));
+  // The reference runs only compute_log_prob, whose batching comes from meta_info; its actor
+  // config only has to be valid.
+  ActorConfig ref_config;
+  ref_config.use_dynamic_bsz = true;
+  ref_config.ppo_mini_batch_size = 1;
+  TESSERA_ASSIGN_OR_RETURN(ref_policy_, DataParallelPPOActor::create(ref_config, ref_module_, make_dp_count_sync(world_)));
+  return Status();
+}
+
+// ---- Log-prob passes ----------------------------------------------------------------------------
+
+Result<LogProbOutput> ActorRolloutRefWorker::log_probs(DataParallelPPOActor& actor, const proto::DataProto& data,
+                                                       const std::optional<int64_t>& micro_batch_size,
+                                                       bool use_dynamic_bsz, int64_t max_token_len,
+                                                       bool calculate_entropy) {
+  proto::DataProto d = data;  // shares the tensors; only meta_info changes
+  json& meta = d.meta_info();
+  if (micro_batch_size) meta["micro_batch_size"] = *micro_batch_size;
+  meta["max_token_len"] = max_token_len;
+  meta["use_dynamic_bsz"] = use_dynamic_bsz;
+  meta["temperature"] = config_.rollout.temperature;  // verl: always the rollout temperature
+  return actor.compute_log_prob(d, calculate_entropy);
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::compute_log_prob(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "compute_log_prob", "actor"));
+  if (data.meta_info().value("is_lora", false)) {
+    return make_error(ErrorCode::unimplemented, "compute_log_prob: meta_info.is_lora (LoRA reference) is not implemented");
+  }
+  const auto& fc = actor_module_->engine().options();
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(actor_module_->engine(), fc.param_offload, false));
+  const auto& r = config_.rollout;
+  TESSERA_ASSIGN_OR_RETURN(LogProbOutput lp, log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu,
+                                                       r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
+                                                       /*calculate_entropy=*/true));
+  TESSERA_RETURN_IF_ERROR(scope->exit());
+  proto::TensorDict t;
+  t.insert_or_assign("old_log_probs", lp.log_probs);
+  t.insert_or_assign("entropys", lp.entropys);
+  return proto::DataProto::from_dict(std::move(t), {}, json{{"temperature", r.temperature}});
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(require(ref_policy_ != nullptr, "compute_ref_log_prob", "reference model"));
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(ref_module_->engine(), true, false));
+  const auto& ref = config_.ref;
+  TESSERA_ASSIGN_OR_RETURN(LogProbOutput lp, log_probs(*ref_policy_, data, ref.log_prob_micro_batch_size_per_gpu,
+                                                       ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
+                                                       /*calculate_entropy=*/false));
+  TESSERA_RETURN_IF_ERROR(scope->exit());
+  proto::TensorDict t;
+  t.insert_or_assign("ref_log_prob", lp.log_probs);
+  return proto::DataProto::from_dict(std::move(t));
+}
+
+// ---- update_actor -------------------------------------------------------------------------------
+
+Result<proto::DataProto> ActorRolloutRefWorker::update_actor(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "update_actor", "actor"));
+  fsdp::FsdpModule& engine = actor_module_->engine();
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(engine, engine.options().param_offload,
+                                                           engine.options().optimizer_offload));
+  Stopwatch timer;
+  TESSERA_ASSIGN_OR_RETURN(Metrics metrics, actor_->update_policy(data));
+  const double seconds = timer.seconds();
+  const double lr = engine.current_lr();
+  engine.lr_scheduler_step();  // verl: once per update_actor call
+  TESSERA_RETURN_IF_ERROR(scope->exit());
+  json m = metrics_to_json(metrics);
+  m["actor/lr"] = lr;
+  m["perf/cpu_memory_used_gb"] = cpu_memory_used_gb();
+  m["timing_s/update_policy"] = seconds;
+  return metrics_proto(std::move(m));
+}
+
+// ---- generate_sequences -------------------------------------------------------------------------
+
+Result<proto::DataProto> ActorRolloutRefWorker::generate_with_sharding(const proto::DataProto& prompts,
+                                                                       double& reshard_seconds) {
+  TESSERA_RETURN_IF_ERROR(sharding_->enter());
+  reshard_seconds = sharding_->last_reshard().reshard_seconds;
+  Result<proto::DataProto> out = sharding_->engine().generate_sequences(prompts);
+  Status exited = sharding_->exit();
+  if (!out.ok()) return out.status();
+  if (!exited.ok()) return exited;
+  return out;
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::DataProto& prompts) {
+  TESSERA_RETURN_IF_ERROR(require(sharding_ != nullptr, "generate_sequences", "rollout"));
+  proto::DataProto in = prompts;
+  in.meta_info()["eos_token_id"] = tokens_.eos_token_ids;
+  in.meta_info()["pad_token_id"] = tokens_.pad_token_id;
+  Stopwatch timer;
+  double reshard = 0;
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, generate_with_sharding(in, reshard));
+  const double generate_seconds = timer.seconds();
+  if (actor_ && out.size() > 0) {
+    // The seed: "the actor model will recompute the old log prob for the generated response".
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto lp, compute_log_prob(out));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor old, lp.tensor("old_log_probs"));
+    TESSERA_RETURN_IF_ERROR(out.set_tensor("old_log_probs", old));
+    out.meta_info()["temperature"] = config_.rollout.temperature;  // as compute_log_prob's output
+  }
+  out.meta_info()["metrics"] = json{{"timing_s/reshard", reshard},
+                                    {"timing_s/generate_sequences", generate_seconds},
+                                    {"perf/cpu_memory_used_gb", cpu_memory_used_gb()}};
+  return out;
+}
+
+// ---- Checkpoints --------------------------------------------------------------------------------
+
+Status ActorRolloutRefWorker::save_checkpoint(const SaveCheckpointArgs& args) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "save_checkpoint", "actor"));
+  return save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_, context().rank,
+                                rotation_);
+}
+
+Status ActorRolloutRefWorker::load_checkpoint(const LoadCheckpointArgs& args) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "load_checkpoint", "actor"));
+  return load_worker_checkpoint(actor_module_->engine(), args, context().rank, *world_);
+}
+
+}  // namespace tessera::workers
