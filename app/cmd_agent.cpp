@@ -7,19 +7,9 @@
 
 #include "app/commands.hpp"
 #include "runtime/agent_main.hpp"
-#include "runtime/worker.hpp"
+#include "app/worker_types.hpp"
 
 namespace tessera::app {
-namespace {
-
-// The worker types an agent can spawn by name. Every worker family registers itself here as
-// it lands (workers/ ActorRolloutRefWorker, CriticWorker, RewardModelWorker).
-const runtime::WorkerTypeRegistry& agent_worker_types() {
-  static const runtime::WorkerTypeRegistry registry;
-  return registry;
-}
-
-}  // namespace
 
 void add_agent_commands(CLI::App& app) {
   auto opts = std::make_shared<runtime::AgentOptions>();
@@ -45,7 +35,7 @@ void add_agent_commands(CLI::App& app) {
   cmd->callback([opts, shutdown_s] {
     opts->runtime.shutdown_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(*shutdown_s * 1000));
-    exit_code() = runtime::run_agent(*opts, agent_worker_types());
+    exit_code() = runtime::run_agent(*opts, worker_types());
   });
 }
 
