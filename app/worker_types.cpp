@@ -5,7 +5,6 @@
 
 #include "workers/registry.hpp"
 #include "workers/sft_worker.hpp"
-#include "workers/sft_worker.hpp"
 
 namespace tessera::app {
 
@@ -13,7 +12,6 @@ const runtime::WorkerTypeRegistry& worker_types() {
   static const runtime::WorkerTypeRegistry registry = [] {
     runtime::WorkerTypeRegistry r;
     Status st = workers::register_worker_types(r);
-    if (st.ok()) st = workers::register_sft_worker(r);
     if (st.ok()) st = workers::register_sft_worker(r);
     if (!st.ok()) {
       std::fprintf(stderr, "tessera: registering worker types: %s\n", st.to_string().c_str());
