@@ -1,0 +1,232 @@
+// load_config and verl's driver-side config rules (driver/config.hpp; reference/verl-fsdp.md §3.4).
+#include <algorithm>
+
+#include "driver/config.hpp"
+#include "driver/internal/config_util.hpp"
+
+namespace tessera::driver {
+namespace {
+
+Status invalid(std::string message) { return Status(ErrorCode::invalid_argument, std::move(message)); }
+
+Status check_one_of(const nlohmann::json& cfg, const char* key, const std::vector<std::string>& allowed) {
+  TESSERA_ASSIGN_OR_RETURN(std::string v, config_get<std::string>(cfg, key));
+  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return Status();
+  return invalid(fmt::format("config key '{}' = '{}' is not one of: {}", key, v, fmt::join(allowed, ", ")));
+}
+
+// verl's check_mutually_exclusive: exactly one of `<section>.<param>` / `<param>_per_gpu` is set.
+Status check_mutually_exclusive(const nlohmann::json& cfg, const std::string& section, const std::string& param) {
+  std::string a = section + "." + param, b = a + "_per_gpu";
+  TESSERA_ASSIGN_OR_RETURN(auto mbs, config_get_or<std::optional<int64_t>>(cfg, a, std::nullopt));
+  TESSERA_ASSIGN_OR_RETURN(auto per_gpu, config_get_or<std::optional<int64_t>>(cfg, b, std::nullopt));
+  if (!mbs && !per_gpu) return invalid(fmt::format("[{}] set one of '{}' or '{}'", section, a, b));
+  if (mbs && per_gpu) {
+    return invalid(fmt::format("[{}] both '{}' = {} and '{}' = {} are set; remove '{}' (deprecated)", section, a,
+                               *mbs, b, *per_gpu, a));
+  }
+  return Status();
+}
+
+// Mini-batch vs micro-batch rules shared by the actor and the critic (verl: only when the
+// deprecated global micro_batch_size is given).
+Status check_mini_micro(const nlohmann::json& cfg, const std::string& section, int64_t train_batch_size,
+                        int64_t n_gpus) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t mini, config_get<int64_t>(cfg, section + ".ppo_mini_batch_size"));
+  if (train_batch_size < mini) {
+    return invalid(fmt::format("data.train_batch_size = {} must be >= {}.ppo_mini_batch_size = {}", train_batch_size,
+                               section, mini));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int64_t sp, config_get_or<int64_t>(cfg, section + ".ulysses_sequence_parallel_size", 1));
+  TESSERA_ASSIGN_OR_RETURN(auto micro, config_get<std::optional<int64_t>>(cfg, section + ".ppo_micro_batch_size"));
+  if (!micro) return Status();
+  if (*micro < 1 || mini % *micro != 0) {
+    return invalid(fmt::format("{0}.ppo_mini_batch_size = {1} must be divisible by {0}.ppo_micro_batch_size = {2}",
+                               section, mini, *micro));
+  }
+  if (*micro * sp < n_gpus) {
+    return invalid(fmt::format("{0}.ppo_micro_batch_size = {1} times {0}.ulysses_sequence_parallel_size = {2} must be "
+                               ">= the GPU count {3}", section, *micro, sp, n_gpus));
+  }
+  return Status();
+}
+
+Status check_micro_batch_settings(const nlohmann::json& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(bool actor_dyn, config_get<bool>(cfg, "actor_rollout_ref.actor.use_dynamic_bsz"));
+  if (!actor_dyn) {
+    TESSERA_RETURN_IF_ERROR(check_mutually_exclusive(cfg, "actor_rollout_ref.actor", "ppo_micro_batch_size"));
+    if (need_reference_policy(cfg)) {
+      TESSERA_RETURN_IF_ERROR(check_mutually_exclusive(cfg, "actor_rollout_ref.ref", "log_prob_micro_batch_size"));
+    }
+    TESSERA_RETURN_IF_ERROR(check_mutually_exclusive(cfg, "actor_rollout_ref.rollout", "log_prob_micro_batch_size"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(bool critic_dyn, config_get<bool>(cfg, "critic.use_dynamic_bsz"));
+  if (need_critic(cfg) && !critic_dyn) {
+    TESSERA_RETURN_IF_ERROR(check_mutually_exclusive(cfg, "critic", "ppo_micro_batch_size"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(bool rm, config_get<bool>(cfg, "reward_model.enable"));
+  TESSERA_ASSIGN_OR_RETURN(bool rm_dyn, config_get<bool>(cfg, "reward_model.use_dynamic_bsz"));
+  if (rm && !rm_dyn) TESSERA_RETURN_IF_ERROR(check_mutually_exclusive(cfg, "reward_model", "micro_batch_size"));
+  return Status();
+}
+
+Status check_sequence_parallel(const nlohmann::json& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t actor_sp,
+                           config_get_or<int64_t>(cfg, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1));
+  TESSERA_ASSIGN_OR_RETURN(int64_t ref_sp,
+                           config_get_or<int64_t>(cfg, "actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1));
+  TESSERA_ASSIGN_OR_RETURN(bool rmpad, config_get<bool>(cfg, "actor_rollout_ref.model.use_remove_padding"));
+  if ((actor_sp > 1 || ref_sp > 1) && !rmpad) {
+    return invalid(fmt::format("actor_rollout_ref.actor.ulysses_sequence_parallel_size = {} (ref {}) > 1 requires "
+                               "actor_rollout_ref.model.use_remove_padding = true", actor_sp, ref_sp));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int64_t critic_sp, config_get_or<int64_t>(cfg, "critic.ulysses_sequence_parallel_size", 1));
+  TESSERA_ASSIGN_OR_RETURN(bool critic_rmpad, config_get<bool>(cfg, "critic.model.use_remove_padding"));
+  if (need_critic(cfg) && critic_sp > 1 && !critic_rmpad) {
+    return invalid(fmt::format("critic.ulysses_sequence_parallel_size = {} > 1 requires "
+                               "critic.model.use_remove_padding = true", critic_sp));
+  }
+  return Status();
+}
+
+Status check_sampling_and_multi_turn(const nlohmann::json& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(bool val_sample, config_get<bool>(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample"));
+  TESSERA_ASSIGN_OR_RETURN(double temperature, config_get<double>(cfg, "actor_rollout_ref.rollout.temperature"));
+  if (val_sample && !(temperature > 0)) {
+    return invalid(fmt::format("actor_rollout_ref.rollout.val_kwargs.do_sample = true requires "
+                               "actor_rollout_ref.rollout.temperature > 0 (got {})", temperature));
+  }
+  TESSERA_ASSIGN_OR_RETURN(bool multi_turn, config_get<bool>(cfg, "actor_rollout_ref.rollout.multi_turn.enable"));
+  if (multi_turn) {
+    TESSERA_ASSIGN_OR_RETURN(auto tools, config_get<std::optional<std::string>>(
+                                             cfg, "actor_rollout_ref.rollout.multi_turn.tool_config_path"));
+    TESSERA_ASSIGN_OR_RETURN(auto inter, config_get<std::optional<std::string>>(
+                                             cfg, "actor_rollout_ref.rollout.multi_turn.interaction_config_path"));
+    if (!tools && !inter) {
+      return invalid("actor_rollout_ref.rollout.multi_turn.enable = true requires multi_turn.tool_config_path or "
+                     "multi_turn.interaction_config_path");
+    }
+  }
+  return Status();
+}
+
+Result<int64_t> gpu_count(const nlohmann::json& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t per_node, config_get<int64_t>(cfg, "trainer.n_gpus_per_node"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t nodes, config_get<int64_t>(cfg, "trainer.nnodes"));
+  if (per_node < 1 || nodes < 1) {
+    return invalid(fmt::format("trainer.n_gpus_per_node = {} and trainer.nnodes = {} must be >= 1", per_node, nodes));
+  }
+  return per_node * nodes;
+}
+
+Status check_common(const nlohmann::json& cfg) {
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "data.truncation", {"error", "left", "right", "middle"}));
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "trainer.resume_mode", {"auto", "resume_path", "disable"}));
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "trainer.device", {"cpu", "cuda"}));
+  TESSERA_ASSIGN_OR_RETURN(int64_t threads, config_get<int64_t>(cfg, "trainer.num_threads"));
+  if (threads < 0) return invalid(fmt::format("trainer.num_threads = {} must be >= 0", threads));
+  return Status();
+}
+
+// After interpolation: every known key's value must still fit its default's type. Keys that
+// are not in the schema were added with +key=... and are not checked.
+Status check_resolved_types(const nlohmann::json& value, const nlohmann::json& schema, const std::string& key) {
+  if (!value.is_object() || !schema.is_object() || schema.empty()) {
+    return internal::check_against_schema(value, &schema, key, "resolved config");
+  }
+  for (const auto& [name, child] : value.items()) {
+    auto it = schema.find(name);
+    if (it == schema.end()) continue;
+    TESSERA_RETURN_IF_ERROR(check_resolved_types(child, *it, key.empty() ? name : key + "." + name));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<nlohmann::json> config_schema(ConfigKind kind) {
+  const char* name = kind == ConfigKind::ppo ? "ppo_trainer.yaml (built in)" : "sft_trainer.yaml (built in)";
+  TESSERA_ASSIGN_OR_RETURN(nlohmann::json schema, yaml_to_json(default_config_yaml(kind), name));
+  TESSERA_RETURN_IF_ERROR(resolve_interpolations(schema));
+  return schema;
+}
+
+Result<nlohmann::json> load_config(ConfigKind kind, const std::filesystem::path& user_file,
+                                   const std::vector<std::string>& overrides) {
+  const char* name = kind == ConfigKind::ppo ? "ppo_trainer.yaml (built in)" : "sft_trainer.yaml (built in)";
+  TESSERA_ASSIGN_OR_RETURN(nlohmann::json cfg, yaml_to_json(default_config_yaml(kind), name));
+  TESSERA_ASSIGN_OR_RETURN(nlohmann::json schema, config_schema(kind));
+  if (!user_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(nlohmann::json user, read_yaml_file(user_file));
+    TESSERA_RETURN_IF_ERROR(merge_config(cfg, user, schema, user_file.string()));
+  }
+  for (const auto& o : overrides) TESSERA_RETURN_IF_ERROR(apply_override(cfg, o, schema));
+  TESSERA_RETURN_IF_ERROR(resolve_interpolations(cfg));
+  TESSERA_RETURN_IF_ERROR(check_resolved_types(cfg, schema, ""));
+  return cfg;
+}
+
+bool need_critic(const nlohmann::json& cfg) {
+  auto est = config_get<std::string>(cfg, "algorithm.adv_estimator");
+  return est.ok() && *est == "gae";
+}
+
+bool need_reference_policy(const nlohmann::json& cfg) {
+  auto in_reward = config_get<bool>(cfg, "algorithm.use_kl_in_reward");
+  auto kl_loss = config_get<bool>(cfg, "actor_rollout_ref.actor.use_kl_loss");
+  return (in_reward.ok() && *in_reward) || (kl_loss.ok() && *kl_loss);
+}
+
+Status validate_ppo_config(const nlohmann::json& cfg) {
+  TESSERA_RETURN_IF_ERROR(check_common(cfg));
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "algorithm.adv_estimator",
+                                       {"gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+                                        "rloo", "opo", "grpo_passk", "gpg"}));
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "actor_rollout_ref.actor.loss_agg_mode",
+                                       {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                        "seq-mean-token-sum-norm"}));
+  TESSERA_ASSIGN_OR_RETURN(int64_t n_gpus, gpu_count(cfg));
+  TESSERA_ASSIGN_OR_RETURN(int64_t tbs, config_get<int64_t>(cfg, "data.train_batch_size"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t n, config_get<int64_t>(cfg, "actor_rollout_ref.rollout.n"));
+  if (tbs < 1 || n < 1) {
+    return invalid(fmt::format("data.train_batch_size = {} and actor_rollout_ref.rollout.n = {} must be >= 1", tbs, n));
+  }
+  if ((tbs * n) % n_gpus != 0) {
+    return invalid(fmt::format("data.train_batch_size * actor_rollout_ref.rollout.n = {} * {} = {} must be divisible "
+                               "by trainer.nnodes * trainer.n_gpus_per_node = {}", tbs, n, tbs * n, n_gpus));
+  }
+  TESSERA_RETURN_IF_ERROR(check_micro_batch_settings(cfg));
+  TESSERA_ASSIGN_OR_RETURN(bool actor_dyn, config_get<bool>(cfg, "actor_rollout_ref.actor.use_dynamic_bsz"));
+  if (!actor_dyn) TESSERA_RETURN_IF_ERROR(check_mini_micro(cfg, "actor_rollout_ref.actor", tbs, n_gpus));
+  TESSERA_ASSIGN_OR_RETURN(bool critic_dyn, config_get<bool>(cfg, "critic.use_dynamic_bsz"));
+  if (need_critic(cfg) && !critic_dyn) TESSERA_RETURN_IF_ERROR(check_mini_micro(cfg, "critic", tbs, n_gpus));
+  TESSERA_RETURN_IF_ERROR(check_sequence_parallel(cfg));
+  TESSERA_RETURN_IF_ERROR(check_sampling_and_multi_turn(cfg));
+  TESSERA_ASSIGN_OR_RETURN(bool hybrid, config_get<bool>(cfg, "actor_rollout_ref.hybrid_engine"));
+  if (!hybrid) return invalid("actor_rollout_ref.hybrid_engine = false is not supported (verl requires true)");
+  return Status();
+}
+
+Status validate_sft_config(const nlohmann::json& cfg) {
+  TESSERA_RETURN_IF_ERROR(check_common(cfg));
+  TESSERA_ASSIGN_OR_RETURN(int64_t n_gpus, gpu_count(cfg));
+  TESSERA_ASSIGN_OR_RETURN(int64_t tbs, config_get<int64_t>(cfg, "data.train_batch_size"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t micro, config_get<int64_t>(cfg, "data.micro_batch_size_per_gpu"));
+  if (tbs < 1 || micro < 1) {
+    return invalid(fmt::format("data.train_batch_size = {} and data.micro_batch_size_per_gpu = {} must be >= 1", tbs,
+                               micro));
+  }
+  if (tbs % n_gpus != 0) {
+    return invalid(fmt::format("data.train_batch_size = {} must be divisible by trainer.nnodes * "
+                               "trainer.n_gpus_per_node = {}", tbs, n_gpus));
+  }
+  if ((tbs / n_gpus) % micro != 0) {
+    return invalid(fmt::format("data.train_batch_size / GPUs = {} / {} = {} must be divisible by "
+                               "data.micro_batch_size_per_gpu = {}", tbs, n_gpus, tbs / n_gpus, micro));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int64_t max_length, config_get<int64_t>(cfg, "data.max_length"));
+  if (max_length < 2) return invalid(fmt::format("data.max_length = {} must be >= 2", max_length));
+  return Status();
+}
+
+}  // namespace tessera::driver

@@ -1,0 +1,21 @@
+// jsonl.hpp: reading JSON-lines files with FILE:LINE errors (private to driver/).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "proto/status.hpp"
+
+namespace tessera::driver::internal {
+
+/// Calls `fn(row, where)` for each non-blank line of `path`, where `where` is "FILE:LINE".
+/// A line that is not a JSON object is an error "FILE:LINE: why"; errors from `fn` stop the scan.
+/// Parquet files (by extension) are refused with a hint to convert them.
+Status for_each_jsonl(const std::filesystem::path& path,
+                      const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn);
+
+}  // namespace tessera::driver::internal

@@ -1,0 +1,111 @@
+// logger.hpp: trainer.logger backends (verl's Tracking) and a live progress bar.
+//
+//   console  one line per step on stdout (or the given FILE*): "step:N - key:value - ..." with
+//            the key metrics (scores, rewards, losses, KL, entropy, lengths, step time, val-core)
+//   jsonl    <trainer.default_local_dir>/metrics.jsonl: one JSON object per step with "step" and
+//            every metric; appended (a resumed run continues the file), flushed after each line.
+//            Non-finite values are written as null (JSON has no NaN).
+// An unknown backend name is an error naming it. The progress bar redraws one line with "\r"
+// when its stream is a TTY, and prints a plain line per update otherwise.
+//
+// Thread-safety: none; the trainer's thread owns its loggers.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "driver/metrics.hpp"
+#include "proto/status.hpp"
+
+namespace tessera::driver {
+
+/// One logging backend.
+class MetricLogger {
+ public:
+  virtual ~MetricLogger() = default;
+  /// Records the metrics of `step`.
+  virtual Status log(const Metrics& metrics, int64_t step) = 0;
+};
+
+/// The console backend. `all_metrics` prints every metric instead of the key ones.
+class ConsoleLogger final : public MetricLogger {
+ public:
+  explicit ConsoleLogger(std::FILE* out = stdout, bool all_metrics = false) : out_(out), all_(all_metrics) {}
+  Status log(const Metrics& metrics, int64_t step) override;
+  /// The line log() prints (without the newline).
+  std::string format_line(const Metrics& metrics, int64_t step) const;
+
+ private:
+  std::FILE* out_;
+  bool all_;
+};
+
+/// The jsonl backend (see the header comment).
+class JsonlLogger final : public MetricLogger {
+ public:
+  /// Opens `path` for appending, creating its directory. Errors name the path.
+  static Result<std::unique_ptr<JsonlLogger>> open(const std::filesystem::path& path);
+  ~JsonlLogger() override;
+  Status log(const Metrics& metrics, int64_t step) override;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  JsonlLogger(std::filesystem::path path, std::FILE* file) : path_(std::move(path)), file_(file) {}
+  std::filesystem::path path_;
+  std::FILE* file_;
+};
+
+/// verl's Tracking: fans each log call out to the configured backends.
+class Tracking {
+ public:
+  /// Backends by name ("console", "jsonl"); jsonl writes <local_dir>/metrics.jsonl. Errors:
+  /// an unknown name ("trainer.logger: unknown logger 'wandb' (known: console, jsonl)").
+  static Result<Tracking> create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
+                                 std::FILE* console = stdout);
+  /// From trainer.logger and trainer.default_local_dir of a loaded config.
+  static Result<Tracking> from_config(const nlohmann::json& cfg, std::FILE* console = stdout);
+
+  /// Logs to every backend; the first error is returned after all were tried.
+  Status log(const Metrics& metrics, int64_t step);
+  /// Adds a backend (tests, custom sinks).
+  void add(std::unique_ptr<MetricLogger> logger) { loggers_.push_back(std::move(logger)); }
+
+ private:
+  std::vector<std::unique_ptr<MetricLogger>> loggers_;
+};
+
+/// A progress bar with ETA for `total` steps.
+class ProgressBar {
+ public:
+  /// `is_tty` defaults to isatty(fileno(out)); `now` (seconds) defaults to a steady clock.
+  ProgressBar(int64_t total, std::FILE* out = stderr, std::optional<bool> is_tty = std::nullopt,
+              std::function<double()> now = {});
+  /// Reports that `step` (1-based, <= total) finished, with a few metrics shown after the bar.
+  void update(int64_t step, const Metrics& metrics = {});
+  /// Ends the bar's line (TTY mode).
+  void finish();
+  /// The text of the bar for `step` at elapsed `seconds` (exposed for tests).
+  std::string render(int64_t step, double seconds, const Metrics& metrics) const;
+
+ private:
+  int64_t total_;
+  int64_t first_step_ = -1;  // steps before the first update (a resumed run) are not timed
+  std::FILE* out_;
+  bool tty_;
+  std::function<double()> now_;
+  double start_ = 0;
+  bool open_line_ = false;
+};
+
+/// "1:02:03" / "02:03" for a duration in seconds ("--:--" when not finite or negative).
+std::string format_duration(double seconds);
+
+}  // namespace tessera::driver

@@ -1,0 +1,125 @@
+// reward.hpp: rule-based scorers chosen by data_source, and verl's NaiveRewardManager.
+//
+// A scorer maps (data_source, solution_str, ground_truth, extra_info) to a score; it may also
+// return extra named values (verl: a dict with "score" plus other keys), which become
+// reward_extra_info columns. Built-in scorers (ScorerRegistry::with_builtins):
+//   "openai/gsm8k", "gsm8k"   verl's gsm8k.compute_score, method strict (last "#### N" in the
+//                             final 300 characters; ',' and '$' removed), format_score 0, score 1
+//   "gsm8k_flexible"          the same with method flexible (the last number in the text)
+//   "exact_match"             1.0 when the trimmed response equals the trimmed ground truth
+//   "numeric"                 1.0 when the last number in the response equals the ground truth
+//                             numerically (thousands commas allowed, "3.0" == 3)
+//   "tessera/arith"           the built-in demo task: 1.0 when the response's first integer
+//                             equals ground_truth, else 0.0; returns {score, acc, pred}
+// An unknown data_source is an error naming it (never a silent zero).
+//
+// NaiveRewardManager (verl/workers/reward_manager/naive.py): if the batch holds `rm_scores`
+// they are returned; otherwise, per row: decode the valid prompt / response tokens (skipping
+// special tokens), score by the row's data_source (column data.reward_fn_key) with
+// reward_model.ground_truth and extra_info, and write the score at the last valid response token
+// of a float32 [B, response_len] tensor (index -1, i.e. the last column, when the response is
+// empty: verl's Python indexing).
+//
+// Thread-safety: a ScorerRegistry is read-only after setup; scorers must be pure functions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "proto/data_proto.hpp"
+#include "proto/status.hpp"
+#include "workers/models/tokenizer.hpp"
+
+namespace tessera::driver {
+
+/// What a scorer sees for one sample.
+struct ScoreInput {
+  std::string_view data_source;
+  std::string_view solution_str;    ///< The decoded response.
+  const nlohmann::json& ground_truth;  ///< reward_model.ground_truth (string or number).
+  const nlohmann::json& extra_info;    ///< The row's extra_info (null when absent).
+};
+
+/// A scorer's answer: the score, plus extra values (a JSON object; empty for a plain float).
+struct ScoreResult {
+  double score = 0.0;
+  nlohmann::json extra = nlohmann::json::object();  ///< verl's dict keys other than "score".
+};
+
+/// A scoring function. Errors (e.g. a ground truth of the wrong type) name the sample's fields.
+using ScoreFn = std::function<Result<ScoreResult>(const ScoreInput&)>;
+
+/// data_source -> scorer.
+class ScorerRegistry {
+ public:
+  /// An empty registry.
+  ScorerRegistry() = default;
+  /// The built-in scorers listed in the header comment.
+  static ScorerRegistry with_builtins();
+
+  /// Registers `fn` for `data_source`; already_exists if the name is taken.
+  Status add(const std::string& data_source, ScoreFn fn);
+  /// The scorer for `data_source`; not_found names it and the known names.
+  Result<ScoreFn> find(std::string_view data_source) const;
+  /// Registered names, sorted.
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, ScoreFn, std::less<>> scorers_;
+};
+
+/// verl's gsm8k extraction methods.
+enum class Gsm8kMethod { strict, flexible };
+
+/// verl's gsm8k.extract_solution (None -> nullopt).
+std::optional<std::string> gsm8k_extract_solution(std::string_view solution_str, Gsm8kMethod method);
+
+/// verl's gsm8k.compute_score: 0 if nothing is extracted, `score` if the extracted answer equals
+/// `ground_truth` (as strings), else `format_score`.
+double gsm8k_compute_score(std::string_view solution_str, std::string_view ground_truth,
+                           Gsm8kMethod method = Gsm8kMethod::strict, double format_score = 0.0, double score = 1.0);
+
+/// The last number in `text` ("-1,234.5" -> -1234.5), or nullopt.
+std::optional<double> last_number(std::string_view text);
+/// The first integer in `text` ("-12" -> -12), or nullopt.
+std::optional<int64_t> first_integer(std::string_view text);
+
+/// What NaiveRewardManager returns (verl: reward_tensor + reward_extra_info with return_dict).
+struct RewardOutput {
+  at::Tensor reward_tensor;  ///< float32 [B, response_len]
+  /// Per extra key, one value per row (verl's defaultdict(list)); includes "score" when the
+  /// scorer returned extra values.
+  std::map<std::string, std::vector<nlohmann::json>> reward_extra_info;
+};
+
+/// Options of NaiveRewardManager.
+struct RewardManagerOptions {
+  int64_t num_examine = 0;                   ///< Rows printed per data source (stderr).
+  std::string reward_fn_key = "data_source";  ///< data.reward_fn_key.
+};
+
+/// verl's NaiveRewardManager.
+class NaiveRewardManager {
+ public:
+  NaiveRewardManager(models::Tokenizer tokenizer, ScorerRegistry scorers, RewardManagerOptions options = {});
+
+  /// Scores `data`, which needs tensors prompts [B,P], responses [B,R], attention_mask [B,P+R]
+  /// and columns <reward_fn_key> (strings) and reward_model (JSON with ground_truth); extra_info
+  /// is optional. Errors name the missing key, the row and its data_source.
+  Result<RewardOutput> operator()(const proto::DataProto& data) const;
+
+ private:
+  models::Tokenizer tokenizer_;
+  ScorerRegistry scorers_;
+  RewardManagerOptions options_;
+};
+
+}  // namespace tessera::driver

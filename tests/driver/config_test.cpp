@@ -1,0 +1,283 @@
+// Config: defaults, user file merge, typed Hydra overrides, interpolations, and verl's
+// _validate_config rules, each error one line naming the key.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "driver/config.hpp"
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+
+// A config that passes verl's rules on 2 GPUs: micro batch sizes set, small batches.
+std::vector<std::string> valid_overrides() {
+  return {"data.train_batch_size=8",
+          "trainer.n_gpus_per_node=2",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+          "critic.ppo_micro_batch_size_per_gpu=2"};
+}
+
+json load_ok(std::vector<std::string> overrides) {
+  auto cfg = load_config(ConfigKind::ppo, {}, overrides);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
+  return cfg.ok() ? *cfg : json();
+}
+
+std::string load_error(std::vector<std::string> overrides, const std::filesystem::path& file = {}) {
+  auto cfg = load_config(ConfigKind::ppo, file, overrides);
+  EXPECT_FALSE(cfg.ok());
+  std::string msg = cfg.status().message();
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  return msg;
+}
+
+std::string validate_error(std::vector<std::string> extra) {
+  auto overrides = valid_overrides();
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  json cfg = load_ok(overrides);
+  Status st = validate_ppo_config(cfg);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+  return st.message();
+}
+
+std::filesystem::path write_temp(const std::string& name, const std::string& text) {
+  auto dir = std::filesystem::temp_directory_path() / ("tessera_config_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = dir / name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Config, DefaultsHaveVerlValues) {
+  json cfg = load_ok({});
+  EXPECT_EQ(cfg["data"]["train_batch_size"], 1024);
+  EXPECT_EQ(cfg["data"]["max_prompt_length"], 512);
+  EXPECT_EQ(cfg["data"]["truncation"], "error");
+  EXPECT_EQ(cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"], 256);
+  EXPECT_DOUBLE_EQ(cfg["actor_rollout_ref"]["actor"]["optim"]["lr"].get<double>(), 1e-6);
+  EXPECT_DOUBLE_EQ(cfg["critic"]["optim"]["lr"].get<double>(), 1e-5);
+  EXPECT_EQ(cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"], "vanilla");
+  EXPECT_EQ(cfg["algorithm"]["kl_ctrl"]["type"], "fixed");
+  EXPECT_EQ(cfg["algorithm"]["adv_estimator"], "gae");
+  EXPECT_EQ(cfg["trainer"]["total_epochs"], 30);
+  EXPECT_TRUE(cfg["trainer"]["total_training_steps"].is_null());
+  EXPECT_EQ(cfg["cluster"]["agents"], json::array());
+  EXPECT_EQ(cfg["trainer"]["num_threads"], 0);
+  EXPECT_EQ(cfg["actor_rollout_ref"]["rollout"]["n"], 1);
+  EXPECT_EQ(cfg["actor_rollout_ref"]["rollout"]["val_kwargs"]["do_sample"], false);
+}
+
+TEST(Config, InterpolationsResolveAfterOverrides) {
+  json cfg = load_ok({"data.max_prompt_length=64", "trainer.project_name=p", "trainer.experiment_name=e",
+                      "critic.ppo_max_token_len_per_gpu=999", "actor_rollout_ref.rollout.n=4"});
+  EXPECT_EQ(cfg["actor_rollout_ref"]["rollout"]["prompt_length"], 64);
+  EXPECT_EQ(cfg["trainer"]["default_local_dir"], "checkpoints/p/e");
+  EXPECT_EQ(cfg["critic"]["forward_max_token_len_per_gpu"], 999);  // ${.ppo_max_token_len_per_gpu}
+  EXPECT_EQ(cfg["critic"]["rollout_n"], 4);
+  EXPECT_EQ(cfg["actor_rollout_ref"]["actor"]["checkpoint"]["load_contents"],
+            json::array({"model", "optimizer", "extra"}));
+  // reward_model.use_dynamic_bsz -> critic.use_dynamic_bsz -> actor.use_dynamic_bsz (a chain).
+  json chained = load_ok({"actor_rollout_ref.actor.use_dynamic_bsz=true"});
+  EXPECT_EQ(chained["reward_model"]["use_dynamic_bsz"], true);
+}
+
+TEST(Config, OverridesAreTyped) {
+  json cfg = load_ok({"actor_rollout_ref.actor.optim.lr=3e-4", "trainer.logger=[console,jsonl]",
+                      "data.shuffle=False", "trainer.total_training_steps=7", "data.val_batch_size=null",
+                      "trainer.experiment_name='123'", "algorithm.gamma=1", "cluster.agents=[a:1,b:2]",
+                      "+trainer.extra_key=2.5", "++data.new_thing=[1, 2.5, x]"});
+  EXPECT_DOUBLE_EQ(cfg["actor_rollout_ref"]["actor"]["optim"]["lr"].get<double>(), 3e-4);
+  EXPECT_EQ(cfg["trainer"]["logger"], json::array({"console", "jsonl"}));
+  EXPECT_EQ(cfg["data"]["shuffle"], false);
+  EXPECT_EQ(cfg["trainer"]["total_training_steps"], 7);
+  EXPECT_TRUE(cfg["data"]["val_batch_size"].is_null());
+  EXPECT_EQ(cfg["trainer"]["experiment_name"], "123");  // quoted: stays a string
+  EXPECT_EQ(cfg["algorithm"]["gamma"], 1);             // a float key accepts an integer
+  EXPECT_EQ(cfg["cluster"]["agents"], json::array({"a:1", "b:2"}));
+  EXPECT_DOUBLE_EQ(cfg["trainer"]["extra_key"].get<double>(), 2.5);
+  EXPECT_EQ(cfg["data"]["new_thing"], json::array({1, 2.5, "x"}));
+  EXPECT_EQ(*config_get<double>(cfg, "algorithm.gamma"), 1.0);
+}
+
+TEST(Config, OverrideValueParsing) {
+  EXPECT_EQ(*parse_override_value("12"), json(12));
+  EXPECT_EQ(*parse_override_value("-3"), json(-3));
+  EXPECT_EQ(*parse_override_value(".5"), json(0.5));
+  EXPECT_EQ(*parse_override_value("1e-6"), json(1e-6));
+  EXPECT_EQ(*parse_override_value("TRUE"), json(true));
+  EXPECT_EQ(*parse_override_value("~"), json(nullptr));
+  EXPECT_EQ(*parse_override_value("abc/def.jsonl"), json("abc/def.jsonl"));
+  EXPECT_EQ(*parse_override_value("\"007\""), json("007"));
+  EXPECT_EQ(*parse_override_value("[]"), json::array());
+  EXPECT_EQ(*parse_override_value("{a: 1, b: [x]}"), json({{"a", 1}, {"b", {"x"}}}));
+  EXPECT_FALSE(parse_override_value("[1, 2").ok());
+}
+
+TEST(Config, UnknownKeyNamesTheKey) {
+  std::string msg = load_error({"actor_rollout_ref.actor.ppo_mini_batch_sise=3"});
+  EXPECT_NE(msg.find("actor_rollout_ref.actor.ppo_mini_batch_sise"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean 'ppo_mini_batch_size'"), std::string::npos) << msg;
+  msg = load_error({"nosuch.section=1"});
+  EXPECT_NE(msg.find("'nosuch.section'"), std::string::npos) << msg;
+  msg = load_error({"+trainer.total_epochs=3"});  // + on an existing key
+  EXPECT_NE(msg.find("trainer.total_epochs"), std::string::npos) << msg;
+  msg = load_error({"~trainer.not_there"});
+  EXPECT_NE(msg.find("trainer.not_there"), std::string::npos) << msg;
+  msg = load_error({"trainer.total_epochs"});
+  EXPECT_NE(msg.find("key=value"), std::string::npos) << msg;
+}
+
+TEST(Config, WrongTypeNamesTheKey) {
+  std::string msg = load_error({"data.train_batch_size=abc"});
+  EXPECT_NE(msg.find("data.train_batch_size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("an integer"), std::string::npos) << msg;
+  msg = load_error({"data.train_batch_size=1.5"});
+  EXPECT_NE(msg.find("data.train_batch_size"), std::string::npos) << msg;
+  msg = load_error({"data.shuffle=3"});
+  EXPECT_NE(msg.find("data.shuffle"), std::string::npos) << msg;
+  msg = load_error({"trainer.logger=console"});
+  EXPECT_NE(msg.find("trainer.logger"), std::string::npos) << msg;
+  msg = load_error({"algorithm.kl_ctrl=5"});
+  EXPECT_NE(msg.find("algorithm.kl_ctrl"), std::string::npos) << msg;
+}
+
+TEST(Config, UserFileMergesOverDefaults) {
+  auto file = write_temp("user.yaml",
+                         "data:\n  train_batch_size: 16\n  max_prompt_length: 32\n"
+                         "actor_rollout_ref:\n  actor:\n    _target_: verl.Something\n    optim:\n      lr: 2.0e-5\n"
+                         "trainer:\n  logger: [jsonl]\n  project_name: proj\n");
+  auto cfg = load_config(ConfigKind::ppo, file, {"data.train_batch_size=32"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_EQ((*cfg)["data"]["train_batch_size"], 32);  // override beats file
+  EXPECT_EQ((*cfg)["data"]["max_prompt_length"], 32);
+  EXPECT_EQ((*cfg)["data"]["max_response_length"], 512);  // default kept beside merged keys
+  EXPECT_DOUBLE_EQ((*cfg)["actor_rollout_ref"]["actor"]["optim"]["lr"].get<double>(), 2e-5);
+  EXPECT_EQ((*cfg)["actor_rollout_ref"]["actor"]["optim"]["weight_decay"], 0.01);
+  EXPECT_FALSE((*cfg)["actor_rollout_ref"]["actor"].contains("_target_"));
+  EXPECT_EQ((*cfg)["actor_rollout_ref"]["rollout"]["prompt_length"], 32);
+  EXPECT_EQ((*cfg)["trainer"]["default_local_dir"], "checkpoints/proj/gsm8k");
+}
+
+TEST(Config, UserFileErrorsNameFileAndKey) {
+  auto bad_key = write_temp("bad_key.yaml", "trainer:\n  totl_epochs: 3\n");
+  std::string msg = load_error({}, bad_key);
+  EXPECT_NE(msg.find("bad_key.yaml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("trainer.totl_epochs"), std::string::npos) << msg;
+  auto bad_yaml = write_temp("bad_yaml.yaml", "trainer:\n  total_epochs: [1, 2\n");
+  msg = load_error({}, bad_yaml);
+  EXPECT_NE(msg.find("bad_yaml.yaml:"), std::string::npos) << msg;
+  msg = load_error({}, "/nonexistent/cfg.yaml");
+  EXPECT_NE(msg.find("/nonexistent/cfg.yaml"), std::string::npos) << msg;
+  auto bad_type = write_temp("bad_type.yaml", "critic:\n  optim:\n    lr: fast\n");
+  msg = load_error({}, bad_type);
+  EXPECT_NE(msg.find("critic.optim.lr"), std::string::npos) << msg;
+}
+
+TEST(Config, InterpolationErrors) {
+  std::string msg = load_error({"trainer.project_name=${oc.env:HOME}"});
+  EXPECT_NE(msg.find("oc.env"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("trainer.project_name"), std::string::npos) << msg;
+  msg = load_error({"trainer.project_name=${no.such.key}"});
+  EXPECT_NE(msg.find("no.such.key"), std::string::npos) << msg;
+  msg = load_error({"+trainer.a=${trainer.b}", "+trainer.b=${trainer.a}"});
+  EXPECT_NE(msg.find("cycle"), std::string::npos) << msg;
+  // An interpolation that produces the wrong type is caught after resolution.
+  // (The first key in sorted order that holds the bad value is named: here the rollout's copy.)
+  msg = load_error({"data.max_prompt_length=${trainer.project_name}"});
+  EXPECT_NE(msg.find("prompt_length' must be an integer"), std::string::npos) << msg;
+  // oc.select with a default.
+  json cfg = load_ok({"+trainer.sel=${oc.select:trainer.missing,17}", "+trainer.sel2=${oc.select:data.prompt_key,x}"});
+  EXPECT_EQ(cfg["trainer"]["sel"], 17);
+  EXPECT_EQ(cfg["trainer"]["sel2"], "prompt");
+}
+
+TEST(Config, ValidConfigPasses) {
+  json cfg = load_ok(valid_overrides());
+  EXPECT_TRUE(validate_ppo_config(cfg).ok()) << validate_ppo_config(cfg).to_string();
+  EXPECT_TRUE(need_critic(cfg));
+  EXPECT_FALSE(need_reference_policy(cfg));
+}
+
+TEST(Config, ValidateRulesNameKeys) {
+  std::string msg = validate_error({"actor_rollout_ref.rollout.n=3", "data.train_batch_size=7"});
+  EXPECT_NE(msg.find("data.train_batch_size * actor_rollout_ref.rollout.n = 7 * 3 = 21"), std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.actor.ppo_micro_batch_size=2"});
+  EXPECT_NE(msg.find("actor_rollout_ref.actor.ppo_micro_batch_size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("both"), std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"});
+  EXPECT_NE(msg.find("set one of 'actor_rollout_ref.actor.ppo_micro_batch_size'"), std::string::npos) << msg;
+  msg = validate_error({"critic.ppo_micro_batch_size_per_gpu=null"});
+  EXPECT_NE(msg.find("[critic]"), std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.actor.ppo_mini_batch_size=16"});
+  EXPECT_NE(msg.find("data.train_batch_size = 8 must be >= actor_rollout_ref.actor.ppo_mini_batch_size = 16"),
+            std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.actor.loss_agg_mode=sum"});
+  EXPECT_NE(msg.find("actor_rollout_ref.actor.loss_agg_mode"), std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.temperature=0"});
+  EXPECT_NE(msg.find("actor_rollout_ref.rollout.temperature"), std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"});
+  EXPECT_NE(msg.find("use_remove_padding"), std::string::npos) << msg;
+  msg = validate_error({"data.truncation=sideways"});
+  EXPECT_NE(msg.find("data.truncation"), std::string::npos) << msg;
+  msg = validate_error({"algorithm.adv_estimator=magic"});
+  EXPECT_NE(msg.find("algorithm.adv_estimator"), std::string::npos) << msg;
+  msg = validate_error({"trainer.resume_mode=sometimes"});
+  EXPECT_NE(msg.find("trainer.resume_mode"), std::string::npos) << msg;
+  // The deprecated global micro batch: mini % micro and micro * sp >= GPUs.
+  msg = validate_error({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size=3"});
+  EXPECT_NE(msg.find("divisible by actor_rollout_ref.actor.ppo_micro_batch_size = 3"), std::string::npos) << msg;
+  msg = validate_error({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size=1", "trainer.n_gpus_per_node=4"});
+  EXPECT_NE(msg.find("GPU count 4"), std::string::npos) << msg;
+}
+
+TEST(Config, GrpoNeedsNoCriticMicroBatch) {
+  auto overrides = valid_overrides();
+  overrides.push_back("algorithm.adv_estimator=grpo");
+  overrides.push_back("critic.ppo_micro_batch_size_per_gpu=null");
+  overrides.push_back("actor_rollout_ref.actor.use_kl_loss=true");
+  json cfg = load_ok(overrides);
+  EXPECT_FALSE(need_critic(cfg));
+  EXPECT_TRUE(need_reference_policy(cfg));
+  EXPECT_TRUE(validate_ppo_config(cfg).ok()) << validate_ppo_config(cfg).to_string();
+}
+
+TEST(Config, SftDefaultsAndRules) {
+  auto cfg = load_config(ConfigKind::sft, {}, {"trainer.n_gpus_per_node=2", "data.train_batch_size=8"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_EQ((*cfg)["data"]["prompt_key"], "question");
+  EXPECT_EQ((*cfg)["data"]["response_key"], "answer");
+  EXPECT_EQ((*cfg)["trainer"]["checkpoint"]["load_contents"], json::array({"model", "optimizer", "extra"}));
+  EXPECT_TRUE(validate_sft_config(*cfg).ok()) << validate_sft_config(*cfg).to_string();
+  auto bad = load_config(ConfigKind::sft, {}, {"trainer.n_gpus_per_node=2", "data.train_batch_size=12"});
+  ASSERT_TRUE(bad.ok());
+  Status st = validate_sft_config(*bad);
+  EXPECT_NE(st.message().find("data.micro_batch_size_per_gpu = 4"), std::string::npos) << st.message();
+}
+
+TEST(Config, TypedGetters) {
+  json cfg = load_ok({});
+  EXPECT_EQ(*config_get<int64_t>(cfg, "data.train_batch_size"), 1024);
+  EXPECT_EQ(*config_get<std::string>(cfg, "data.prompt_key"), "prompt");
+  EXPECT_FALSE(config_get<std::optional<int64_t>>(cfg, "trainer.total_training_steps")->has_value());
+  EXPECT_EQ(*config_get_or<int64_t>(cfg, "data.seed", 1), 1);
+  auto missing = config_get<int64_t>(cfg, "data.nope");
+  EXPECT_EQ(missing.status().code(), ErrorCode::not_found);
+  EXPECT_NE(missing.status().message().find("data.nope"), std::string::npos);
+  auto wrong = config_get<int64_t>(cfg, "data.prompt_key");
+  EXPECT_NE(wrong.status().message().find("data.prompt_key"), std::string::npos);
+  auto list = config_get<std::vector<std::string>>(cfg, "trainer.logger");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 2u);
+}
+
+}  // namespace
+}  // namespace tessera::driver

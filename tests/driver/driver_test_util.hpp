@@ -1,0 +1,58 @@
+// Shared helpers for the driver tests: temp dirs, files and the golden Qwen3 tokenizer.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "workers/models/tokenizer.hpp"
+
+namespace tessera::driver::testing {
+
+/// A fresh directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    static int counter = 0;
+    path_ = std::filesystem::temp_directory_path() /
+            ("tessera_driver_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  /// Writes `text` to path()/name and returns the path.
+  std::filesystem::path write(const std::string& name, const std::string& text) const {
+    auto p = path_ / name;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// $TESSERA_SHARED_DIR/golden/qwen3-tokenizer, loaded once.
+inline const models::Tokenizer& qwen3_tokenizer() {
+  static const models::Tokenizer tok = [] {
+    const char* shared = std::getenv("TESSERA_SHARED_DIR");
+    std::filesystem::path dir = std::filesystem::path(shared ? shared : "/work/shared") / "golden" / "qwen3-tokenizer";
+    auto t = models::Tokenizer::from_dir(dir);
+    if (!t.ok()) {
+      ADD_FAILURE() << t.status().to_string();
+      std::abort();
+    }
+    return std::move(t).value();
+  }();
+  return tok;
+}
+
+}  // namespace tessera::driver::testing
