@@ -13,8 +13,20 @@ namespace tessera::app {
 /// Exit code set by whichever subcommand ran (0 on success).
 int& exit_code();
 
-/// `tessera demo` (and later: train, sft, repl, generate, plot, export).
+/// `tessera train`, `sft`, `demo`, `generate` (app/cmd_driver.cpp calls the four below).
 void add_driver_commands(CLI::App& app);
+
+/// `tessera train CONFIG [overrides]` (app/cmd_train.cpp).
+void add_train_command(CLI::App& app);
+
+/// `tessera sft CONFIG [overrides]` (app/cmd_sft.cpp).
+void add_sft_command(CLI::App& app);
+
+/// `tessera demo [overrides]` (app/cmd_demo.cpp).
+void add_demo_command(CLI::App& app);
+
+/// `tessera generate --model DIR --prompt TEXT` (app/cmd_generate.cpp).
+void add_generate_command(CLI::App& app);
 
 /// `tessera tokenize` (app/cmd_tokenize.cpp).
 void add_tokenizer_commands(CLI::App& app);

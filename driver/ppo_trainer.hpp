@@ -19,7 +19,9 @@
 // group samples, and determinism makes resumed runs comparable.
 //
 // Checkpoints follow verl's layout through CheckpointManager; the driver state (trainer_state.json)
-// holds global_step and the KL controller's coefficient, data.json the dataloader position.
+// records global_step and the KL controller's coefficient, data.json the dataloader position. On
+// resume the workers' checkpoints and the dataloader position are restored; an adaptive KL
+// coefficient restarts from algorithm.kl_ctrl.kl_coef, as in verl v0.5.0.
 //
 // Thread contract: one driver thread owns a trainer.
 #pragma once

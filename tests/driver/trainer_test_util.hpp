@@ -1,0 +1,97 @@
+// Shared helpers for the trainer tests: a tiny model + demo datasets in a temp dir, small PPO /
+// GRPO / SFT override lists, and the worker registry (every worker type plus "sft").
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "driver/config.hpp"
+#include "driver/demo_task.hpp"
+#include "driver/metrics.hpp"
+#include "runtime/worker.hpp"
+#include "tests/driver/driver_test_util.hpp"
+#include "workers/models/init_model.hpp"
+#include "workers/registry.hpp"
+#include "workers/sft_worker.hpp"
+
+namespace tessera::driver::testing {
+
+/// Every worker type Tessera ships plus "sft" (what app/worker_types.cpp registers).
+inline const runtime::WorkerTypeRegistry& trainer_registry() {
+  static const runtime::WorkerTypeRegistry registry = [] {
+    runtime::WorkerTypeRegistry r;
+    EXPECT_TRUE(workers::register_worker_types(r).ok());
+    EXPECT_TRUE(workers::register_sft_worker(r).ok());
+    return r;
+  }();
+  return registry;
+}
+
+/// A tiny Qwen2 (hidden 32, 2 layers) with the demo's character tokenizer in dir/model, and the
+/// demo datasets (small) in dir/data.
+inline void make_tiny_run(const std::filesystem::path& dir) {
+  models::InitModelOptions o;
+  o.arch = "qwen2", o.hidden = 32, o.layers = 2, o.heads = 4, o.kv_heads = 2, o.seed = 7, o.max_position = 64;
+  o.tokenizer = std::string("chars:") + kDemoAlphabet;
+  o.out = (dir / "model").string();
+  ASSERT_TRUE(models::init_model(o).ok());
+  DemoTaskOptions t;
+  t.rl_train_size = 64, t.rl_val_size = 8, t.sft_train_size = 64, t.sft_val_size = 10;
+  ASSERT_TRUE(write_demo_datasets(t, (dir / "data").string()).ok());
+}
+
+/// Overrides for a 2-rank CPU run of `steps` steps over make_tiny_run(dir)'s files.
+inline std::vector<std::string> tiny_ppo_overrides(const std::filesystem::path& dir, const std::string& estimator,
+                                                   int steps) {
+  const std::string d = dir.string();
+  std::vector<std::string> o = {
+      "data.train_files=" + d + "/data/rl_train.jsonl", "data.val_files=" + d + "/data/rl_val.jsonl",
+      "data.max_prompt_length=24", "data.max_response_length=4", "data.train_batch_size=4",
+      "actor_rollout_ref.model.path=" + d + "/model", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.optim.lr=1e-3",
+      "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.dtype=float32",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.max_num_seqs=16",
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+      "++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+      "++actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
+      "algorithm.adv_estimator=" + estimator, "trainer.n_gpus_per_node=2", "trainer.device=cpu",
+      "trainer.num_threads=1", "trainer.total_epochs=1", "trainer.total_training_steps=" + std::to_string(steps),
+      "trainer.test_freq=2", "trainer.val_before_train=true", "trainer.logger=[jsonl]",
+      "trainer.default_local_dir=" + d + "/run", "trainer.resume_mode=disable"};
+  if (estimator == "gae") {
+    for (const char* s : {"critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-3",
+                          "++critic.model.fsdp_config.mixed_precision.param_dtype=fp32"}) {
+      o.push_back(s);
+    }
+    o.push_back("critic.model.path=" + d + "/model");
+  }
+  return o;
+}
+
+/// Overrides for a 2-rank CPU SFT run of `steps` steps over make_tiny_run(dir)'s files.
+inline std::vector<std::string> tiny_sft_overrides(const std::filesystem::path& dir, int steps) {
+  const std::string d = dir.string();
+  return {"data.train_files=" + d + "/data/sft_train.jsonl", "data.val_files=" + d + "/data/sft_val.jsonl",
+          "data.prompt_key=prompt", "data.response_key=response", "data.max_length=32", "data.train_batch_size=8",
+          "data.micro_batch_size_per_gpu=2", "model.partial_pretrain=" + d + "/model", "optim.lr=1e-3",
+          "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0.0", "trainer.n_gpus_per_node=2",
+          "trainer.device=cpu", "trainer.num_threads=1", "trainer.total_training_steps=" + std::to_string(steps),
+          "trainer.logger=[jsonl]", "trainer.default_local_dir=" + d + "/sft", "trainer.resume_mode=disable"};
+}
+
+/// The metrics that depend only on the data and the model (no timing, throughput or memory).
+inline Metrics deterministic_metrics(const Metrics& m) {
+  Metrics out;
+  for (const auto& [k, v] : m) {
+    if (k.rfind("timing", 0) == 0 || k.rfind("perf/", 0) == 0) continue;
+    out[k] = v;
+  }
+  return out;
+}
+
+}  // namespace tessera::driver::testing
