@@ -232,7 +232,6 @@ class SftWorker : public dispatch::WorkerBase {
     const double local_tokens = b.loss_mask.narrow(1, 0, b.loss_mask.size(1) - 1).sum().item<double>();
     TESSERA_ASSIGN_OR_RETURN(double global_tokens, world_sum(local_tokens));
     const int64_t rows = b.input_ids.size(0), micro = config_.micro_batch_size_per_gpu;
-    const double lr = module_->lr();
     double loss_sum = 0.0;
     try {
       for (int64_t start = 0; start < rows; start += micro) {
@@ -247,7 +246,9 @@ class SftWorker : public dispatch::WorkerBase {
     if (!train) return metrics_proto(json{{"val/loss", loss}});
     TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module_->clip_and_step(config_.grad_clip));
     module_->engine().lr_scheduler_step();
-    return metrics_proto(json{{"train/loss", loss}, {"train/lr", lr}, {"train/grad_norm", step.grad_norm}});
+    // verl's SFT trainer logs lr_scheduler.get_last_lr() after stepping the schedule.
+    return metrics_proto(json{{"train/loss", loss}, {"train/lr", module_->engine().current_lr()},
+                              {"train/grad_norm", step.grad_norm}});
   }
 
   Status save_checkpoint(const SaveCheckpointArgs& args) {
