@@ -225,7 +225,8 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
   double reshard = 0;
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, generate_with_sharding(in, reshard));
   const double generate_seconds = timer.seconds();
-  if (actor_ && out.size() > 0) {
+  const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
+  if (actor_ && out.size() > 0 && !(recompute.is_boolean() && !recompute.get<bool>())) {
     // The seed: "the actor model will recompute the old log prob for the generated response".
     TESSERA_ASSIGN_OR_RETURN(proto::DataProto lp, compute_log_prob(out));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor old, lp.tensor("old_log_probs"));

@@ -8,7 +8,8 @@
 //                                           the actor recomputes `old_log_probs` for the
 //                                           generated responses (the seed's "recompute old log
 //                                           prob", with meta_info.temperature as compute_log_prob
-//                                           sets it). meta_info.metrics holds timing_s/reshard,
+//                                           sets it; skipped when the prompts' meta_info has
+//                                           recompute_log_prob = false, verl's validation flag). meta_info.metrics holds timing_s/reshard,
 //                                           timing_s/generate_sequences (reshard included, as
 //                                           verl's timer) and perf/cpu_memory_used_gb; the driver
 //                                           pops them like verl pops meta_info["timing"].

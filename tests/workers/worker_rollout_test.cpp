@@ -118,6 +118,11 @@ TEST(ActorRolloutRefWorker, GenerateSequencesRecomputesOldLogProbsEqualToRollout
   auto lp = w->compute_log_prob(*out);
   ASSERT_TRUE(lp.ok()) << lp.status().to_string();
   EXPECT_EQ(max_diff(*lp->tensor("old_log_probs"), old_lp), 0.0);
+  // verl's validation flag skips the recompute.
+  prompts.meta_info()["recompute_log_prob"] = false;
+  auto val = w->generate_sequences(prompts);
+  ASSERT_TRUE(val.ok()) << val.status().to_string();
+  EXPECT_FALSE(val->tensor("old_log_probs").ok());
 }
 
 TEST(ActorRolloutRefWorker, RolloutOnlyRoleGeneratesWithoutRecompute) {

@@ -25,6 +25,17 @@ at::Tensor swap_default_rng_state(const at::Tensor& new_state) {
   return old;
 }
 
+// Only one manager of the process holds the default generator swapped at a time (several ranks
+// share one process in the embedded runtime; interleaved swaps would lose the training state).
+std::mutex& swap_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+bool& swap_held() {
+  static bool held = false;
+  return held;
+}
+
 at::Tensor seeded_rng_state(uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -146,7 +157,14 @@ Status FsdpShardingManager::enter() {
     st = fsdp_.offload_params();
     if (!st.ok()) return fail(st);
   }
-  training_rng_state_ = swap_default_rng_state(generation_rng_state_);
+  {
+    std::lock_guard<std::mutex> lock(swap_mutex());
+    if (!swap_held()) {
+      training_rng_state_ = swap_default_rng_state(generation_rng_state_);
+      swap_held() = true;
+      swapped_ = true;
+    }
+  }
   entered_ = true;
   stats_.reshard_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status();
@@ -156,8 +174,13 @@ Status FsdpShardingManager::exit() {
   if (!entered_) return Status();
   entered_ = false;
   try {
-    generation_rng_state_ = swap_default_rng_state(training_rng_state_);
-    training_rng_state_ = at::Tensor();
+    if (swapped_) {
+      std::lock_guard<std::mutex> lock(swap_mutex());
+      generation_rng_state_ = swap_default_rng_state(training_rng_state_);
+      training_rng_state_ = at::Tensor();
+      swap_held() = false;
+      swapped_ = false;
+    }
     free_rollout_weights();
     gathered_.clear();
     return Status();

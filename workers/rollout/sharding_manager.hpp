@@ -15,6 +15,10 @@
 //      the shards);
 //   5. swaps the process's default CPU generator to the generation RNG state (seeded with
 //      generation_seed = dp_rank + 1000 at construction, like verl, so TP peers sample alike).
+//      The default generator is process-wide: when several ranks share a process (the embedded
+//      runtime), only one manager at a time holds it swapped and the others leave it alone, so the
+//      training state is always restored. Sampling itself is unaffected: the engine draws from its
+//      own per-rank generator (EngineOptions::seed).
 // exit(): stores the generation RNG state and restores the training one, points every engine
 // parameter at a one-element broadcast view (its shape kept) and drops the gathered buffers, so their memory is freed (the KV
 // cache never outlives a generate_sequences call; free_cache_engine is implied). Afterwards the
@@ -97,6 +101,7 @@ class FsdpShardingManager {
   at::Tensor generation_rng_state_;
   at::Tensor training_rng_state_;
   bool entered_ = false;
+  bool swapped_ = false;  // this manager holds the process's default generator swapped
   ReshardStats stats_;
 };
 
