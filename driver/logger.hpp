@@ -88,6 +88,9 @@ class ProgressBar {
   /// `is_tty` defaults to isatty(fileno(out)); `now` (seconds) defaults to a steady clock.
   ProgressBar(int64_t total, std::FILE* out = stderr, std::optional<bool> is_tty = std::nullopt,
               std::function<double()> now = {});
+  /// Steps already done before this bar started (a resumed run): not counted in the rate.
+  /// Unset, it is inferred from the first update (first step reported - 1).
+  void set_initial(int64_t steps_done) { initial_ = steps_done; }
   /// Reports that `step` (1-based, <= total) finished, with a few metrics shown after the bar.
   void update(int64_t step, const Metrics& metrics = {});
   /// Ends the bar's line (TTY mode).
@@ -97,7 +100,7 @@ class ProgressBar {
 
  private:
   int64_t total_;
-  int64_t first_step_ = -1;  // steps before the first update (a resumed run) are not timed
+  int64_t initial_ = -1;  // steps done before the bar started (not timed); -1: not known yet
   std::FILE* out_;
   bool tty_;
   std::function<double()> now_;

@@ -1,0 +1,246 @@
+// RLHFDataset / SFTDataset against the tokenizer directly, truncation modes, filtering, bad
+// lines, and the resumable dataloader.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "driver/data.hpp"
+#include "tests/driver/driver_test_util.hpp"
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+using testing::qwen3_tokenizer;
+using testing::TempDir;
+
+std::string rl_row(const std::string& question, const std::string& answer, int index) {
+  json row = {{"data_source", "tessera/arith"},
+              {"prompt", json::array({{{"role", "user"}, {"content", question}}})},
+              {"ability", "math"},
+              {"reward_model", {{"style", "rule"}, {"ground_truth", answer}}},
+              {"extra_info", {{"index", index}, {"split", "train"}}}};
+  return row.dump() + "\n";
+}
+
+// The ids the dataset must produce, computed from a hand-written ChatML string.
+std::vector<int32_t> expected_ids(const std::string& question) {
+  auto ids = qwen3_tokenizer().encode("<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_TRUE(ids.ok());
+  return *ids;
+}
+
+std::vector<int64_t> row_of(const at::Tensor& t, int64_t i) {
+  at::Tensor r = t[i].contiguous();
+  return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+}
+
+RLHFDatasetOptions options(int64_t max_len, Truncation trunc = Truncation::error, bool filter = false) {
+  RLHFDatasetOptions o;
+  o.max_prompt_length = max_len;
+  o.truncation = trunc;
+  o.filter_overlong_prompts = filter;
+  return o;
+}
+
+TEST(RLHFDataset, TokenisesLeftPadsAndKeepsColumns) {
+  TempDir dir("rl");
+  auto file = dir.write("train.jsonl", rl_row("What is 2+3?", "5", 7) + "\n" + rl_row("Hi there, compute 12*12", "144", 8));
+  auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(40));
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  ASSERT_EQ(ds->size(), 2);
+  auto batch = ds->collate({1, 0});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  at::Tensor ids = *batch->tensor("input_ids"), mask = *batch->tensor("attention_mask"), pos = *batch->tensor("position_ids");
+  EXPECT_EQ(ids.sizes(), (std::vector<int64_t>{2, 40}));
+  const int32_t pad = *qwen3_tokenizer().pad_token_id();
+  for (int64_t i = 0; i < 2; ++i) {
+    auto want = expected_ids(i == 0 ? "Hi there, compute 12*12" : "What is 2+3?");
+    const int64_t n = static_cast<int64_t>(want.size()), offset = 40 - n;
+    auto got = row_of(ids, i), m = row_of(mask, i), p = row_of(pos, i);
+    for (int64_t j = 0; j < 40; ++j) {
+      EXPECT_EQ(got[j], j < offset ? pad : want[j - offset]) << "row " << i << " col " << j;
+      EXPECT_EQ(m[j], j < offset ? 0 : 1);
+      EXPECT_EQ(p[j], j < offset ? 0 : j - offset);
+    }
+  }
+  EXPECT_EQ(batch->column("data_source")->str(0), "tessera/arith");
+  EXPECT_EQ(batch->column("reward_model")->json_value(0)["ground_truth"], "144");
+  EXPECT_EQ(batch->column("extra_info")->json_value(1)["split"], "train");
+  EXPECT_EQ(batch->column("index")->i64(0), 8);
+  EXPECT_EQ(batch->column("raw_prompt")->json_value(1)[0]["content"], "What is 2+3?");
+  EXPECT_EQ(batch->column("raw_prompt_ids")->json_value(1).size(), expected_ids("What is 2+3?").size());
+  EXPECT_FALSE(ds->collate({2}).ok());
+}
+
+TEST(RLHFDataset, TruncationModes) {
+  TempDir dir("trunc");
+  const std::string q = "one two three four five six seven eight nine ten";
+  auto file = dir.write("t.jsonl", rl_row(q, "1", 0));
+  auto full = expected_ids(q);
+  ASSERT_GT(full.size(), 12u);
+  auto tail_of = [&](const RLHFDataset& ds) {
+    auto b = ds.collate({0});
+    return row_of(*b->tensor("input_ids"), 0);
+  };
+  auto left = RLHFDataset::load({file}, qwen3_tokenizer(), options(7, Truncation::left));
+  ASSERT_TRUE(left.ok());
+  auto ids = tail_of(*left);
+  for (int j = 0; j < 7; ++j) EXPECT_EQ(ids[j], full[full.size() - 7 + j]);
+  auto right = RLHFDataset::load({file}, qwen3_tokenizer(), options(7, Truncation::right));
+  ids = tail_of(*right);
+  for (int j = 0; j < 7; ++j) EXPECT_EQ(ids[j], full[j]);
+  auto middle = RLHFDataset::load({file}, qwen3_tokenizer(), options(7, Truncation::middle));
+  ids = tail_of(*middle);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(ids[j], full[j]);  // 7 / 2 = 3 from the head
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(ids[3 + j], full[full.size() - 4 + j]);
+  auto error = RLHFDataset::load({file}, qwen3_tokenizer(), options(7, Truncation::error));
+  ASSERT_FALSE(error.ok());
+  EXPECT_NE(error.status().message().find(file.string() + ":1"), std::string::npos) << error.status().message();
+  EXPECT_NE(error.status().message().find("truncation=error"), std::string::npos);
+}
+
+TEST(RLHFDataset, FilterOverlongPrompts) {
+  TempDir dir("filter");
+  auto file = dir.write("f.jsonl", rl_row("short", "1", 0) + rl_row(std::string(200, 'x') + " long words here", "2", 1) +
+                                       rl_row("also short", "3", 2));
+  auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(20, Truncation::error, /*filter=*/true));
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  EXPECT_EQ(ds->size(), 2);
+  EXPECT_EQ(ds->num_filtered(), 1);
+  EXPECT_EQ(ds->row(1).reward_model["ground_truth"], "3");
+}
+
+TEST(RLHFDataset, MalformedLinesNameFileAndLine) {
+  TempDir dir("bad");
+  const std::string good = rl_row("q", "1", 0);
+  struct Case {
+    std::string line, why;
+  } cases[] = {{"{not json", "not valid JSON"},
+               {"[1,2]", "expected a JSON object"},
+               {R"({"prompt":[{"role":"user","content":"x"}],"reward_model":{"ground_truth":"1"}})", "data_source"},
+               {R"({"data_source":"d","prompt":"text","reward_model":{"ground_truth":"1"}})", "chat messages"},
+               {R"({"data_source":"d","prompt":[{"role":"user"}],"reward_model":{"ground_truth":"1"}})", "content"},
+               {R"({"data_source":"d","prompt":[{"role":"user","content":"x"}]})", "reward_model"}};
+  for (const auto& c : cases) {
+    auto file = dir.write("bad.jsonl", good + "\n" + c.line + "\n");
+    auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(64));
+    ASSERT_FALSE(ds.ok()) << c.line;
+    const std::string msg = ds.status().message();
+    EXPECT_NE(msg.find(file.string() + ":3:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.why), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos);
+  }
+  auto missing = RLHFDataset::load({dir.path() / "none.jsonl"}, qwen3_tokenizer(), options(64));
+  EXPECT_NE(missing.status().message().find("none.jsonl"), std::string::npos);
+  auto parquet = RLHFDataset::load({dir.path() / "x.parquet"}, qwen3_tokenizer(), options(64));
+  EXPECT_NE(parquet.status().message().find("parquet"), std::string::npos);
+}
+
+TEST(SFTDataset, LossMaskFollowsVerl) {
+  TempDir dir("sft");
+  auto file = dir.write("sft.jsonl", json({{"question", "2+2?"}, {"answer", "4"}}).dump() + "\n");
+  SFTDatasetOptions o;
+  o.max_length = 32;
+  auto ds = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  auto prompt = expected_ids("2+2?");
+  auto response = *qwen3_tokenizer().encode("4<|im_end|>");
+  auto batch = ds->collate({0});
+  ASSERT_TRUE(batch.ok());
+  auto ids = row_of(*batch->tensor("input_ids"), 0), mask = row_of(*batch->tensor("attention_mask"), 0);
+  auto loss = row_of(*batch->tensor("loss_mask"), 0);
+  const size_t p = prompt.size(), r = response.size();
+  for (size_t j = 0; j < 32; ++j) {
+    int64_t want_id = j < p ? prompt[j] : j < p + r ? response[j - p] : *qwen3_tokenizer().pad_token_id();
+    EXPECT_EQ(ids[j], want_id) << j;
+    EXPECT_EQ(mask[j], j < p + r ? 1 : 0) << j;
+    // Positions p-1 .. p+r-2 predict response tokens.
+    EXPECT_EQ(loss[j], (j + 1 >= p && j + 2 <= p + r) ? 1 : 0) << j;
+  }
+}
+
+TEST(SFTDataset, TruncationAndErrors) {
+  TempDir dir("sft_trunc");
+  auto file = dir.write("s.jsonl", json({{"question", "a b c d e f g h"}, {"answer", "i j k l m"}}).dump() + "\n");
+  SFTDatasetOptions o;
+  o.max_length = 6;
+  auto err = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find(file.string() + ":1"), std::string::npos);
+  o.truncation = Truncation::right;
+  auto right = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(right.ok());
+  auto full = right->example(0).prompt_ids;
+  auto ids = row_of(*right->collate({0})->tensor("input_ids"), 0);
+  for (int j = 0; j < 6; ++j) EXPECT_EQ(ids[j], full[j]);
+  o.truncation = Truncation::left;
+  auto left = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  auto resp = left->example(0).response_ids;
+  ids = row_of(*left->collate({0})->tensor("input_ids"), 0);
+  EXPECT_EQ(ids[5], resp.back());
+  auto bad = dir.write("b.jsonl", json({{"question", "q"}}).dump() + "\n");
+  auto missing = SFTDataset::load({bad}, qwen3_tokenizer(), o);
+  EXPECT_NE(missing.status().message().find(bad.string() + ":1: missing 'answer'"), std::string::npos)
+      << missing.status().message();
+}
+
+std::vector<std::vector<int64_t>> drain(StatefulDataLoader& dl, int64_t batches) {
+  std::vector<std::vector<int64_t>> out;
+  while (static_cast<int64_t>(out.size()) < batches) {
+    auto b = dl.next();
+    if (b) out.push_back(*b);
+  }
+  return out;
+}
+
+TEST(DataLoader, ShuffledEpochsArePermutations) {
+  auto dl = StatefulDataLoader::create(10, {/*batch_size=*/3, /*shuffle=*/true, /*drop_last=*/true, /*seed=*/1});
+  ASSERT_TRUE(dl.ok());
+  EXPECT_EQ(dl->size(), 3);
+  auto epoch0 = drain(*dl, 3);
+  EXPECT_FALSE(dl->next().has_value());  // end of epoch 0
+  EXPECT_EQ(dl->epoch(), 1);
+  auto epoch1 = drain(*dl, 3);
+  std::set<int64_t> seen;
+  for (const auto& b : epoch0) seen.insert(b.begin(), b.end());
+  EXPECT_EQ(seen.size(), 9u);  // 9 distinct rows; one dropped by drop_last
+  EXPECT_NE(epoch0, epoch1);
+  auto again = StatefulDataLoader::create(10, {3, true, true, 1});
+  EXPECT_EQ(drain(*again, 3), epoch0);  // same seed, same order
+  auto other = StatefulDataLoader::create(10, {3, true, true, 2});
+  EXPECT_NE(drain(*other, 3), epoch0);
+}
+
+TEST(DataLoader, SequentialAndKeepLast) {
+  auto dl = StatefulDataLoader::create(5, {2, /*shuffle=*/false, /*drop_last=*/false, 1});
+  ASSERT_TRUE(dl.ok());
+  EXPECT_EQ(dl->size(), 3);
+  EXPECT_EQ(drain(*dl, 3), (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4}}));
+  EXPECT_FALSE(StatefulDataLoader::create(2, {3, true, true, 1}).ok());
+  EXPECT_FALSE(StatefulDataLoader::create(2, {0, true, true, 1}).ok());
+}
+
+TEST(DataLoader, ResumeGivesTheIdenticalSequence) {
+  DataLoaderOptions o{4, true, true, 7};
+  auto reference = StatefulDataLoader::create(18, o);
+  auto all = drain(*reference, 12);  // three epochs of four batches
+  auto first = StatefulDataLoader::create(18, o);
+  auto head = drain(*first, 6);      // mid epoch 1
+  json state = first->state_dict();
+  auto resumed = StatefulDataLoader::create(18, o);
+  ASSERT_TRUE(resumed->load_state_dict(json::parse(state.dump())).ok());
+  auto tail = drain(*resumed, 6);
+  head.insert(head.end(), tail.begin(), tail.end());
+  EXPECT_EQ(head, all);
+  // A state from another dataset size, or a malformed one, is refused naming the field.
+  auto other = StatefulDataLoader::create(20, o);
+  Status st = other->load_state_dict(state);
+  EXPECT_NE(st.message().find("dataset_size"), std::string::npos) << st.message();
+  json broken = state;
+  broken.erase("epoch");
+  EXPECT_NE(resumed->load_state_dict(broken).message().find("epoch"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::driver
