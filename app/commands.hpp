@@ -40,6 +40,9 @@ void add_export_commands(CLI::App& app);
 /// `tessera agent` (app/cmd_agent.cpp): the node agent.
 void add_agent_commands(CLI::App& app);
 
+/// `tessera repl [CONFIG]` (app/cmd_repl.cpp): the interactive driver.
+void add_repl_command(CLI::App& app);
+
 /// `tessera plot RUN_DIR` (app/cmd_plot.cpp): charts of metrics.jsonl.
 void add_plot_commands(CLI::App& app);
 

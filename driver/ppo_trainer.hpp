@@ -69,6 +69,16 @@ class RayPPOTrainer {
   /// verl's fit(): resume, optional validation before training, then the training loop.
   Status fit();
 
+  /// One step of fit()'s loop, driven from outside (the REPL): the first call resumes like fit()
+  /// (without the validation before training); each call takes the next batch (rolling over
+  /// epochs), trains, logs and returns the step's metrics. nullopt once trainer.total_epochs or
+  /// total_training_steps are done. A failed step leaves global_steps() unchanged.
+  Result<std::optional<Metrics>> step();
+  /// verl's _save_checkpoint at the current global step (workers' shards, dataloader position,
+  /// driver state, then the atomic latest marker).
+  Status save_checkpoint();
+  /// The role views in use, by verl role name ("actor_rollout", "critic", "ref", "rm").
+  std::vector<std::pair<std::string, dispatch::WorkerGroup*>> worker_groups() const;
   /// verl's _validate(): val-core/... and val-aux/... metrics over the whole validation set.
   Result<Metrics> validate();
 
@@ -88,7 +98,6 @@ class RayPPOTrainer {
   RayPPOTrainer() = default;
   Status start_workers(const runtime::WorkerTypeRegistry& registry);
   Result<Metrics> train_step(const std::vector<int64_t>& indices, bool is_last_step);
-  Status save_checkpoint();
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);
 
@@ -99,6 +108,7 @@ class RayPPOTrainer {
   std::shared_ptr<dispatch::WorkerGroup> colocated_;
   std::shared_ptr<dispatch::WorkerGroup> actor_rollout_wg_, critic_wg_, ref_wg_, rm_wg_;
   int64_t global_steps_ = 0;
+  bool stepping_ = false;  // step() resumed already
   int64_t total_training_steps_ = 0;
   std::vector<std::pair<int64_t, Metrics>> history_;
 };

@@ -1,0 +1,47 @@
+// ppo_trainer_step.cpp: fit()'s loop body as a public step() for interactive drivers (REPL).
+#include <optional>
+
+#include "driver/config.hpp"
+#include "driver/ppo_trainer.hpp"
+#include "driver/internal/ppo_state.hpp"
+
+namespace tessera::driver {
+
+Result<std::optional<Metrics>> RayPPOTrainer::step() {
+  State& s = *state_;
+  if (!stepping_) {
+    global_steps_ = 0;
+    TESSERA_RETURN_IF_ERROR(load_checkpoint());
+    stepping_ = true;
+  }
+  if (global_steps_ >= total_training_steps_) return std::optional<Metrics>();
+  TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
+  std::optional<std::vector<int64_t>> indices = s.train_loader->next();
+  if (!indices) {  // the epoch is exhausted; next() moved the loader to the next one
+    if (s.train_loader->epoch() >= total_epochs) return std::optional<Metrics>();
+    indices = s.train_loader->next();
+    if (!indices) return std::optional<Metrics>();
+  }
+  const int64_t epoch = s.train_loader->epoch();
+  global_steps_ += 1;  // train_step() numbers the step it runs (uids, save_freq, test_freq)
+  Result<Metrics> metrics = train_step(*indices, global_steps_ >= total_training_steps_);
+  if (!metrics.ok()) {
+    global_steps_ -= 1;
+    return metrics.status();
+  }
+  (*metrics)["training/epoch"] = static_cast<double>(epoch);
+  TESSERA_RETURN_IF_ERROR(log_step(global_steps_, *metrics));
+  return std::optional<Metrics>(std::move(*metrics));
+}
+
+std::vector<std::pair<std::string, dispatch::WorkerGroup*>> RayPPOTrainer::worker_groups() const {
+  std::vector<std::pair<std::string, dispatch::WorkerGroup*>> out;
+  const std::pair<const char*, dispatch::WorkerGroup*> all[] = {
+      {"actor_rollout", actor_rollout_wg_.get()}, {"critic", critic_wg_.get()}, {"ref", ref_wg_.get()}, {"rm", rm_wg_.get()}};
+  for (const auto& [name, wg] : all) {
+    if (wg != nullptr) out.emplace_back(name, wg);
+  }
+  return out;
+}
+
+}  // namespace tessera::driver
