@@ -153,6 +153,13 @@ Result<LogProbOutput> ActorRolloutRefWorker::log_probs(DataParallelPPOActor& act
 }
 
 Result<proto::DataProto> ActorRolloutRefWorker::compute_log_prob(const proto::DataProto& data) {
+  Stopwatch timer;
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, old_log_probs(data));
+  record_call_metrics(out, "compute_log_prob", timer.seconds());
+  return out;
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataProto& data) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "compute_log_prob", "actor"));
   if (data.meta_info().value("is_lora", false)) {
     return make_error(ErrorCode::unimplemented, "compute_log_prob: meta_info.is_lora (LoRA reference) is not implemented");
@@ -172,6 +179,7 @@ Result<proto::DataProto> ActorRolloutRefWorker::compute_log_prob(const proto::Da
 
 Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto::DataProto& data) {
   TESSERA_RETURN_IF_ERROR(require(ref_policy_ != nullptr, "compute_ref_log_prob", "reference model"));
+  Stopwatch timer;
   TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(ref_module_->engine(), true, false));
   const auto& ref = config_.ref;
   TESSERA_ASSIGN_OR_RETURN(LogProbOutput lp, log_probs(*ref_policy_, data, ref.log_prob_micro_batch_size_per_gpu,
@@ -180,7 +188,9 @@ Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto
   TESSERA_RETURN_IF_ERROR(scope->exit());
   proto::TensorDict t;
   t.insert_or_assign("ref_log_prob", lp.log_probs);
-  return proto::DataProto::from_dict(std::move(t));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
+  record_call_metrics(out, "compute_ref_log_prob", timer.seconds());
+  return out;
 }
 
 // ---- update_actor -------------------------------------------------------------------------------
@@ -228,7 +238,7 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
   const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
   if (actor_ && out.size() > 0 && !(recompute.is_boolean() && !recompute.get<bool>())) {
     // The seed: "the actor model will recompute the old log prob for the generated response".
-    TESSERA_ASSIGN_OR_RETURN(proto::DataProto lp, compute_log_prob(out));
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto lp, old_log_probs(out));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor old, lp.tensor("old_log_probs"));
     TESSERA_RETURN_IF_ERROR(out.set_tensor("old_log_probs", old));
     out.meta_info()["temperature"] = config_.rollout.temperature;  // as compute_log_prob's output

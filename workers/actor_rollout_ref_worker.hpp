@@ -15,6 +15,7 @@
 //                                           pops them like verl pops meta_info["timing"].
 //   compute_log_prob      DP_COMPUTE_PROTO  `old_log_probs`, `entropys`; meta_info {temperature}.
 //   compute_ref_log_prob  DP_COMPUTE_PROTO  `ref_log_prob`.
+//   (both add meta_info.metrics timing_s/<method>, perf/cpu_memory_used_gb: record_call_metrics)
 //   update_actor          DP_COMPUTE_PROTO  one update_policy + one LR-scheduler step; returns a
 //                                           row-less DataProto whose meta_info.metrics holds
 //                                           verl's actor/* lists, actor/lr (the LR used),
@@ -132,6 +133,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Result<LogProbOutput> log_probs(DataParallelPPOActor& actor, const proto::DataProto& data,
                                   const std::optional<int64_t>& micro_batch_size, bool use_dynamic_bsz,
                                   int64_t max_token_len, bool calculate_entropy);
+  Result<proto::DataProto> old_log_probs(const proto::DataProto& data);
   Result<proto::DataProto> generate_with_sharding(const proto::DataProto& prompts, double& reshard_seconds);
 
   nlohmann::json init_config_;

@@ -90,6 +90,7 @@ Status CriticWorker::init_model() {
 
 Result<proto::DataProto> CriticWorker::compute_values(const proto::DataProto& data) {
   TESSERA_RETURN_IF_ERROR(require_init("compute_values"));
+  Stopwatch timer;
   TESSERA_ASSIGN_OR_RETURN(auto scope,
                            OffloadScope::enter(module_->engine(), module_->engine().options().param_offload, false));
   proto::DataProto d = data;
@@ -101,7 +102,9 @@ Result<proto::DataProto> CriticWorker::compute_values(const proto::DataProto& da
   TESSERA_RETURN_IF_ERROR(scope->exit());
   proto::TensorDict t;
   t.insert_or_assign("values", values);
-  return proto::DataProto::from_dict(std::move(t));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
+  record_call_metrics(out, "compute_values", timer.seconds());
+  return out;
 }
 
 Result<proto::DataProto> CriticWorker::update_critic(const proto::DataProto& data) {

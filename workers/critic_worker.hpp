@@ -9,7 +9,8 @@
 //                                       (critic.model.fsdp_config) with AdamW (critic.optim).
 //   compute_values    DP_COMPUTE_PROTO  `values` [B, R] (times the response mask), micro-batched
 //                                       by critic.forward_micro_batch_size_per_gpu or dynamically
-//                                       by critic.forward_max_token_len_per_gpu.
+//                                       by critic.forward_max_token_len_per_gpu; meta_info.metrics
+//                                       timing_s/compute_values, perf/cpu_memory_used_gb.
 //   update_critic     DP_COMPUTE_PROTO  DataParallelPPOCritic.update_critic, then one LR-scheduler
 //                                       step; meta_info.metrics: verl's critic/* lists, critic/lr
 //                                       (read after the step, as verl v0.5.0's CriticWorker does),

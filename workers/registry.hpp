@@ -12,10 +12,12 @@
 // extension; default nccl on cuda devices, else gloo) for the collectives of the group.
 // Methods, their dispatch modes and DataProto fields are verl's (see each worker's header).
 // Two things the driver must know (verl's trainer does the same):
-//   * generate_sequences returns old_log_probs already (the seed's recompute), and its
-//     meta_info["metrics"] (timing_s/reshard, timing_s/generate_sequences,
-//     perf/cpu_memory_used_gb) must be popped before the output is union-ed into the batch
-//     (verl pops meta_info["timing"]).
+//   * every data method's output carries meta_info["metrics"] (timing_s/<method>,
+//     perf/cpu_memory_used_gb; generate_sequences also timing_s/reshard and
+//     timing_s/generate_sequences), one value per rank after collection; the driver pops it
+//     before union-ing the output into its batch (verl pops meta_info["timing"]).
+//   * generate_sequences returns old_log_probs already (the seed's recompute; skipped when the
+//     prompts' meta_info.recompute_log_prob is false).
 //   * update_actor / update_critic return a row-less DataProto whose meta_info["metrics"] maps
 //     verl's metric names to lists (one entry per rank after collection) or scalars.
 //

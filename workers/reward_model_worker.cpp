@@ -158,6 +158,7 @@ Result<proto::DataProto> RewardModelWorker::compute_rm_score(const proto::DataPr
     t.insert_or_assign("rm_scores", at::zeros({0, seq.response_length}, at::TensorOptions(at::kFloat)));
     return proto::DataProto::from_dict(std::move(t));
   }
+  Stopwatch timer;
   TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(module_->engine(), true, false));
   Result<at::Tensor> scores = [&]() -> Result<at::Tensor> {
     try {
@@ -171,7 +172,9 @@ Result<proto::DataProto> RewardModelWorker::compute_rm_score(const proto::DataPr
   proto::TensorDict t;
   t.insert_or_assign("rm_scores", expand_to_token_level(*scores, seq.attention_mask, seq.position_ids,
                                                         seq.response_length));
-  return proto::DataProto::from_dict(std::move(t));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
+  record_call_metrics(out, "compute_rm_score", timer.seconds());
+  return out;
 }
 
 }  // namespace tessera::workers

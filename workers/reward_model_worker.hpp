@@ -12,7 +12,9 @@
 //                                       are returned as `rm_scores` (token-level, verl's
 //                                       _expand_to_token_level). Micro-batches: fixed
 //                                       (micro_batch_size_per_gpu) or dynamic
-//                                       (forward_max_token_len_per_gpu), order restored.
+//                                       (forward_max_token_len_per_gpu), order restored;
+//                                       meta_info.metrics timing_s/compute_rm_score,
+//                                       perf/cpu_memory_used_gb.
 // reward_model.model.input_tokenizer naming a tokenizer other than model.path (verl's
 // _switch_chat_template: decode, re-apply the RM's chat template) is unimplemented and refused at
 // init_model; null or equal to model.path means the inputs are scored as given.

@@ -342,6 +342,13 @@ double cpu_memory_used_gb() {
   return (total - available) * 1024.0 / (1024.0 * 1024.0 * 1024.0);
 }
 
+void record_call_metrics(proto::DataProto& out, const std::string& method, double seconds) {
+  json& m = out.meta_info()["metrics"];
+  if (!m.is_object()) m = json::object();
+  m["timing_s/" + method] = seconds;
+  m["perf/cpu_memory_used_gb"] = cpu_memory_used_gb();
+}
+
 Result<proto::DataProto> metrics_proto(json metrics) {
   proto::DataProto out;
   out.meta_info()["metrics"] = std::move(metrics);

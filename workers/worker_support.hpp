@@ -164,6 +164,11 @@ class Stopwatch {
   std::chrono::steady_clock::time_point start_;
 };
 
+/// Adds the per-call figures of `method` to out.meta_info()["metrics"]: timing_s/<method> (the
+/// worker-side wall time) and perf/cpu_memory_used_gb. After collection across ranks each becomes
+/// a list (DataProto.concat); the driver pops meta_info["metrics"] before union-ing outputs.
+void record_call_metrics(proto::DataProto& out, const std::string& method, double seconds);
+
 /// A DataProto with no rows whose meta_info is {"metrics": metrics} (update_actor's return).
 Result<proto::DataProto> metrics_proto(nlohmann::json metrics);
 

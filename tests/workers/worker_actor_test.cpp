@@ -123,6 +123,7 @@ TEST(ActorRolloutRefWorker, ComputeLogProbIsInvariantToMicroBatchingAndMatchesAF
     EXPECT_LE(max_diff(*out->tensor("old_log_probs"), want), 1e-5) << "variant " << v;
     EXPECT_EQ(out->tensor("entropys")->sizes(), want.sizes());
     EXPECT_EQ(out->meta_info().at("temperature"), 1.0);
+    EXPECT_GE(out->meta_info().at("metrics").at("timing_s/compute_log_prob").get<double>(), 0.0);
   }
 }
 
@@ -198,6 +199,7 @@ TEST(CriticWorker, UpdatesLowerTheValueLossOnAFixedBatch) {
   ASSERT_TRUE(values.ok()) << values.status().to_string();
   at::Tensor v = *values->tensor("values");
   ASSERT_EQ(v.sizes(), (at::IntArrayRef{4, 6}));
+  EXPECT_TRUE(values->meta_info().at("metrics").contains("timing_s/compute_values"));
   at::Tensor mask = batch.tensor("response_mask")->to(at::kFloat);
   EXPECT_EQ((v * (1 - mask)).abs().sum().item<float>(), 0.0f);  // values x response mask
   ASSERT_TRUE(batch.set_tensor("values", v).ok());

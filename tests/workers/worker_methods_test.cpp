@@ -156,6 +156,7 @@ void check_rm(const proto::DataProto& batch, bool dynamic) {
   auto out = (*w)->compute_rm_score(batch);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   at::Tensor rm = *out->tensor("rm_scores");
+  EXPECT_TRUE(out->meta_info().at("metrics").contains("timing_s/compute_rm_score"));
   const int64_t R = batch.tensor("responses")->size(1);
   ASSERT_EQ(rm.sizes(), (at::IntArrayRef{batch.size(), R}));
   std::vector<float> want = reference_scores(batch);
