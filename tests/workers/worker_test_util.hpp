@@ -24,13 +24,21 @@ namespace tessera::workers::testing {
 
 using json = nlohmann::json;
 
-/// A 2-layer qwen2 (hidden 32, 4 heads over 2 KV heads) with a 40-character tokenizer, written once.
+/// A 2-layer qwen2 (hidden 32, 4 heads over 2 KV heads) with a 44-token character tokenizer,
+/// written once per process into a temporary directory that is removed at exit.
 inline const std::string& tiny_model_dir() {
-  static const std::string dir = [] {
+  struct TempModel {
+    std::string base, dir;
+    ~TempModel() {
+      std::error_code ec;
+      if (!base.empty()) std::filesystem::remove_all(base, ec);
+    }
+  };
+  static const TempModel model = [] {
     char tmpl[] = "/tmp/tessera_worker_test_XXXXXX";
     const char* base = mkdtemp(tmpl);
     EXPECT_NE(base, nullptr);
-    std::string out = std::string(base) + "/model";
+    TempModel m{base ? base : "", std::string(base ? base : "/tmp") + "/model"};
     models::InitModelOptions o;
     o.arch = "qwen2";
     o.hidden = 32;
@@ -41,12 +49,12 @@ inline const std::string& tiny_model_dir() {
     o.tokenizer = "chars:abcdefghijklmnopqrstuvwxyz0123456789+= ";
     o.seed = 7;
     o.max_position = 128;
-    o.out = out;
+    o.out = m.dir;
     Status st = models::init_model(o);
     EXPECT_TRUE(st.ok()) << st.to_string();
-    return out;
+    return m;
   }();
-  return dir;
+  return model.dir;
 }
 
 /// The tiny model's config.json.
