@@ -75,7 +75,7 @@ std::string ArithProblem::question() const { return std::to_string(a) + "+" + st
 std::string ArithProblem::answer() const { return std::to_string(a + b); }
 
 std::vector<ArithProblem> make_problems(int64_t count, int64_t digits, uint64_t seed,
-                                        const std::vector<ArithProblem>& exclude) {
+                                        const std::vector<ArithProblem>& exclude, bool distinct) {
   std::set<std::pair<int64_t, int64_t>> skip;
   for (const auto& p : exclude) skip.insert({p.a, p.b});
   std::mt19937_64 g(seed);
@@ -84,7 +84,9 @@ std::vector<ArithProblem> make_problems(int64_t count, int64_t digits, uint64_t 
   out.reserve(static_cast<size_t>(count));
   while (static_cast<int64_t>(out.size()) < count) {
     ArithProblem p{uniform(g, hi), uniform(g, hi)};
-    if (!skip.count({p.a, p.b})) out.push_back(p);
+    if (skip.count({p.a, p.b})) continue;
+    if (distinct) skip.insert({p.a, p.b});
+    out.push_back(p);
   }
   return out;
 }
@@ -109,6 +111,14 @@ Status validate_demo_task_options(const DemoTaskOptions& o) {
   if (!(o.sft_noise >= 0.0 && o.sft_noise < 1.0)) {
     return make_error(ErrorCode::invalid_argument, "demo.sft_noise: {} not in [0, 1)", o.sft_noise);
   }
+  const int64_t space = pow10(o.digits) * pow10(o.digits);
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"demo.rl_val_size", o.rl_val_size},
+                               std::pair<const char*, int64_t>{"demo.sft_val_size", o.sft_val_size}}) {
+    if (v > space) {
+      return make_error(ErrorCode::invalid_argument, "{}: {} exceeds the {} distinct problems with {} digit(s)", key, v,
+                        space, o.digits);
+    }
+  }
   return Status();
 }
 
@@ -124,9 +134,10 @@ Status write_demo_datasets(const DemoTaskOptions& o, const std::string& dir) {
   // Validation problems first; when the problem space is large enough the training sets exclude
   // them (generalisation, not recall). make_problems draws with replacement, so duplicates of a
   // validation problem are removed by the exclusion as well.
-  std::vector<ArithProblem> val = make_problems(o.rl_val_size + o.sft_val_size, o.digits, o.seed * 4 + 1);
-  std::vector<ArithProblem> rl_val(val.begin(), val.begin() + o.rl_val_size);
-  std::vector<ArithProblem> sft_val(val.begin() + o.rl_val_size, val.end());
+  std::vector<ArithProblem> rl_val = make_problems(o.rl_val_size, o.digits, o.seed * 4 + 1, {}, /*distinct=*/true);
+  std::vector<ArithProblem> sft_val = make_problems(o.sft_val_size, o.digits, o.seed * 4 + 5, {}, /*distinct=*/true);
+  std::vector<ArithProblem> val = rl_val;
+  val.insert(val.end(), sft_val.begin(), sft_val.end());
   const std::vector<ArithProblem> none;
   const auto& exclude = holds_out_validation(o) ? val : none;
   auto rl_train = make_problems(o.rl_train_size, o.digits, o.seed * 4 + 2, exclude);

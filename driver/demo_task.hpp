@@ -12,7 +12,8 @@
 //                                 teaches the format and a broad answer distribution and leaves
 //                                 the RL phase something to sharpen (see examples/demo/README.md).
 //                                 The SFT validation responses are all correct.
-// Validation problems are drawn first. When the problem space holds at least 4x the validation
+// Validation problems are drawn first, each set without repeats (verl groups validation samples by
+// prompt, so a repeated prompt would count as several samples of one prompt). When the problem space holds at least 4x the validation
 // rows (digits >= 2 with the default sizes) they are excluded from both training sets, so the
 // validation accuracy measures generalisation; with digits = 1 (100 problems, the demo's
 // setting) validation and training draw from the same 100 problems (holds_out_validation()).
@@ -46,9 +47,9 @@ inline constexpr const char* kDemoAlphabet = "0123456789+= \nabcdefghijklmnopqrs
 struct DemoTaskOptions {
   int64_t digits = 1;           ///< Operands are uniform in [0, 10^digits).
   int64_t rl_train_size = 2048;
-  int64_t rl_val_size = 128;
+  int64_t rl_val_size = 100;     ///< Distinct problems (<= 10^(2 digits)).
   int64_t sft_train_size = 8192;
-  int64_t sft_val_size = 128;
+  int64_t sft_val_size = 100;    ///< Distinct problems (<= 10^(2 digits)).
   double sft_noise = 0.5;       ///< Fraction of SFT training answers replaced by random numbers.
   uint64_t seed = 1;
 };
@@ -61,15 +62,17 @@ struct ArithProblem {
   std::string answer() const;    ///< Decimal A+B.
 };
 
-/// `count` problems with operands uniform in [0, 10^digits), skipping any in `exclude`.
-/// REQUIRES: 1 <= digits <= 6; enough distinct problems exist outside `exclude`.
+/// `count` problems with operands uniform in [0, 10^digits), skipping any in `exclude`; with
+/// `distinct`, no problem twice (validation sets: verl groups validation samples by prompt).
+/// REQUIRES: 1 <= digits <= 6; enough (distinct) problems exist outside `exclude`.
 std::vector<ArithProblem> make_problems(int64_t count, int64_t digits, uint64_t seed,
-                                        const std::vector<ArithProblem>& exclude = {});
+                                        const std::vector<ArithProblem>& exclude = {}, bool distinct = false);
 
 /// The verl RLHFDataset row of `p` (see the header comment).
 nlohmann::json rl_row(const ArithProblem& p, const std::string& split, int64_t index);
 
-/// Checks the options: digits in [1, 6], positive sizes, noise in [0, 1). Errors name the option.
+/// Checks the options: digits in [1, 6], positive sizes, validation sizes within the number of
+/// distinct problems, noise in [0, 1). Errors name the option.
 Status validate_demo_task_options(const DemoTaskOptions& options);
 
 /// Whether the validation problems are excluded from training (see the header comment).

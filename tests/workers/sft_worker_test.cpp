@@ -90,7 +90,11 @@ Group spawn(int ranks, const json& init) {
 double metric(const Result<Value>& v, const std::string& key) {
   EXPECT_TRUE(v.ok()) << v.status().to_string();
   if (!v.ok()) return NAN;
-  return v->proto().meta_info()["metrics"].at(key).get<double>();
+  // Collected from every rank (DataProto.concat keeps each rank's metrics): all ranks agree.
+  const json& m = v->proto().meta_info()["metrics"].at(key);
+  if (!m.is_array()) return m.get<double>();
+  for (const auto& x : m) EXPECT_DOUBLE_EQ(x.get<double>(), m[0].get<double>()) << key;
+  return m[0].get<double>();
 }
 
 // One train step on `ranks` ranks; returns (loss, exported HF dir).
