@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/auth.hpp"
+#include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/internal/shm.hpp"
 #include "runtime/worker_actor.hpp"
@@ -26,8 +27,15 @@ struct Hosted {
   std::string owner;  // node id (string) of the driver that spawned it
 };
 
+struct FanOut {
+  caf::response_promise promise;
+  std::shared_ptr<CallBatch> batch;
+};
+
 struct AgentState {
   AgentEnv env;
+  std::unordered_map<uint64_t, FanOut> fan_outs;
+  uint64_t next_fan_out = 1;
   std::unordered_map<std::string, std::pair<std::string, std::string>> challenges;  // node -> (Nd, Na)
   std::set<std::string> authenticated;
   std::unordered_map<std::string, caf::actor> reporters;   // node -> driver's call hub
@@ -111,8 +119,8 @@ caf::result<caf::actor> on_spawn(Agent self, SpawnRequest req) {
   WorkerContext ctx = req.context;
   caf::actor worker = spawn_worker_actor(self->system(), std::move(req), wenv,
                                          env.detached_workers);
+  std::string owner = sender_node(self);  // before make_response_promise takes the sender
   auto rp = self->make_response_promise<caf::actor>();
-  std::string owner = sender_node(self);
   self->request(worker, env.spawn_timeout, init_atom::value)
       .then(
           [=](const std::vector<MethodInfo>&) mutable {
@@ -125,6 +133,69 @@ caf::result<caf::actor> on_spawn(Agent self, SpawnRequest req) {
             rp.deliver(err);
           });
   return rp;
+}
+
+// Labels of an AgentCall's targets; known[i] is false for a worker this agent does not host
+// for the calling driver.
+std::vector<std::string> fan_out_labels(Agent self, const AgentCall& call, std::vector<bool>& known) {
+  std::vector<std::string> labels;
+  std::string caller = sender_node(self);
+  for (size_t i = 0; i < call.workers.size(); ++i) {
+    auto h = self->state.workers.find(call.workers[i].address());
+    known.push_back(h != self->state.workers.end() && call.workers[i].node() == self->node() &&
+                    h->second.owner == caller);
+    labels.push_back(known.back() ? call_label(h->second.context, call.requests[i].method)
+                                  : "a worker not hosted here");
+  }
+  return labels;
+}
+
+// Note [Call paths]: one AgentCall from a driver becomes LocalCalls to the hosted workers; the
+// last answer triggers done_atom, which replies once. A worker that dies with the call pending
+// fails its target through the ReplySlot, so the fan-out always completes.
+caf::result<AgentCallReply> on_call(Agent self, AgentCall& call) {
+  Status st = check_sender(self);
+  if (!st.ok()) return to_caf_error(st);
+  if (call.workers.size() != call.requests.size()) {
+    return to_caf_error(make_error(ErrorCode::invalid_argument, "agent on {}: AgentCall with {} "
+                                   "workers and {} requests", self->state.env.host,
+                                   call.workers.size(), call.requests.size()));
+  }
+  std::vector<bool> known;
+  std::vector<std::string> labels = fan_out_labels(self, call, known);
+  auto batch = std::make_shared<CallBatch>(std::move(labels),
+                                           std::chrono::steady_clock::time_point::max());
+  uint64_t id = self->state.next_fan_out++;
+  // make_response_promise takes the request's sender: everything that reads it comes before.
+  self->state.fan_outs[id] = FanOut{self->make_response_promise(), batch};
+  for (size_t i = 0; i < known.size(); ++i) {
+    if (known[i]) {
+      send_local_call(call.workers[i], std::move(call.requests[i]), true, batch, i);
+    } else {
+      // The driver prefixes its own label (rank, host, method) to this.
+      batch->set(i, make_error(ErrorCode::unavailable, "the worker is not hosted by the agent on "
+                               "{} for this driver (it terminated, or never ran there)",
+                               self->state.env.host));
+    }
+  }
+  caf::actor_addr me = self->address();
+  batch->on_complete([me, id] {
+    if (auto agent = caf::actor_cast<caf::actor>(me)) caf::anon_send(agent, done_atom::value, id);
+  });
+  return caf::delegated<AgentCallReply>();
+}
+
+void on_fan_out_done(Agent self, uint64_t id) {
+  auto it = self->state.fan_outs.find(id);
+  if (it == self->state.fan_outs.end()) return;
+  AgentCallReply reply;
+  for (auto& r : it->second.batch->wait()) {
+    reply.codes.push_back(static_cast<uint8_t>(r.status().code()));
+    reply.messages.push_back(r.ok() ? std::string() : r.status().message());
+    reply.results.push_back(r.ok() ? std::move(r).value() : WireValue{});
+  }
+  it->second.promise.deliver(std::move(reply));
+  self->state.fan_outs.erase(it);
 }
 
 // A hosted worker ended: report it. A driver's hub ended: stop that driver's workers.
@@ -173,6 +244,8 @@ caf::behavior agent_behavior(Agent self, AgentEnv env) {
         return agent_info(self);
       },
       [=](caf::spawn_atom, SpawnRequest& req) { return on_spawn(self, std::move(req)); },
+      [=](call_atom, AgentCall& call) { return on_call(self, call); },
+      [=](done_atom, uint64_t id) { on_fan_out_done(self, id); },
       [=](rdzv_atom) -> caf::result<uint16_t> {
         Status st = check_sender(self);
         if (!st.ok()) return to_caf_error(st);

@@ -1,9 +1,9 @@
-// call_hub.cpp: pending-call table, monitors, timeouts (see the header).
+// call_hub.cpp: Note [Call paths].
 #include "runtime/call_hub.hpp"
 
 #include <unordered_map>
 
-#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/actor_clock.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
@@ -14,25 +14,41 @@
 
 namespace tessera::runtime::internal {
 
-/// One call() handed to the hub actor (a local message only).
-struct BatchJob {
-  std::vector<WorkerRef> targets;
-  std::vector<CallRequest> requests;
+/// The calls of one CallHub::call() bound for one agent (a local message to the hub).
+struct RemoteJob {
+  caf::actor agent;
+  AgentCall call;
+  std::vector<size_t> indices;  // into batch
   Millis timeout;
+  caf::actor_clock::time_point deadline;  // set by the hub when it sends the call
   std::shared_ptr<CallBatch> batch;
 };
 
 }  // namespace tessera::runtime::internal
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<tessera::runtime::internal::BatchJob>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<tessera::runtime::internal::RemoteJob>)
 
 namespace tessera::runtime {
 
-// ---- CallBatch ---------------------------------------------------------------------------------
+// ---- CallBatch, ReplySlot ----------------------------------------------------------------------
+
+CallBatch::CallBatch(std::vector<std::string> labels,
+                     std::chrono::steady_clock::time_point deadline)
+    : labels_(std::move(labels)), deadline_(deadline), results_(labels_.size()) {}
 
 std::vector<Result<WireValue>> CallBatch::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [&] { return done_ == results_.size(); });
+  auto complete = [&] { return done_ == results_.size(); };
+  if (deadline_ == std::chrono::steady_clock::time_point::max()) {
+    cv_.wait(lock, complete);  // wait_until(max) can overflow into "timed out" at once
+  } else if (!cv_.wait_until(lock, deadline_, complete)) {
+    lock.unlock();
+    for (size_t i = 0; i < results_.size(); ++i) {
+      set(i, make_error(ErrorCode::timeout, "{}: no answer before the call's deadline",
+                        labels_[i]));
+    }
+    lock.lock();
+  }
   std::vector<Result<WireValue>> out;
   out.reserve(results_.size());
   for (auto& r : results_) out.push_back(std::move(*r));
@@ -45,132 +61,227 @@ bool CallBatch::ready() const {
 }
 
 void CallBatch::set(size_t i, Result<WireValue> result) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (results_[i].has_value()) return;
-  results_[i] = std::move(result);
-  if (++done_ == results_.size()) cv_.notify_all();
+  std::function<void()> callback;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (results_[i].has_value()) return;
+    results_[i] = std::move(result);
+    if (++done_ < results_.size()) return;
+    callback = std::move(on_complete_);
+    cv_.notify_all();
+  }
+  if (callback) callback();
 }
 
-// ---- the hub actor -----------------------------------------------------------------------------
+void CallBatch::on_complete(std::function<void()> f) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_ < results_.size()) {
+      on_complete_ = std::move(f);
+      return;
+    }
+  }
+  f();
+}
+
+ReplySlot::~ReplySlot() {
+  if (!done_) {
+    batch_->set(index_, make_error(ErrorCode::unavailable, "{}: the worker terminated before "
+                                   "answering", batch_->label(index_)));
+  }
+}
+
+void ReplySlot::set(Result<WireValue> result) {
+  if (!done_.exchange(true)) batch_->set(index_, std::move(result));
+}
+
+std::string call_label(const WorkerContext& c, const std::string& method) {
+  return fmt::format("{} of group '{}': method '{}'", describe_worker(c), c.group, method);
+}
+
+// A message to a terminated actor is dropped (and destroyed): the slot's destructor then fails
+// the target, as it does for an invalid handle, whose LocalCall is destroyed right here.
+void send_local_call(const caf::actor& worker, CallRequest request, bool caller_remote,
+                     const std::shared_ptr<CallBatch>& batch, size_t index) {
+  auto call = std::make_shared<LocalCall>();
+  call->request = std::move(request);
+  call->caller_remote = caller_remote;
+  call->slot = std::make_shared<ReplySlot>(batch, index);
+  caf::anon_send(worker, call_atom::value, std::move(call));
+}
+
+// ---- the hub actor (remote calls) --------------------------------------------------------------
 
 namespace {
 
-struct PendingCall {
-  std::shared_ptr<CallBatch> batch;
-  size_t index;
-  std::string method;
-};
+// Note [Hub deadlines]: CAF 0.17 keeps a request's timeout in its clock until it fires, even
+// after the reply came (measured: ~180 B per request retained; at call_timeout = 600 s that is
+// memory growing with the call rate). So the hub sends with an infinite CAF timeout and
+// enforces deadlines itself: one tick every kTick while calls are pending fails the expired.
+using tick_atom = caf::atom_constant<caf::atom("ts_tick")>;
+constexpr Millis kTick{100};
 
-struct Target {
-  WorkerContext context;
-  std::unordered_map<uint64_t, PendingCall> calls;
-};
+using Job = std::shared_ptr<internal::RemoteJob>;
+using DeadMap = std::unordered_map<caf::actor_addr, std::string>;
 
 struct HubState {
-  std::unordered_map<caf::actor_addr, Target> targets;
-  std::unordered_map<caf::actor_addr, std::string> dead;    // target -> why
+  std::unordered_map<caf::actor_addr, std::unordered_map<uint64_t, Job>> pending;  // by agent
   std::unordered_map<caf::actor_addr, std::string> agents;  // agent -> address
+  std::unordered_map<caf::actor_addr, std::string> dead_agents;  // agent -> why
+  std::unordered_map<caf::actor_addr, WorkerContext> workers;
+  std::shared_ptr<std::mutex> dead_mutex;
+  std::shared_ptr<DeadMap> dead;
   uint64_t next_id = 1;
+  bool ticking = false;
   static inline const char* name = "tessera.call_hub";
 
   HubState() = default;
   HubState(const HubState&) = delete;
   // The hub stopped (runtime shutdown): nobody will answer the calls still pending.
   ~HubState() {
-    for (auto& [addr, target] : targets) {
-      for (auto& [id, call] : target.calls) {
-        call.batch->set(call.index, make_error(ErrorCode::unavailable,
-                                               "runtime shut down while '{}' was pending",
-                                               call.method));
-      }
+    for (auto& [agent, jobs] : pending) {
+      for (auto& [id, job] : jobs) fail_job(*job, "the runtime shut down while it was pending");
+    }
+  }
+
+  static void fail_job(internal::RemoteJob& job, const std::string& why,
+                       ErrorCode code = ErrorCode::unavailable) {
+    for (size_t i : job.indices) {
+      job.batch->set(i, make_error(code, "{}: {}", job.batch->label(i), why));
     }
   }
 };
 
 using Hub = caf::stateful_actor<HubState>*;
 
-std::string who(const WorkerContext& c) {
-  return fmt::format("{} of group '{}'", describe_worker(c), c.group);
+// An agent's error for target i, naming rank, host and method (workers' own errors already do).
+Status agent_error(const CallBatch& batch, size_t i, ErrorCode code, const std::string& message) {
+  bool liveness = code == ErrorCode::timeout || code == ErrorCode::unavailable;
+  if (!liveness || message.find(batch.label(i)) != std::string::npos) return Status(code, message);
+  return Status(code, batch.label(i) + ": " + message);
 }
 
-void finish(Hub self, const caf::actor_addr& addr, uint64_t id, Result<WireValue> result) {
-  auto t = self->state.targets.find(addr);
-  if (t == self->state.targets.end()) return;
-  auto c = t->second.calls.find(id);
-  if (c == t->second.calls.end()) return;  // already failed by a down_msg
-  PendingCall call = std::move(c->second);
-  t->second.calls.erase(c);
-  if (!result.ok()) {
-    Status st = result.status();
-    if (st.code() == ErrorCode::timeout || st.code() == ErrorCode::unavailable) {
-      st = st.with_context(fmt::format("{}: method '{}'", who(t->second.context), call.method));
+// The reply comes from another process: its three columns are checked before any is read.
+void deliver(internal::RemoteJob& job, AgentCallReply& reply) {
+  size_t n = job.indices.size();
+  if (reply.codes.size() != n || reply.messages.size() != n || reply.results.size() != n) {
+    return HubState::fail_job(job, fmt::format("malformed reply from the agent ({}/{}/{} "
+                                               "answers for {} calls)", reply.codes.size(),
+                                               reply.messages.size(), reply.results.size(), n),
+                              ErrorCode::corrupt_data);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    size_t i = job.indices[k];
+    uint8_t code = reply.codes[k];
+    if (code == 0) {
+      job.batch->set(i, std::move(reply.results[k]));
+    } else if (code > static_cast<uint8_t>(ErrorCode::internal)) {
+      job.batch->set(i, make_error(ErrorCode::corrupt_data, "{}: the agent answered with "
+                                   "unknown error code {}", job.batch->label(i), code));
+    } else {
+      job.batch->set(i, agent_error(*job.batch, i, static_cast<ErrorCode>(code), reply.messages[k]));
     }
-    result = st;
   }
-  call.batch->set(call.index, std::move(result));
 }
 
-// The target's entry, monitoring it on first sight.
-Target& watch(Hub self, const caf::actor& actor, const WorkerContext& context) {
-  auto [it, fresh] = self->state.targets.try_emplace(actor.address());
-  if (fresh) {
-    it->second.context = context;
-    self->monitor(actor);
-  }
-  return it->second;
+// Takes call `id` to `agent` out of the pending table; false if on_down already failed it.
+bool take_pending(Hub self, const caf::actor_addr& agent, uint64_t id) {
+  auto it = self->state.pending.find(agent);
+  if (it == self->state.pending.end() || it->second.erase(id) == 0) return false;
+  if (it->second.empty()) self->state.pending.erase(it);
+  return true;
 }
 
-void send_one(Hub self, const WorkerRef& target, CallRequest& req, Millis timeout,
-              const std::shared_ptr<CallBatch>& batch, size_t index) {
-  caf::actor_addr addr = target.actor.address();
-  auto dead = self->state.dead.find(addr);
-  if (dead != self->state.dead.end()) {
-    batch->set(index, make_error(ErrorCode::unavailable, "{} is dead ({}); method '{}' not sent",
-                                 who(target.context), dead->second, req.method));
-    return;
+void ensure_ticking(Hub self) {
+  if (self->state.ticking) return;
+  self->state.ticking = true;
+  self->delayed_send(self, kTick, tick_atom::value);
+}
+
+// Note [Hub deadlines]: fails (and forgets) every pending call past its deadline.
+void on_tick(Hub self) {
+  self->state.ticking = false;
+  auto now = self->clock().now();
+  for (auto agent = self->state.pending.begin(); agent != self->state.pending.end();) {
+    auto& jobs = agent->second;
+    for (auto it = jobs.begin(); it != jobs.end();) {
+      if (it->second->deadline > now) {
+        ++it;
+        continue;
+      }
+      HubState::fail_job(*it->second, fmt::format("no answer within the call's timeout of {} ms",
+                                                  it->second->timeout.count()),
+                         ErrorCode::timeout);
+      it = jobs.erase(it);
+    }
+    agent = jobs.empty() ? self->state.pending.erase(agent) : std::next(agent);
   }
-  Target& t = watch(self, target.actor, target.context);
+  if (!self->state.pending.empty()) ensure_ticking(self);
+}
+
+void send_job(Hub self, Job job) {
+  caf::actor_addr agent = job->agent.address();
   uint64_t id = self->state.next_id++;
-  t.calls.emplace(id, PendingCall{batch, index, req.method});
-  self->request(target.actor, timeout, call_atom::value, std::move(req))
-      .then([=](CallReply& reply) { finish(self, addr, id, std::move(reply.result)); },
-            [=](caf::error& err) { finish(self, addr, id, to_status(err)); });
+  job->deadline = self->clock().now() + job->timeout;
+  self->state.pending[agent][id] = job;
+  ensure_ticking(self);
+  self->request(job->agent, caf::infinite, call_atom::value, std::move(job->call))
+      .then(
+          [=](AgentCallReply& reply) {
+            if (take_pending(self, agent, id)) deliver(*job, reply);
+          },
+          [=](caf::error& err) {
+            if (!take_pending(self, agent, id)) return;
+            Status st = to_status(err);
+            for (size_t i : job->indices) {
+              job->batch->set(i, Status(st.code(), job->batch->label(i) + ": " + st.message()));
+            }
+          });
 }
 
 void on_down(Hub self, const caf::down_msg& dm) {
   std::string reason = caf::to_string(dm.reason);
+  auto w = self->state.workers.find(dm.source);
+  if (w != self->state.workers.end()) {
+    std::lock_guard<std::mutex> lock(*self->state.dead_mutex);
+    (*self->state.dead)[dm.source] = reason;
+    self->state.workers.erase(w);
+  }
   auto agent = self->state.agents.find(dm.source);
-  if (agent != self->state.agents.end()) {
-    spdlog::error("agent {} is down ({})", agent->second, reason);
-    self->state.agents.erase(agent);
+  if (agent == self->state.agents.end()) return;
+  spdlog::error("agent {} is down ({})", agent->second, reason);
+  std::string why = fmt::format("agent {} died during the call ({})", agent->second, reason);
+  auto pending = self->state.pending.find(dm.source);
+  if (pending != self->state.pending.end()) {
+    for (auto& [id, job] : pending->second) HubState::fail_job(*job, why);
+    self->state.pending.erase(pending);
   }
-  auto t = self->state.targets.find(dm.source);
-  if (t == self->state.targets.end()) return;
-  self->state.dead[dm.source] = reason;
-  for (auto& [id, call] : t->second.calls) {
-    call.batch->set(call.index,
-                    make_error(ErrorCode::unavailable, "{} died during '{}': {}",
-                               who(t->second.context), call.method, reason));
-  }
-  if (!t->second.calls.empty()) spdlog::error("{} died: {}", who(t->second.context), reason);
-  self->state.targets.erase(t);
+  self->state.dead_agents[dm.source] = fmt::format("agent {} is dead ({})", agent->second, reason);
+  self->state.agents.erase(agent);
 }
 
-caf::behavior hub_behavior(Hub self) {
+caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
+                           std::shared_ptr<DeadMap> dead) {
+  self->state.dead_mutex = std::move(dead_mutex);
+  self->state.dead = std::move(dead);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
-      [=](batch_atom, std::shared_ptr<internal::BatchJob> job) {
-        for (size_t i = 0; i < job->targets.size(); ++i) {
-          send_one(self, job->targets[i], job->requests[i], job->timeout, job->batch, i);
+      [=](batch_atom, Job job) {
+        auto dead = self->state.dead_agents.find(job->agent.address());
+        if (dead != self->state.dead_agents.end()) return HubState::fail_job(*job, dead->second);
+        if (self->state.agents.count(job->agent.address()) == 0) {
+          return HubState::fail_job(*job, "its agent is not connected");
         }
+        send_job(self, std::move(job));
       },
       [=](watch_atom, const caf::actor& worker, const WorkerContext& context) {
-        watch(self, worker, context);
+        if (self->state.workers.emplace(worker.address(), context).second) self->monitor(worker);
       },
       [=](watch_atom, const caf::actor& agent, const std::string& address) {
         self->state.agents[agent.address()] = address;
         self->monitor(agent);
       },
+      [=](tick_atom) { on_tick(self); },
       [=](down_atom, const WorkerDown& down) {
         spdlog::warn("agent reports rank {} of group '{}' on {} terminated: {}", down.rank,
                      down.group, down.host, down.reason);
@@ -181,20 +292,49 @@ caf::behavior hub_behavior(Hub self) {
 }  // namespace
 
 CallHub::CallHub(caf::actor_system& system, Millis default_timeout)
-    : hub_(system.spawn(hub_behavior)), default_timeout_(default_timeout) {}
+    : default_timeout_(default_timeout),
+      dead_mutex_(std::make_shared<std::mutex>()),
+      dead_(std::make_shared<DeadMap>()) {
+  hub_ = system.spawn(hub_behavior, dead_mutex_, dead_);
+}
 
 CallHub::~CallHub() { caf::anon_send_exit(hub_, caf::exit_reason::user_shutdown); }
 
 std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
                                          std::vector<CallRequest> requests, Millis timeout) {
-  auto job = std::make_shared<internal::BatchJob>();
-  job->targets = targets;
-  job->requests = std::move(requests);
-  job->timeout = timeout.count() > 0 ? timeout : default_timeout_;
-  job->batch = std::make_shared<CallBatch>(targets.size());
-  auto batch = job->batch;
-  if (targets.empty()) return batch;
-  caf::anon_send(hub_, batch_atom::value, std::move(job));
+  Millis t = timeout.count() > 0 ? timeout : default_timeout_;
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    labels.push_back(call_label(targets[i].context, requests[i].method));
+  }
+  auto batch = std::make_shared<CallBatch>(std::move(labels), std::chrono::steady_clock::now() + t);
+  std::unordered_map<caf::actor_addr, Job> jobs;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    {
+      std::lock_guard<std::mutex> lock(*dead_mutex_);
+      auto d = dead_->find(targets[i].actor.address());
+      if (d != dead_->end()) {
+        batch->set(i, make_error(ErrorCode::unavailable, "{}: the worker is dead ({})",
+                                 batch->label(i), d->second));
+        continue;
+      }
+    }
+    if (targets[i].local) {
+      send_local_call(targets[i].actor, std::move(requests[i]), false, batch, i);
+      continue;
+    }
+    Job& job = jobs[targets[i].agent.address()];
+    if (!job) {
+      job = std::make_shared<internal::RemoteJob>();
+      job->agent = targets[i].agent;
+      job->timeout = t;
+      job->batch = batch;
+    }
+    job->call.workers.push_back(targets[i].actor);
+    job->call.requests.push_back(std::move(requests[i]));
+    job->indices.push_back(i);
+  }
+  for (auto& [agent, job] : jobs) caf::anon_send(hub_, batch_atom::value, std::move(job));
   return batch;
 }
 

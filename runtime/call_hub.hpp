@@ -1,21 +1,30 @@
-// call_hub.hpp: the driver's table of pending calls, and the liveness rule that CAF lacks.
+// call_hub.hpp: how the driver calls worker actors, and the liveness rule that CAF lacks.
 //
-// CAF 0.17 does not fail a request whose receiver died: it waits for its timeout. So every
-// call goes through one CallHub actor that
-//   * keeps a pending-call table per target actor,
-//   * monitors every target (and every agent it is told about), and on down_msg fails ALL the
-//     pending calls of that target at once with an error naming the group, rank, host and
-//     method ("rank 1 (cpu:1 on node-b) of group 'actor' died during 'update_actor': ..."),
-//   * fails later calls to a dead target immediately,
-//   * gives every request a finite timeout (default RuntimeConfig::call_timeout).
-// Agents also report the workers they host that terminate (down_atom, WorkerDown).
+// Note [Call paths]
+// * In-process workers (embedded placement; an agent's own workers) get a LocalCall: the
+//   request plus a ReplySlot that the worker fills directly. No reply message, no router hop:
+//   the caller thread sends, the worker thread answers into the CallBatch. If the worker dies
+//   with the call still in its mailbox, CAF destroys the message and the slot's destructor
+//   fails the call ("terminated before answering"), so nothing waits forever.
+// * Remote workers are called through their agent: ONE AgentCall message per agent carrying
+//   that agent's ranks; the agent fans out with LocalCalls and answers once. The CallHub actor
+//   keeps a pending table per agent, monitors every agent and worker, and on down_msg fails
+//   ALL pending calls to it at once, naming group, rank, host and method (CAF 0.17 does not
+//   fail a request whose receiver died: it waits for the timeout).
+// * Every call has a finite deadline (RuntimeConfig::call_timeout unless given): remote ones
+//   through the hub's own deadline sweep (Note [Hub deadlines] in call_hub.cpp), local ones
+//   through CallBatch::wait's deadline.
+// Calls to a worker already known dead fail at once.
 //
-// Thread-safety: call() and watch_agent() may be called from any thread; CallBatch::wait()
-// from the thread that waits for the results.
+// Thread-safety: CallHub::call() and the watch functions may be called from any thread;
+// CallBatch::set() from any thread; wait() by the thread that collects the results.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -24,6 +33,7 @@
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
 
 #include "proto/status.hpp"
 #include "runtime/config.hpp"
@@ -36,35 +46,76 @@ struct WorkerRef {
   caf::actor actor;
   WorkerContext context;
   bool local = true;  ///< Lives in this process (embedded placement).
+  caf::actor agent;   ///< The agent hosting it (remote workers are called through it).
 };
 
 /// The replies of one call to several ranks; complete when every rank replied or failed.
 class CallBatch {
  public:
-  explicit CallBatch(size_t n) : results_(n) {}
+  /// `labels[i]` names target i in errors ("rank 1 (cpu:1 on h) of group 'g': method 'm'").
+  CallBatch(std::vector<std::string> labels, std::chrono::steady_clock::time_point deadline);
 
-  /// Blocks until complete. Results are in target order.
+  /// Blocks until complete or the deadline; targets still unanswered then fail with timeout.
+  /// Results are in target order.
   std::vector<Result<WireValue>> wait();
-  /// True once every rank replied or failed.
+  /// True once every target replied or failed.
   bool ready() const;
-  /// Records rank i's outcome; later outcomes for i are ignored. (Hub side.)
+  /// Records target i's outcome; later outcomes for i are ignored.
   void set(size_t i, Result<WireValue> result);
-  /// Number of targets.
-  size_t size() const { return results_.size(); }
+  /// Runs `f` (on the completing thread) once every target has an outcome; at once if done.
+  void on_complete(std::function<void()> f);
+  size_t size() const { return labels_.size(); }
+  const std::string& label(size_t i) const { return labels_[i]; }
 
  private:
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  std::vector<std::string> labels_;
+  std::chrono::steady_clock::time_point deadline_;
   std::vector<std::optional<Result<WireValue>>> results_;
   size_t done_ = 0;
+  std::function<void()> on_complete_;
 };
+
+/// Target `index` of a CallBatch, filled by an in-process worker. Fails the target with
+/// unavailable if destroyed unfilled (the worker died with the call in its mailbox).
+class ReplySlot {
+ public:
+  ReplySlot(std::shared_ptr<CallBatch> batch, size_t index)
+      : batch_(std::move(batch)), index_(index) {}
+  ReplySlot(const ReplySlot&) = delete;
+  ~ReplySlot();
+  /// Delivers the outcome (first call wins).
+  void set(Result<WireValue> result);
+
+ private:
+  std::shared_ptr<CallBatch> batch_;
+  size_t index_;
+  std::atomic<bool> done_{false};
+};
+
+/// A call to an in-process worker (Note [Call paths]); a local-only message.
+struct LocalCall {
+  CallRequest request;
+  bool caller_remote = false;  ///< The result goes to another process (inline small ones).
+  std::shared_ptr<ReplySlot> slot;
+};
+
+/// "rank 3 (cpu:3 on host) of group 'g': method 'm'".
+std::string call_label(const WorkerContext& context, const std::string& method);
+
+/// Sends `request` to the in-process `worker` as a LocalCall answering target `index` of
+/// `batch` (failed at once if `worker` is invalid or already gone).
+/// REQUIRES: index < batch->size().
+void send_local_call(const caf::actor& worker, CallRequest request, bool caller_remote,
+                     const std::shared_ptr<CallBatch>& batch, size_t index);
 
 /// The driver-side call router (one per process).
 class CallHub {
  public:
   /// Spawns the hub actor (scheduled: it never blocks).
   CallHub(caf::actor_system& system, Millis default_timeout);
-  ~CallHub();  ///< Stops the hub; pending batches fail with unavailable.
+  ~CallHub();  ///< Stops the hub; pending remote calls fail with unavailable.
 
   /// Sends requests[i] to targets[i], all in parallel; `timeout` 0 means the default.
   /// REQUIRES: targets.size() == requests.size().
@@ -72,7 +123,7 @@ class CallHub {
                                   std::vector<CallRequest> requests, Millis timeout = Millis(0));
   /// Monitors a worker from the moment it exists, so a death before its first call is known.
   void watch_worker(const WorkerRef& worker);
-  /// Monitors an agent; its death is logged and its workers' pending calls fail.
+  /// Monitors an agent; its death fails every pending call sent through it.
   void watch_agent(const caf::actor& agent, const std::string& address);
   /// The hub actor (agents send it down_atom reports).
   const caf::actor& actor() const { return hub_; }
@@ -80,6 +131,10 @@ class CallHub {
  private:
   caf::actor hub_;
   Millis default_timeout_;
+  std::shared_ptr<std::mutex> dead_mutex_;
+  std::shared_ptr<std::unordered_map<caf::actor_addr, std::string>> dead_;
 };
 
 }  // namespace tessera::runtime
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<tessera::runtime::LocalCall>)

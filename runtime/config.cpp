@@ -52,6 +52,17 @@ Setter millis(Millis RuntimeConfig::*member, const std::string& key) {
   };
 }
 
+// A byte count: an integer >= 0.
+Status read_bytes(const nlohmann::json& v, const std::string& key, uint64_t& out) {
+  int64_t n = 0;
+  TESSERA_RETURN_IF_ERROR(read_as(v, key, n));
+  if (!v.is_number_integer() || n < 0) {
+    return make_error(ErrorCode::invalid_argument, "cluster.{} must be an integer >= 0", key);
+  }
+  out = static_cast<uint64_t>(n);
+  return Status();
+}
+
 Status read_data_plane(RuntimeConfig& c, const nlohmann::json& v) {
   if (!v.is_object()) return make_error(ErrorCode::invalid_argument, "cluster.data_plane: not a map");
   for (const auto& [key, item] : v.items()) {
@@ -61,6 +72,8 @@ Status read_data_plane(RuntimeConfig& c, const nlohmann::json& v) {
     else if (key == "port") TESSERA_RETURN_IF_ERROR(read_as(item, name, d.port));
     else if (key == "advertise_host") TESSERA_RETURN_IF_ERROR(read_as(item, name, d.advertise_host));
     else if (key == "shared_memory") TESSERA_RETURN_IF_ERROR(read_as(item, name, d.shared_memory));
+    else if (key == "landing_idle_bytes") TESSERA_RETURN_IF_ERROR(read_bytes(item, name, d.landing_idle_bytes));
+    else if (key == "peer_mapping_bytes") TESSERA_RETURN_IF_ERROR(read_bytes(item, name, d.peer_mapping_bytes));
     else return make_error(ErrorCode::invalid_argument, "unknown config key 'cluster.{}'", name);
   }
   return Status();

@@ -25,6 +25,8 @@ struct DataPlaneConfig {
   bool shared_memory = true;            ///< Same-host peers exchange frames through memfd.
   uint64_t max_frame_bytes = uint64_t{64} << 30;  ///< Largest frame accepted from a peer.
   Millis io_timeout{60000};             ///< Per fetch: connect + request + response.
+  uint64_t landing_idle_bytes = uint64_t{2} << 30;   ///< Idle landing segments kept for reuse.
+  uint64_t peer_mapping_bytes = uint64_t{4} << 30;   ///< Peers' segments kept mapped.
   int io_threads = 1;                   ///< Server threads.
 };
 

@@ -5,9 +5,10 @@
 // DataProto (copying nothing) and returns a PayloadHandle that a CAF message can carry; whoever
 // holds the handle pulls the payload, or a row slice of it, with fetch():
 //   * owner is this process -> the stored DataProto itself (views, no bytes copied);
-//   * owner on the same machine -> the owner writes the frame into a memfd and passes the
-//     descriptor over the Unix socket; the receiver maps it and decodes in place
-//     (Note [Shared-memory transport] in runtime/internal/shm.hpp);
+//   * owner on the same machine -> the receiver lends the owner one of its pooled memfd
+//     segments over the Unix socket, the owner writes the frame into it (one copy, into memory
+//     already mapped on both sides) and the receiver decodes in place
+//     (Note [Landing segments] in runtime/internal/shm_pool.hpp);
 //   * otherwise -> the frame over TCP, written with scatter/gather straight from tensor memory,
 //     read into one aligned buffer and decoded zero-copy.
 // Wire details: Note [Data plane protocol] in runtime/internal/dp_protocol.hpp. A garbage or

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/type_id.hpp>
@@ -116,6 +117,21 @@ struct AgentInfo {
   std::string version;               ///< Tessera version string.
 };
 
+/// Several calls to workers hosted by one agent, sent as ONE message (the agent fans out
+/// locally and answers once: one BASP round trip per agent instead of one per rank).
+struct AgentCall {
+  std::vector<caf::actor> workers;   ///< Workers of the receiving agent.
+  std::vector<CallRequest> requests; ///< requests[i] goes to workers[i].
+};
+
+/// The answers to an AgentCall, in order: codes[i] == 0 means results[i] holds the value,
+/// otherwise codes[i] is an ErrorCode and messages[i] the error text.
+struct AgentCallReply {
+  std::vector<uint8_t> codes;
+  std::vector<std::string> messages;
+  std::vector<WireValue> results;
+};
+
 /// Sent by an agent to the driver that spawned a worker when that worker terminates.
 struct WorkerDown {
   std::string group;
@@ -169,6 +185,14 @@ typename Inspector::result_type inspect(Inspector& f, AgentInfo& x) {
   return f(caf::meta::type_name("AgentInfo"), x.host, x.host_id, x.devices, x.pid, x.version);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AgentCall& x) {
+  return f(caf::meta::type_name("AgentCall"), x.workers, x.requests);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AgentCallReply& x) {
+  return f(caf::meta::type_name("AgentCallReply"), x.codes, x.messages, x.results);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerDown& x) {
   return f(caf::meta::type_name("WorkerDown"), x.group, x.rank, x.host, x.reason);
 }
@@ -186,6 +210,7 @@ using down_atom = caf::atom_constant<caf::atom("ts_down")>;        ///< (down, W
 using watch_atom = caf::atom_constant<caf::atom("ts_watch")>;      ///< call hub: monitor
 using batch_atom = caf::atom_constant<caf::atom("ts_batch")>;      ///< call hub: call many
 using context_atom = caf::atom_constant<caf::atom("ts_ctx")>;      ///< -> WorkerContext
+using done_atom = caf::atom_constant<caf::atom("ts_done")>;        ///< agent: a fan-out finished
 
 }  // namespace tessera::runtime
 
@@ -201,5 +226,7 @@ CAF_ADD_TYPE_ID(tessera, (tessera::runtime::CallReply))
 CAF_ADD_TYPE_ID(tessera, (tessera::runtime::MethodInfo))
 CAF_ADD_TYPE_ID(tessera, (std::vector<tessera::runtime::MethodInfo>))
 CAF_ADD_TYPE_ID(tessera, (tessera::runtime::AgentInfo))
+CAF_ADD_TYPE_ID(tessera, (tessera::runtime::AgentCall))
+CAF_ADD_TYPE_ID(tessera, (tessera::runtime::AgentCallReply))
 CAF_ADD_TYPE_ID(tessera, (tessera::runtime::WorkerDown))
 CAF_END_TYPE_ID_BLOCK(tessera)

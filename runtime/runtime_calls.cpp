@@ -55,7 +55,9 @@ Result<std::vector<WorkerRef>> Runtime::spawn_workers(const std::string& group,
   Status first;
   for (size_t r = 0; r < pending.size(); ++r) {
     pending[r].receive(
-        [&](caf::actor& a) { out.push_back(WorkerRef{a, contexts[r], where[r]->local}); },
+        [&](caf::actor& a) {
+          out.push_back(WorkerRef{a, contexts[r], where[r]->local, where[r]->agent});
+        },
         [&](caf::error& e) {
           if (first.ok()) {
             first = to_status(e).with_context(fmt::format("spawning rank {} of '{}' on {}", r,

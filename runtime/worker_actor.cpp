@@ -7,6 +7,7 @@
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 
+#include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/wire.hpp"
 
@@ -105,6 +106,12 @@ caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHost
         Status st = init_roles(self->state);
         if (!st.ok()) return to_caf_error(st.with_context(describe_worker(self->state.request.context)));
         return method_infos(self->state);
+      },
+      [=](call_atom, const std::shared_ptr<LocalCall>& call) {
+        Result<CallReply> r = invoke(self->state, call->request, call->caller_remote);
+        if (r.ok()) return call->slot->set(std::move(r->result));
+        call->slot->set(r.status().with_context(fmt::format(
+            "{}, method '{}'", describe_worker(self->state.request.context), call->request.method)));
       },
       [=](call_atom, const CallRequest& req) -> caf::result<CallReply> {
         const auto& sender = self->current_sender();

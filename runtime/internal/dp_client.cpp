@@ -1,4 +1,4 @@
-// dp_client.cpp: fetches (Note [Data plane protocol], Note [Shared-memory transport]).
+// dp_client.cpp: fetches (Note [Data plane protocol], Note [Landing segments]).
 #include "runtime/internal/dp_client.hpp"
 
 #include <sys/socket.h>
@@ -98,24 +98,15 @@ class Exchange : public std::enable_shared_from_this<Exchange<Socket>> {
     }
   }
 
-  // Unix sockets: the response header may carry a descriptor (SCM_RIGHTS), so recvmsg.
+  // Unix sockets: read with recvmsg, so that a descriptor a peer attaches is received and
+  // closed instead of leaking (the protocol sends none to the receiver).
   void recv_header_with_fd() {
-    iovec iov{response_.data() + got_, response_.size() - got_};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n = ::recvmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return read_header();
-    if (n <= 0) return fail("reading the response", asio::error::eof);
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        std::memcpy(&fd_, CMSG_DATA(c), sizeof(int));
-      }
-    }
-    got_ += static_cast<size_t>(n);
+    int fd = -1;
+    Result<size_t> n = recv_some_with_fd(socket_.native_handle(), response_.data() + got_,
+                                         response_.size() - got_, &fd);
+    if (fd >= 0) ::close(fd);
+    if (!n.ok()) return fail("reading the response", asio::error::eof);
+    got_ += *n;
     if (got_ < response_.size()) return read_header();
     on_header();
   }
@@ -125,7 +116,8 @@ class Exchange : public std::enable_shared_from_this<Exchange<Socket>> {
     if (!h.ok()) return finish(h.status().with_context("data plane " + peer_), nullptr, false);
     header_ = *h;
     if (header_.status != ErrorCode::ok) return read_error_body();
-    if (header_.transport == Transport::shm) return map_shm();
+    if (header_.transport == Transport::landing_needed) return send_landing();
+    if (header_.transport == Transport::shm) return landed();
     if (header_.body_bytes == 0) return finish(Status(), nullptr, true);
     Result<std::shared_ptr<proto::Buffer>> buf = proto::Buffer::allocate(header_.body_bytes);
     if (!buf.ok()) return finish(buf.status(), nullptr, false);
@@ -139,17 +131,38 @@ class Exchange : public std::enable_shared_from_this<Exchange<Socket>> {
                      });
   }
 
-  void map_shm() {
-    if (fd_ < 0) {
-      return finish(make_error(ErrorCode::corrupt_data,
-                               "data plane {}: shared-memory response without a descriptor",
-                               peer_), nullptr, false);
+  // Note [Landing segments]: lend the owner one of our segments for this frame.
+  void send_landing() {
+    if constexpr (!std::is_same_v<Socket, unix_socket>) {
+      return finish(make_error(ErrorCode::corrupt_data, "data plane {}: a landing request on "
+                               "TCP", peer_), nullptr, false);
+    } else {
+      if (landing_.buffer) {
+        return finish(make_error(ErrorCode::corrupt_data, "data plane {}: a second landing "
+                                 "request for one fetch", peer_), nullptr, false);
+      }
+      Result<Landing> landing = client_.landings().acquire(header_.body_bytes);
+      if (!landing.ok()) return finish(landing.status(), nullptr, false);
+      landing_ = *landing;
+      std::array<uint8_t, kLandingBytes> msg{};
+      detail::put(msg.data(), 0, kLandingMagic);
+      detail::put(msg.data(), 8, header_.body_bytes);
+      Status st = send_with_fd(socket_.native_handle(), msg.data(), msg.size(), landing_.fd,
+                               static_cast<int>(client_.config().io_timeout.count()));
+      if (!st.ok()) return finish(st.with_context("data plane " + peer_), nullptr, false);
+      got_ = 0;
+      read_header();
     }
-    Result<std::shared_ptr<proto::Buffer>> buf = map_memfd(fd_, header_.body_bytes);
-    fd_ = -1;
-    if (!buf.ok()) return finish(buf.status(), nullptr, false);
+  }
+
+  void landed() {
+    if (!landing_.buffer || landing_.buffer->size() != header_.body_bytes) {
+      return finish(make_error(ErrorCode::corrupt_data, "data plane {}: a shared-memory answer "
+                               "without a matching landing segment", peer_), nullptr, false);
+    }
     client_.counters().fetched_remote_bytes += header_.body_bytes;
-    finish(Status(), *buf, true);
+    std::shared_ptr<proto::Buffer> body = std::move(landing_.buffer);
+    finish(Status(), std::move(body), true);
   }
 
   void read_error_body() {
@@ -172,8 +185,8 @@ class Exchange : public std::enable_shared_from_this<Exchange<Socket>> {
   }
 
   void finish(Status st, std::shared_ptr<proto::Buffer> body, bool reusable) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
+    if (!st.ok() && landing_.poisoned) *landing_.poisoned = true;
+    landing_ = Landing{};
     error_code ec;
     if (reusable && socket_.is_open()) {
       int fd = socket_.release(ec);
@@ -196,9 +209,9 @@ class Exchange : public std::enable_shared_from_this<Exchange<Socket>> {
   std::array<uint8_t, kRequestBytes> request_{};
   std::array<uint8_t, kResponseBytes> response_{};
   size_t got_ = 0;
-  int fd_ = -1;
   ResponseHeader header_;
   std::shared_ptr<proto::Buffer> body_;
+  Landing landing_;
   std::string message_;
 };
 

@@ -17,6 +17,7 @@
 #include "proto/status.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data_plane.hpp"
+#include "runtime/internal/shm_pool.hpp"
 #include "runtime/messages.hpp"
 
 namespace tessera::runtime::internal {
@@ -39,7 +40,7 @@ class ConnectionPool {
 class DataPlaneClient {
  public:
   DataPlaneClient(const DataPlaneConfig& config, DataPlane::Counters& counters)
-      : config_(config), counters_(counters) {}
+      : config_(config), counters_(counters), landings_(config.landing_idle_bytes) {}
 
   /// Fetches every slice (all remote), concurrently; results in input order.
   std::vector<Result<proto::DataProto>> fetch_all(const std::vector<PayloadSlice>& slices,
@@ -50,11 +51,13 @@ class DataPlaneClient {
   const DataPlaneConfig& config() const { return config_; }
   DataPlane::Counters& counters() { return counters_; }
   ConnectionPool& pool() { return pool_; }
+  ShmPool& landings() { return landings_; }
 
  private:
   DataPlaneConfig config_;
   DataPlane::Counters& counters_;
   ConnectionPool pool_;
+  ShmPool landings_;
 };
 
 }  // namespace tessera::runtime::internal

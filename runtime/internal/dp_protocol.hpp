@@ -7,8 +7,12 @@
 //   response  32 bytes: magic "TDR1" | status u8 (ErrorCode) | transport u8 | 0 u16 |
 //                       body_bytes u64 | 0 u64 | 0 u64
 //             then body_bytes bytes: the frame (status ok, transport inline), or a one-line error
-//             message (status != ok). With transport shm (Unix-socket connections only) the body
-//             is not on the socket: the response carries a memfd (SCM_RIGHTS) holding the frame.
+//             message (status != ok).
+//   Same-host frames (Unix-socket connections, Note [Landing segments] in shm_pool.hpp):
+//             the owner answers transport landing_needed with the frame size and no body; the
+//             receiver sends a 16-byte landing message "TDL1" | 0 u32 | bytes u64 carrying the
+//             memfd of one of its segments (SCM_RIGHTS); the owner writes the frame into it and
+//             answers transport shm (no body: the bytes are in the segment).
 // Anything else (bad magic, unknown op, a request cut short) closes that connection and is
 // logged; the server keeps serving every other connection. Requests are validated before any
 // lookup; row ranges are checked against the payload.
@@ -33,7 +37,10 @@ enum class Op : uint8_t { fetch = 1, release = 2 };
 /// Request flag bits.
 inline constexpr uint8_t kFlagConsume = 1;
 /// Response transports.
-enum class Transport : uint8_t { inline_body = 0, shm = 1 };
+enum class Transport : uint8_t { inline_body = 0, shm = 1, landing_needed = 2 };
+/// Landing message magic "TDL1" and size.
+inline constexpr uint32_t kLandingMagic = 0x314c4454;
+inline constexpr size_t kLandingBytes = 16;
 
 /// A decoded request.
 struct Request {
@@ -115,7 +122,7 @@ inline Result<ResponseHeader> read_response(const uint8_t* in, uint64_t max_body
   ResponseHeader h;
   uint8_t status = detail::get<uint8_t>(in, 4);
   uint8_t transport = detail::get<uint8_t>(in, 5);
-  if (status > static_cast<uint8_t>(ErrorCode::internal) || transport > 1) {
+  if (status > static_cast<uint8_t>(ErrorCode::internal) || transport > 2) {
     return make_error(ErrorCode::corrupt_data, "bad response status {} / transport {}", status,
                       transport);
   }

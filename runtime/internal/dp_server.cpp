@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <utility>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -31,6 +32,9 @@ class Session : public std::enable_shared_from_this<Session<Socket>> {
   Session(Socket socket, DataPlaneServer& server, bool is_unix)
       : socket_(std::move(socket)), timer_(socket_.get_executor()), server_(server),
         is_unix_(is_unix) {}
+  ~Session() {
+    if (landing_fd_ >= 0) ::close(landing_fd_);
+  }
 
   void start() { next_request(); }
 
@@ -83,21 +87,56 @@ class Session : public std::enable_shared_from_this<Session<Socket>> {
     write_buffers(std::move(bufs), frame_->size());
   }
 
-  // Note [Shared-memory transport]: the frame goes into a memfd; only the header and the
-  // descriptor cross the socket.
+  // Note [Landing segments]: ask for one of the receiver's segments, write the frame into it.
   void send_shm() {
+    ResponseHeader h{ErrorCode::ok, Transport::landing_needed, frame_->size()};
+    write_response(h, response_.data());
+    auto self = this->shared_from_this();
+    asio::async_write(socket_, asio::buffer(response_), [self](error_code ec, size_t) {
+      if (ec) return self->drop(fmt::format("asking for a landing segment failed ({})", ec.message()));
+      self->landing_got_ = 0;
+      self->timer_.expires_after(self->server_.config().io_timeout);
+      self->timer_.async_wait([self](error_code ec2) {
+        error_code ignored;
+        if (!ec2) self->socket_.close(ignored);  // no landing message in time
+      });
+      self->await_landing();
+    });
+  }
+
+  // The 16-byte landing message may come in pieces: read what is there, never block the thread.
+  void await_landing() {
+    auto self = this->shared_from_this();
+    socket_.async_wait(Socket::wait_read, [self](error_code ec) {
+      if (ec) return self->drop(fmt::format("no landing segment came ({})", ec.message()));
+      Result<size_t> n = recv_some_with_fd(self->socket_.native_handle(),
+                                           self->landing_msg_.data() + self->landing_got_,
+                                           kLandingBytes - self->landing_got_, &self->landing_fd_);
+      if (!n.ok()) return self->drop("reading the landing message: " + n.status().message());
+      self->landing_got_ += *n;
+      if (self->landing_got_ < kLandingBytes) return self->await_landing();
+      self->timer_.cancel();
+      self->land();
+    });
+  }
+
+  void land() {
+    int fd = std::exchange(landing_fd_, -1);
     uint64_t size = frame_->size();
-    Result<int> fd = frame_to_memfd(*frame_);
+    if (detail::get<uint32_t>(landing_msg_.data(), 0) != kLandingMagic || fd < 0 ||
+        detail::get<uint64_t>(landing_msg_.data(), 8) != size) {
+      if (fd >= 0) ::close(fd);
+      return drop(fmt::format("bad landing message (magic, size or descriptor) for a {}-byte "
+                              "frame", size));
+    }
+    Result<std::shared_ptr<MappingCache::Mapping>> m = server_.mappings().map(fd, size);
+    if (!m.ok()) return send_error(m.status());
+    frame_->flatten_into((*m)->addr);
     frame_.reset();
-    if (!fd.ok()) return send_error(fd.status());
+    server_.counters().served_shm_bytes += size;  // before the peer can see it (tests read it)
     ResponseHeader h{ErrorCode::ok, Transport::shm, size};
     write_response(h, response_.data());
-    server_.counters().served_shm_bytes += size;  // before the peer can see it (tests read it)
-    Status st = send_with_fd(socket_.native_handle(), response_.data(), response_.size(), *fd,
-                             static_cast<int>(server_.config().io_timeout.count()));
-    ::close(*fd);
-    if (!st.ok()) return drop(st.to_string());
-    next_request();
+    write_buffers({asio::buffer(response_)}, 0);
   }
 
   void write_buffers(std::vector<asio::const_buffer> bufs, uint64_t frame_bytes) {
@@ -144,13 +183,17 @@ class Session : public std::enable_shared_from_this<Session<Socket>> {
   std::string body_;
   std::optional<proto::EncodedFrame> frame_;
   std::vector<asio::const_buffer> buffers_;
+  std::array<uint8_t, kLandingBytes> landing_msg_{};
+  size_t landing_got_ = 0;
+  int landing_fd_ = -1;
 };
 
 }  // namespace
 
 DataPlaneServer::DataPlaneServer(const DataPlaneConfig& config, uint64_t owner,
                                  PayloadStore& store, DataPlane::Counters& counters)
-    : config_(config), owner_(owner), store_(store), counters_(counters), tcp_acceptor_(io_),
+    : config_(config), owner_(owner), store_(store), counters_(counters),
+      mappings_(config.peer_mapping_bytes), tcp_acceptor_(io_),
       unix_acceptor_(io_) {}
 
 Result<std::unique_ptr<DataPlaneServer>> DataPlaneServer::start(const DataPlaneConfig& config,

@@ -22,6 +22,7 @@
 #include "runtime/data_plane.hpp"
 #include "runtime/internal/dp_protocol.hpp"
 #include "runtime/internal/payload_store.hpp"
+#include "runtime/internal/shm_pool.hpp"
 
 namespace tessera::runtime::internal {
 
@@ -49,6 +50,7 @@ class DataPlaneServer {
 
   const DataPlaneConfig& config() const { return config_; }
   DataPlane::Counters& counters() { return counters_; }
+  MappingCache& mappings() { return mappings_; }
 
  private:
   DataPlaneServer(const DataPlaneConfig& config, uint64_t owner, PayloadStore& store,
@@ -60,6 +62,7 @@ class DataPlaneServer {
   uint64_t owner_;
   PayloadStore& store_;
   DataPlane::Counters& counters_;
+  MappingCache mappings_;
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor tcp_acceptor_;
   boost::asio::local::stream_protocol::acceptor unix_acceptor_;

@@ -1,4 +1,4 @@
-// shm.cpp: Note [Shared-memory transport].
+// shm.cpp: descriptor passing for same-host peers (Note [Landing segments] in shm_pool.hpp).
 #include "runtime/internal/shm.hpp"
 
 #include <poll.h>
@@ -20,37 +20,27 @@ Status errno_error(const char* call) {
 
 }  // namespace
 
-Result<int> frame_to_memfd(const proto::EncodedFrame& frame) {
-  int fd = ::memfd_create("tessera-payload", MFD_CLOEXEC);
-  if (fd < 0) return errno_error("memfd_create");
-  size_t size = frame.size();
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    Status st = errno_error("ftruncate(memfd)");
-    ::close(fd);
-    return st;
+Result<size_t> recv_some_with_fd(int sock, uint8_t* data, size_t size, int* fd) {
+  iovec iov{data, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return size_t{0};
+  if (n < 0) return errno_error("recvmsg");
+  if (n == 0) return make_error(ErrorCode::unavailable, "peer closed the connection");
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    if (*fd >= 0) ::close(*fd);  // only the latest descriptor is kept
+    std::memcpy(fd, CMSG_DATA(c), sizeof(int));
   }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) {
-    Status st = errno_error("mmap(memfd)");
-    ::close(fd);
-    return st;
-  }
-  frame.flatten_into(static_cast<uint8_t*>(p));
-  ::munmap(p, size);
-  return fd;
-}
-
-Result<std::shared_ptr<proto::Buffer>> map_memfd(int fd, uint64_t size) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < size || size == 0) {
-    ::close(fd);
-    return make_error(ErrorCode::corrupt_data, "shared-memory frame: descriptor holds fewer "
-                      "than the announced {} bytes", size);
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return errno_error("mmap(received memfd)");
-  return proto::Buffer::wrap(p, size, [p, size] { ::munmap(p, size); });
+  return static_cast<size_t>(n);
 }
 
 Status send_with_fd(int sock, const uint8_t* data, size_t size, int fd, int timeout_ms) {

@@ -1,12 +1,8 @@
 // shm.hpp: shared-memory frames for same-host peers (private to runtime/).
 //
-// Note [Shared-memory transport]
-// For a peer on the same machine the owner writes the encoded frame once into a fresh memfd
-// (the only copy: the same one a socket write would make) and passes the descriptor over a
-// Unix-domain socket (SCM_RIGHTS). The receiver maps it and decodes in place: its tensors alias
-// the mapping, and the mapping is unmapped when the last tensor goes. A memfd has no name, so
-// nothing leaks in /dev/shm when either process dies: the kernel frees it with the last
-// descriptor or mapping.
+// Same-host transfers use memfd segments passed over Unix sockets (SCM_RIGHTS); see
+// Note [Landing segments] in runtime/internal/shm_pool.hpp. A memfd has no name, so nothing
+// leaks in /dev/shm when a process dies: the kernel frees it with the last descriptor/mapping.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +15,10 @@
 
 namespace tessera::runtime::internal {
 
-/// A memfd holding `frame` (the caller closes the returned descriptor). Errors name the call.
-Result<int> frame_to_memfd(const proto::EncodedFrame& frame);
-
-/// Maps `size` bytes of memfd `fd` as a Buffer (unmapped when the Buffer dies) and closes `fd`.
-/// Errors: the fd is smaller than `size`, mmap fails.
-Result<std::shared_ptr<proto::Buffer>> map_memfd(int fd, uint64_t size);
+/// One non-blocking recvmsg of up to `size` bytes from stream socket `sock`: the bytes read
+/// (0: none available yet). A descriptor that comes with them (SCM_RIGHTS) replaces `*fd`,
+/// closing the previous one; the caller owns `*fd`. Errors: EOF (unavailable), recvmsg failure.
+Result<size_t> recv_some_with_fd(int sock, uint8_t* data, size_t size, int* fd);
 
 /// Sends `size` bytes plus descriptor `fd` on the blocking-or-not stream socket `sock`
 /// (one sendmsg; retries on EAGAIN with poll up to `timeout_ms`).

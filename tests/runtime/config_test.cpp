@@ -57,8 +57,11 @@ TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
       {"token", "0123456789abcdef"},
       {"call_timeout_s", 2.5},
       {"heartbeat_interval_ms", 100},
-      {"data_plane", {{"bind_host", "0.0.0.0"}, {"port", 9000}}}});
+      {"data_plane", {{"bind_host", "0.0.0.0"}, {"port", 9000}, {"landing_idle_bytes", 1 << 20},
+                      {"peer_mapping_bytes", 0}}}});
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_EQ(cfg->data_plane.landing_idle_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(cfg->data_plane.peer_mapping_bytes, 0u);
   EXPECT_EQ(cfg->agents.size(), 2u);
   EXPECT_EQ(cfg->call_timeout, Millis(2500));
   EXPECT_EQ(cfg->heartbeat_interval, Millis(100));
@@ -67,6 +70,9 @@ TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
   EXPECT_NE(bad.status().message().find("cluster.agentz"), std::string::npos);
   auto bad2 = RuntimeConfig::from_json(nlohmann::json{{"data_plane", {{"prot", 1}}}});
   EXPECT_NE(bad2.status().message().find("cluster.data_plane.prot"), std::string::npos);
+  auto bad3 = RuntimeConfig::from_json(nlohmann::json{{"data_plane", {{"landing_idle_bytes", -1}}}});
+  EXPECT_NE(bad3.status().message().find("cluster.data_plane.landing_idle_bytes"),
+            std::string::npos) << bad3.status().message();
   auto no_token = RuntimeConfig::from_json(nlohmann::json{{"agents", {"h:1"}}});
   EXPECT_EQ(no_token.status().code(), ErrorCode::invalid_argument);
   auto neg = RuntimeConfig::from_json(nlohmann::json{{"call_timeout_s", 0}});

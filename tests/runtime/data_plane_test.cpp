@@ -6,8 +6,14 @@
 #include <boost/asio.hpp>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "runtime/data_plane.hpp"
 #include "runtime/internal/dp_protocol.hpp"
+#include "runtime/internal/dp_server.hpp"
+#include "runtime/internal/shm.hpp"
 
 namespace tessera::runtime {
 namespace {
@@ -59,6 +65,117 @@ TEST(DataPlane, SameHostFetchGoesThroughSharedMemory) {
   EXPECT_GT(owner->stats().served_shm_bytes, in.size() * 64 * 4);
   EXPECT_EQ(owner->stats().served_tcp_bytes, 0u);
   EXPECT_EQ(owner->stats().payloads, 0u);  // consumed: freed
+}
+
+TEST(DataPlane, LandingSegmentsAreReusedOnlyOnceTheirTensorsAreGone) {
+  auto owner = start(true);
+  auto reader = start(true);
+  proto::DataProto a = make_batch(4096, 64);
+  proto::DataProto b = make_batch(4096, 64);
+  (void)b.set_tensor("x", *b.tensor("x") + 1);
+  PayloadHandle ha = owner->publish(a, 0);
+  PayloadHandle hb = owner->publish(b, 0);
+  auto first = reader->fetch(DataPlane::whole(ha), false);
+  auto second = reader->fetch(DataPlane::whole(hb), false);  // first still held: a new segment
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first->tensor("x")->data_ptr(), second->tensor("x")->data_ptr());
+  expect_same(*first, a);
+  expect_same(*second, b);
+  uintptr_t first_address = reinterpret_cast<uintptr_t>(first->tensor("x")->data_ptr());
+  first = Status(ErrorCode::internal, "dropped");  // its segment goes back to the pool
+  auto third = reader->fetch(DataPlane::whole(hb), false);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(third->tensor("x")->data_ptr()), first_address);
+  expect_same(*third, b);
+  expect_same(*second, b);  // untouched by the reuse
+  EXPECT_EQ(owner->stats().served_tcp_bytes, 0u);
+}
+
+// A raw same-host client: sends a fetch for `h` on the owner's Unix socket and reads the
+// owner's answer (a landing request for a large frame).
+struct RawUnixFetch {
+  asio::io_context io;
+  asio::local::stream_protocol::socket s{io};
+  internal::ResponseHeader header;
+
+  explicit RawUnixFetch(const PayloadHandle& h) {
+    s.connect(asio::local::stream_protocol::endpoint(internal::unix_socket_name(h.owner)));
+    std::array<uint8_t, internal::kRequestBytes> req{};
+    internal::Request r;
+    r.owner = h.owner;
+    r.id = h.id;
+    r.key = h.key;
+    internal::write_request(r, req.data());
+    asio::write(s, asio::buffer(req));
+    header = read_header();
+  }
+  internal::ResponseHeader read_header() {
+    std::array<uint8_t, internal::kResponseBytes> resp{};
+    asio::read(s, asio::buffer(resp));
+    return *internal::read_response(resp.data(), uint64_t{1} << 40);
+  }
+  // The error text after an error header (read fully, so the connection closes cleanly).
+  std::string read_error(const internal::ResponseHeader& h) {
+    std::string text(h.body_bytes, '\0');
+    asio::read(s, asio::buffer(text));
+    return text;
+  }
+  // Lends `fd` as the landing segment for a frame of `bytes`.
+  void send_landing(int fd, uint64_t bytes) {
+    std::array<uint8_t, internal::kLandingBytes> msg{};
+    internal::detail::put(msg.data(), 0, internal::kLandingMagic);
+    internal::detail::put(msg.data(), 8, bytes);
+    ASSERT_TRUE(internal::send_with_fd(s.native_handle(), msg.data(), msg.size(), fd, 1000).ok());
+  }
+  // Reads until the owner closes the connection; the bytes read.
+  size_t drain() {
+    boost::system::error_code ec;
+    char buf[256];
+    size_t total = 0;
+    while (!ec) total += s.read_some(asio::buffer(buf), ec);
+    return total;
+  }
+};
+
+TEST(DataPlane, AnUnsealedOrShortLandingSegmentIsRefusedAndServingGoesOn) {
+  auto owner = start(true);
+  auto reader = start(true);
+  proto::DataProto in = make_batch(4096, 64);
+  PayloadHandle h = owner->publish(in, 0);
+  {  // a memfd the peer could shrink under the owner's writes (SIGBUS): refused
+    RawUnixFetch raw(h);
+    ASSERT_EQ(raw.header.transport, internal::Transport::landing_needed);
+    int fd = ::memfd_create("hostile", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(raw.header.body_bytes)), 0);
+    raw.send_landing(fd, raw.header.body_bytes);
+    ::close(fd);
+    internal::ResponseHeader answer = raw.read_header();
+    EXPECT_EQ(answer.status, ErrorCode::permission_denied);
+    EXPECT_NE(raw.read_error(answer).find("sealed"), std::string::npos);
+  }
+  {  // sealed but smaller than the frame: refused
+    RawUnixFetch raw(h);
+    int fd = ::memfd_create("short", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ASSERT_EQ(::ftruncate(fd, 4096), 0);
+    ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    raw.send_landing(fd, raw.header.body_bytes);
+    ::close(fd);
+    internal::ResponseHeader answer = raw.read_header();
+    EXPECT_EQ(answer.status, ErrorCode::invalid_argument);
+    EXPECT_NE(raw.read_error(answer).find("fewer than"), std::string::npos);
+  }
+  uint64_t bad_before = owner->stats().bad_requests;
+  {  // half a landing message, then the peer goes away: that connection is dropped
+    RawUnixFetch raw(h);
+    asio::write(raw.s, asio::buffer(std::string(7, 'L')));
+    raw.s.shutdown(asio::local::stream_protocol::socket::shutdown_send);
+    EXPECT_EQ(raw.drain(), 0u);
+  }
+  EXPECT_EQ(owner->stats().bad_requests, bad_before + 1);
+  auto out = reader->fetch(DataPlane::whole(h), false);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  expect_same(*out, in);
 }
 
 TEST(DataPlane, TcpFetchOfASliceMovesOnlyThoseRows) {

@@ -169,16 +169,18 @@ TEST_F(WorkerActorTest, ConstructionFailuresAreReportedBySpawn) {
   EXPECT_EQ(bad_device.status().code(), ErrorCode::invalid_argument);
 }
 
-// A target that accepts calls and never answers (a worker stuck in a long computation).
-caf::behavior black_hole(caf::event_based_actor* self) {
+// An agent that accepts AgentCalls and never answers (its workers are stuck in a long call).
+caf::behavior silent_agent(caf::event_based_actor* self) {
   auto promises = std::make_shared<std::vector<caf::response_promise>>();
-  return {[=](call_atom, const CallRequest&) { promises->push_back(self->make_response_promise()); }};
+  return {[=](call_atom, const AgentCall&) { promises->push_back(self->make_response_promise()); }};
 }
 
-TEST_F(WorkerActorTest, DeadTargetFailsAllPendingCallsAtOnce) {
-  caf::actor hole = sys_->system().spawn(black_hole);
+TEST_F(WorkerActorTest, ADeadAgentFailsAllItsPendingCallsAtOnce) {
+  caf::actor hole = sys_->system().spawn(silent_agent);
+  hub_->watch_agent(hole, "node-b:7700");
   WorkerContext ctx{"actor", 3, 4, 1, 2, "cpu:1", "node-b", "", 0};
-  WorkerRef ref{hole, ctx, false};
+  WorkerRef ref{hole, ctx, false, hole};
+  hub_->watch_worker(ref);
   CallRequest req;
   req.method = "update_actor";
   auto b1 = hub_->call({ref}, {req});
@@ -196,14 +198,14 @@ TEST_F(WorkerActorTest, DeadTargetFailsAllPendingCallsAtOnce) {
   }
   EXPECT_EQ(b2->wait()[0].status().code(), ErrorCode::unavailable);
   auto b3 = hub_->call({ref}, {req});  // later calls fail at once
-  sched().run();
   ASSERT_TRUE(b3->ready());
   EXPECT_NE(b3->wait()[0].status().message().find("is dead"), std::string::npos);
 }
 
-TEST_F(WorkerActorTest, EveryRequestHasAFiniteTimeout) {
-  caf::actor hole = sys_->system().spawn(black_hole);
-  WorkerRef ref{hole, WorkerContext{"g", 0, 1, 0, 1, "cpu:0", "node-a", "", 0}, false};
+TEST_F(WorkerActorTest, EveryRemoteRequestHasAFiniteTimeout) {
+  caf::actor hole = sys_->system().spawn(silent_agent);
+  hub_->watch_agent(hole, "node-a:7700");
+  WorkerRef ref{hole, WorkerContext{"g", 0, 1, 0, 1, "cpu:0", "node-a", "", 0}, false, hole};
   CallRequest req;
   req.method = "generate_sequences";
   auto batch = hub_->call({ref}, {req}, Millis(50));
@@ -217,6 +219,108 @@ TEST_F(WorkerActorTest, EveryRequestHasAFiniteTimeout) {
   EXPECT_NE(st.message().find("'generate_sequences'"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("rank 0"), std::string::npos) << st.message();
   caf::anon_send_exit(hole, caf::exit_reason::kill);
+  sched().run();
+}
+
+TEST_F(WorkerActorTest, ALocalWorkerThatDiedFailsTheCallInsteadOfHanging) {
+  auto w = spawn(1, {{"", "echo", "{}"}});
+  ASSERT_TRUE(w.ok());
+  caf::anon_send_exit(w->actor, caf::exit_reason::kill);
+  sched().run();
+  auto r = call_one(*w, "rank_info");
+  EXPECT_EQ(r.status().code(), ErrorCode::unavailable);
+  EXPECT_NE(r.status().message().find("terminated before answering"), std::string::npos)
+      << r.status().message();
+}
+
+TEST_F(WorkerActorTest, AnAgentFansOutOneMessageToItsWorkers) {
+  hub_->watch_agent(agent_, "test-agent");
+  std::vector<WorkerRef> refs;
+  for (int r = 0; r < 3; ++r) {
+    WorkerRef ref = *spawn(r, {{"", "echo", "{}"}});
+    ref.local = false;  // go through the agent, as for a remote node
+    ref.agent = agent_;
+    refs.push_back(ref);
+  }
+  std::vector<CallRequest> reqs(3);
+  for (auto& q : reqs) q.method = "rank_info";
+  reqs[2].method = "fail";
+  auto batch = hub_->call(refs, reqs);
+  sched().run();
+  ASSERT_TRUE(batch->ready());
+  auto results = batch->wait();
+  EXPECT_EQ(from_wire(*results[1], *dp_, true)->json()["rank"], 1);
+  EXPECT_NE(results[2].status().message().find("boom"), std::string::npos);
+}
+
+TEST_F(WorkerActorTest, AWorkerDyingDuringAFanOutFailsOnlyItsOwnTarget) {
+  hub_->watch_agent(agent_, "test-agent");
+  std::vector<WorkerRef> refs;
+  for (int r = 0; r < 2; ++r) {
+    WorkerRef ref = *spawn(r, {{"", "echo", "{}"}});
+    ref.local = false;
+    ref.agent = agent_;
+    refs.push_back(ref);
+  }
+  std::vector<CallRequest> reqs(2);
+  for (auto& q : reqs) q.method = "rank_info";
+  auto batch = hub_->call(refs, reqs);
+  caf::anon_send_exit(refs[1].actor, caf::exit_reason::kill);  // dies with the call on its way
+  sched().run();
+  ASSERT_TRUE(batch->ready());
+  auto results = batch->wait();
+  ASSERT_TRUE(results[0].ok()) << results[0].status().to_string();
+  EXPECT_EQ(from_wire(*results[0], *dp_, true)->json()["rank"], 0);
+  Status st = results[1].status();
+  EXPECT_EQ(st.code(), ErrorCode::unavailable) << st.to_string();
+  for (const char* part : {"rank 1", "test-host", "'rank_info'"}) {
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st.message();
+  }
+}
+
+TEST_F(WorkerActorTest, AnAgentCallsOnlyWorkersItHostsForThatDriver) {
+  hub_->watch_agent(agent_, "test-agent");
+  caf::actor stranger = sys_->system().spawn(silent_agent);  // not spawned by the agent
+  WorkerRef ref{stranger, WorkerContext{"g", 4, 5, 0, 1, "cpu:0", "test-host", "", 0}, false,
+                agent_};
+  CallRequest req;
+  req.method = "rank_info";
+  auto batch = hub_->call({ref}, {req});
+  sched().run();
+  ASSERT_TRUE(batch->ready());
+  Status st = batch->wait()[0].status();
+  EXPECT_EQ(st.code(), ErrorCode::unavailable);
+  for (const char* part : {"rank 4", "'rank_info'", "not hosted"}) {
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st.message();
+  }
+  caf::anon_send_exit(stranger, caf::exit_reason::kill);
+  sched().run();
+}
+
+// A peer posing as an agent that answers every AgentCall with `reply`.
+caf::behavior scripted_agent(caf::event_based_actor*, AgentCallReply reply) {
+  return {[=](call_atom, const AgentCall&) { return reply; }};
+}
+
+TEST_F(WorkerActorTest, AMalformedAgentReplyIsAnErrorNotAnOverRead) {
+  AgentCallReply no_answers;                                  // 0 answers for 1 call
+  AgentCallReply unknown_code{{200}, {"?"}, {WireValue{}}};  // no such ErrorCode
+  for (const AgentCallReply& reply : {no_answers, unknown_code}) {
+    caf::actor fake = sys_->system().spawn(scripted_agent, reply);
+    hub_->watch_agent(fake, "node-c:7700");
+    WorkerRef ref{fake, WorkerContext{"g", 5, 6, 1, 2, "cpu:1", "node-c", "", 0}, false, fake};
+    CallRequest req;
+    req.method = "compute_values";
+    auto batch = hub_->call({ref}, {req});
+    sched().run();
+    ASSERT_TRUE(batch->ready());
+    Status st = batch->wait()[0].status();
+    EXPECT_EQ(st.code(), ErrorCode::corrupt_data) << st.to_string();
+    EXPECT_NE(st.message().find("rank 5"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("'compute_values'"), std::string::npos) << st.message();
+    caf::anon_send_exit(fake, caf::exit_reason::kill);
+    sched().run();
+  }
 }
 
 TEST_F(WorkerActorTest, ABatchCallsEveryRankInParallel) {

@@ -1,0 +1,367 @@
+// bench_runtime: the distributed runtime's round trips and bandwidth, as ratios within one run.
+//
+//   BM_rt_dp_proto_rtt_inproc      DP_COMPUTE_PROTO call, 8 in-process workers (goal <= 20 us)
+//   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us)
+//   BM_rt_caf_request_rtt          bare CAF request/response to an agent (same two processes)
+//   BM_rt_asio_rtt                 8-byte raw Asio TCP ping-pong to a child process
+//   BM_rt_dataproto_roundtrip/256  256 MiB DataProto driver -> agent -> driver (same host),
+//                                  after 2 untimed warm-up round trips; bytes_per_second
+//                                  counts both directions
+//   BM_rt_memcpy/256               memcpy of 256 MiB into a warm buffer (the goal's baseline)
+//   BM_rt_soak_100k                100 000 calls over the agents: rss_growth_pct, lost_replies
+//
+// The binary re-executes itself as the agents (--tessera-agent) and as the echo server
+// (--tessera-echo); agents print their ready line on a pipe that is read with poll().
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include <boost/asio.hpp>
+#include <caf/scoped_actor.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "dispatch/worker_group.hpp"
+#include "runtime/agent_main.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/runtime.hpp"
+
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+namespace asio = boost::asio;
+using dispatch::Value;
+const char* kToken = "bench-runtime-token-0123456789abcdef";
+
+// ---- worker type and processes -----------------------------------------------------------------
+
+class BenchWorker : public dispatch::WorkerBase {
+ public:
+  explicit BenchWorker(const runtime::WorkerContext& ctx) : WorkerBase(ctx) {
+    (void)methods().add("identity", dispatch::Dispatch::DP_COMPUTE_PROTO,
+                        [](const dispatch::Args& a) -> Result<Value> { return a.at(0); });
+    (void)methods().add("whole", dispatch::Dispatch::ALL_TO_ALL,
+                        [](const dispatch::Args& a) -> Result<Value> { return a.at(0); });
+  }
+};
+
+const runtime::WorkerTypeRegistry& registry() {
+  static const runtime::WorkerTypeRegistry r = [] {
+    runtime::WorkerTypeRegistry reg;
+    (void)dispatch::register_worker_type(reg, "bench", [](const runtime::WorkerContext& c,
+                                                          const nlohmann::json&)
+                                             -> Result<std::unique_ptr<dispatch::WorkerBase>> {
+      return std::unique_ptr<dispatch::WorkerBase>(std::make_unique<BenchWorker>(c));
+    });
+    return reg;
+  }();
+  return r;
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench_runtime: %s\n", what.c_str());
+  std::exit(1);
+}
+
+// A child process (agent or echo server). Its stdout (where agents also log) is drained to
+// stderr after the ready line, so a chatty child can never block on a full pipe.
+struct Child {
+  pid_t pid = -1;
+  int out = -1;
+  std::string line;
+  std::thread drain;
+
+  void stop(int sig) {
+    if (pid > 0) {
+      if (sig != 0) ::kill(pid, sig);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    if (drain.joinable()) drain.join();
+    if (out >= 0) ::close(out);
+    out = -1;
+  }
+};
+
+std::unique_ptr<Child> spawn_self(std::vector<std::string> args) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) die("pipe2 failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO);
+  args.insert(args.begin(), "/proc/self/exe");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto c = std::make_unique<Child>();
+  if (posix_spawn(&c->pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ) != 0) {
+    die("posix_spawn of " + args[1] + " failed");
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(p[1]);
+  c->out = p[0];
+  char ch;
+  pollfd pf{c->out, POLLIN, 0};
+  while (::poll(&pf, 1, 30000) > 0 && ::read(c->out, &ch, 1) == 1 && ch != '\n') c->line += ch;
+  int fd = c->out;
+  c->drain = std::thread([fd] {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) (void)!::write(STDERR_FILENO, buf, n);
+  });
+  return c;
+}
+
+std::string token_file() {
+  static const std::string path = [] {
+    std::string p = "/tmp/tessera-bench-token-" + std::to_string(::getpid());
+    std::ofstream(p) << kToken << "\n";
+    ::chmod(p.c_str(), 0600);
+    return p;
+  }();
+  return path;
+}
+
+// ---- shared fixtures (built on first use, torn down at exit) ----------------------------------
+
+struct Cluster {
+  std::vector<std::unique_ptr<Child>> agents;
+  std::unique_ptr<runtime::Runtime> rt;
+  std::shared_ptr<dispatch::WorkerGroup> wg;  // 8 ranks over both agents
+  ~Cluster() {
+    wg.reset();
+    rt.reset();
+    for (auto& a : agents) a->stop(SIGTERM);
+  }
+};
+
+template <class T>
+T checked(Result<T> r, const char* what) {
+  if (!r.ok()) die(std::string(what) + ": " + r.status().to_string());
+  return std::move(r).value();
+}
+
+std::unique_ptr<Cluster> g_cluster;
+
+Cluster& cluster() {
+  if (!g_cluster) {
+    g_cluster = std::make_unique<Cluster>();
+    Cluster& k = *g_cluster;
+    runtime::RuntimeConfig cfg;
+    for (int i = 0; i < 2; ++i) {
+      k.agents.push_back(spawn_self({"--tessera-agent", "--devices", "cpu:4", "--token-file",
+                                     token_file()}));
+      std::smatch m;
+      if (!std::regex_search(k.agents.back()->line, m, std::regex(R"(listen=(\S+))"))) {
+        die("agent did not start: '" + k.agents.back()->line + "'");
+      }
+      cfg.agents.push_back(m[1]);
+    }
+    cfg.token = kToken;
+    k.rt = checked(runtime::Runtime::start(cfg, registry()), "driver runtime");
+    k.wg = checked(dispatch::WorkerGroup::spawn(*k.rt, "bench",
+                                                checked(k.rt->resource_pool(), "resource pool"),
+                                                {{"", "bench", "{}"}}),
+                   "spawning 8 workers on 2 agents");
+  }
+  return *g_cluster;
+}
+
+struct Embedded {
+  std::unique_ptr<runtime::Runtime> rt;
+  std::shared_ptr<dispatch::WorkerGroup> wg;
+};
+
+std::unique_ptr<Embedded> g_embedded;
+
+Embedded& embedded() {
+  if (!g_embedded) {
+    runtime::RuntimeConfig cfg;
+    cfg.embedded_devices = "cpu:8";
+    g_embedded = std::make_unique<Embedded>();
+    g_embedded->rt = checked(runtime::Runtime::start(cfg, registry()), "embedded runtime");
+    g_embedded->wg = checked(
+        dispatch::WorkerGroup::spawn(*g_embedded->rt, "bench",
+                                     checked(g_embedded->rt->resource_pool(), "resource pool"),
+                                     {{"", "bench", "{}"}}),
+        "spawning 8 in-process workers");
+  }
+  return *g_embedded;
+}
+
+proto::DataProto small_batch() {
+  return *proto::DataProto::from_dict({{"x", torch::arange(32, torch::kFloat32).view({8, 4})}});
+}
+
+void dp_rtt(benchmark::State& state, dispatch::WorkerGroup& wg) {
+  Value in(small_batch());
+  for (auto _ : state) {
+    auto out = wg.call("identity", {in});
+    if (!out.ok()) state.SkipWithError(out.status().to_string().c_str());
+  }
+}
+
+void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedded().wg); }
+
+void BM_rt_dp_proto_rtt_2agents(benchmark::State& state) { dp_rtt(state, *cluster().wg); }
+
+void BM_rt_caf_request_rtt(benchmark::State& state) {
+  Cluster& c = cluster();
+  caf::scoped_actor self{c.rt->system()};
+  const caf::actor& agent = c.rt->nodes()[0].agent;
+  for (auto _ : state) {
+    bool ok = false;
+    self->request(agent, std::chrono::seconds(10), runtime::info_atom::value)
+        .receive([&](runtime::AgentInfo&) { ok = true; }, [&](caf::error&) {});
+    if (!ok) state.SkipWithError("agent did not answer");
+  }
+}
+
+int echo_main() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acc(io, {asio::ip::make_address("127.0.0.1"), 0});
+  std::printf("echo port=%u\n", acc.local_endpoint().port());
+  std::fflush(stdout);
+  asio::ip::tcp::socket s(io);
+  acc.accept(s);
+  s.set_option(asio::ip::tcp::no_delay(true));
+  char buf[8];
+  boost::system::error_code ec;
+  while (!ec) {
+    asio::read(s, asio::buffer(buf), ec);
+    if (!ec) asio::write(s, asio::buffer(buf), ec);
+  }
+  return 0;
+}
+
+void BM_rt_asio_rtt(benchmark::State& state) {
+  std::unique_ptr<Child> echo = spawn_self({"--tessera-echo"});
+  std::smatch m;
+  if (!std::regex_search(echo->line, m, std::regex(R"(port=(\d+))"))) {
+    die("echo server did not start: '" + echo->line + "'");
+  }
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(std::stoi(m[1]))}, ec);
+  if (ec) die("connecting to the echo server: " + ec.message());
+  s.set_option(asio::ip::tcp::no_delay(true));
+  char buf[8] = {};
+  for (auto _ : state) {
+    asio::write(s, asio::buffer(buf));
+    asio::read(s, asio::buffer(buf));
+  }
+  s.close();
+  echo->stop(0);  // it exits when the connection closes
+}
+
+void BM_rt_dataproto_roundtrip(benchmark::State& state) {
+  Cluster& c = cluster();
+  int64_t mib = state.range(0);
+  int64_t rows = 1024;
+  auto x = torch::rand({rows, mib * 1024 * 1024 / 4 / rows}, torch::kFloat32);
+  proto::DataProto in = *proto::DataProto::from_dict({{"x", x}});
+  std::vector<runtime::WorkerRef> one = {c.wg->workers()[0]};
+  // Untimed warm-up: the first transfers create and fault in the landing segments on both
+  // sides (Note [Landing segments]); steady state reuses them.
+  for (int i = 0; i < 2; ++i) {
+    auto out = c.rt->call(one, "whole", {{runtime::Value(in)}});
+    if (!out.ok()) state.SkipWithError(out.status().to_string().c_str());
+  }
+  for (auto _ : state) {
+    auto out = c.rt->call(one, "whole", {{runtime::Value(in)}});
+    if (!out.ok()) state.SkipWithError(out.status().to_string().c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * mib * 1024 * 1024);
+}
+
+void BM_rt_memcpy(benchmark::State& state) {
+  size_t bytes = static_cast<size_t>(state.range(0)) << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::DoNotOptimize(dst.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+}
+
+double rss_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+void BM_rt_soak_100k(benchmark::State& state) {
+  Cluster& c = cluster();
+  Value in(small_batch());
+  auto expect = small_batch().tensor("x").value();
+  for (auto _ : state) {
+    for (int i = 0; i < 1000; ++i) (void)c.wg->call("identity", {in});  // warm-up
+    double rss0 = rss_mib(::getpid()), a0 = rss_mib(c.agents[0]->pid), b0 = rss_mib(c.agents[1]->pid);
+    int64_t lost = 0;
+    for (int i = 0; i < 100000; ++i) {
+      auto out = c.wg->call("identity", {in});
+      if (!out.ok() || !torch::equal(*out->proto().tensor("x"), expect)) ++lost;
+    }
+    state.counters["lost_replies"] = static_cast<double>(lost);
+    state.counters["rss_growth_pct"] = 100.0 * (rss_mib(::getpid()) - rss0) / rss0;
+    state.counters["agent_rss_growth_pct"] =
+        100.0 * std::max(rss_mib(c.agents[0]->pid) - a0, rss_mib(c.agents[1]->pid) - b0) /
+        std::min(a0, b0);
+    state.counters["driver_payloads_left"] = static_cast<double>(c.rt->data_plane().stats().payloads);
+  }
+}
+
+BENCHMARK(BM_rt_dp_proto_rtt_inproc)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dp_proto_rtt_2agents)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_asio_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dataproto_roundtrip)
+    ->Arg(256)
+    ->Iterations(5)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_rt_memcpy)->Arg(256)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_rt_soak_100k)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--tessera-echo") == 0) return tessera::echo_main();
+  if (argc >= 2 && std::strcmp(argv[1], "--tessera-agent") == 0) {
+    tessera::runtime::AgentOptions o;
+    o.listen = "127.0.0.1:0";
+    for (int i = 2; i + 1 < argc; i += 2) {
+      if (std::strcmp(argv[i], "--devices") == 0) o.devices = argv[i + 1];
+      if (std::strcmp(argv[i], "--token-file") == 0) o.token_file = argv[i + 1];
+    }
+    return tessera::runtime::run_agent(o, tessera::registry());
+  }
+  // stdout carries the benchmark report (JSON under bench/run): the runtime logs to stderr.
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("bench_runtime"));
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  tessera::g_embedded.reset();
+  tessera::g_cluster.reset();
+  ::unlink(tessera::token_file().c_str());
+  return 0;
+}
