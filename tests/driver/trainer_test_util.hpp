@@ -64,7 +64,9 @@ inline std::vector<std::string> tiny_ppo_overrides(const std::filesystem::path& 
       "trainer.test_freq=2", "trainer.val_before_train=true", "trainer.logger=[jsonl]",
       "trainer.default_local_dir=" + d + "/run", "trainer.resume_mode=disable"};
   if (estimator == "gae") {
-    for (const char* s : {"critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-3",
+    // critic.optim.min_lr_ratio defaults to null (verl), which the critic worker's optim parser
+    // refuses today; 0.0 is verl's effective value.
+    for (const char* s : {"critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-3", "critic.optim.min_lr_ratio=0.0",
                           "++critic.model.fsdp_config.mixed_precision.param_dtype=fp32"}) {
       o.push_back(s);
     }
