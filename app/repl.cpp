@@ -393,6 +393,7 @@ std::vector<std::string> Repl::complete(const std::vector<std::string>& before, 
   for (const std::string& p : pool) {
     if (p.compare(0, word.size(), word) == 0) out.push_back(p);
   }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

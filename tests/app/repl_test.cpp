@@ -91,7 +91,7 @@ TEST_F(ReplSession, GroupsAndMethods) {
   EXPECT_NE(methods.find("generate_sequences"), std::string::npos) << methods;
   EXPECT_NE(methods.find("DP_COMPUTE_PROTO"), std::string::npos) << methods;
   EXPECT_NE(methods.find("init_model"), std::string::npos) << methods;
-  EXPECT_EQ(repl_->complete({}, "ge"), (std::vector<std::string>{"generate", "groups"}));
+  EXPECT_EQ(repl_->complete({}, "g"), (std::vector<std::string>{"generate", "groups"}));
   EXPECT_EQ(repl_->complete({"call"}, "actor_r"), (std::vector<std::string>{"actor_rollout"}));
   auto m = repl_->complete({"call", "actor_rollout"}, "generate_");
   EXPECT_EQ(m, (std::vector<std::string>{"generate_sequences"}));
