@@ -39,8 +39,10 @@ Status apply_table(const KeyTable<Target>& table, Target& out, const nlohmann::j
   return Status();
 }
 
+// A null value keeps the default (verl's YAML writes null for "unset", e.g. min_lr_ratio).
 #define TESSERA_FIELD(Target, key, type, expr)                                             \
   {key, [](Target& o, const nlohmann::json& v, const std::string& k) -> Status {          \
+     if (v.is_null()) return Status();                                                    \
      TESSERA_ASSIGN_OR_RETURN(auto x, read<type>(v, k, #type));                           \
      expr;                                                                                \
      return Status();                                                                     \

@@ -92,6 +92,19 @@ Status KVCacheEngine::check_prompts(const std::vector<std::vector<int64_t>>& pro
   return Status();
 }
 
+// A call whose meta_info carries the trainer's `global_steps` is seeded from (engine seed, step,
+// validate): a run resumed from a checkpoint then draws exactly the samples an uninterrupted run
+// draws at that step, with no generator state in the checkpoint. Other calls draw their seed
+// from the engine's generator.
+uint64_t KVCacheEngine::call_seed(const nlohmann::json& meta) {
+  auto* gen = at::check_generator<at::CPUGeneratorImpl>(generator_);
+  auto step = meta.find("global_steps");
+  if (step == meta.end() || !step->is_number_integer()) return gen->random64();
+  auto validate = meta.find("validate");
+  const bool is_val = validate != meta.end() && validate->is_boolean() && validate->get<bool>();
+  return row_seed(row_seed(gen->current_seed(), step->get<int64_t>()), is_val ? 1 : 0);
+}
+
 Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProto& prompts) {
   const auto t0 = std::chrono::steady_clock::now();
   TESSERA_ASSIGN_OR_RETURN(GenerationInputs in, read_generation_inputs(prompts, config_.do_sample));
@@ -105,7 +118,7 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.want_logprobs = config_.calculate_log_probs;
   options.eos_token_ids = in.eos_token_ids;
   options.sampling = resolve_sampling(config_, in.do_sample, in.validate);
-  options.call_seed = at::check_generator<at::CPUGeneratorImpl>(generator_)->random64();
+  options.call_seed = call_seed(prompts.meta_info());
   GenerationStats stats;
   std::vector<GeneratedRow> rows;
   try {

@@ -15,7 +15,9 @@
 //  - Sampling follows sampling.hpp (vLLM rules, a per-row torch CPU generator). Each call draws
 //    its seed from the engine's generator (seeded by EngineOptions::seed), so consecutive calls
 //    differ, the same seed replays the same sequence of calls, and results do not depend on the
-//    slot count or the batching mode.
+//    slot count or the batching mode. A call whose meta_info holds the trainer's `global_steps`
+//    is seeded from (EngineOptions::seed, global_steps, validate) instead, so a resumed run
+//    samples exactly like an uninterrupted one.
 //  - `n` is not used: as in verl v0.5, the trainer repeats the prompts, and the engine generates
 //    once per row (repeated rows draw from different row streams).
 //
@@ -79,6 +81,7 @@ class KVCacheEngine final : public RolloutEngine {
   std::unique_ptr<StepModel> model_;
   RolloutConfig config_;
   at::Generator generator_;  ///< Draws one seed per call.
+  uint64_t call_seed(const nlohmann::json& meta);
   GenerationStats stats_;
 };
 
