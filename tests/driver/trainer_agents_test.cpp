@@ -1,0 +1,109 @@
+// The same GRPO run on 2 local agent processes (deploy/local-cluster.sh 2) and embedded in the
+// driver gives the same metrics for the same seed: placement changes where the ranks run, not
+// what they compute.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "driver/ppo_trainer.hpp"
+#include "tests/driver/trainer_test_util.hpp"
+
+namespace tessera::driver {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+std::vector<std::pair<int64_t, Metrics>> fit(std::vector<std::string> overrides) {
+  auto cfg = load_config(ConfigKind::ppo, "", overrides);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
+  if (!cfg.ok()) return {};
+  PpoTrainerOptions o;
+  o.console = nullptr;
+  o.progress = nullptr;
+  auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), o);
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  if (!t.ok()) return {};
+  Status st = (*t)->init_workers();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (st.ok()) st = (*t)->fit();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return (*t)->history();
+}
+
+// Starts `deploy/local-cluster.sh 2` in `dir` and stops it when destroyed.
+class LocalCluster {
+ public:
+  LocalCluster(const fs::path& source, const fs::path& bin, const fs::path& dir)
+      : script_((source / "deploy" / "local-cluster.sh").string()), dir_(dir.string()) {
+    std::string cmd = "TESSERA_BIN='" + (bin / "tessera").string() + "' bash '" + script_ + "' 2 --dir '" + dir_ +
+                      "' 2>/dev/null | tail -n1";
+    std::FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return;
+    char buf[1024];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) line_ += buf;
+    ::pclose(p);
+    while (!line_.empty() && (line_.back() == '\n' || line_.back() == '\r')) line_.pop_back();
+  }
+  ~LocalCluster() {
+    std::string cmd = "bash '" + script_ + "' stop --dir '" + dir_ + "' >/dev/null 2>&1";
+    (void)std::system(cmd.c_str());
+  }
+  /// The two overrides the script printed ("cluster.agents=[...]", "cluster.token_file=...").
+  std::vector<std::string> overrides() const {
+    auto space = line_.find(' ');
+    if (line_.rfind("cluster.agents=", 0) != 0 || space == std::string::npos) return {};
+    return {line_.substr(0, space), line_.substr(space + 1)};
+  }
+  const std::string& line() const { return line_; }
+
+ private:
+  std::string script_, dir_, line_;
+};
+
+TEST(TrainerAgents, GrpoOnTwoLocalAgentsMatchesEmbedded) {
+  const char* source = std::getenv("TESSERA_SOURCE_DIR");
+  const char* bin = std::getenv("TESSERA_BIN_DIR");
+  if (source == nullptr || bin == nullptr || !fs::exists(fs::path(bin) / "tessera")) {
+    GTEST_SKIP() << "needs TESSERA_SOURCE_DIR and the tessera binary in TESSERA_BIN_DIR";
+  }
+  TempDir dir("agents");
+  testing::make_tiny_run(dir.path());
+  std::vector<std::string> base = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+
+  std::vector<std::string> embedded = base;
+  embedded.push_back("trainer.default_local_dir=" + (dir.path() / "run_embedded").string());
+  auto expected = fit(embedded);
+
+  LocalCluster cluster(source, bin, dir.path() / "cluster");
+  ASSERT_EQ(cluster.overrides().size(), 2u) << "local-cluster.sh printed: " << cluster.line();
+  std::vector<std::string> on_agents = base;
+  on_agents.push_back("trainer.default_local_dir=" + (dir.path() / "run_agents").string());
+  on_agents.push_back("trainer.nnodes=2");
+  on_agents.push_back("trainer.n_gpus_per_node=1");
+  for (const std::string& o : cluster.overrides()) on_agents.push_back(o);
+  auto got = fit(on_agents);
+
+  ASSERT_EQ(got.size(), expected.size());
+  ASSERT_EQ(expected.size(), 3u);  // validation before training + 2 steps
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(got[i].first, expected[i].first);
+    Metrics want = testing::deterministic_metrics(expected[i].second);
+    Metrics have = testing::deterministic_metrics(got[i].second);
+    EXPECT_EQ(have.size(), want.size()) << "step " << expected[i].first;
+    for (const auto& [k, v] : want) {
+      auto it = have.find(k);
+      ASSERT_NE(it, have.end()) << "step " << expected[i].first << ": missing " << k;
+      if (std::isnan(v)) {
+        EXPECT_TRUE(std::isnan(it->second)) << k;
+      } else {
+        EXPECT_NEAR(it->second, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << expected[i].first << ": " << k;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::driver
