@@ -1,0 +1,46 @@
+// With reward_model.enable the reward-model worker group's rm_scores replace the rule scorer:
+// the tiny run's rule scores are 0/1 accuracies, while an (untrained) value-head reward model
+// gives continuous scores. The RM group is colocated with the actor like verl's global pool.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "driver/ppo_trainer.hpp"
+#include "tests/driver/trainer_test_util.hpp"
+
+namespace tessera::driver {
+namespace {
+
+bool is_zero_or_one(double v) { return v == 0.0 || v == 1.0; }
+
+TEST(TrainerRewardModel, RmScoresReplaceTheRuleScorer) {
+  testing::TempDir dir("rm");
+  testing::make_tiny_run(dir.path());
+  std::vector<std::string> o = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  o.push_back("trainer.val_before_train=false");
+  o.push_back("reward_model.enable=true");
+  o.push_back("reward_model.model.path=" + (dir.path() / "model").string());
+  o.push_back("reward_model.micro_batch_size_per_gpu=4");
+  auto cfg = load_config(ConfigKind::ppo, "", o);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  PpoTrainerOptions po;
+  po.console = nullptr;
+  po.progress = nullptr;
+  auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), po);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  bool has_rm = false;
+  for (const auto& [name, wg] : (*t)->worker_groups()) has_rm |= name == "rm";
+  EXPECT_TRUE(has_rm);
+  ASSERT_TRUE((*t)->init_workers().ok());
+  Status st = (*t)->fit();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ((*t)->history().size(), 1u);
+  const Metrics& m = (*t)->history()[0].second;
+  const double lo = m.at("critic/score/min"), hi = m.at("critic/score/max");
+  EXPECT_TRUE(std::isfinite(lo) && std::isfinite(hi));
+  EXPECT_LT(lo, hi);
+  EXPECT_FALSE(is_zero_or_one(lo) && is_zero_or_one(hi)) << "scores look like rule accuracies: " << lo << " " << hi;
+}
+
+}  // namespace
+}  // namespace tessera::driver
