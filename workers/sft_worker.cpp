@@ -177,9 +177,10 @@ class SftWorker : public dispatch::WorkerBase {
     TESSERA_ASSIGN_OR_RETURN(config_, parse_sft_worker_config(init_));
     // verl's SFT trainer hard-codes bf16 parameters for its CUDA FSDP; on CPU devices Tessera
     // computes in fp32 unless model.fsdp_config.mixed_precision says otherwise.
-    if (!config_.fsdp_config.contains("mixed_precision") && context().device.rfind("cpu", 0) == 0) {
-      config_.fsdp_config["mixed_precision"] = {{"param_dtype", "fp32"}};
-    }
+    json& mp = config_.fsdp_config["mixed_precision"];
+    const bool param_set = mp.is_object() && mp.contains("param_dtype") && !mp["param_dtype"].is_null();
+    if (!param_set && context().device.rfind("cpu", 0) == 0) mp["param_dtype"] = "fp32";
+    if (mp.is_null()) config_.fsdp_config.erase("mixed_precision");
     torch::manual_seed(init_.value("seed", uint64_t{0}));
     const std::string backend = init_.value("comm_backend", default_comm_backend(context()));
     TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));

@@ -49,6 +49,7 @@ Status apply_table(const KeyTable<Target>& table, Target& out, const nlohmann::j
    }}
 
 Status read_dtype(c10::ScalarType& out, const nlohmann::json& v, const std::string& k) {
+  if (v.is_null()) return Status();  // keeps the default, like TESSERA_FIELD
   TESSERA_ASSIGN_OR_RETURN(auto name, read<std::string>(v, k, "string"));
   TESSERA_ASSIGN_OR_RETURN(out, parse_dtype(name, k));
   return Status();
