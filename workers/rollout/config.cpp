@@ -4,6 +4,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <mutex>
+#include <set>
+
 #include <type_traits>
 
 namespace tessera::rollout {
@@ -332,7 +335,15 @@ Result<ParsedRolloutConfig> parse_rollout_config(const nlohmann::json& rollout) 
   TESSERA_RETURN_IF_ERROR(apply_rules(rollout, kPrefix, kRolloutRules, out.config, state));
   TESSERA_RETURN_IF_ERROR(validate_rollout_config(out.config));
   out.ignored_keys = std::move(state.ignored);
-  if (!out.ignored_keys.empty()) {
+  // Every rank of a process parses the same config: report a given key list once per process.
+  static std::mutex reported_mu;
+  static std::set<std::vector<std::string>> reported;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(reported_mu);
+    first = reported.insert(out.ignored_keys).second;
+  }
+  if (!out.ignored_keys.empty() && first) {
     spdlog::info("rollout config: {} key(s) have no effect on Tessera's KV-cache engine (vLLM/SGLang-only or "
                  "unused defaults): {}",
                  out.ignored_keys.size(), fmt::join(out.ignored_keys, ", "));
