@@ -12,6 +12,7 @@
 #include "app/worker_types.hpp"
 #include "driver/config.hpp"
 #include "driver/data.hpp"
+#include "workers/models/chat_template.hpp"
 
 namespace tessera::app {
 namespace {
@@ -145,13 +146,6 @@ Result<std::vector<std::string>> split_command_line(const std::string& line) {
 Result<std::unique_ptr<Repl>> Repl::create(json cfg, std::FILE* out) {
   std::unique_ptr<Repl> r(new Repl());
   r->out_ = out;
-  TESSERA_ASSIGN_OR_RETURN(std::string model_path, driver::config_get<std::string>(cfg, "actor_rollout_ref.model.path"));
-  TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(model_path));
-  r->tokenizer_.emplace(std::move(tok));
-  TESSERA_ASSIGN_OR_RETURN(auto files, driver::data_files(cfg, "data.train_files"));
-  TESSERA_ASSIGN_OR_RETURN(auto options, driver::RLHFDatasetOptions::from_config(cfg));
-  TESSERA_ASSIGN_OR_RETURN(driver::RLHFDataset ds, driver::RLHFDataset::load(files, *r->tokenizer_, options));
-  r->dataset_ = std::make_unique<driver::RLHFDataset>(std::move(ds));
   driver::PpoTrainerOptions po;
   po.console = nullptr;
   po.progress = nullptr;
@@ -260,9 +254,9 @@ Status Repl::cmd_call(const std::vector<std::string>& w) {
   if (words.named.count("rows")) {
     TESSERA_ASSIGN_OR_RETURN(int64_t n, parse_count(words.named["rows"], "rows"));
     std::vector<int64_t> idx;
-    for (int64_t i = 0; i < n; ++i) idx.push_back((data_cursor_ + i) % dataset_->size());
-    data_cursor_ = (data_cursor_ + n) % dataset_->size();
-    TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, dataset_->collate(idx));
+    for (int64_t i = 0; i < n; ++i) idx.push_back((data_cursor_ + i) % trainer_->train_dataset().size());
+    data_cursor_ = (data_cursor_ + n) % trainer_->train_dataset().size();
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, trainer_->train_dataset().collate(idx));
     if (words.named.count("meta")) {
       TESSERA_ASSIGN_OR_RETURN(json meta, parse_json_word(words.named["meta"], "meta"));
       if (!meta.is_object()) return make_error(ErrorCode::invalid_argument, "meta must be a JSON object");
@@ -305,12 +299,13 @@ Status Repl::cmd_inspect(const std::vector<std::string>& w) {
     TESSERA_ASSIGN_OR_RETURN(k, parse_count(words.named["rows"], "rows"));
   }
   print_proto_summary(*last_);
-  const std::optional<int32_t> pad = tokenizer_->pad_token_id();
+  std::optional<int32_t> pad;  // the id the datasets pad with (the pad token, else EOS)
+  if (Result<int32_t> p = driver::dataset_pad_id(trainer_->tokenizer()); p.ok()) pad = *p;
   for (const char* key : {"prompts", "responses", "input_ids"}) {
     Result<at::Tensor> t = last_->tensor(key);
     if (!t.ok() || t->dim() != 2) continue;
     for (int64_t r = 0; r < std::min<int64_t>(k, t->size(0)); ++r) {
-      TESSERA_ASSIGN_OR_RETURN(std::string text, tokenizer_->decode(row_ids(*t, r, pad)));
+      TESSERA_ASSIGN_OR_RETURN(std::string text, trainer_->tokenizer().decode(row_ids(*t, r, pad)));
       fmt::print(out_, "  {}[{}]: {}\n", key, r, json(text).dump());
     }
   }
@@ -324,19 +319,17 @@ Status Repl::cmd_generate(const std::vector<std::string>& w) {
                            driver::config_get_or<std::optional<std::string>>(
                                trainer_->config(), "actor_rollout_ref.model.custom_chat_template", std::nullopt));
   TESSERA_ASSIGN_OR_RETURN(models::ChatTemplate ct,
-                           models::ChatTemplate::from_name(custom.value_or("auto"), tokenizer_->config()));
+                           models::ChatTemplate::from_name(custom.value_or("auto"), trainer_->tokenizer().config()));
   TESSERA_ASSIGN_OR_RETURN(std::string text, ct.render({{"user", w[1]}}, /*add_generation_prompt=*/true));
-  TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(text));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, trainer_->tokenizer().encode(text));
   const int64_t n = g->world_size(), len = static_cast<int64_t>(ids.size());
   at::Tensor row = at::empty({1, len}, at::kLong);
   for (int64_t i = 0; i < len; ++i) row[0][i] = ids[static_cast<size_t>(i)];
   at::Tensor input_ids = row.repeat({n, 1});
   at::Tensor mask = at::ones({n, len}, at::kLong);
   at::Tensor pos = driver::compute_position_id_with_mask(mask);
+  // The worker fills in eos_token_id / pad_token_id from the model's tokenizer.
   json meta = {{"do_sample", false}, {"validate", true}, {"recompute_log_prob", false}};
-  if (auto eos = tokenizer_->eos_token_id()) meta["eos_token_id"] = *eos;
-  TESSERA_ASSIGN_OR_RETURN(int32_t pad, driver::dataset_pad_id(*tokenizer_));
-  meta["pad_token_id"] = pad;
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto in, proto::DataProto::from_dict(
       {{"input_ids", input_ids}, {"attention_mask", mask}, {"position_ids", pos}}, {}, meta));
   TESSERA_ASSIGN_OR_RETURN(dispatch::Value v, g->call("generate_sequences", {dispatch::Value(std::move(in))}));
@@ -350,7 +343,7 @@ Status Repl::cmd_generate(const std::vector<std::string>& w) {
     if (amask[0][offset + i].item<int64_t>() == 0) break;
     out.push_back(static_cast<int32_t>(responses[0][i].item<int64_t>()));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::string reply, tokenizer_->decode(out));
+  TESSERA_ASSIGN_OR_RETURN(std::string reply, trainer_->tokenizer().decode(out));
   fmt::print(out_, "{}\n", reply);
   return Status();
 }

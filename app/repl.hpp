@@ -1,6 +1,5 @@
 // repl.hpp: the driver REPL's command interpreter (`tessera repl`). One Repl owns a trainer
-// (with its runtime and worker groups) and a tokenizer and RL dataset loaded from the same
-// config. execute() runs one input line and never throws: a bad command prints its error and the
+// (with its runtime, worker groups, tokenizer and training data). execute() runs one input line and never throws: a bad command prints its error and the
 // help, and the session goes on. The line editor (readline) lives in cmd_repl.cpp; this class is
 // what tests drive.
 //
@@ -25,12 +24,6 @@
 #include "driver/ppo_trainer.hpp"
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
-#include "workers/models/chat_template.hpp"
-#include "workers/models/tokenizer.hpp"
-
-namespace tessera::driver {
-class RLHFDataset;
-}
 
 namespace tessera::app {
 
@@ -41,8 +34,7 @@ Result<std::vector<std::string>> split_command_line(const std::string& line);
 /// The REPL's interpreter.
 class Repl {
  public:
-  /// Builds the trainer from `cfg` (a loaded PPO config), starts its workers and loads the
-  /// tokenizer and the training data for `call ... rows=N`.
+  /// Builds the trainer from `cfg` (a loaded PPO config) and starts its workers.
   static Result<std::unique_ptr<Repl>> create(nlohmann::json cfg, std::FILE* out);
   ~Repl();
 
@@ -72,8 +64,6 @@ class Repl {
 
   std::FILE* out_ = stdout;
   std::unique_ptr<driver::RayPPOTrainer> trainer_;
-  std::optional<models::Tokenizer> tokenizer_;
-  std::unique_ptr<driver::RLHFDataset> dataset_;
   int64_t data_cursor_ = 0;
   std::optional<proto::DataProto> last_;
   driver::Metrics last_metrics_;

@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dispatch/worker_group.hpp"
+#include "driver/data.hpp"
 #include "driver/metrics.hpp"
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
@@ -79,6 +80,10 @@ class RayPPOTrainer {
   Status save_checkpoint();
   /// The role views in use, by verl role name ("actor_rollout", "critic", "ref", "rm").
   std::vector<std::pair<std::string, dispatch::WorkerGroup*>> worker_groups() const;
+  /// The tokenizer the datasets use (data.tokenizer, else actor_rollout_ref.model.path).
+  const models::Tokenizer& tokenizer() const;
+  /// The training dataset (data.train_files) the dataloader draws from.
+  const RLHFDataset& train_dataset() const;
   /// verl's _validate(): val-core/... and val-aux/... metrics over the whole validation set.
   Result<Metrics> validate();
 

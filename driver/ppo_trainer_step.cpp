@@ -1,4 +1,5 @@
-// ppo_trainer_step.cpp: fit()'s loop body as a public step() for interactive drivers (REPL).
+// ppo_trainer_step.cpp: what interactive drivers (the REPL) use: fit()'s loop body as a public
+// step(), the role views, the tokenizer and the training data.
 #include <optional>
 
 #include "driver/config.hpp"
@@ -43,5 +44,9 @@ std::vector<std::pair<std::string, dispatch::WorkerGroup*>> RayPPOTrainer::worke
   }
   return out;
 }
+
+const models::Tokenizer& RayPPOTrainer::tokenizer() const { return *state_->tokenizer; }
+
+const RLHFDataset& RayPPOTrainer::train_dataset() const { return *state_->train_dataset; }
 
 }  // namespace tessera::driver

@@ -16,21 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-std::vector<std::pair<int64_t, Metrics>> fit(std::vector<std::string> overrides) {
-  auto cfg = load_config(ConfigKind::ppo, "", overrides);
-  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
-  if (!cfg.ok()) return {};
-  PpoTrainerOptions o;
-  o.console = nullptr;
-  o.progress = nullptr;
-  auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), o);
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  if (!t.ok()) return {};
-  Status st = (*t)->init_workers();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  if (st.ok()) st = (*t)->fit();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return (*t)->history();
+std::vector<std::pair<int64_t, Metrics>> fit(const std::vector<std::string>& overrides) {
+  auto t = testing::fit_trainer(overrides);
+  return t ? t->history() : std::vector<std::pair<int64_t, Metrics>>{};
 }
 
 // Starts `deploy/local-cluster.sh 2` in `dir` and stops it when destroyed.

@@ -17,23 +17,6 @@ namespace {
 
 using testing::TempDir;
 
-std::unique_ptr<RayPPOTrainer> run(const std::filesystem::path& dir, const std::vector<std::string>& overrides) {
-  auto cfg = load_config(ConfigKind::ppo, "", overrides);
-  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
-  if (!cfg.ok()) return nullptr;
-  PpoTrainerOptions o;
-  o.console = nullptr;
-  o.progress = nullptr;
-  auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), o);
-  EXPECT_TRUE(t.ok()) << t.status().to_string();
-  if (!t.ok()) return nullptr;
-  Status st = (*t)->init_workers();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  st = (*t)->fit();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return std::move(*t);
-}
-
 void expect_step_metrics(const Metrics& m, const std::vector<std::string>& keys) {
   for (const auto& k : keys) {
     auto it = m.find(k);
@@ -49,7 +32,7 @@ void expect_step_metrics(const Metrics& m, const std::vector<std::string>& keys)
 TEST(TrainerRun, GrpoThreeSteps) {
   TempDir dir("grpo");
   testing::make_tiny_run(dir.path());
-  auto t = run(dir.path(), testing::tiny_ppo_overrides(dir.path(), "grpo", 3));
+  auto t = testing::fit_trainer(testing::tiny_ppo_overrides(dir.path(), "grpo", 3));
   ASSERT_NE(t, nullptr);
   const auto& h = t->history();
   ASSERT_EQ(h.size(), 4u);  // validation before training + 3 steps
@@ -85,7 +68,7 @@ TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 3);
   o.push_back("algorithm.use_kl_in_reward=true");
   o.push_back("algorithm.kl_ctrl.type=adaptive");
-  auto t = run(dir.path(), o);
+  auto t = testing::fit_trainer(o);
   ASSERT_NE(t, nullptr);
   ASSERT_NE(t->critic_wg(), nullptr);
   const auto& h = t->history();

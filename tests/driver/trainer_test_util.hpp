@@ -12,6 +12,7 @@
 #include "driver/config.hpp"
 #include "driver/demo_task.hpp"
 #include "driver/metrics.hpp"
+#include "driver/ppo_trainer.hpp"
 #include "runtime/worker.hpp"
 #include "tests/driver/driver_test_util.hpp"
 #include "workers/models/init_model.hpp"
@@ -84,6 +85,25 @@ inline std::vector<std::string> tiny_sft_overrides(const std::filesystem::path& 
           "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0.0", "trainer.n_gpus_per_node=2",
           "trainer.device=cpu", "trainer.num_threads=1", "trainer.total_training_steps=" + std::to_string(steps),
           "trainer.logger=[jsonl]", "trainer.default_local_dir=" + d + "/sft", "trainer.resume_mode=disable"};
+}
+
+/// A quiet trainer over `overrides` (defaults = examples/config/ppo_trainer.yaml), its workers
+/// initialised and fit() run; every failure is a test failure and gives nullptr.
+inline std::unique_ptr<RayPPOTrainer> fit_trainer(const std::vector<std::string>& overrides) {
+  auto cfg = load_config(ConfigKind::ppo, "", overrides);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
+  if (!cfg.ok()) return nullptr;
+  PpoTrainerOptions o;
+  o.console = nullptr;
+  o.progress = nullptr;
+  auto t = RayPPOTrainer::create(std::move(*cfg), trainer_registry(), o);
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  if (!t.ok()) return nullptr;
+  Status st = (*t)->init_workers();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  if (st.ok()) st = (*t)->fit();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return st.ok() ? std::move(*t) : nullptr;
 }
 
 /// The metrics that depend only on the data and the model (no timing, throughput or memory).
