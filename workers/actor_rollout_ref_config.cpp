@@ -124,6 +124,11 @@ Result<ActorRolloutRefConfig> parse_actor_rollout_ref_config(const json& init, i
   TESSERA_ASSIGN_OR_RETURN(c.model, parse_model_section(model, std::string(kPath) + ".model"));
   TESSERA_ASSIGN_OR_RETURN(auto parsed_rollout, rollout::parse_rollout_config(rollout.is_null() ? json::object() : rollout));
   c.rollout = parsed_rollout.config;
+  if (c.is_rollout && dp % c.rollout.tensor_model_parallel_size != 0) {
+    return make_error(ErrorCode::invalid_argument,
+                      "{}.rollout.tensor_model_parallel_size={} does not divide the rollout world size {}", kPath,
+                      c.rollout.tensor_model_parallel_size, dp);
+  }
   if (c.is_actor || c.is_rollout) TESSERA_RETURN_IF_ERROR(parse_actor(actor, dp, c));
   if (c.is_actor) {
     TESSERA_RETURN_IF_ERROR(normalize_log_prob_micro(c.rollout.log_prob_micro_batch_size,

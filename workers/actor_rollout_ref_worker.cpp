@@ -7,8 +7,10 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "runtime/collective/device_mesh.hpp"
 #include "workers/models/model_io.hpp"
 #include "workers/ppo_inputs.hpp"
+#include "workers/rollout/tensor_parallel.hpp"
 
 namespace tessera::workers {
 
@@ -105,10 +107,18 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
     TESSERA_ASSIGN_OR_RETURN(actor_, DataParallelPPOActor::create(config_.actor, actor_module_, make_dp_count_sync(world_)));
   }
   if (config_.is_rollout) {
-    // verl: the engine samples with a per-dp-rank seed so TP peers agree; the generation RNG of the
-    // sharding manager is seeded with dp_rank + 1000.
-    const uint64_t dp_rank = static_cast<uint64_t>(context().rank);
+    // verl: the rollout mesh is (dp, infer_tp) over the world; the engine samples with a per-dp-rank
+    // seed so TP peers agree; the generation RNG of the sharding manager is seeded with dp_rank + 1000.
+    const int64_t tp = config_.rollout.tensor_model_parallel_size;
+    const uint64_t dp_rank = static_cast<uint64_t>(context().rank / tp);
     rollout::ShardingManagerOptions o;
+    if (tp > 1) {
+      const int world = world_->size();
+      TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::create(world_, {"dp", "infer_tp"},
+                                                                         {world / static_cast<int>(tp), static_cast<int>(tp)}));
+      TESSERA_ASSIGN_OR_RETURN(rollout_tp_, mesh.group("infer_tp"));
+      o.tp_group = rollout_tp_;
+    }
     o.config = config_.rollout;
     o.engine.seed = dp_rank + 1000 + config_.rollout.seed.value_or(config_.seed);
     o.generation_seed = dp_rank + 1000;
@@ -215,15 +225,25 @@ Result<proto::DataProto> ActorRolloutRefWorker::update_actor(const proto::DataPr
 
 // ---- generate_sequences -------------------------------------------------------------------------
 
+// With rollout TP, verl's preprocess/postprocess: the TP peers all-gather their prompts, each
+// generates the whole group's batch (identically: same weights after the all-reduces, same seed),
+// and keeps its own rows.
 Result<proto::DataProto> ActorRolloutRefWorker::generate_with_sharding(const proto::DataProto& prompts,
                                                                        double& reshard_seconds) {
+  proto::DataProto in = prompts;
+  std::vector<int64_t> offsets;
+  if (rollout_tp_) {
+    TESSERA_ASSIGN_OR_RETURN(in, rollout::all_gather_data_proto(*rollout_tp_, prompts, offsets));
+  }
   TESSERA_RETURN_IF_ERROR(sharding_->enter());
   reshard_seconds = sharding_->last_reshard().reshard_seconds;
-  Result<proto::DataProto> out = sharding_->engine().generate_sequences(prompts);
+  Result<proto::DataProto> out = sharding_->engine().generate_sequences(in);
   Status exited = sharding_->exit();
   if (!out.ok()) return out.status();
   if (!exited.ok()) return exited;
-  return out;
+  if (!rollout_tp_) return out;
+  const auto r = static_cast<size_t>(rollout_tp_->rank());
+  return out->slice(offsets[r], offsets[r + 1]);
 }
 
 Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::DataProto& prompts) {

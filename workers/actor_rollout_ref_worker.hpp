@@ -146,6 +146,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   std::shared_ptr<FsdpTrainableModule> actor_module_;
   std::unique_ptr<DataParallelPPOActor> actor_;
   std::unique_ptr<rollout::FsdpShardingManager> sharding_;
+  std::shared_ptr<collective::Communicator> rollout_tp_;  // the rollout TP group; null for TP 1
   std::shared_ptr<FsdpTrainableModule> ref_module_;
   std::unique_ptr<DataParallelPPOActor> ref_policy_;
   CheckpointRotation rotation_;

@@ -16,11 +16,13 @@ namespace {
 
 Status check_engine_config(const RolloutConfig& config, const StepModel& model) {
   TESSERA_RETURN_IF_ERROR(validate_rollout_config(config));
-  if (config.tensor_model_parallel_size > 1) {
-    return make_error(ErrorCode::unimplemented,
-                      "actor_rollout_ref.rollout.tensor_model_parallel_size={}: rollout tensor parallelism is not "
-                      "implemented yet; use 1",
-                      config.tensor_model_parallel_size);
+  if (config.tensor_model_parallel_size != model.tensor_parallel_size()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref.rollout.tensor_model_parallel_size={} but the engine's model is {} of {} "
+                      "tensor-parallel ranks (a TP engine is built by the rollout worker's sharding manager over its "
+                      "TP group)",
+                      config.tensor_model_parallel_size, model.tensor_parallel_size() == 1 ? "the whole model, not one" : "one",
+                      model.tensor_parallel_size());
   }
   TESSERA_ASSIGN_OR_RETURN(auto dtype, rollout_dtype(config));
   if (dtype && *dtype != model.dtype()) {

@@ -53,8 +53,8 @@ struct EngineOptions {
 /// The KV-cache RolloutEngine. See the header comment.
 class KVCacheEngine final : public RolloutEngine {
  public:
-  /// An engine over `model` (shared, no copy). Checks the config (tensor_model_parallel_size > 1
-  /// is unimplemented), that config.dtype matches the model's dtype (unless "auto"), and that
+  /// An engine over `model` (shared, no copy). Checks the config (tensor_model_parallel_size must
+  /// be the step model's TP size: 1 here), that config.dtype matches the model's dtype (unless "auto"), and that
   /// prompt_length + response_length fits max_position_embeddings.
   static Result<std::unique_ptr<KVCacheEngine>> create(std::shared_ptr<models::CausalLM> model, RolloutConfig config,
                                                        const EngineOptions& options = {});

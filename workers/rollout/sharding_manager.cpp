@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "runtime/collective/device_mesh.hpp"
+#include "runtime/collective/exchange.hpp"
 
 namespace tessera::rollout {
 
@@ -63,21 +64,68 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
                                                                          const ShardingManagerOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(std::optional<c10::ScalarType> configured, rollout::rollout_dtype(options.config));
   const c10::ScalarType dtype = configured.value_or(fsdp.options().mixed_precision.param_dtype);
+  const int64_t tp = options.config.tensor_model_parallel_size;
+  const auto& group = options.tp_group;
+  if (tp > 1 && (group == nullptr || group->size() != tp)) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref.rollout.tensor_model_parallel_size={} but the rollout TP group has {} ranks", tp,
+                      group ? group->size() : 0);
+  }
   try {
-    // A model shell in the rollout dtype. Its weights are replaced by references at every enter();
-    // the storage allocated here is released right after the engine has checked the model.
+    // A model shell in the rollout dtype (TP: one rank's shapes). Its weights are replaced by
+    // references at every enter(); the storage allocated here is released right after the engine
+    // has checked the model.
     models::ModelInit init;
     init.dtype = dtype;
+    if (tp > 1) {
+      TESSERA_ASSIGN_OR_RETURN(model_config, tp_rank_config(model_config, tp));
+    }
     TESSERA_ASSIGN_OR_RETURN(auto model, models::CausalLM::create(std::move(model_config), init));
-    auto engine = KVCacheEngine::create(model, options.config, options.engine);
+    PartialSumHook all_reduce;
+    if (tp > 1) {
+      all_reduce = [group](at::Tensor& partial) {
+        partial = partial.contiguous();
+        Status st = group->all_reduce(partial, collective::ReduceOp::sum);
+        if (!st.ok()) throw std::runtime_error(st.to_string());
+      };
+    }
+    auto engine = KVCacheEngine::create(std::make_unique<CausalLMStepModel>(model, std::move(all_reduce), tp),
+                                        options.config, options.engine);
     if (!engine.ok()) return engine.status().with_context("rollout engine");
     std::unique_ptr<FsdpShardingManager> m(
         new FsdpShardingManager(fsdp, std::move(model), std::move(*engine), dtype, options.generation_seed));
+    if (tp > 1) TESSERA_RETURN_IF_ERROR(m->plan_tp(tp, group->rank()));
     m->free_rollout_weights();
     return m;
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "sharding manager: {}", e.what());
   }
+}
+
+// Caches every TP rank's plan of every unit, and the TP rank of each member of this rank's FSDP
+// group (world ranks are laid out row-major in both meshes, so world rank w is TP rank w % tp).
+Status FsdpShardingManager::plan_tp(int64_t tp, int64_t tp_rank) {
+  const collective::DeviceMesh& mesh = fsdp_.mesh();
+  const int world_rank = mesh.world()->rank();
+  if (world_rank % tp != tp_rank) {
+    return make_error(ErrorCode::invalid_argument,
+                      "rollout TP: world rank {} is TP rank {}, expected {} (TP groups are consecutive world ranks)",
+                      world_rank, tp_rank, world_rank % tp);
+  }
+  tp_rank_ = tp_rank;
+  fsdp_peer_tp_rank_.clear();
+  if (fsdp_.shard_count() > 1) {
+    TESSERA_ASSIGN_OR_RETURN(int dim, mesh.dim_index("fsdp"));
+    for (int member : mesh.group_members(dim)) fsdp_peer_tp_rank_.push_back(static_cast<int>(member % tp));
+  }
+  tp_plans_.assign(fsdp_.layouts().size(), {});
+  for (size_t u = 0; u < fsdp_.layouts().size(); ++u) {
+    for (int64_t t = 0; t < tp; ++t) {
+      TESSERA_ASSIGN_OR_RETURN(TpUnitPlan plan, TpUnitPlan::create(fsdp_.layouts()[u], tp, t));
+      tp_plans_[u].push_back(std::move(plan));
+    }
+  }
+  return Status();
 }
 
 void FsdpShardingManager::free_rollout_weights() {
@@ -107,6 +155,55 @@ Result<models::TensorMap> FsdpShardingManager::gather_units() {
     for (const auto& e : layout.params) tensors[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
     gathered_.push_back(full);
     stats_.gathered_bytes += full.numel() * static_cast<int64_t>(full.element_size());
+    if (K > 1) stats_.received_bytes += (full.numel() - local.numel()) * static_cast<int64_t>(full.element_size());
+  }
+  stats_.units = static_cast<int64_t>(layouts.size());
+  return tensors;
+}
+
+// Note [Rollout TP resharding]: one variable all-to-all per unit over the FSDP group.
+Result<models::TensorMap> FsdpShardingManager::gather_tp_slices() {
+  torch::NoGradGuard no_grad;
+  const int K = fsdp_.shard_count();
+  std::shared_ptr<collective::Communicator> group;
+  if (K > 1) {
+    TESSERA_ASSIGN_OR_RETURN(group, fsdp_.mesh().group("fsdp"));
+  }
+  const int me = K > 1 ? group->rank() : 0;
+  models::TensorMap tensors;
+  const auto& layouts = fsdp_.layouts();
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    const fsdp::FlatLayout& layout = layouts[u];
+    const TpUnitPlan& mine = tp_plans_[u][static_cast<size_t>(tp_rank_)];
+    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(dtype_).contiguous();
+    at::Tensor buffer;
+    if (K == 1) {
+      buffer = mine.pack(local, 0);
+    } else {
+      buffer = at::empty({mine.numel()}, local.options());
+      std::vector<at::Tensor> send(static_cast<size_t>(K)), recv(static_cast<size_t>(K)), packed(tp_plans_[u].size());
+      for (int d = 0; d < K; ++d) {
+        const int t = fsdp_peer_tp_rank_[static_cast<size_t>(d)];
+        if (!packed[static_cast<size_t>(t)].defined()) {
+          packed[static_cast<size_t>(t)] = tp_plans_[u][static_cast<size_t>(t)].pack(local, layout.shard_range(me).first);
+        }
+        send[static_cast<size_t>(d)] = packed[static_cast<size_t>(t)];
+      }
+      for (int s = 0; s < K; ++s) {
+        const auto [a, b] = layout.shard_range(s);
+        const int64_t lo = mine.count_before(a), hi = mine.count_before(b);
+        recv[static_cast<size_t>(s)] = buffer.narrow(0, lo, hi - lo);
+        if (s != me) stats_.received_bytes += (hi - lo) * static_cast<int64_t>(buffer.element_size());
+      }
+      Status st = collective::all_to_all_v(*group, send, recv, fsdp_.options().comm);
+      if (!st.ok()) return st.with_context("rollout TP resharding of unit '" + layout.unit + "'");
+    }
+    for (const auto& p : mine.params()) {
+      const int64_t numel = c10::multiply_integers(p.shape);
+      tensors[p.name] = buffer.narrow(0, p.offset, numel).view(p.shape);
+    }
+    gathered_.push_back(buffer);
+    stats_.gathered_bytes += buffer.numel() * static_cast<int64_t>(buffer.element_size());
   }
   stats_.units = static_cast<int64_t>(layouts.size());
   return tensors;
@@ -143,7 +240,8 @@ Status FsdpShardingManager::enter() {
     if (was_offloaded && !fsdp_.params_offloaded()) (void)fsdp_.offload_params();
     return st;
   };
-  auto tensors = gather_units();
+  for (const auto& layout : fsdp_.layouts()) stats_.full_bytes += layout.numel * static_cast<int64_t>(c10::elementSize(dtype_));
+  auto tensors = tp_plans_.empty() ? gather_units() : gather_tp_slices();
   if (!tensors.ok()) return fail(tensors.status());
   Status st = engine_->load_weights_by_reference(*tensors);
   if (!st.ok()) return fail(st.with_context("sharding manager"));

@@ -23,8 +23,18 @@
 // parameter at a one-element broadcast view (its shape kept) and drops the gathered buffers, so their memory is freed (the KV
 // cache never outlives a generate_sequences call; free_cache_engine is implied). Afterwards the
 // FSDP engine is exactly as before enter() (same resident bytes, same offload state).
-// Split placement and rollout tensor parallelism are not implemented (engine creation refuses
-// tensor_model_parallel_size > 1).
+//
+// Note [Rollout TP resharding]
+// With tensor_model_parallel_size = T > 1 (options.tp_group: this rank's TP group, T consecutive
+// world ranks, as verl's (dp, infer_tp) rollout mesh), the engine is one TP rank's model
+// (tensor_parallel.hpp) and step 2 changes: each rank needs only its slices
+// (Note [Rollout TP slicing]), which are cut straight from the FSDP shards. Every shard owner
+// packs, for each peer of its FSDP group, the elements that peer's TP rank needs from its shard,
+// and one variable all-to-all (collective/exchange.hpp) lands them in place in the receiver's
+// slice buffer. No rank receives or materialises more than its own slices
+// (ReshardStats::received_bytes vs full_bytes). Steps 3-5 are unchanged: the engine aliases the
+// slice buffers, zero bytes are copied at the handoff.
+// Split placement is not implemented.
 //
 // Thread contract: the worker's thread; every rank of the FSDP mesh calls enter()/exit() together
 // (enter() is collective).
@@ -37,11 +47,13 @@
 #include <ATen/core/Tensor.h>
 
 #include "proto/status.hpp"
+#include "runtime/collective/communicator.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
 #include "workers/models/config.hpp"
 #include "workers/models/model.hpp"
 #include "workers/rollout/config.hpp"
 #include "workers/rollout/kv_engine.hpp"
+#include "workers/rollout/tensor_parallel.hpp"
 
 namespace tessera::rollout {
 
@@ -50,13 +62,17 @@ struct ShardingManagerOptions {
   RolloutConfig config;     ///< actor_rollout_ref.rollout.
   EngineOptions engine;     ///< The engine's sampling seed.
   uint64_t generation_seed = 1000;  ///< Seed of the generation RNG state (verl: dp_rank + 1000).
+  /// The rollout TP group (config.tensor_model_parallel_size ranks); null when that is 1.
+  std::shared_ptr<collective::Communicator> tp_group;
 };
 
 /// What the last enter() did.
 struct ReshardStats {
   double reshard_seconds = 0;       ///< Wall time of enter() (verl's timing_s/reshard).
   int64_t units = 0;                ///< FSDP units gathered.
-  int64_t gathered_bytes = 0;       ///< Bytes of the full buffers handed to the engine.
+  int64_t gathered_bytes = 0;       ///< Bytes of the buffers handed to the engine (TP: this rank's slices).
+  int64_t received_bytes = 0;       ///< Of those, bytes received from other ranks.
+  int64_t full_bytes = 0;           ///< Bytes of the whole model in the rollout dtype (for comparison).
   int64_t handoff_copied_bytes = 0; ///< Engine parameter bytes outside the gathered buffers (0).
 };
 
@@ -65,7 +81,9 @@ class FsdpShardingManager {
  public:
   /// A manager over `fsdp` (which must outlive it) whose module is a CausalLM of `model_config`.
   /// Builds the engine on a weightless model shell in the rollout dtype ("auto": the FSDP
-  /// param_dtype). Errors: engine creation (config, dtype, lengths vs context).
+  /// param_dtype); with TP, the shell of one TP rank. Errors: engine creation (config, dtype,
+  /// lengths vs context), a TP size the model's heads or widths do not divide, a TP group that
+  /// does not match the config or the world layout.
   static Result<std::unique_ptr<FsdpShardingManager>> create(fsdp::FsdpModule& fsdp, models::ModelConfig model_config,
                                                              const ShardingManagerOptions& options);
   ~FsdpShardingManager();
@@ -81,7 +99,7 @@ class FsdpShardingManager {
   RolloutEngine& engine() const { return *engine_; }
   /// The engine's model (outside enter/exit each parameter is a one-element broadcast view).
   models::CausalLM& rollout_model() const { return *rollout_model_; }
-  /// The full unit buffers while entered (empty otherwise), for zero-copy checks.
+  /// The unit buffers (TP: this rank's slices) while entered (empty otherwise), for zero-copy checks.
   const std::vector<at::Tensor>& gathered_buffers() const { return gathered_; }
   const ReshardStats& last_reshard() const { return stats_; }
   c10::ScalarType rollout_dtype() const { return dtype_; }
@@ -89,7 +107,9 @@ class FsdpShardingManager {
  private:
   FsdpShardingManager(fsdp::FsdpModule& fsdp, std::shared_ptr<models::CausalLM> model,
                       std::unique_ptr<KVCacheEngine> engine, c10::ScalarType dtype, uint64_t generation_seed);
+  Status plan_tp(int64_t tp, int64_t tp_rank);
   Result<models::TensorMap> gather_units();
+  Result<models::TensorMap> gather_tp_slices();
   int64_t bytes_outside_buffers() const;
   void free_rollout_weights();
 
@@ -98,6 +118,9 @@ class FsdpShardingManager {
   std::unique_ptr<KVCacheEngine> engine_;
   c10::ScalarType dtype_;
   std::vector<at::Tensor> gathered_;
+  int64_t tp_rank_ = 0;
+  std::vector<std::vector<TpUnitPlan>> tp_plans_;  // [unit][tp rank]; empty without TP
+  std::vector<int> fsdp_peer_tp_rank_;             // TP rank of each FSDP group member
   at::Tensor generation_rng_state_;
   at::Tensor training_rng_state_;
   bool entered_ = false;

@@ -64,8 +64,9 @@ Status check_alias(const std::string& name, const at::Tensor& param, const at::T
 
 }  // namespace
 
-CausalLMStepModel::CausalLMStepModel(std::shared_ptr<models::CausalLM> model, PartialSumHook all_reduce)
-    : model_(std::move(model)), all_reduce_(std::move(all_reduce)) {}
+CausalLMStepModel::CausalLMStepModel(std::shared_ptr<models::CausalLM> model, PartialSumHook all_reduce,
+                                     int64_t tp_size)
+    : model_(std::move(model)), all_reduce_(std::move(all_reduce)), tp_size_(tp_size) {}
 
 c10::ScalarType CausalLMStepModel::dtype() const { return model_->lm_head_weight().scalar_type(); }
 

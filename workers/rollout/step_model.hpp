@@ -51,6 +51,8 @@ class StepModel {
   /// Makes every parameter alias the tensor of the same HF name (no copy). All names, shapes,
   /// dtypes and devices are checked before anything is swapped: on error nothing changed.
   virtual Status load_weights_by_reference(const models::TensorMap& tensors) = 0;
+  /// Number of tensor-parallel ranks this model is one of (1: the whole model).
+  virtual int64_t tensor_parallel_size() const { return 1; }
 };
 
 /// Receives a partial sum that tensor parallelism must all-reduce, and leaves the sum in its
@@ -62,8 +64,10 @@ using PartialSumHook = std::function<void(at::Tensor& partial_sum)>;
 /// other steps use the models' attention module. Same maths as CausalLM::forward_step.
 class CausalLMStepModel final : public StepModel {
  public:
-  /// `all_reduce`: empty for a single rank. REQUIRES: model != nullptr.
-  explicit CausalLMStepModel(std::shared_ptr<models::CausalLM> model, PartialSumHook all_reduce = {});
+  /// `all_reduce`: empty for a single rank; otherwise `model` is one of `tp_size` TP ranks'
+  /// models (tensor_parallel.hpp's tp_rank_config). REQUIRES: model != nullptr.
+  explicit CausalLMStepModel(std::shared_ptr<models::CausalLM> model, PartialSumHook all_reduce = {},
+                             int64_t tp_size = 1);
 
   const models::ModelConfig& cache_config() const override { return model_->config(); }
   c10::ScalarType dtype() const override;
@@ -71,6 +75,7 @@ class CausalLMStepModel final : public StepModel {
                           const at::Tensor& cache_mask) override;
   at::Tensor logits(const at::Tensor& hidden) override;
   Status load_weights_by_reference(const models::TensorMap& tensors) override;
+  int64_t tensor_parallel_size() const override { return tp_size_; }
 
   /// The wrapped model (its parameters are what the engine computes with).
   models::CausalLM& model() const { return *model_; }
@@ -80,6 +85,7 @@ class CausalLMStepModel final : public StepModel {
 
   std::shared_ptr<models::CausalLM> model_;
   PartialSumHook all_reduce_;
+  int64_t tp_size_;
 };
 
 }  // namespace tessera::rollout
