@@ -1,6 +1,9 @@
 // The same GRPO run on 2 local agent processes (deploy/local-cluster.sh 2) and embedded in the
 // driver gives the same metrics for the same seed: placement changes where the ranks run, not
-// what they compute.
+// what they compute. The run uses rollout tensor parallelism 2 (verl's default), so across agents
+// the TP slices travel between processes (Gloo sub-groups, the all-to-all of the FSDP shards) and
+// the attention/MLP all-reduces cross the process boundary; TP=2 == TP=1 itself is tested in
+// worker_test (RolloutTensorParallel).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,6 +63,7 @@ TEST(TrainerAgents, GrpoOnTwoLocalAgentsMatchesEmbedded) {
   TempDir dir("agents");
   testing::make_tiny_run(dir.path());
   std::vector<std::string> base = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+  base.push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=2");
 
   std::vector<std::string> embedded = base;
   embedded.push_back("trainer.default_local_dir=" + (dir.path() / "run_embedded").string());

@@ -18,9 +18,9 @@
 // Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`.
 //
-// Deviation from verl's defaults: tensor_model_parallel_size defaults to 1 (verl: 2) because the
-// engine has no rollout tensor parallelism yet; a value > 1 parses, and engine creation fails with
-// `unimplemented`.
+// RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
+// model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
+// needs the rollout worker's TP group (sharding_manager.hpp, Note [Rollout TP resharding]).
 //
 // Thread-safety: plain values; the functions are re-entrant.
 #pragma once
