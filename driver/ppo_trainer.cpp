@@ -2,6 +2,8 @@
 // The per-step body lives in ppo_trainer_fit.cpp, the driver-side maths in ppo_trainer_steps.cpp.
 #include "driver/ppo_trainer.hpp"
 
+#include <algorithm>
+
 #include <fstream>
 #include <sstream>
 
@@ -38,6 +40,15 @@ Result<std::string> read_token_file(const std::string& path) {
 
 }  // namespace
 
+Result<int64_t> split_rollout_devices(const json& cfg) {
+  const std::string kwargs = "actor_rollout_ref.rollout.engine_kwargs.tessera.";
+  TESSERA_ASSIGN_OR_RETURN(std::string placement, config_get_or<std::string>(cfg, kwargs + "placement", "colocated"));
+  if (placement != "split") return int64_t{0};
+  TESSERA_ASSIGN_OR_RETURN(int64_t n, config_get_or<int64_t>(cfg, kwargs + "split_devices_per_node", 0));
+  if (n > 0) return n;
+  return config_get<int64_t>(cfg, "trainer.n_gpus_per_node");
+}
+
 Result<runtime::RuntimeConfig> trainer_runtime_config(const json& cfg) {
   runtime::RuntimeConfig rc;
   TESSERA_ASSIGN_OR_RETURN(auto agents, config_get<std::vector<std::string>>(cfg, "cluster.agents"));
@@ -55,8 +66,11 @@ Result<runtime::RuntimeConfig> trainer_runtime_config(const json& cfg) {
     return make_error(ErrorCode::invalid_argument, "trainer.nnodes: {} needs cluster.agents (embedded runs are one node)",
                       nnodes);
   }
-  if (device == "cpu") rc.embedded_devices = fmt::format("cpu:{}", per_node);
-  else if (device == "cuda") rc.embedded_devices = per_node == 1 ? "cuda:0" : fmt::format("cuda:0-{}", per_node - 1);
+  // Split placement: the rollout ranks take devices of their own after the trainer's.
+  TESSERA_ASSIGN_OR_RETURN(int64_t split, split_rollout_devices(cfg));
+  const int64_t devices = per_node + split;
+  if (device == "cpu") rc.embedded_devices = fmt::format("cpu:{}", devices);
+  else if (device == "cuda") rc.embedded_devices = devices == 1 ? "cuda:0" : fmt::format("cuda:0-{}", devices - 1);
   else return make_error(ErrorCode::invalid_argument, "trainer.device: '{}' is not cpu or cuda", device);
   return rc;
 }
@@ -97,8 +111,12 @@ Status RayPPOTrainer::start_workers(const runtime::WorkerTypeRegistry& registry)
   TESSERA_ASSIGN_OR_RETURN(runtime::ResourcePool pool,
                            runtime_->resource_pool(std::vector<int>(static_cast<size_t>(nnodes), static_cast<int>(per_node))));
   const State& s = *state_;
+  TESSERA_ASSIGN_OR_RETURN(int64_t split, split_rollout_devices(cfg_));
   std::vector<runtime::RoleSpec> roles;
-  roles.push_back({"actor_rollout", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", "actor_rollout", s.seed)});
+  // Split placement: the actor group trains only; the rollout group lives on the devices after
+  // the trainer's on every node (start_split_rollout).
+  const std::string actor_role = split > 0 ? "actor" : "actor_rollout";
+  roles.push_back({"actor_rollout", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", actor_role, s.seed)});
   if (s.use_critic) roles.push_back({"critic", "critic", role_init(cfg_, "critic", "", s.seed)});
   if (s.use_ref) roles.push_back({"ref", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", "ref", s.seed)});
   if (s.use_rm) roles.push_back({"rm", "reward_model", role_init(cfg_, "reward_model", "", s.seed)});
@@ -113,12 +131,40 @@ Status RayPPOTrainer::start_workers(const runtime::WorkerTypeRegistry& registry)
   if (s.use_rm) {
     TESSERA_ASSIGN_OR_RETURN(rm_wg_, colocated_->role("rm"));
   }
+  if (split > 0) TESSERA_RETURN_IF_ERROR(start_split_rollout(nnodes, per_node));
+  return Status();
+}
+
+// The split pool: on every node (in the runtime's sorted order), the `split` devices that follow
+// the first `per_node` ones the training pool uses.
+Status RayPPOTrainer::start_split_rollout(int64_t nnodes, int64_t per_node) {
+  TESSERA_ASSIGN_OR_RETURN(int64_t split, split_rollout_devices(cfg_));
+  TESSERA_ASSIGN_OR_RETURN(runtime::ResourcePool all, runtime_->resource_pool());
+  std::vector<runtime::NodeDevices> nodes;
+  for (const auto& node : all.nodes()) {
+    if (static_cast<int64_t>(nodes.size()) == nnodes) break;
+    std::vector<std::string> devices = node.devices;
+    std::sort(devices.begin(), devices.end(), runtime::device_less);
+    if (static_cast<int64_t>(devices.size()) < per_node + split) {
+      return make_error(ErrorCode::invalid_argument,
+                        "actor_rollout_ref.rollout.engine_kwargs.tessera.placement=split needs trainer.n_gpus_per_node "
+                        "+ split_devices_per_node = {} devices per node; node {} has {}",
+                        per_node + split, node.address, devices.size());
+    }
+    nodes.push_back({node.host, node.address,
+                     std::vector<std::string>(devices.begin() + per_node, devices.begin() + per_node + split)});
+  }
+  TESSERA_ASSIGN_OR_RETURN(runtime::ResourcePool pool, runtime::ResourcePool::make(std::move(nodes)));
+  std::vector<runtime::RoleSpec> roles{{"rollout", "actor_rollout_ref",
+                                        role_init(cfg_, "actor_rollout_ref", "rollout", state_->seed)}};
+  TESSERA_ASSIGN_OR_RETURN(rollout_pool_, dispatch::WorkerGroup::spawn(*runtime_, "rollout_pool", pool, roles));
+  TESSERA_ASSIGN_OR_RETURN(rollout_wg_, rollout_pool_->role("rollout"));
   return Status();
 }
 
 Status RayPPOTrainer::init_workers() {
   // verl: critic, ref, rm, then actor_rollout last (so the rollout can size its cache).
-  for (dispatch::WorkerGroup* wg : {critic_wg_.get(), ref_wg_.get(), rm_wg_.get(), actor_rollout_wg_.get()}) {
+  for (dispatch::WorkerGroup* wg : {critic_wg_.get(), ref_wg_.get(), rm_wg_.get(), actor_rollout_wg_.get(), rollout_wg_.get()}) {
     if (wg == nullptr) continue;
     TESSERA_RETURN_IF_ERROR(wg->call("init_model", {}).status());
   }
@@ -157,6 +203,7 @@ Status RayPPOTrainer::load_checkpoint() {
     return wg.call("load_checkpoint", {dispatch::Value(args)}).status();
   };
   TESSERA_RETURN_IF_ERROR(load(*actor_rollout_wg_, point->step_dir / "actor"));
+  ++weights_version_;  // a split rollout must resync
   if (critic_wg_) TESSERA_RETURN_IF_ERROR(load(*critic_wg_, point->step_dir / "critic"));
   if (point->dataloader_state.is_null()) {
     std::fprintf(stderr, "warning: %s has no dataloader state; the data order restarts\n", point->step_dir.c_str());

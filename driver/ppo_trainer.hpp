@@ -96,6 +96,8 @@ class RayPPOTrainer {
   /// The role views (null when the role is not used).
   dispatch::WorkerGroup* actor_rollout_wg() const { return actor_rollout_wg_.get(); }
   dispatch::WorkerGroup* critic_wg() const { return critic_wg_.get(); }
+  /// The split-placement rollout group (null when the rollout is colocated with the actor).
+  dispatch::WorkerGroup* rollout_wg() const { return rollout_wg_.get(); }
 
   struct State;  ///< Datasets, loaders, reward managers, KL controller (ppo_trainer.cpp).
 
@@ -105,6 +107,12 @@ class RayPPOTrainer {
   Result<Metrics> train_step(const std::vector<int64_t>& indices, bool is_last_step);
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);
+  Status start_split_rollout(int64_t nnodes, int64_t per_node);
+  // generate_sequences on the generating group (colocated: the actor's; split: the rollout group's,
+  // after syncing changed weights). Worker metrics go to `metrics` / `timing`.
+  Result<proto::DataProto> generate(const proto::DataProto& batch, Metrics& metrics, TimingRaw& timing);
+  Status sync_rollout_weights(TimingRaw& timing);
+  dispatch::WorkerGroup& generation_wg() const { return rollout_wg_ ? *rollout_wg_ : *actor_rollout_wg_; }
 
   nlohmann::json cfg_;
   PpoTrainerOptions options_;
@@ -112,6 +120,9 @@ class RayPPOTrainer {
   std::unique_ptr<runtime::Runtime> runtime_;
   std::shared_ptr<dispatch::WorkerGroup> colocated_;
   std::shared_ptr<dispatch::WorkerGroup> actor_rollout_wg_, critic_wg_, ref_wg_, rm_wg_;
+  std::shared_ptr<dispatch::WorkerGroup> rollout_pool_, rollout_wg_;  // split placement only
+  int64_t weights_version_ = 0;   // bumped whenever the actor's weights change
+  int64_t synced_version_ = -1;   // the version the split rollout holds
   int64_t global_steps_ = 0;
   bool stepping_ = false;  // step() resumed already
   int64_t total_training_steps_ = 0;

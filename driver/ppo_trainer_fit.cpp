@@ -66,13 +66,14 @@ Status add_scores(const State& s, proto::DataProto& batch) {
 }
 
 // verl's gen_max (ReMax): greedy rollouts of the same prompts, scored, as reward_baselines.
-Status remax_baselines(dispatch::WorkerGroup& actor, const State& s, const proto::DataProto& gen_batch,
+Status remax_baselines(const std::function<Result<proto::DataProto>(const proto::DataProto&, Metrics&, TimingRaw&)>& generate,
+                       const State& s, const proto::DataProto& gen_batch,
                        proto::DataProto& batch, Metrics& metrics, TimingRaw& timing) {
   MarkedTimer timer("gen_max", timing);
   proto::DataProto baseline_in = gen_batch;
   baseline_in.meta_info()["do_sample"] = false;
   TimingRaw ignored;
-  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, call_proto(actor, "generate_sequences", baseline_in, metrics, ignored));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, generate(baseline_in, metrics, ignored));
   proto::DataProto scored = batch;
   TESSERA_RETURN_IF_ERROR(union_output(scored, out));
   TESSERA_ASSIGN_OR_RETURN(RewardOutput r, (*s.reward_fn)(scored));
@@ -93,10 +94,11 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   proto::DataProto gen_out;
   {
     MarkedTimer t("gen", timing);
-    TESSERA_ASSIGN_OR_RETURN(gen_out, call_proto(*actor_rollout_wg_, "generate_sequences", gen_batch, metrics, timing));
+    TESSERA_ASSIGN_OR_RETURN(gen_out, generate(gen_batch, metrics, timing));
   }
   if (s.adv_estimator == "remax") {
-    TESSERA_RETURN_IF_ERROR(remax_baselines(*actor_rollout_wg_, s, gen_batch, batch, metrics, timing));
+    auto gen = [this](const proto::DataProto& in, Metrics& m, TimingRaw& t) { return generate(in, m, t); };
+    TESSERA_RETURN_IF_ERROR(remax_baselines(gen, s, gen_batch, batch, metrics, timing));
   }
   TESSERA_RETURN_IF_ERROR(batch.set_column("uid", proto::Column::strings(step_uids(global_steps_, batch.size()))));
   TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.n, /*interleave=*/true));
@@ -168,6 +170,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     MarkedTimer t("update_actor", timing);
     batch.meta_info()["multi_turn"] = false;
     TESSERA_RETURN_IF_ERROR(call_proto(*actor_rollout_wg_, "update_actor", batch, metrics, timing).status());
+    ++weights_version_;
   }
   if (s.val_dataset && s.test_freq > 0 && (is_last_step || global_steps_ % s.test_freq == 0)) {
     MarkedTimer t("testing", timing);
@@ -202,11 +205,11 @@ Result<Metrics> RayPPOTrainer::validate() {
   meta["do_sample"] = s.val_do_sample;
   meta["validate"] = true;
   meta["global_steps"] = global_steps_;
-  TESSERA_ASSIGN_OR_RETURN(auto padded, gen.pad_to_divisor(actor_rollout_wg_->world_size()));
+  TESSERA_ASSIGN_OR_RETURN(auto padded, gen.pad_to_divisor(generation_wg().world_size()));
   Metrics ignored;
   TimingRaw ignored_timing;
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out,
-                           call_proto(*actor_rollout_wg_, "generate_sequences", padded.first, ignored, ignored_timing));
+                           generate(padded.first, ignored, ignored_timing));
   TESSERA_ASSIGN_OR_RETURN(out, out.unpad(padded.second));
   TESSERA_RETURN_IF_ERROR(union_output(batch, out));
   batch.meta_info()["validate"] = true;
@@ -227,6 +230,33 @@ Result<Metrics> RayPPOTrainer::validate() {
   }
   TESSERA_ASSIGN_OR_RETURN(ValidationMetrics vm, process_validation_metrics(data_sources, inputs, infos));
   return validation_metric_dict(vm);
+}
+
+// Note [Split placement weight transfer] (workers/rollout/split_weights.hpp), driver side: per
+// bucket one non-blocking export on the actor group, whose future the rollout group pulls peer to
+// peer. Timed as verl's timing_s/reshard.
+Status RayPPOTrainer::sync_rollout_weights(TimingRaw& timing) {
+  if (synced_version_ == weights_version_) return Status();
+  MarkedTimer t("reshard", timing);
+  TESSERA_ASSIGN_OR_RETURN(Value plans, actor_rollout_wg_->call("rollout_weight_buckets", {}));
+  if (!plans.is_list() || plans.list().empty() || !plans.list()[0].is_json() ||
+      !plans.list()[0].json().value("buckets", json()).is_number_integer()) {
+    return make_error(ErrorCode::internal, "rollout_weight_buckets: the actor group answered no bucket plan");
+  }
+  const int64_t buckets = plans.list()[0].json().at("buckets").get<int64_t>();
+  for (int64_t b = 0; b < buckets; ++b) {
+    TESSERA_ASSIGN_OR_RETURN(dispatch::FutureRef bucket,
+                             actor_rollout_wg_->call_async("export_rollout_weights",
+                                                           {Value(json{{"bucket", b}, {"version", weights_version_}})}));
+    TESSERA_RETURN_IF_ERROR(rollout_wg_->call("load_rollout_weights", {dispatch::make_future(bucket)}).status());
+  }
+  synced_version_ = weights_version_;
+  return Status();
+}
+
+Result<proto::DataProto> RayPPOTrainer::generate(const proto::DataProto& batch, Metrics& metrics, TimingRaw& timing) {
+  if (rollout_wg_) TESSERA_RETURN_IF_ERROR(sync_rollout_weights(timing));
+  return call_proto(generation_wg(), "generate_sequences", batch, metrics, timing);
 }
 
 }  // namespace tessera::driver

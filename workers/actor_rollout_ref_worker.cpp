@@ -55,6 +55,7 @@ void ActorRolloutRefWorker::register_methods() {
   proto_method("compute_log_prob", &ActorRolloutRefWorker::compute_log_prob);
   proto_method("compute_ref_log_prob", &ActorRolloutRefWorker::compute_ref_log_prob);
   proto_method("update_actor", &ActorRolloutRefWorker::update_actor);
+  register_split_methods();
   (void)methods().add("save_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
     TESSERA_ASSIGN_OR_RETURN(auto a, parse_save_checkpoint_args(args));
     TESSERA_RETURN_IF_ERROR(save_checkpoint(a));
@@ -84,7 +85,12 @@ Status ActorRolloutRefWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
   TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path));
   TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, model_config_));
-  if (config_.is_actor || config_.is_rollout) TESSERA_RETURN_IF_ERROR(build_actor_rollout());
+  const bool split_rollout = config_.is_rollout && !config_.is_actor && config_.rollout.placement == "split";
+  if (split_rollout) {
+    TESSERA_RETURN_IF_ERROR(build_split_rollout());
+  } else if (config_.is_actor || config_.is_rollout) {
+    TESSERA_RETURN_IF_ERROR(build_actor_rollout());
+  }
   if (config_.is_ref) TESSERA_RETURN_IF_ERROR(build_ref());
   initialized_ = true;
   return Status();
@@ -247,13 +253,22 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_with_sharding(const pro
 }
 
 Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::DataProto& prompts) {
-  TESSERA_RETURN_IF_ERROR(require(sharding_ != nullptr, "generate_sequences", "rollout"));
+  TESSERA_RETURN_IF_ERROR(require(sharding_ != nullptr || split_engine_ != nullptr, "generate_sequences", "rollout"));
   proto::DataProto in = prompts;
   in.meta_info()["eos_token_id"] = tokens_.eos_token_ids;
   in.meta_info()["pad_token_id"] = tokens_.pad_token_id;
   Stopwatch timer;
-  double reshard = 0;
-  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, generate_with_sharding(in, reshard));
+  double reshard = 0;  // split placement: the trainer times the weight sync itself
+  proto::DataProto out;
+  if (split_engine_) {
+    if (importer_->version() < 0) {
+      return make_error(ErrorCode::invalid_argument, "generate_sequences: the split-placement rollout on rank {} has no "
+                        "weights yet (load_rollout_weights runs first)", context().rank);
+    }
+    TESSERA_ASSIGN_OR_RETURN(out, split_engine_->generate_sequences(in));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(out, generate_with_sharding(in, reshard));
+  }
   const double generate_seconds = timer.seconds();
   const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
   if (actor_ && out.size() > 0 && !(recompute.is_boolean() && !recompute.get<bool>())) {

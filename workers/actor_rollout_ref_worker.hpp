@@ -61,6 +61,7 @@
 #include "workers/models/config.hpp"
 #include "workers/rollout/config.hpp"
 #include "workers/rollout/sharding_manager.hpp"
+#include "workers/rollout/split_weights.hpp"
 #include "workers/worker_support.hpp"
 
 namespace tessera::workers {
@@ -114,6 +115,11 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Result<proto::DataProto> compute_log_prob(const proto::DataProto& data);
   Result<proto::DataProto> compute_ref_log_prob(const proto::DataProto& data);
   Result<proto::DataProto> update_actor(const proto::DataProto& data);
+  /// Split placement (rollout/split_weights.hpp): the actor's bucket plan {"buckets", "bytes"},
+  /// one bucket of its shards, and the rollout side's import of one bucket.
+  Result<nlohmann::json> rollout_weight_buckets();
+  Result<proto::DataProto> export_rollout_weights(int64_t bucket, int64_t version);
+  Result<nlohmann::json> load_rollout_weights(const proto::DataProto& bucket);
   Status save_checkpoint(const SaveCheckpointArgs& args);
   Status load_checkpoint(const LoadCheckpointArgs& args);
 
@@ -123,6 +129,8 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   FsdpTrainableModule* actor_module() const { return actor_module_.get(); }
   FsdpTrainableModule* ref_module() const { return ref_module_.get(); }
   rollout::FsdpShardingManager* sharding_manager() const { return sharding_.get(); }
+  /// The split-placement rollout's weight importer (null unless placement=split, role rollout).
+  rollout::WeightImporter* weight_importer() const { return importer_.get(); }
 
  private:
   ActorRolloutRefWorker(runtime::WorkerContext context, nlohmann::json init_config, std::string role);
@@ -130,6 +138,9 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Status require(bool has, const char* method, const char* what) const;
   Status build_actor_rollout();
   Status build_ref();
+  Status build_split_rollout();
+  void register_split_methods();
+  Result<c10::ScalarType> rollout_weight_dtype() const;
   Result<LogProbOutput> log_probs(DataParallelPPOActor& actor, const proto::DataProto& data,
                                   const std::optional<int64_t>& micro_batch_size, bool use_dynamic_bsz,
                                   int64_t max_token_len, bool calculate_entropy);
@@ -147,6 +158,9 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   std::unique_ptr<DataParallelPPOActor> actor_;
   std::unique_ptr<rollout::FsdpShardingManager> sharding_;
   std::shared_ptr<collective::Communicator> rollout_tp_;  // the rollout TP group; null for TP 1
+  std::unique_ptr<rollout::WeightExporter> exporter_;    // actor side of split placement (lazy)
+  std::unique_ptr<rollout::KVCacheEngine> split_engine_;  // split placement's rollout engine
+  std::unique_ptr<rollout::WeightImporter> importer_;
   std::shared_ptr<FsdpTrainableModule> ref_module_;
   std::unique_ptr<DataParallelPPOActor> ref_policy_;
   CheckpointRotation rotation_;

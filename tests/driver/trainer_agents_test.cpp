@@ -3,7 +3,8 @@
 // what they compute. The run uses rollout tensor parallelism 2 (verl's default), so across agents
 // the TP slices travel between processes (Gloo sub-groups, the all-to-all of the FSDP shards) and
 // the attention/MLP all-reduces cross the process boundary; TP=2 == TP=1 itself is tested in
-// worker_test (RolloutTensorParallel).
+// worker_test (RolloutTensorParallel). Then split placement across the agents against the
+// colocated hybrid engine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,8 +30,8 @@ class LocalCluster {
  public:
   LocalCluster(const fs::path& source, const fs::path& bin, const fs::path& dir)
       : script_((source / "deploy" / "local-cluster.sh").string()), dir_(dir.string()) {
-    std::string cmd = "TESSERA_BIN='" + (bin / "tessera").string() + "' bash '" + script_ + "' 2 --dir '" + dir_ +
-                      "' 2>/dev/null | tail -n1";
+    std::string cmd = "TESSERA_BIN='" + (bin / "tessera").string() + "' bash '" + script_ +
+                      "' 2 --devices cpu:2 --dir '" + dir_ + "' 2>/dev/null | tail -n1";
     std::FILE* p = ::popen(cmd.c_str(), "r");
     if (p == nullptr) return;
     char buf[1024];
@@ -78,23 +79,27 @@ TEST(TrainerAgents, GrpoOnTwoLocalAgentsMatchesEmbedded) {
   for (const std::string& o : cluster.overrides()) on_agents.push_back(o);
   auto got = fit(on_agents);
 
-  ASSERT_EQ(got.size(), expected.size());
   ASSERT_EQ(expected.size(), 3u);  // validation before training + 2 steps
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_EQ(got[i].first, expected[i].first);
-    Metrics want = testing::deterministic_metrics(expected[i].second);
-    Metrics have = testing::deterministic_metrics(got[i].second);
-    EXPECT_EQ(have.size(), want.size()) << "step " << expected[i].first;
-    for (const auto& [k, v] : want) {
-      auto it = have.find(k);
-      ASSERT_NE(it, have.end()) << "step " << expected[i].first << ": missing " << k;
-      if (std::isnan(v)) {
-        EXPECT_TRUE(std::isnan(it->second)) << k;
-      } else {
-        EXPECT_NEAR(it->second, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << expected[i].first << ": " << k;
-      }
-    }
-  }
+  testing::expect_same_history(expected, got);
+
+  // Split placement across the agents: the actor on each agent's cpu:0, the rollout on its cpu:1;
+  // every sync moves the FSDP shards between the processes over the data plane. Same metrics as
+  // the colocated hybrid engine embedded.
+  std::vector<std::string> colocated = base, split = base;
+  for (auto* run : {&colocated, &split}) run->push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=1");
+  colocated.push_back("trainer.default_local_dir=" + (dir.path() / "run_colocated").string());
+  auto want_split = fit(colocated);
+  split.push_back("trainer.default_local_dir=" + (dir.path() / "run_split").string());
+  split.push_back("actor_rollout_ref.rollout.engine_kwargs.tessera.placement=split");
+  split.push_back("trainer.nnodes=2");
+  split.push_back("trainer.n_gpus_per_node=1");
+  for (const std::string& o : cluster.overrides()) split.push_back(o);
+  auto split_trainer = testing::fit_trainer(split);
+  ASSERT_NE(split_trainer, nullptr);
+  ASSERT_NE(split_trainer->rollout_wg(), nullptr);  // the rollout really ran as its own group
+  EXPECT_EQ(split_trainer->rollout_wg()->world_size(), 2);
+  ASSERT_EQ(want_split.size(), 3u);
+  testing::expect_same_history(want_split, split_trainer->history());
 }
 
 }  // namespace

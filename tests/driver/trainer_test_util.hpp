@@ -116,4 +116,25 @@ inline Metrics deterministic_metrics(const Metrics& m) {
   return out;
 }
 
+/// Two runs' histories agree step by step on every deterministic metric (relative `tol`).
+inline void expect_same_history(const std::vector<std::pair<int64_t, Metrics>>& expected,
+                                const std::vector<std::pair<int64_t, Metrics>>& got, double tol = 1e-5) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(got[i].first, expected[i].first);
+    Metrics want = deterministic_metrics(expected[i].second);
+    Metrics have = deterministic_metrics(got[i].second);
+    EXPECT_EQ(have.size(), want.size()) << "step " << expected[i].first;
+    for (const auto& [k, v] : want) {
+      auto it = have.find(k);
+      ASSERT_NE(it, have.end()) << "step " << expected[i].first << ": missing " << k;
+      if (std::isnan(v)) {
+        EXPECT_TRUE(std::isnan(it->second)) << k;
+      } else {
+        EXPECT_NEAR(it->second, v, tol * std::max(1.0, std::fabs(v))) << "step " << expected[i].first << ": " << k;
+      }
+    }
+  }
+}
+
 }  // namespace tessera::driver::testing

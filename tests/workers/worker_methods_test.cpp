@@ -34,6 +34,9 @@ const Table kActorRolloutRef = {
     {"compute_log_prob", "DP_COMPUTE_PROTO"}, {"compute_ref_log_prob", "DP_COMPUTE_PROTO"},
     {"update_actor", "DP_COMPUTE_PROTO"},  {"save_checkpoint", "ONE_TO_ALL"},
     {"load_checkpoint", "ONE_TO_ALL"},
+    // Tessera's split placement (workers/rollout/split_weights.hpp), beyond the seed.
+    {"rollout_weight_buckets", "ONE_TO_ALL"}, {"export_rollout_weights", "ONE_TO_ALL"},
+    {"load_rollout_weights", "ONE_TO_ALL"},
 };
 const Table kCritic = {
     {"init_model", "ONE_TO_ALL"},        {"compute_values", "DP_COMPUTE_PROTO"}, {"update_critic", "DP_COMPUTE_PROTO"},

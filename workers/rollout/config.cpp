@@ -182,8 +182,18 @@ Status set_batching(const json& v, const std::string& key, RolloutConfig& c, Par
   return Status();
 }
 
+Status set_placement(const json& v, const std::string& key, RolloutConfig& c, ParseState&) {
+  TESSERA_RETURN_IF_ERROR(read(v, key, c.placement));
+  if (c.placement != "colocated" && c.placement != "split") {
+    return make_error(ErrorCode::invalid_argument, "{}='{}': expected 'colocated' or 'split'", key, c.placement);
+  }
+  return Status();
+}
+
 const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"batching", set_batching},
+    {"placement", set_placement},
+    {"split_devices_per_node", set_field<&RolloutConfig::split_devices_per_node, RolloutConfig>},
 };
 
 Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
@@ -319,6 +329,17 @@ Status validate_rollout_config(const RolloutConfig& c) {
   TESSERA_RETURN_IF_ERROR(positive(c.max_num_seqs, "max_num_seqs"));
   TESSERA_RETURN_IF_ERROR(positive(c.max_num_batched_tokens, "max_num_batched_tokens"));
   TESSERA_RETURN_IF_ERROR(positive(c.tensor_model_parallel_size, "tensor_model_parallel_size"));
+  TESSERA_RETURN_IF_ERROR(positive(c.update_weights_bucket_megabytes, "update_weights_bucket_megabytes"));
+  if (c.split_devices_per_node < 0) {
+    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.split_devices_per_node={} must be >= 0",
+                      kPrefix, c.split_devices_per_node);
+  }
+  if (c.placement == "split" && c.tensor_model_parallel_size > 1) {
+    return make_error(ErrorCode::unimplemented,
+                      "{}engine_kwargs.tessera.placement=split with tensor_model_parallel_size={}: split placement "
+                      "runs TP=1 rollout ranks; use tensor_model_parallel_size=1 or placement=colocated",
+                      kPrefix, c.tensor_model_parallel_size);
+  }
   TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));
   TESSERA_RETURN_IF_ERROR(sampling(c.val_kwargs, "val_kwargs."));
   if (c.max_model_len && *c.max_model_len < c.prompt_length + c.response_length) {

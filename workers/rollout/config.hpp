@@ -16,7 +16,8 @@
 //  - null means "keep the default" for every key (OmegaConf's convention).
 //
 // Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
-// arguments under engine_kwargs.<engine>): `batching: continuous|static`.
+// arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
+// colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp).
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -85,6 +86,12 @@ struct RolloutConfig {
   int64_t update_weights_bucket_megabytes = 512;
   // engine_kwargs.tessera
   BatchingMode batching = BatchingMode::continuous;
+  /// "colocated" (verl's hybrid engine: the rollout shares the actor's devices) or "split" (the
+  /// rollout ranks have devices of their own and receive the weights over the data plane).
+  std::string placement = "colocated";
+  /// split: rollout ranks per node, on the devices after trainer.n_gpus_per_node's; 0: as many
+  /// as trainer.n_gpus_per_node.
+  int64_t split_devices_per_node = 0;
 };
 
 /// The parsed config plus the keys that were accepted but have no effect here.

@@ -1,0 +1,118 @@
+// split_weights.cpp: Note [Split placement weight transfer] in split_weights.hpp.
+#include "workers/rollout/split_weights.hpp"
+
+#include <torch/torch.h>
+
+#include "workers/fsdp/flat_param.hpp"
+
+namespace tessera::rollout {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kMetaKey = "tessera_weights";
+
+std::string unit_key(int u) { return "unit." + std::to_string(u); }
+
+Status bad_bucket(const std::string& what) {
+  return make_error(ErrorCode::corrupt_data, "load_rollout_weights: {}", what);
+}
+
+}  // namespace
+
+WeightExporter::WeightExporter(fsdp::FsdpModule& fsdp, c10::ScalarType dtype, int64_t bucket_bytes)
+    : fsdp_(fsdp), dtype_(dtype) {
+  const auto& layouts = fsdp.layouts();
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  int64_t in_bucket = 0;
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    const int64_t bytes = layouts[u].padded_numel * elem;
+    if (buckets_.empty() || (in_bucket > 0 && in_bucket + bytes > bucket_bytes)) {
+      buckets_.emplace_back();
+      in_bucket = 0;
+    }
+    buckets_.back().push_back(static_cast<int>(u));
+    in_bucket += bytes;
+    total_bytes_ += layouts[u].numel * elem;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    json units = json::array();
+    for (int u : buckets_[b]) units.push_back({{"key", unit_key(u)}, {"layout", fsdp::flat_layout_to_json(layouts[static_cast<size_t>(u)])}});
+    metadata_.push_back({{"bucket", b}, {"buckets", buckets_.size()}, {"dtype", c10::toString(dtype)}, {"units", units}});
+  }
+}
+
+Result<proto::DataProto> WeightExporter::export_bucket(int64_t bucket, int64_t version) {
+  if (bucket < 0 || bucket >= buckets()) {
+    return make_error(ErrorCode::out_of_range, "export_rollout_weights: bucket {} of {}", bucket, buckets());
+  }
+  torch::NoGradGuard no_grad;
+  const bool was_offloaded = fsdp_.params_offloaded();
+  if (was_offloaded) TESSERA_RETURN_IF_ERROR(fsdp_.load_params());
+  // One replica of the shards contributes (Note [Split placement weight transfer], step 2).
+  const bool contributes = fsdp_.mesh().world()->rank() == fsdp_.shard_index();
+  proto::TensorDict tensors;
+  try {
+    for (int u : buckets_[static_cast<size_t>(bucket)]) {
+      at::Tensor shard = fsdp_.shard(u).to(dtype_, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1});
+      tensors.insert_or_assign(unit_key(u), contributes ? shard : shard.narrow(0, 0, 0));
+    }
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "export_rollout_weights: {}", e.what());
+  }
+  if (was_offloaded) TESSERA_RETURN_IF_ERROR(fsdp_.offload_params());
+  json meta = metadata_[static_cast<size_t>(bucket)];
+  meta["version"] = version;
+  return proto::DataProto::from_dict(std::move(tensors), {}, json{{kMetaKey, meta}});
+}
+
+Status WeightImporter::import_unit(const json& unit, const proto::DataProto& bucket) {
+  TESSERA_ASSIGN_OR_RETURN(fsdp::FlatLayout layout, fsdp::flat_layout_from_json(unit.at("layout"), "load_rollout_weights"));
+  const std::string key = unit.at("key").get<std::string>();
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor rows, bucket.tensor(key));
+  if (rows.dim() != 2 || rows.size(0) != layout.shard_count || rows.numel() != layout.padded_numel) {
+    return bad_bucket(fmt::format("'{}' of unit '{}' is [{}], expected {} shard rows of {} elements", key, layout.unit,
+                                  fmt::join(rows.sizes(), ","), layout.shard_count, layout.shard_numel()));
+  }
+  at::Tensor full = rows.contiguous().view(-1);
+  for (const auto& e : layout.params) pending_tensors_[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
+  pending_buffers_.push_back(full);
+  pending_bytes_ += full.numel() * static_cast<int64_t>(full.element_size());
+  return Status();
+}
+
+Status WeightImporter::import_bucket(const proto::DataProto& bucket) {
+  auto it = bucket.meta_info().find(kMetaKey);
+  if (it == bucket.meta_info().end() || !it->is_object()) return bad_bucket("meta_info has no 'tessera_weights' entry");
+  const json& meta = *it;
+  try {
+    const int64_t version = meta.at("version").get<int64_t>(), index = meta.at("bucket").get<int64_t>();
+    const int64_t count = meta.at("buckets").get<int64_t>();
+    if (version != pending_version_ || index == 0) {
+      pending_version_ = version;
+      next_bucket_ = 0;
+      pending_tensors_.clear();
+      pending_buffers_.clear();
+      pending_bytes_ = 0;
+    }
+    if (index != next_bucket_) {
+      return bad_bucket(fmt::format("bucket {} of version {} arrived, expected bucket {}", index, version, next_bucket_));
+    }
+    for (const json& unit : meta.at("units")) TESSERA_RETURN_IF_ERROR(import_unit(unit, bucket));
+    ++next_bucket_;
+    if (next_bucket_ < count) return Status();
+    TESSERA_RETURN_IF_ERROR(engine_.load_weights_by_reference(pending_tensors_));
+    buffers_ = std::move(pending_buffers_);
+    version_ = version;
+    received_bytes_ = pending_bytes_;
+    pending_tensors_.clear();
+    pending_buffers_.clear();
+    pending_version_ = -1;
+    next_bucket_ = 0;
+    return Status();
+  } catch (const json::exception& e) {
+    return bad_bucket(fmt::format("malformed metadata: {}", e.what()));
+  }
+}
+
+}  // namespace tessera::rollout
