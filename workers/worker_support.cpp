@@ -131,14 +131,18 @@ Result<std::shared_ptr<FsdpTrainableModule>> build_fsdp_module(std::shared_ptr<m
   optim.clip_grad = o.grad_clip;
   fsdp::FsdpOptions options = fsdp::fsdp_options_from_config(config, world->size());
   if (o.force_param_offload) options.param_offload = true;
+  options.name = o.fsdp_config_path;
   if (!trainable) {
+    options.frozen = true;  // no AdamW moments, no gradient buffers
     options.optimizer_offload = false;
     for (auto& p : model->parameters()) p.set_requires_grad(false);
   }
-  TESSERA_ASSIGN_OR_RETURN(auto units, fsdp::make_units(*model, config.wrap_policy));
+  TESSERA_ASSIGN_OR_RETURN(auto units, fsdp::make_decoder_units(*model, config.wrap_policy, options.strategy));
   TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::for_fsdp(world, config.fsdp_size));
   auto engine = fsdp::FsdpModule::wrap(model, std::move(units), std::move(mesh), options, optim);
   if (!engine.ok()) return engine.status().with_context(o.fsdp_config_path);
+  // FULL_SHARD / HYBRID_SHARD: each decoder layer is freed after its forward (recompute in backward).
+  TESSERA_RETURN_IF_ERROR(fsdp::install_layer_runner(**engine, *model));
   return FsdpTrainableModule::create(std::move(model), std::move(*engine), trainable);
 }
 

@@ -69,7 +69,9 @@ struct FsdpBuildOptions {
 
 /// Wraps `model` in an FsdpModule over `world` (mesh and strategy from fsdp_config: fsdp_size,
 /// reshard_after_forward, wrap_policy, mixed_precision, offload flags) and an optimizer from
-/// `optim` (AdamW + verl's LR schedule). Collective over `world`.
+/// `optim` (AdamW + verl's LR schedule); a null `optim` wraps it frozen (no optimizer state, no
+/// gradient buffers). Under FULL_SHARD / HYBRID_SHARD each decoder layer runs through
+/// FsdpModule::run_unit (freed after its forward, recomputed in backward). Collective over `world`.
 Result<std::shared_ptr<FsdpTrainableModule>> build_fsdp_module(std::shared_ptr<models::PretrainedModel> model,
                                                                std::shared_ptr<collective::Communicator> world,
                                                                const FsdpBuildOptions& options);

@@ -42,11 +42,12 @@ Status write_rank_files(FsdpModule& e, const std::string& tmp) {
       auto& s = e.unit_state(static_cast<int>(u));
       const std::string& name = e.layouts()[u].unit;
       model[name] = current(s.shard, s.offload_shard);
+      if (e.frozen()) continue;
       optim[name + ".exp_avg"] = current(s.adam.exp_avg, s.offload_adam.exp_avg);
       optim[name + ".exp_avg_sq"] = current(s.adam.exp_avg_sq, s.offload_adam.exp_avg_sq);
     }
     TESSERA_RETURN_IF_ERROR(models::write_safetensors(tmp + "/" + model_file(k, K), model));
-    TESSERA_RETURN_IF_ERROR(models::write_safetensors(tmp + "/" + optim_file(k, K), optim));
+    if (!e.frozen()) TESSERA_RETURN_IF_ERROR(models::write_safetensors(tmp + "/" + optim_file(k, K), optim));
   }
   at::Tensor rng;
   {
@@ -77,6 +78,7 @@ nlohmann::json make_manifest(FsdpModule& e, const std::string& tmp) {
           {"mesh", {{"dims", mesh.dim_names()}, {"shape", mesh.shape()}}},
           {"model_dtype", c10::toString(e.options().model_dtype)},
           {"optimizer_steps", e.optimizer_steps()},
+          {"optimizer_state", !e.frozen()},
           {"lr_scheduler", {{"last_step", e.scheduler().last_step()}, {"base_lr", e.scheduler().base_lr()}}},
           {"units", units},
           {"files", files}};
@@ -138,6 +140,12 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
   TESSERA_ASSIGN_OR_RETURN(nlohmann::json manifest, read_manifest(dir));
   TESSERA_ASSIGN_OR_RETURN(std::vector<FlatLayout> old_layouts, internal::manifest_layouts(manifest, dir));
   TESSERA_RETURN_IF_ERROR(internal::check_same_units(old_layouts, e.layouts(), dir));
+  TESSERA_ASSIGN_OR_RETURN(bool has_optim, internal::manifest_has_optimizer_state(manifest, dir));
+  if (!has_optim && !e.frozen()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "{}: saved from a frozen module (no optimizer state), cannot restore the optimizer "
+                      "of trainable module '{}'", what, e.options().name);
+  }
   bool params_off = e.params_offloaded(), optim_off = e.optimizer_offloaded();
   TESSERA_RETURN_IF_ERROR(e.load_params());
   TESSERA_RETURN_IF_ERROR(e.load_optimizer());
@@ -148,9 +156,10 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
       auto [begin, end] = e.layouts()[u].shard_range(e.shard_index());
       const std::string& unit = old_layouts[u].unit;
       TESSERA_ASSIGN_OR_RETURN(s.shard, files.recut(old_layouts[u], begin, end, "model", unit, e.options().model_dtype));
+      s.shard_grad = at::Tensor();
+      if (e.frozen()) continue;  // a frozen module reads no optimizer files
       TESSERA_ASSIGN_OR_RETURN(s.adam.exp_avg, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg", e.options().model_dtype));
       TESSERA_ASSIGN_OR_RETURN(s.adam.exp_avg_sq, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg_sq", e.options().model_dtype));
-      s.shard_grad = at::Tensor();
     }
   } catch (const std::exception& ex) {
     return make_error(ErrorCode::internal, "{}: {}", what, ex.what());

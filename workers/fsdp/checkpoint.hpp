@@ -4,13 +4,16 @@
 // Layout of a checkpoint directory (all tensors in safetensors files):
 //   manifest.json                          written last; a directory without it is not a checkpoint
 //   model_shard_<k>_of_<K>.safetensors     tensor "<unit>": flat shard k (model_dtype)
-//   optim_shard_<k>_of_<K>.safetensors     "<unit>.exp_avg", "<unit>.exp_avg_sq"
+//   optim_shard_<k>_of_<K>.safetensors     "<unit>.exp_avg", "<unit>.exp_avg_sq" (none when frozen)
 //   extra_state_rank_<r>_of_<W>.safetensors  "rng_state" (CPU generator) of world rank r
 //   huggingface/config.json                when SaveOptions::hf_config is given (for export_hf)
 // Shard k is written by the first replica holding it (ddp coordinate 0), so HYBRID_SHARD does not
 // write duplicates; NO_SHARD has K = 1. The manifest records the world size, K, the strategy, the
-// mesh, model_dtype, the optimizer step count, the LR scheduler position, every unit's flat
-// layout (names, shapes, offsets, padding) and every file's size.
+// mesh, model_dtype, the optimizer step count, the LR scheduler position, whether optimizer files
+// exist ("optimizer_state": false for a frozen module; absent in older manifests, meaning true),
+// every unit's flat layout (names, shapes, offsets, padding) and every file's size.
+// A frozen module loads any checkpoint's model shards and ignores its optimizer files; a
+// trainable module refuses a checkpoint without optimizer state.
 // Atomicity: all ranks write into "<dir>.tmp" (stale leftovers are removed first); the ranks agree
 // that every file was written; then world rank 0 writes the manifest and swaps the temp
 // directory into place (renameat2 RENAME_EXCHANGE when <dir> exists, else rename) and deletes the
@@ -44,8 +47,9 @@ struct SaveOptions {
 Status save_checkpoint(FsdpModule& engine, const std::string& dir, const SaveOptions& options = {});
 
 /// Loads a checkpoint written at any world size into `engine` (same units and parameter shapes);
-/// restores shards, AdamW moments, optimizer step count, LR scheduler position and this rank's
-/// CPU RNG state (rank r % old world size). Keeps the engine's offload state. Reads files only.
+/// restores shards, AdamW moments (not for a frozen engine), optimizer step count, LR scheduler
+/// position and this rank's CPU RNG state (rank r % old world size). Keeps the engine's offload
+/// state. Reads files only. Errors: a trainable engine and a checkpoint without optimizer state.
 Status load_checkpoint(FsdpModule& engine, const std::string& dir);
 
 /// The parsed manifest.json of a checkpoint directory (validated).

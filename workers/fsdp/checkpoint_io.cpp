@@ -136,6 +136,14 @@ Result<nlohmann::json> read_and_check_manifest(const std::string& requested) {
   return m;
 }
 
+Result<bool> manifest_has_optimizer_state(const nlohmann::json& m, const std::string& dir) {
+  if (!m.contains("optimizer_state")) return true;
+  if (!m["optimizer_state"].is_boolean()) {
+    return make_error(ErrorCode::corrupt_data, "{}/manifest.json: optimizer_state is not a boolean", dir);
+  }
+  return m["optimizer_state"].get<bool>();
+}
+
 Result<std::vector<FlatLayout>> manifest_layouts(const nlohmann::json& m, const std::string& dir) {
   std::vector<FlatLayout> layouts;
   if (!m["units"].is_array()) return make_error(ErrorCode::corrupt_data, "{}/manifest.json: units is not a list", dir);

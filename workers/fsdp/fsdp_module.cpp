@@ -100,9 +100,11 @@ Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::
 }
 
 // Looks up a unit's parameters, claiming each name once; fills `state` and the (name, shape) list.
+// Units of a frozen module are never trainable.
 static Status collect_unit_params(const UnitSpec& spec, const std::map<std::string, at::Tensor>& params,
                            std::set<std::string>& claimed, FsdpModule::UnitState& state,
-                           std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+                           std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                           bool frozen) {
   for (const auto& name : spec.param_names) {
     auto it = params.find(name);
     if (it == params.end()) {
@@ -116,8 +118,12 @@ static Status collect_unit_params(const UnitSpec& spec, const std::map<std::stri
     shapes.emplace_back(name, it->second.sizes().vec());
     state.params.push_back(it->second);
   }
-  state.trainable = !state.params.empty() && state.params.front().requires_grad();
   state.recompute = spec.recompute;
+  if (frozen) {  // every parameter is treated as frozen: no gradient buffers
+    state.trainable = false;
+    return Status();
+  }
+  state.trainable = !state.params.empty() && state.params.front().requires_grad();
   for (const auto& p : state.params) {
     if (p.requires_grad() != state.trainable) {
       return make_error(ErrorCode::invalid_argument,
@@ -135,7 +141,7 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
   for (const auto& spec : units) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
     auto state = std::make_unique<UnitState>();
-    TESSERA_RETURN_IF_ERROR(collect_unit_params(spec, params, claimed, *state, shapes));
+    TESSERA_RETURN_IF_ERROR(collect_unit_params(spec, params, claimed, *state, shapes, options_.frozen));
     TESSERA_ASSIGN_OR_RETURN(FlatLayout layout, make_flat_layout(spec.name, shapes, shard_count_));
     TESSERA_RETURN_IF_ERROR(shard_unit(*state, layout));
     layouts_.push_back(std::move(layout));
@@ -150,7 +156,7 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
 }
 
 // Flattens the unit (world rank 0's values when syncing), keeps this rank's shard, allocates the
-// AdamW moments and frees the module's parameter storage.
+// AdamW moments (unless frozen) and frees the module's parameter storage.
 Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
   at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype));
   for (size_t i = 0; i < layout.params.size(); ++i) {
@@ -162,8 +168,10 @@ Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
   }
   auto [begin, end] = layout.shard_range(shard_index_);
   state.shard = flat.narrow(0, begin, end - begin).clone();
-  state.adam.exp_avg = at::zeros_like(state.shard);
-  state.adam.exp_avg_sq = at::zeros_like(state.shard);
+  if (!options_.frozen) {
+    state.adam.exp_avg = at::zeros_like(state.shard);
+    state.adam.exp_avg_sq = at::zeros_like(state.shard);
+  }
   state.anchor = at::empty({0}, at::TensorOptions(at::kFloat)).requires_grad_(true);
   for (auto& p : state.params) p.set_data(empty_param(options_.mixed_precision.param_dtype));
   return Status();
@@ -175,6 +183,25 @@ Status FsdpModule::check_loaded(const char* what) const {
                       "FSDP {}: parameters are offloaded to CPU; call load_params() first", what);
   }
   return Status();
+}
+
+Status FsdpModule::check_trainable(const char* what) const {
+  if (!options_.frozen) return Status();
+  std::string units = layouts_.empty() ? std::string("no units")
+                                       : fmt::format("{} units '{}' .. '{}'", layouts_.size(),
+                                                     layouts_.front().unit, layouts_.back().unit);
+  return make_error(ErrorCode::invalid_argument,
+                    "FSDP {}: module '{}' is frozen (wrapped without an optimizer; {}): it has no "
+                    "gradients or optimizer state",
+                    what, options_.name.empty() ? "<unnamed>" : options_.name, units);
+}
+
+std::vector<int> FsdpModule::gathered_units() const {
+  std::vector<int> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u]->full.defined()) out.push_back(static_cast<int>(u));
+  }
+  return out;
 }
 
 bool FsdpModule::recompute_in_backward() const {
@@ -243,6 +270,7 @@ void FsdpModule::release_unit(int u) {
 
 Status FsdpModule::begin_forward(ForwardMode mode) {
   TESSERA_RETURN_IF_ERROR(check_loaded("begin_forward"));
+  if (mode == ForwardMode::train) TESSERA_RETURN_IF_ERROR(check_trainable("begin_forward(train)"));
   if (in_forward_) {
     return make_error(ErrorCode::invalid_argument,
                       "FSDP begin_forward: the previous forward has not ended (call backward() "
@@ -278,6 +306,7 @@ Status FsdpModule::reduce_pending() {
 }
 
 Status FsdpModule::backward(const at::Tensor& loss) {
+  TESSERA_RETURN_IF_ERROR(check_trainable("backward"));
   if (!in_forward_ || mode_ != ForwardMode::train) {
     return make_error(ErrorCode::invalid_argument,
                       "FSDP backward: no training forward is in progress (begin_forward(train))");

@@ -30,6 +30,10 @@
 // and run AdamW (optim.hpp) on every shard. A unit that received no gradient since the last step
 // is not updated (torch skips parameters whose grad is None).
 //
+// Frozen (FsdpOptions::frozen; the reference policy, the reward model): no AdamW moments and no
+// gradient buffers are ever allocated; begin_forward(train), backward() and step() fail naming the
+// module; offload / load of the optimizer state are no-ops; checkpoints hold no optimizer files.
+//
 // Offload: param_offload / optimizer_offload move the shards / moments into separate CPU buffers
 // (pinned on CUDA builds) and free the working copies; load_* copies them back bitwise. While
 // offloaded, forward and step fail with an error saying what to load.
@@ -73,6 +77,9 @@ struct FsdpOptions {
   bool param_offload = false;      ///< Offload shards right after wrapping.
   bool optimizer_offload = false;  ///< Offload the AdamW moments right after wrapping.
   bool sync_module_states = true;  ///< Broadcast world rank 0's parameters when wrapping.
+  /// No optimizer: no AdamW moments or gradient buffers; training calls fail. See Note [FSDP engine].
+  bool frozen = false;
+  std::string name;  ///< Names the module in errors (e.g. its config path); may be empty.
   collective::CollectiveOptions comm;  ///< Timeout of every collective.
 };
 
@@ -95,7 +102,8 @@ class FsdpModule {
  public:
   /// Wraps `module`: checks that `units` cover every parameter exactly once, flattens and shards
   /// them (rank k of the fsdp group keeps shard k), frees the module's parameter storage, casts
-  /// floating buffers to buffer_dtype, and allocates AdamW state. Collective over the mesh.
+  /// floating buffers to buffer_dtype, and allocates AdamW state (none when options.frozen;
+  /// `optim` is then only kept for optimizer_options()). Collective over the mesh.
   /// The module must outlive nothing: the FsdpModule holds it.
   static Result<std::unique_ptr<FsdpModule>> wrap(std::shared_ptr<torch::nn::Module> module,
                                                   std::vector<UnitSpec> units,
@@ -105,7 +113,8 @@ class FsdpModule {
   ~FsdpModule();
 
   /// Gathers every unit except those the model runs through run_unit() with recompute into the
-  /// module. `train` also sets up gradient buffers; follow it with backward().
+  /// module. `train` also sets up gradient buffers; follow it with backward(). Errors: `train`
+  /// on a frozen module.
   Status begin_forward(ForwardMode mode);
 
   /// Runs `fn(input)` as unit `unit`, gathering it first if needed; under FULL_SHARD and
@@ -147,6 +156,14 @@ class FsdpModule {
   bool optimizer_offloaded() const { return optimizer_offloaded_; }
   /// Bytes of working (non-offloaded) shards, shard gradients and AdamW moments.
   int64_t resident_bytes() const;
+  /// Bytes of AdamW moments held, working and offloaded (0 for a frozen module).
+  int64_t optimizer_state_bytes() const;
+  /// Whether the module was wrapped frozen (no optimizer).
+  bool frozen() const { return options_.frozen; }
+  /// Indices of the units whose full parameters are gathered right now.
+  std::vector<int> gathered_units() const;
+  /// Expires when this FsdpModule is destroyed (for hooks that hold a pointer to it).
+  std::weak_ptr<const bool> lifetime() const { return alive_; }
 
   /// Every parameter by name, gathered and cast to `dtype` (fresh tensors). Collective over the
   /// fsdp group.
@@ -182,6 +199,7 @@ class FsdpModule {
   Status init_units(const std::vector<UnitSpec>& units);
   Status shard_unit(UnitState& state, const FlatLayout& layout);
   Status check_loaded(const char* what) const;
+  Status check_trainable(const char* what) const;
   bool recompute_in_backward() const;
   Status reduce_pending();
   Result<double> global_grad_norm();
@@ -203,6 +221,7 @@ class FsdpModule {
   bool optimizer_offloaded_ = false;
   bool in_forward_ = false;
   ForwardMode mode_ = ForwardMode::eval;
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
 
   friend struct RecomputeUnit;
 };
@@ -214,7 +233,7 @@ struct FsdpModule::UnitState {
   bool recompute = false;          ///< UnitSpec::recompute.
   at::Tensor shard;                ///< [S] model_dtype; undefined while offloaded.
   at::Tensor shard_grad;           ///< [S] model_dtype reduced gradient; undefined when none.
-  AdamWState adam;                 ///< Moments; undefined while offloaded.
+  AdamWState adam;                 ///< Moments; undefined while offloaded or frozen.
   at::Tensor offload_shard;        ///< CPU copy while offloaded (kept allocated).
   AdamWState offload_adam;         ///< CPU copies of the moments.
   at::Tensor full;                 ///< [padded] param_dtype while gathered.

@@ -47,6 +47,7 @@ Result<double> FsdpModule::global_grad_norm() {
 }
 
 Result<StepResult> FsdpModule::step() {
+  TESSERA_RETURN_IF_ERROR(check_trainable("step"));
   TESSERA_RETURN_IF_ERROR(check_loaded("step"));
   if (optimizer_offloaded_) {
     return make_error(ErrorCode::invalid_argument,
@@ -104,7 +105,7 @@ Status FsdpModule::load_params() {
 }
 
 Status FsdpModule::offload_optimizer() {
-  if (optimizer_offloaded_) return Status();
+  if (optimizer_offloaded_ || options_.frozen) return Status();  // frozen: nothing to move
   for (auto& s : units_) {
     offload_into(s->offload_adam.exp_avg, s->adam.exp_avg);
     offload_into(s->offload_adam.exp_avg_sq, s->adam.exp_avg_sq);
@@ -115,13 +116,22 @@ Status FsdpModule::offload_optimizer() {
 }
 
 Status FsdpModule::load_optimizer() {
-  if (!optimizer_offloaded_) return Status();
+  if (!optimizer_offloaded_) return Status();  // also a frozen module (never offloaded)
   for (auto& s : units_) {
     s->adam.exp_avg = load_from(s->offload_adam.exp_avg);
     s->adam.exp_avg_sq = load_from(s->offload_adam.exp_avg_sq);
   }
   optimizer_offloaded_ = false;
   return Status();
+}
+
+int64_t FsdpModule::optimizer_state_bytes() const {
+  int64_t total = 0;
+  for (const auto& s : units_) {
+    total += bytes_of(s->adam.exp_avg) + bytes_of(s->adam.exp_avg_sq) +
+             bytes_of(s->offload_adam.exp_avg) + bytes_of(s->offload_adam.exp_avg_sq);
+  }
+  return total;
 }
 
 int64_t FsdpModule::resident_bytes() const {

@@ -99,4 +99,55 @@ Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const 
   return units;
 }
 
+namespace {
+
+std::string layer_unit_name(size_t i) { return "model.layers." + std::to_string(i); }
+
+bool frees_after_forward(ShardingStrategy s) {
+  return s == ShardingStrategy::full_shard || s == ShardingStrategy::hybrid_shard;
+}
+
+}  // namespace
+
+Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
+                                                 const WrapPolicy& policy, ShardingStrategy strategy) {
+  TESSERA_ASSIGN_OR_RETURN(auto units, make_units(model, policy, /*recompute_layers=*/false));
+  if (!frees_after_forward(strategy)) return units;
+  const auto& layers = model.backbone().layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    std::vector<std::string> want = params_under(*layers[i], layer_unit_name(i));
+    for (auto& u : units) {
+      if (u.name != layer_unit_name(i)) continue;
+      std::set<std::string> have(u.param_names.begin(), u.param_names.end());
+      u.recompute = have == std::set<std::string>(want.begin(), want.end());
+    }
+  }
+  return units;
+}
+
+Status install_layer_runner(FsdpModule& engine, models::PretrainedModel& model) {
+  if (&engine.module() != static_cast<torch::nn::Module*>(&model)) {
+    return make_error(ErrorCode::invalid_argument, "install_layer_runner: the FSDP engine does not wrap this model");
+  }
+  std::vector<int> unit_of_layer;
+  for (size_t i = 0; i < model.backbone().layers.size(); ++i) {
+    auto u = engine.unit_index(layer_unit_name(i));
+    unit_of_layer.push_back(u.ok() ? *u : -1);
+  }
+  FsdpModule* e = &engine;
+  model.backbone().set_layer_runner([e, alive = engine.lifetime(), units = std::move(unit_of_layer)](
+                                        int64_t i, models::LayerCall call, const at::Tensor& h) {
+    if (alive.expired()) {
+      throw std::runtime_error(fmt::format(
+          "decoder layer {}: the FSDP engine that wrapped this model was destroyed", i));
+    }
+    const int unit = i >= 0 && i < static_cast<int64_t>(units.size()) ? units[i] : -1;
+    if (unit < 0) return call(h);
+    auto out = e->run_unit(unit, std::move(call), h);
+    if (!out.ok()) throw std::runtime_error(out.status().with_context("decoder layer " + std::to_string(i)).to_string());
+    return *out;
+  });
+  return Status();
+}
+
 }  // namespace tessera::fsdp

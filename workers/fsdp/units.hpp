@@ -10,6 +10,11 @@
 //   disable: one "root" unit with every parameter.
 // Units are listed in module order, root last. Layer units are marked `recompute` when asked
 // (the model must then run them through FsdpModule::run_unit).
+//
+// HF decoders (models::PretrainedModel): make_decoder_units marks each unit that is exactly one
+// decoder layer recompute under FULL_SHARD / HYBRID_SHARD, and install_layer_runner makes the
+// backbone run those layers through run_unit (models::LayerRunner), so each layer is freed right
+// after its forward and recomputed in backward: peak gathered memory is the root plus one layer.
 #pragma once
 
 #include <vector>
@@ -19,6 +24,7 @@
 #include "proto/status.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
 #include "workers/fsdp/options.hpp"
+#include "workers/models/model.hpp"
 
 namespace tessera::fsdp {
 
@@ -26,5 +32,16 @@ namespace tessera::fsdp {
 /// Errors: a module without parameters.
 Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const WrapPolicy& policy,
                                          bool recompute_layers = false);
+
+/// Units for an HF decoder model under `policy`: make_units, with every unit that holds exactly
+/// one decoder layer's parameters ("model.layers.<i>") marked recompute when `strategy` frees
+/// units after forward (FULL_SHARD, HYBRID_SHARD). Follow the wrap with install_layer_runner.
+Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
+                                                 const WrapPolicy& policy, ShardingStrategy strategy);
+
+/// Makes `model`'s backbone run each decoder layer that is a unit of `engine` through
+/// engine.run_unit() (other layers run directly). Once `engine` is destroyed, a forward through
+/// the runner throws an error saying so. Errors: `engine` does not wrap `model`.
+Status install_layer_runner(FsdpModule& engine, models::PretrainedModel& model);
 
 }  // namespace tessera::fsdp

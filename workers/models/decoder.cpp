@@ -145,6 +145,13 @@ at::Tensor DecoderBackbone::run_layers(at::Tensor h, const at::Tensor& position_
                                        KVCache* cache) const {
   RotaryTables rope = make_rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
   for (size_t i = 0; i < layers.size(); ++i) {
+    if (cache == nullptr && layer_runner_) {
+      LayerCall call = [layer = layers[i], rope, visible](const at::Tensor& x) {
+        return layer->forward(x, rope, visible, nullptr);
+      };
+      h = layer_runner_(static_cast<int64_t>(i), std::move(call), h);
+      continue;
+    }
     if (cache == nullptr) {
       h = layers[i]->forward(h, rope, visible, nullptr);
       continue;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -114,10 +115,26 @@ class DecoderLayer : public torch::nn::Module {
   std::shared_ptr<MLP> mlp;
 };
 
+/// One decoder layer's forward on a hidden state h [B, T, hidden], with everything else it needs
+/// (the layer, rotary tables, visibility) captured by value: calling it again on the same h gives
+/// the same result, so it may be kept and re-run later (recompute).
+using LayerCall = std::function<at::Tensor(const at::Tensor& h)>;
+
+/// Runs layer `index` of a full forward: must return what `call(h)` returns, and may wrap the
+/// call (FSDP gathers the layer's parameters around it and frees them after). Exceptions
+/// propagate out of DecoderBackbone::forward.
+using LayerRunner = std::function<at::Tensor(int64_t index, LayerCall call, const at::Tensor& h)>;
+
 /// HF LlamaModel / Qwen2Model ("model."): embed_tokens, layers.N, norm.
 class DecoderBackbone : public torch::nn::Module {
  public:
   DecoderBackbone(const ModelConfig& config, const at::TensorOptions& options);
+
+  /// Routes every layer of forward() through `runner` (null: layers are called directly, the
+  /// default). forward_step() (KV-cache decoding) always calls the layers directly.
+  void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+  /// The installed runner (null when none).
+  const LayerRunner& layer_runner() const { return layer_runner_; }
 
   /// Final-norm hidden states [B, T, hidden] for a whole (left-padded) batch.
   /// REQUIRES: input_ids, attention_mask, position_ids are [B, T] integer tensors.
@@ -138,6 +155,7 @@ class DecoderBackbone : public torch::nn::Module {
   at::Tensor run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
                         KVCache* cache) const;
   ModelConfig config_;
+  LayerRunner layer_runner_;
 };
 
 }  // namespace tessera::models

@@ -1,11 +1,17 @@
-// The engine on the models helper's HF decoder, unchanged: default wrap policy (one unit per
-// DecoderLayer plus the root), FULL_SHARD at world 2 equals single-process training of the same
-// CausalLM (losses, grad norms and parameters within 1e-5).
+// The engine on the models helper's HF decoder, wrapped as the workers wrap it
+// (make_decoder_units + install_layer_runner): every strategy at world 2 (HYBRID_SHARD at world
+// 4) equals single-process training of the same CausalLM (losses, grad norms and parameters
+// within 1e-5) with the layer runner active; under FULL_SHARD each layer is gathered only while it
+// runs (forward, and its recompute in backward), so right after forward only the root unit is
+// gathered, versus every unit under SHARD_GRAD_OP (read from the engine's own state).
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
 #include "workers/models/model.hpp"
 
 namespace tessera::fsdp {
 namespace {
+
+using collective::Communicator;
+using S = ShardingStrategy;
 
 models::ModelConfig tiny_llama() {
   models::ModelConfig c;
@@ -30,6 +36,10 @@ std::shared_ptr<models::CausalLM> make_llama() {
   return *m;
 }
 
+std::shared_ptr<Communicator> borrow(Communicator& c) {
+  return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+}
+
 struct TokenBatch {
   at::Tensor ids, mask, pos;
 };
@@ -48,61 +58,203 @@ at::Tensor llama_loss(models::CausalLM& m, const TokenBatch& b) {
                                               b.ids.narrow(1, 1, 6).reshape(-1));
 }
 
-TEST(FsdpDecoder, CausalLMFullShardMatchesSingleProcess) {
-  constexpr int kSteps = 3;
+OptimizerOptions decoder_optim() {
   OptimizerOptions o = testing::test_optim();
   // HF init gives weights of ~0.02; an lr of 5e-2 would let Adam's normalisation turn fp32
   // summation-order noise in near-zero gradients into lr-sized differences. 1e-3 is still far
   // above verl's defaults (1e-6 actor, 1e-5 critic).
   o.adamw.lr = 1e-3;
-  // Reference.
+  return o;
+}
+
+/// The FSDP engine of one rank over `model`, wrapped the way build_fsdp_module wraps decoders.
+std::unique_ptr<FsdpModule> wrap_decoder(std::shared_ptr<models::CausalLM> model,
+                                         std::shared_ptr<Communicator> world, S strategy,
+                                         int fsdp_size = -1) {
+  auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
+  EXPECT_TRUE(units.ok()) << units.status().to_string();
+  FsdpOptions fo;
+  fo.strategy = strategy;
+  fo.mixed_precision.param_dtype = at::kFloat;
+  auto mesh = collective::DeviceMesh::for_fsdp(world, fsdp_size);
+  EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
+  auto e = FsdpModule::wrap(model, *units, *mesh, fo, decoder_optim());
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  if (!e.ok()) return nullptr;
+  Status st = install_layer_runner(**e, *model);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return std::move(*e);
+}
+
+/// Single-process LibTorch training of the same model on the whole batch.
+testing::RunResult reference_decoder_run(int steps) {
+  OptimizerOptions o = decoder_optim();
   auto ref = make_llama();
   torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(o.adamw.lr)
                                                  .betas({o.adamw.beta1, o.adamw.beta2})
                                                  .eps(o.adamw.eps)
                                                  .weight_decay(o.adamw.weight_decay));
   LrScheduler schedule(o.adamw.lr, o.schedule);
-  std::vector<double> want_loss, want_norm;
-  for (int s = 0; s < kSteps; ++s) {
+  testing::RunResult r;
+  for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
     at::Tensor loss = llama_loss(*ref, llama_batch(s, 0, 1));
     loss.backward();
-    want_norm.push_back(torch::nn::utils::clip_grad_norm_(ref->parameters(), o.clip_grad));
+    r.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(ref->parameters(), o.clip_grad));
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(schedule.current_lr());
     opt.step();
     schedule.step();
-    want_loss.push_back(loss.item<double>());
+    r.losses.push_back(loss.item<double>());
   }
-  std::map<std::string, at::Tensor> want;
-  for (const auto& item : ref->named_parameters()) want[item.key()] = item.value().detach();
+  for (const auto& item : ref->named_parameters()) r.params[item.key()] = item.value().detach();
+  return r;
+}
 
-  collective::testing::with_world("inproc", 2, [&](int rank, collective::Communicator& w) {
-    auto world = std::shared_ptr<collective::Communicator>(&w, [](collective::Communicator*) {});
+struct DecoderCase {
+  S strategy;
+  int world;
+  int fsdp_size;
+};
+
+class FsdpDecoder : public ::testing::TestWithParam<DecoderCase> {};
+
+TEST_P(FsdpDecoder, CausalLMMatchesSingleProcessWithLayerRunner) {
+  constexpr int kSteps = 3;
+  const DecoderCase c = GetParam();
+  testing::RunResult want = reference_decoder_run(kSteps);
+  collective::testing::with_world("inproc", c.world, [&](int rank, Communicator& w) {
     auto model = make_llama();
-    auto units = make_units(*model, WrapPolicy{});
+    auto e = wrap_decoder(model, borrow(w), c.strategy, c.fsdp_size);
+    ASSERT_TRUE(e);
+    ASSERT_EQ(e->layouts().size(), 3u);
+    EXPECT_EQ(e->layouts()[0].unit, "model.layers.0");
+    EXPECT_EQ(e->layouts()[2].unit, "root");
+    ASSERT_TRUE(model->backbone().layer_runner());
+    for (int s = 0; s < kSteps; ++s) {
+      ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
+      at::Tensor loss = llama_loss(*model, llama_batch(s, rank, c.world));
+      at::Tensor l = at::tensor({loss.item<double>()}, at::kDouble);
+      Status st = e->backward(loss);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      auto r = e->step();
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      e->lr_scheduler_step();
+      ASSERT_TRUE(w.all_reduce(l, collective::ReduceOp::avg).ok());
+      EXPECT_NEAR(l.item<double>(), want.losses[s], 1e-5 * want.losses[s]) << "step " << s;
+      EXPECT_NEAR(r->grad_norm, want.grad_norms[s], 1e-5 * want.grad_norms[s]) << "step " << s;
+    }
+    auto got = e->full_state_dict(at::kFloat);
+    ASSERT_TRUE(got.ok());
+    EXPECT_LE(testing::max_relative_error(*got, want.params), 1e-5);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, FsdpDecoder,
+                         ::testing::Values(DecoderCase{S::full_shard, 2, -1}, DecoderCase{S::shard_grad_op, 2, -1},
+                                           DecoderCase{S::hybrid_shard, 4, 2}),
+                         [](const ::testing::TestParamInfo<DecoderCase>& info) {
+                           return std::string(to_string(info.param.strategy)) + "_world" + std::to_string(info.param.world);
+                         });
+
+// Wraps the installed runner so every layer call records which units are gathered while it runs.
+void record_gathered_in_calls(FsdpModule& e, models::CausalLM& model, std::vector<std::vector<int>>& log) {
+  models::LayerRunner inner = model.backbone().layer_runner();
+  model.backbone().set_layer_runner([inner, &e, &log](int64_t i, models::LayerCall call, const at::Tensor& h) {
+    return inner(i, [call, &e, &log](const at::Tensor& x) {
+      log.push_back(e.gathered_units());
+      return call(x);
+    }, h);
+  });
+}
+
+TEST(FsdpDecoderMemory, FullShardFreesEachLayerAfterForwardShardGradOpKeepsThem) {
+  using V = std::vector<int>;
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    for (S strategy : {S::full_shard, S::shard_grad_op}) {
+      auto model = make_llama();
+      auto e = wrap_decoder(model, borrow(w), strategy);
+      ASSERT_TRUE(e);
+      std::vector<V> log;
+      record_gathered_in_calls(*e, *model, log);
+      ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
+      at::Tensor loss = llama_loss(*model, llama_batch(0, rank, 2));
+      const V after_forward = e->gathered_units();
+      ASSERT_TRUE(e->backward(loss).ok());
+      EXPECT_TRUE(e->gathered_units().empty());
+      if (strategy == S::full_shard) {
+        EXPECT_EQ(after_forward, (V{2})) << "only the root stays gathered";
+        // Forward: layer 0, layer 1; backward recomputes layer 1, then layer 0: one layer at a time.
+        EXPECT_EQ(log, (std::vector<V>{{0, 2}, {1, 2}, {1, 2}, {0, 2}}));
+      } else {
+        EXPECT_EQ(after_forward, (V{0, 1, 2}));
+        EXPECT_EQ(log, (std::vector<V>{{0, 1, 2}, {0, 1, 2}}));  // no recompute
+      }
+      // Eval: each layer is freed after its forward too; end_forward() frees the root.
+      log.clear();
+      ASSERT_TRUE(e->begin_forward(ForwardMode::eval).ok());
+      {
+        torch::NoGradGuard no_grad;
+        llama_loss(*model, llama_batch(1, rank, 2));
+      }
+      EXPECT_EQ(e->gathered_units(), strategy == S::full_shard ? V({2}) : V({0, 1, 2}));
+      ASSERT_TRUE(e->end_forward().ok());
+      EXPECT_TRUE(e->gathered_units().empty());
+    }
+  });
+}
+
+TEST(FsdpDecoderUnits, LayersAreRecomputeOnlyWhenTheStrategyFreesAfterForward) {
+  auto model = make_llama();
+  for (S strategy : {S::full_shard, S::hybrid_shard, S::shard_grad_op, S::no_shard}) {
+    auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
     ASSERT_TRUE(units.ok());
     ASSERT_EQ(units->size(), 3u);
-    EXPECT_EQ((*units)[0].name, "model.layers.0");
-    EXPECT_EQ((*units)[2].name, "root");
-    FsdpOptions fo;
-    fo.mixed_precision.param_dtype = at::kFloat;
-    auto e = FsdpModule::wrap(model, *units, *collective::DeviceMesh::for_fsdp(world, -1), fo, o);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    for (int s = 0; s < kSteps; ++s) {
-      ASSERT_TRUE((*e)->begin_forward(ForwardMode::train).ok());
-      at::Tensor loss = llama_loss(*model, llama_batch(s, rank, 2));
-      at::Tensor l = at::tensor({loss.item<double>()}, at::kDouble);
-      ASSERT_TRUE((*e)->backward(loss).ok());
-      auto r = (*e)->step();
-      ASSERT_TRUE(r.ok());
-      (*e)->lr_scheduler_step();
-      ASSERT_TRUE(w.all_reduce(l, collective::ReduceOp::avg).ok());
-      EXPECT_NEAR(l.item<double>(), want_loss[s], 1e-5 * want_loss[s]) << "step " << s;
-      EXPECT_NEAR(r->grad_norm, want_norm[s], 1e-5 * want_norm[s]) << "step " << s;
+    bool frees = strategy == S::full_shard || strategy == S::hybrid_shard;
+    EXPECT_EQ((*units)[0].recompute, frees) << to_string(strategy);
+    EXPECT_EQ((*units)[1].recompute, frees) << to_string(strategy);
+    EXPECT_FALSE((*units)[2].recompute);
+  }
+  // A size-based policy that cuts a layer apart: no unit is a whole layer, none is recomputed.
+  WrapPolicy by_size;
+  by_size.min_num_params = 300;
+  auto units = make_decoder_units(*model, by_size, S::full_shard);
+  ASSERT_TRUE(units.ok());
+  bool any_layer_part = false;
+  for (const auto& u : *units) {
+    EXPECT_FALSE(u.recompute) << u.name;
+    any_layer_part |= u.name.rfind("model.layers.0.", 0) == 0;
+  }
+  EXPECT_TRUE(any_layer_part);
+}
+
+TEST(FsdpDecoderRunner, ErrorsNameTheLayerAndOutlivingTheEngineFailsCleanly) {
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    auto model = make_llama();
+    auto e = wrap_decoder(model, borrow(w), S::full_shard);
+    ASSERT_TRUE(e);
+    auto other = make_llama();
+    Status st = install_layer_runner(*e, *other);
+    EXPECT_NE(st.message().find("does not wrap this model"), std::string::npos) << st.message();
+    // The runner as the backbone calls it (a forward would fail earlier, at the empty embedding).
+    models::LayerRunner runner = model->backbone().layer_runner();
+    ASSERT_TRUE(runner);
+    at::Tensor h = at::zeros({1, 7, 16});
+    models::LayerCall identity = [](const at::Tensor& x) { return x; };
+    try {  // without begin_forward(), run_unit refuses; the error names the layer
+      runner(0, identity, h);
+      ADD_FAILURE() << "a layer call without begin_forward did not fail";
+    } catch (const std::exception& ex) {
+      std::string what = ex.what();
+      EXPECT_NE(what.find("decoder layer 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("begin_forward"), std::string::npos) << what;
     }
-    auto got = (*e)->full_state_dict(at::kFloat);
-    ASSERT_TRUE(got.ok());
-    EXPECT_LE(testing::max_relative_error(*got, want), 1e-5);
+    e.reset();  // the model outlives its engine
+    try {
+      runner(1, identity, h);
+      ADD_FAILURE() << "a layer call after the engine was destroyed did not fail";
+    } catch (const std::exception& ex) {
+      EXPECT_NE(std::string(ex.what()).find("was destroyed"), std::string::npos) << ex.what();
+    }
   });
 }
 

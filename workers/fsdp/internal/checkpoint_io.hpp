@@ -35,6 +35,8 @@ std::string resolve_checkpoint_dir(const std::string& dir);
 
 /// Reads manifest.json, checks format/version/fields and that every listed file has its size.
 Result<nlohmann::json> read_and_check_manifest(const std::string& dir);
+/// The manifest's "optimizer_state" flag (true when absent: manifests before frozen modules).
+Result<bool> manifest_has_optimizer_state(const nlohmann::json& manifest, const std::string& dir);
 /// The unit layouts recorded in a manifest.
 Result<std::vector<FlatLayout>> manifest_layouts(const nlohmann::json& manifest, const std::string& dir);
 /// Same unit names, parameter names and shapes, in the same order.

@@ -1,0 +1,128 @@
+// build_fsdp_module (workers/worker_support.hpp) as the workers call it, on the HF decoder at
+// world 2: a null optim block gives a frozen engine (0 optimizer bytes, step() refused naming the
+// config path) whose eval outputs equal a trainable build's; FULL_SHARD (verl's default) frees
+// each decoder layer after its forward (only the root unit is gathered when forward returns) and
+// matches SHARD_GRAD_OP's training step; SHARD_GRAD_OP keeps every unit gathered.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/collective/communicator.hpp"
+#include "tests/runtime/collective/collective_test_util.hpp"
+#include "workers/worker_support.hpp"
+
+namespace tessera::workers {
+namespace {
+
+using collective::Communicator;
+using json = nlohmann::json;
+
+models::ModelConfig tiny_qwen() {
+  models::ModelConfig c;
+  c.architecture = "Qwen2ForCausalLM";
+  c.model_type = "qwen2";
+  c.vocab_size = 32;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.head_dim = 4;
+  c.attention_bias = true;
+  return c;
+}
+
+std::shared_ptr<models::PretrainedModel> make_model() {
+  models::ModelInit init;
+  init.seed = 5;
+  auto m = models::CausalLM::create(tiny_qwen(), init);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return *m;
+}
+
+json fsdp_config(const std::string& strategy) {
+  return {{"mixed_precision", {{"param_dtype", "fp32"}, {"reduce_dtype", "fp32"}, {"buffer_dtype", "fp32"}}},
+          {"sharding_strategy", strategy}};
+}
+
+std::shared_ptr<FsdpTrainableModule> build(Communicator& w, const std::string& strategy, bool trainable) {
+  FsdpBuildOptions b;
+  b.fsdp_config = fsdp_config(strategy);
+  b.fsdp_config_path = trainable ? "actor_rollout_ref.actor.fsdp_config" : "actor_rollout_ref.ref.fsdp_config";
+  if (trainable) b.optim = {{"lr", 1e-3}};
+  b.optim_path = "actor_rollout_ref.actor.optim";
+  auto world = std::shared_ptr<Communicator>(&w, [](Communicator*) {});
+  auto m = build_fsdp_module(make_model(), world, b);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? *m : nullptr;
+}
+
+struct Inputs {
+  at::Tensor ids, mask, pos;
+};
+
+Inputs inputs(int rank) {
+  at::Generator gen = at::detail::createCPUGenerator(40 + rank);
+  at::Tensor ids = at::randint(32, {2, 6}, gen, at::kLong);
+  return {ids, at::ones_like(ids), at::arange(6, at::kLong).expand({2, 6}).contiguous()};
+}
+
+int64_t shard_bytes(const fsdp::FsdpModule& e) {
+  int64_t total = 0;
+  for (size_t u = 0; u < e.layouts().size(); ++u) total += e.shard(static_cast<int>(u)).numel() * 4;
+  return total;
+}
+
+TEST(BuildFsdpModule, NullOptimGivesAFrozenEngineWithoutOptimizerState) {
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    auto ref = build(w, "FULL_SHARD", /*trainable=*/false);
+    auto actor = build(w, "FULL_SHARD", /*trainable=*/true);
+    ASSERT_TRUE(ref && actor);
+    EXPECT_TRUE(ref->engine().frozen());
+    EXPECT_FALSE(actor->engine().frozen());
+    EXPECT_EQ(ref->engine().optimizer_state_bytes(), 0);
+    EXPECT_EQ(actor->engine().optimizer_state_bytes(), 2 * shard_bytes(actor->engine()));
+    auto step = ref->engine().step();
+    ASSERT_FALSE(step.ok());
+    EXPECT_NE(step.status().message().find("module 'actor_rollout_ref.ref.fsdp_config' is frozen"),
+              std::string::npos)
+        << step.status().message();
+    Inputs in = inputs(rank);
+    auto want = actor->forward(in.ids, in.mask, in.pos, ForwardMode::eval);
+    auto got = ref->forward(in.ids, in.mask, in.pos, ForwardMode::eval);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_TRUE(at::equal(*got, *want));
+    EXPECT_TRUE(ref->engine().gathered_units().empty());
+  });
+}
+
+TEST(BuildFsdpModule, FullShardFreesEachDecoderLayerAfterItsForward) {
+  using V = std::vector<int>;
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    std::map<std::string, std::map<std::string, at::Tensor>> after_step;
+    for (const std::string strategy : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
+      auto m = build(w, strategy, /*trainable=*/true);
+      ASSERT_TRUE(m);
+      ASSERT_EQ(m->engine().layouts().size(), 4u);  // 3 layers + root
+      ASSERT_TRUE(m->model().backbone().layer_runner());
+      Inputs in = inputs(rank);
+      auto logits = m->forward(in.ids, in.mask, in.pos, ForwardMode::train);
+      ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+      EXPECT_EQ(m->engine().gathered_units(), strategy == "FULL_SHARD" ? V({3}) : V({0, 1, 2, 3})) << strategy;
+      ASSERT_TRUE(m->backward(logits->pow(2).mean()).ok());
+      EXPECT_TRUE(m->engine().gathered_units().empty());
+      auto r = m->clip_and_step(1.0);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      after_step[strategy] = *m->engine().full_state_dict(at::kFloat);
+    }
+    // The recompute changes where the layers live, not the maths.
+    for (const auto& [name, t] : after_step["SHARD_GRAD_OP"]) {
+      EXPECT_LE((after_step["FULL_SHARD"].at(name) - t).abs().max().item<double>(), 1e-6) << name;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tessera::workers
