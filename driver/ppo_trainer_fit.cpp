@@ -91,6 +91,9 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen_batch, pop_generation_keys(batch));
   TESSERA_ASSIGN_OR_RETURN(gen_batch, gen_batch.repeat(s.n, /*interleave=*/true));
   gen_batch.meta_info()["global_steps"] = global_steps_;
+  // The trainer recomputes old_log_probs itself below (verl v0.5.0's order), so the seed worker's
+  // recompute inside generate_sequences would be a wasted forward pass over the whole batch.
+  gen_batch.meta_info()["recompute_log_prob"] = false;
   proto::DataProto gen_out;
   {
     MarkedTimer t("gen", timing);
