@@ -107,6 +107,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.fsdp_config_path = fsdp_path;
   b.optim = config_.is_actor ? config_.actor_optim : json();  // a standalone rollout has no optimizer
   b.optim_path = "actor_rollout_ref.actor.optim";
+  b.gradient_checkpointing = config_.model.gradient_checkpointing;
   b.grad_clip = config_.actor.grad_clip;
   TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
   if (config_.is_actor) {

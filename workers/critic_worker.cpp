@@ -82,6 +82,7 @@ Status CriticWorker::init_model() {
   b.optim = c.value("optim", json::object());
   if (b.optim.is_null()) b.optim = json::object();
   b.optim_path = "critic.optim";
+  b.gradient_checkpointing = model_.gradient_checkpointing;
   b.grad_clip = config_.grad_clip;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
   TESSERA_ASSIGN_OR_RETURN(critic_, DataParallelPPOCritic::create(config_, module_, make_dp_count_sync(world_)));

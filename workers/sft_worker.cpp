@@ -33,6 +33,7 @@ struct SftWorkerConfig {
   json optim = json::object();        // actor-style optim block
   double grad_clip = 1.0;
   int64_t micro_batch_size_per_gpu = 1;
+  bool gradient_checkpointing = false;  // model.enable_gradient_checkpointing
 };
 
 // model.fsdp_config (verl SFT keys) -> the actor-style block build_fsdp_module reads.
@@ -61,8 +62,8 @@ Status read_model_block(const json& model, SftWorkerConfig& out) {
   int64_t lora_rank = 0;
   r.field("lora_rank", lora_rank);
   const json& external = r.nested("external_lib");
-  for (const char* key : {"enable_gradient_checkpointing", "trust_remote_code", "use_liger", "use_shm", "strategy",
-                          "lora_alpha", "target_modules"}) {
+  r.field("enable_gradient_checkpointing", out.gradient_checkpointing);
+  for (const char* key : {"trust_remote_code", "use_liger", "use_shm", "strategy", "lora_alpha", "target_modules"}) {
     r.skip(key);
   }
   TESSERA_RETURN_IF_ERROR(r.finish());
@@ -194,6 +195,7 @@ class SftWorker : public dispatch::WorkerBase {
     b.fsdp_config_path = "model.fsdp_config";
     b.optim = config_.optim;
     b.optim_path = "optim";
+    b.gradient_checkpointing = config_.gradient_checkpointing;
     b.grad_clip = config_.grad_clip;
     TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
     return Status();

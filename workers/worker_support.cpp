@@ -82,7 +82,7 @@ namespace {
 // Keys of a model block that select a faster kernel or a loading mechanism for the same maths.
 constexpr const char* kModelKeysAccepted[] = {
     "_target_",        "tokenizer_path",         "custom_chat_template", "use_shm",
-    "enable_gradient_checkpointing", "enable_activation_offload", "use_remove_padding",
+    "enable_activation_offload", "use_remove_padding",
     "use_liger",       "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
     "lora_alpha",      "target_modules",         "exclude_modules",      "tiled_mlp",
 };
@@ -107,6 +107,12 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
   r.fail(refuse_if_set(r, "external_lib", lib, !lib.is_null()));
   const json& over = r.nested("override_config");
   r.fail(refuse_if_set(r, "override_config", over, !over.is_null() && !over.empty()));
+  const json& ckpt = r.nested("enable_gradient_checkpointing");
+  if (!ckpt.is_null() && !ckpt.is_boolean()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected true or false", r.key_path("enable_gradient_checkpointing"),
+                      ckpt.dump());
+  }
+  m.gradient_checkpointing = ckpt.is_boolean() && ckpt.get<bool>();
   const json& tok = r.nested("input_tokenizer");
   if (tok.is_string()) m.input_tokenizer = tok.get<std::string>();
   TESSERA_RETURN_IF_ERROR(r.finish());
@@ -137,12 +143,19 @@ Result<std::shared_ptr<FsdpTrainableModule>> build_fsdp_module(std::shared_ptr<m
     options.optimizer_offload = false;
     for (auto& p : model->parameters()) p.set_requires_grad(false);
   }
-  TESSERA_ASSIGN_OR_RETURN(auto units, fsdp::make_decoder_units(*model, config.wrap_policy, options.strategy));
+  // Layers are freed after forward (FULL_SHARD / HYBRID_SHARD) when nothing needs them again or
+  // when training recomputes them in backward (gradient checkpointing).
+  const bool free_layers = !trainable || o.gradient_checkpointing;
+  std::vector<fsdp::UnitSpec> units;
+  if (free_layers) {
+    TESSERA_ASSIGN_OR_RETURN(units, fsdp::make_decoder_units(*model, config.wrap_policy, options.strategy));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(units, fsdp::make_units(*model, config.wrap_policy));
+  }
   TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::for_fsdp(world, config.fsdp_size));
   auto engine = fsdp::FsdpModule::wrap(model, std::move(units), std::move(mesh), options, optim);
   if (!engine.ok()) return engine.status().with_context(o.fsdp_config_path);
-  // FULL_SHARD / HYBRID_SHARD: each decoder layer is freed after its forward (recompute in backward).
-  TESSERA_RETURN_IF_ERROR(fsdp::install_layer_runner(**engine, *model));
+  if (free_layers) TESSERA_RETURN_IF_ERROR(fsdp::install_layer_runner(**engine, *model));
   return FsdpTrainableModule::create(std::move(model), std::move(*engine), trainable);
 }
 

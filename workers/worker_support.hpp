@@ -52,6 +52,10 @@ struct ModelSection {
   std::string path;                 ///< HF directory: config.json + safetensors (+ tokenizer files).
   nlohmann::json fsdp_config;       ///< model.fsdp_config (critic / reward model), null otherwise.
   std::optional<std::string> input_tokenizer;  ///< reward_model.model.input_tokenizer.
+  /// enable_gradient_checkpointing (verl reads it with .get(..., False)): under FULL_SHARD /
+  /// HYBRID_SHARD, training recomputes each decoder layer in backward, which is what lets the
+  /// layer be freed right after its forward; false keeps the layers gathered until backward.
+  bool gradient_checkpointing = false;
 };
 
 /// Parses a model block; `path` (e.g. "critic.model") prefixes errors. Unknown keys are errors.
@@ -64,6 +68,9 @@ struct FsdpBuildOptions {
   nlohmann::json optim;             ///< verl's optim block; null: a frozen module (no optimizer).
   std::string optim_path;
   double grad_clip = 1.0;           ///< actor.grad_clip / critic.grad_clip.
+  /// Trainable modules: free each decoder layer after forward and recompute it in backward
+  /// (FULL_SHARD / HYBRID_SHARD). Frozen modules always free after forward (no backward).
+  bool gradient_checkpointing = true;
   bool force_param_offload = false; ///< verl's reference / reward model: always CPU-offloaded.
 };
 

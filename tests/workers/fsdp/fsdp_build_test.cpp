@@ -47,8 +47,10 @@ json fsdp_config(const std::string& strategy) {
           {"sharding_strategy", strategy}};
 }
 
-std::shared_ptr<FsdpTrainableModule> build(Communicator& w, const std::string& strategy, bool trainable) {
+std::shared_ptr<FsdpTrainableModule> build(Communicator& w, const std::string& strategy, bool trainable,
+                                           bool gradient_checkpointing = true) {
   FsdpBuildOptions b;
+  b.gradient_checkpointing = gradient_checkpointing;
   b.fsdp_config = fsdp_config(strategy);
   b.fsdp_config_path = trainable ? "actor_rollout_ref.actor.fsdp_config" : "actor_rollout_ref.ref.fsdp_config";
   if (trainable) b.optim = {{"lr", 1e-3}};
@@ -122,6 +124,35 @@ TEST(BuildFsdpModule, FullShardFreesEachDecoderLayerAfterItsForward) {
       EXPECT_LE((after_step["FULL_SHARD"].at(name) - t).abs().max().item<double>(), 1e-6) << name;
     }
   });
+}
+
+// actor_rollout_ref.model.enable_gradient_checkpointing=false: no recompute, so FULL_SHARD keeps
+// the layers gathered from forward to backward (the trade verl's flag makes: memory for compute).
+TEST(BuildFsdpModule, WithoutGradientCheckpointingFullShardKeepsLayersUntilBackward) {
+  using V = std::vector<int>;
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    auto m = build(w, "FULL_SHARD", /*trainable=*/true, /*gradient_checkpointing=*/false);
+    ASSERT_TRUE(m);
+    EXPECT_FALSE(m->model().backbone().layer_runner());
+    Inputs in = inputs(rank);
+    auto logits = m->forward(in.ids, in.mask, in.pos, ForwardMode::train);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    EXPECT_EQ(m->engine().gathered_units(), V({0, 1, 2, 3}));
+    ASSERT_TRUE(m->backward(logits->pow(2).mean()).ok());
+    EXPECT_TRUE(m->engine().gathered_units().empty());
+  });
+}
+
+TEST(ModelSection, EnableGradientCheckpointingIsReadLikeVerl) {
+  auto on = parse_model_section(json{{"path", "/m"}, {"enable_gradient_checkpointing", true}}, "critic.model");
+  auto absent = parse_model_section(json{{"path", "/m"}}, "critic.model");
+  ASSERT_TRUE(on.ok() && absent.ok());
+  EXPECT_TRUE(on->gradient_checkpointing);
+  EXPECT_FALSE(absent->gradient_checkpointing);  // verl: config.model.get("enable_gradient_checkpointing", False)
+  auto bad = parse_model_section(json{{"path", "/m"}, {"enable_gradient_checkpointing", "yes"}}, "critic.model");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("critic.model.enable_gradient_checkpointing"), std::string::npos)
+      << bad.status().to_string();
 }
 
 }  // namespace
