@@ -28,7 +28,8 @@ struct Hosted {
 };
 
 struct FanOut {
-  caf::response_promise promise;
+  caf::actor reply_to;  // the driver's call hub
+  uint64_t call_id = 0;
   std::shared_ptr<CallBatch> batch;
 };
 
@@ -150,24 +151,37 @@ std::vector<std::string> fan_out_labels(Agent self, const AgentCall& call, std::
   return labels;
 }
 
+// An AgentCall refused as a whole: every target gets `st`.
+AgentCallReply refusal(size_t n, const Status& st) {
+  AgentCallReply reply;
+  reply.codes.assign(n, static_cast<uint8_t>(st.code()));
+  reply.messages.assign(n, st.message());
+  reply.results.resize(n);
+  return reply;
+}
+
 // Note [Call paths]: one AgentCall from a driver becomes LocalCalls to the hosted workers; the
-// last answer triggers done_atom, which replies once. A worker that dies with the call pending
-// fails its target through the ReplySlot, so the fan-out always completes.
-caf::result<AgentCallReply> on_call(Agent self, AgentCall& call) {
+// last answer triggers done_atom, which replies once, as (reply_atom, call_id, reply) to the
+// caller (Note [Late replies]). A worker that dies with the call pending fails its target
+// through the ReplySlot, so the fan-out always completes.
+void on_call(Agent self, uint64_t call_id, AgentCall& call) {
+  auto caller = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!caller) return;
   Status st = check_sender(self);
-  if (!st.ok()) return to_caf_error(st);
-  if (call.workers.size() != call.requests.size()) {
-    return to_caf_error(make_error(ErrorCode::invalid_argument, "agent on {}: AgentCall with {} "
-                                   "workers and {} requests", self->state.env.host,
-                                   call.workers.size(), call.requests.size()));
+  if (st.ok() && call.workers.size() != call.requests.size()) {
+    st = make_error(ErrorCode::invalid_argument, "agent on {}: AgentCall with {} workers and {} "
+                    "requests", self->state.env.host, call.workers.size(), call.requests.size());
+  }
+  if (!st.ok()) {
+    self->send(caller, reply_atom::value, call_id, refusal(call.requests.size(), st));
+    return;
   }
   std::vector<bool> known;
   std::vector<std::string> labels = fan_out_labels(self, call, known);
   auto batch = std::make_shared<CallBatch>(std::move(labels),
                                            std::chrono::steady_clock::time_point::max());
   uint64_t id = self->state.next_fan_out++;
-  // make_response_promise takes the request's sender: everything that reads it comes before.
-  self->state.fan_outs[id] = FanOut{self->make_response_promise(), batch};
+  self->state.fan_outs[id] = FanOut{caller, call_id, batch};
   for (size_t i = 0; i < known.size(); ++i) {
     if (known[i]) {
       send_local_call(call.workers[i], std::move(call.requests[i]), true, batch, i);
@@ -182,7 +196,6 @@ caf::result<AgentCallReply> on_call(Agent self, AgentCall& call) {
   batch->on_complete([me, id] {
     if (auto agent = caf::actor_cast<caf::actor>(me)) caf::anon_send(agent, done_atom::value, id);
   });
-  return caf::delegated<AgentCallReply>();
 }
 
 void on_fan_out_done(Agent self, uint64_t id) {
@@ -194,8 +207,18 @@ void on_fan_out_done(Agent self, uint64_t id) {
     reply.messages.push_back(r.ok() ? std::string() : r.status().message());
     reply.results.push_back(r.ok() ? std::move(r).value() : WireValue{});
   }
-  it->second.promise.deliver(std::move(reply));
+  self->send(it->second.reply_to, reply_atom::value, it->second.call_id, std::move(reply));
   self->state.fan_outs.erase(it);
+}
+
+// Note [Late replies]: the driver dropped an answer; free the payloads it carried (only ones
+// this process owns: the agent never does network I/O in its actor).
+void on_release(Agent self, const std::vector<PayloadHandle>& handles) {
+  if (!check_sender(self).ok()) return;
+  DataPlane& dp = *self->state.env.data_plane;
+  for (const PayloadHandle& h : handles) {
+    if (dp.is_local(h)) (void)dp.release(h);
+  }
 }
 
 // A hosted worker ended: report it. A driver's hub ended: stop that driver's workers.
@@ -244,7 +267,8 @@ caf::behavior agent_behavior(Agent self, AgentEnv env) {
         return agent_info(self);
       },
       [=](caf::spawn_atom, SpawnRequest& req) { return on_spawn(self, std::move(req)); },
-      [=](call_atom, AgentCall& call) { return on_call(self, call); },
+      [=](call_atom, uint64_t call_id, AgentCall& call) { on_call(self, call_id, call); },
+      [=](release_atom, const std::vector<PayloadHandle>& handles) { on_release(self, handles); },
       [=](done_atom, uint64_t id) { on_fan_out_done(self, id); },
       [=](rdzv_atom) -> caf::result<uint16_t> {
         Status st = check_sender(self);
