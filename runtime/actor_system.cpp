@@ -22,12 +22,21 @@ std::string render_error(uint8_t code, caf::atom_value, const caf::message& cont
   return text;
 }
 
+// Note [TLS in CAF 0.17]: CAF's openssl module, once given any certificate, key or CA file,
+// requires a certificate chain valid under the CA file from BOTH sides of every connection
+// (SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT) and checks the chain only, not the host
+// name. Without a CA file it loads no trust store, so every peer would be refused: all three
+// files are required together.
 Status configure_tls(const RuntimeConfig& config, const ActorSystemOptions& options,
                      caf::actor_system_config& cfg) {
-  bool any = !config.tls_cert.empty() || !config.tls_key.empty();
+  bool any = !config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_cafile.empty();
   if (!any) return Status();
-  if (config.tls_cert.empty() || config.tls_key.empty()) {
-    return make_error(ErrorCode::invalid_argument, "TLS needs both a certificate and a key");
+  if (config.tls_cert.empty() || config.tls_key.empty() || config.tls_cafile.empty()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "TLS needs a certificate, its key and a CA file together (cluster.tls_cert, "
+                      "tls_key, tls_cafile / --tls-cert, --tls-key, --tls-cafile): CAF 0.17 "
+                      "verifies both sides; got cert '{}', key '{}', CA file '{}'",
+                      config.tls_cert, config.tls_key, config.tls_cafile);
   }
   if (!options.network) {
     return make_error(ErrorCode::unimplemented, "TLS requested for a process without network");

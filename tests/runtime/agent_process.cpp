@@ -146,6 +146,11 @@ int agent_test_main(int argc, char** argv, const WorkerTypeRegistry& registry) {
     else if (k == "--token-file") o.token_file = v;
     else if (k == "--data-plane-listen") o.data_plane_listen = v;
     else if (k == "--shutdown-timeout-ms") o.runtime.shutdown_timeout = std::chrono::milliseconds(std::stoi(v));
+    else if (k == "--heartbeat-ms") o.runtime.heartbeat_interval = std::chrono::milliseconds(std::stoi(v));
+    else if (k == "--connection-timeout-ms") o.runtime.connection_timeout = std::chrono::milliseconds(std::stoi(v));
+    else if (k == "--tls-cert") o.tls_cert = v;
+    else if (k == "--tls-key") o.tls_key = v;
+    else if (k == "--tls-cafile") o.tls_cafile = v;
   }
   return run_agent(o, registry);
 }
