@@ -20,10 +20,11 @@ namespace tessera::runtime::internal {
 /// The calls of one CallHub::call() bound for one agent (a local message to the hub).
 struct RemoteJob {
   caf::actor agent;
-  AgentCall call;
+  uint64_t id = 0;              // call id, unique per CallHub
+  AgentCall call;               // sent by the caller, empty once registered
   std::vector<size_t> indices;  // into batch
   Millis timeout;
-  caf::actor_clock::time_point deadline;  // set by the hub when it sends the call
+  caf::actor_clock::time_point deadline;  // set by the hub when it registers the call
   std::shared_ptr<CallBatch> batch;
 };
 
@@ -160,7 +161,6 @@ struct HubState {
   std::shared_ptr<std::mutex> dead_mutex;
   std::shared_ptr<DeadMap> dead;
   std::shared_ptr<std::atomic<uint64_t>> pending_count;  // CallHub::pending_calls()
-  uint64_t next_id = 1;
   bool ticking = false;
   static inline const char* name = "tessera.call_hub";
 
@@ -267,13 +267,11 @@ void on_tick(Hub self) {
   if (!self->state.pending.empty()) ensure_ticking(self);
 }
 
-// Note [Late replies]: a plain message matched by id; the pending entry is all there is.
-void send_job(Hub self, Job job) {
-  uint64_t id = self->state.next_id++;
+// Note [Late replies]: the pending entry is all there is; the reply is matched by id.
+void register_job(Hub self, Job job) {
   job->deadline = self->clock().now() + job->timeout;
-  self->send(job->agent, call_atom::value, id, std::move(job->call));
-  job->call = AgentCall{};
-  self->state.pending[job->agent.address()][id] = job;
+  uint64_t id = job->id;
+  self->state.pending[job->agent.address()][id] = std::move(job);
   *self->state.pending_count += 1;
   ensure_ticking(self);
 }
@@ -332,7 +330,7 @@ caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
         if (self->state.agents.count(job->agent.address()) == 0) {
           return HubState::fail_job(*job, "its agent is not connected");
         }
-        send_job(self, std::move(job));
+        register_job(self, std::move(job));
       },
       [=](watch_atom, const caf::actor& worker, const WorkerContext& context) {
         if (self->state.workers.emplace(worker.address(), context).second) self->monitor(worker);
@@ -394,6 +392,7 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
     if (!job) {
       job = std::make_shared<internal::RemoteJob>();
       job->agent = targets[i].agent;
+      job->id = next_id_.fetch_add(1);
       job->timeout = t;
       job->batch = batch;
     }
@@ -401,7 +400,16 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
     job->call.requests.push_back(std::move(requests[i]));
     job->indices.push_back(i);
   }
-  for (auto& [agent, job] : jobs) caf::anon_send(hub_, batch_atom::value, std::move(job));
+  // Note [Call paths]: the hub registers the call before its reply can reach the hub's mailbox
+  // (enqueued first), but the AgentCall leaves from this thread, as if sent by the hub: one
+  // actor hop less per call.
+  for (auto& [agent, job] : jobs) {
+    AgentCall call = std::move(job->call);
+    caf::actor dest = job->agent;
+    uint64_t id = job->id;
+    caf::anon_send(hub_, batch_atom::value, std::move(job));
+    caf::send_as(hub_, dest, call_atom::value, id, std::move(call));
+  }
   return batch;
 }
 

@@ -7,7 +7,9 @@
 //   with the call still in its mailbox, CAF destroys the message and the slot's destructor
 //   fails the call ("terminated before answering"), so nothing waits forever.
 // * Remote workers are called through their agent: ONE AgentCall message per agent carrying
-//   that agent's ranks; the agent fans out with LocalCalls and answers once. The CallHub actor
+//   that agent's ranks, sent from the caller's thread on the hub's behalf after registering it
+//   with the hub; the agent fans out with LocalCalls and the last worker to answer sends the
+//   reply to the hub (no agent hop on the way back). The CallHub actor
 //   keeps a pending table per agent, monitors every agent and worker, and on down_msg fails
 //   ALL pending calls to it at once, naming group, rank, host and method (CAF 0.17 does not
 //   fail a request whose receiver died: it waits for the timeout).
@@ -161,6 +163,7 @@ class CallHub {
 
  private:
   caf::actor hub_;
+  std::atomic<uint64_t> next_id_{1};
   std::shared_ptr<std::atomic<uint64_t>> pending_;
   Millis default_timeout_;
   std::shared_ptr<std::mutex> dead_mutex_;

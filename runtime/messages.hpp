@@ -212,7 +212,6 @@ using down_atom = caf::atom_constant<caf::atom("ts_down")>;        ///< (down, W
 using watch_atom = caf::atom_constant<caf::atom("ts_watch")>;      ///< call hub: monitor
 using batch_atom = caf::atom_constant<caf::atom("ts_batch")>;      ///< call hub: call many
 using context_atom = caf::atom_constant<caf::atom("ts_ctx")>;      ///< -> WorkerContext
-using done_atom = caf::atom_constant<caf::atom("ts_done")>;        ///< agent: a fan-out finished
 using reply_atom = caf::atom_constant<caf::atom("ts_reply")>;      ///< (reply, id, AgentCallReply)
 using release_atom = caf::atom_constant<caf::atom("ts_release")>; ///< agent: drop payloads
 
