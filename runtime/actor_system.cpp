@@ -2,6 +2,7 @@
 #include "runtime/actor_system.hpp"
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include <caf/io/middleman.hpp>
@@ -27,6 +28,20 @@ std::string render_error(uint8_t code, caf::atom_value, const caf::message& cont
 // (SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT) and checks the chain only, not the host
 // name. Without a CA file it loads no trust store, so every peer would be refused: all three
 // files are required together.
+// CAF reads the TLS files only when the first connection comes (and then fails that
+// connection): check them at start-up instead, so a typo is a one-line error naming the file.
+Status check_pem_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::not_found, "TLS {} '{}' cannot be read", what, path);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  if (head.find("-----BEGIN ") == std::string::npos) {
+    return make_error(ErrorCode::invalid_argument, "TLS {} '{}' is not a PEM file", what, path);
+  }
+  return Status();
+}
+
 Status configure_tls(const RuntimeConfig& config, const ActorSystemOptions& options,
                      caf::actor_system_config& cfg) {
   bool any = !config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_cafile.empty();
@@ -41,6 +56,9 @@ Status configure_tls(const RuntimeConfig& config, const ActorSystemOptions& opti
   if (!options.network) {
     return make_error(ErrorCode::unimplemented, "TLS requested for a process without network");
   }
+  TESSERA_RETURN_IF_ERROR(check_pem_file(config.tls_cert, "certificate"));
+  TESSERA_RETURN_IF_ERROR(check_pem_file(config.tls_key, "key"));
+  TESSERA_RETURN_IF_ERROR(check_pem_file(config.tls_cafile, "CA file"));
   cfg.load<caf::openssl::manager>();
   cfg.openssl_certificate = config.tls_cert;
   cfg.openssl_key = config.tls_key;

@@ -214,5 +214,21 @@ TEST_F(ClusterTls, ACaFileAloneIsAConfigErrorNotAPlainConnection) {
   EXPECT_NE(rt.status().message().find("tls_cert"), std::string::npos) << rt.status().message();
 }
 
+TEST_F(ClusterTls, AnUnreadableOrNonPemFileIsRefusedAtStartUp) {
+  std::string tf = testing::write_token_file("tls_token4", kToken);
+  auto status = AgentProcess::run_to_exit({"--devices", "cpu:1", "--token-file", tf, "--tls-cert",
+                                           file("missing.pem"), "--tls-key", file("agent.key"),
+                                           "--tls-cafile", file("ca_a.pem")});
+  ASSERT_TRUE(status.ok()) << status.status().to_string();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0);  // refused, never "ready"
+  RuntimeConfig c = tls_driver("127.0.0.1:1", "driver", "ca_a");
+  c.tls_cafile = file("ca_a.srl");  // exists, but is not PEM
+  auto rt = Runtime::start(c, testing::test_registry());
+  ASSERT_FALSE(rt.ok());
+  EXPECT_NE(rt.status().message().find("ca_a.srl"), std::string::npos) << rt.status().message();
+  EXPECT_NE(rt.status().message().find("not a PEM file"), std::string::npos)
+      << rt.status().message();
+}
+
 }  // namespace
 }  // namespace tessera::runtime
