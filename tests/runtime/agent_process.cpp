@@ -113,6 +113,16 @@ void AgentProcess::signal(int sig) const {
   if (pid_ > 0) ::kill(pid_, sig);
 }
 
+Status AgentProcess::stop() {
+  if (pid_ <= 0) return make_error(ErrorCode::not_found, "no agent process");
+  ::kill(pid_, SIGSTOP);
+  int status = 0;
+  if (::waitpid(pid_, &status, WUNTRACED) != pid_ || !WIFSTOPPED(status)) {
+    return make_error(ErrorCode::internal, "agent {} did not stop (status {})", pid_, status);
+  }
+  return Status();
+}
+
 Result<int> AgentProcess::wait(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return make_error(ErrorCode::not_found, "no agent process");
   pollfd p{pidfd_, POLLIN, 0};

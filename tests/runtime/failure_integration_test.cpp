@@ -88,7 +88,7 @@ TEST(ClusterLiveness, ASilentAgentFailsPendingCallsAtTheConnectionTimeout) {
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   auto workers = (*rt)->spawn_workers("muted", *(*rt)->resource_pool(), {{"", "echo", "{}"}});
   ASSERT_TRUE(workers.ok()) << workers.status().to_string();
-  agent->signal(SIGSTOP);  // alive (no FIN, no RST) but silent
+  ASSERT_TRUE(agent->stop().ok());  // alive (no FIN, no RST) but silent
   std::vector<CallRequest> reqs(2);
   for (auto& q : reqs) q.method = "rank_info";
   auto t0 = std::chrono::steady_clock::now();
