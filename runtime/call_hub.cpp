@@ -349,6 +349,17 @@ caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
   };
 }
 
+// Note [Call paths]: the hub registers the call before its reply can reach the hub's mailbox
+// (enqueued first), but the AgentCall leaves from the calling thread, as if sent by the hub:
+// one actor hop less per call.
+void send_remote_job(const caf::actor& hub, Job job) {
+  AgentCall call = std::move(job->call);
+  caf::actor dest = job->agent;
+  uint64_t id = job->id;
+  caf::anon_send(hub, batch_atom::value, std::move(job));
+  caf::send_as(hub, dest, call_atom::value, id, std::move(call));
+}
+
 }  // namespace
 
 CallHub::CallHub(caf::actor_system& system, Millis default_timeout)
@@ -400,16 +411,7 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
     job->call.requests.push_back(std::move(requests[i]));
     job->indices.push_back(i);
   }
-  // Note [Call paths]: the hub registers the call before its reply can reach the hub's mailbox
-  // (enqueued first), but the AgentCall leaves from this thread, as if sent by the hub: one
-  // actor hop less per call.
-  for (auto& [agent, job] : jobs) {
-    AgentCall call = std::move(job->call);
-    caf::actor dest = job->agent;
-    uint64_t id = job->id;
-    caf::anon_send(hub_, batch_atom::value, std::move(job));
-    caf::send_as(hub_, dest, call_atom::value, id, std::move(call));
-  }
+  for (auto& [agent, job] : jobs) send_remote_job(hub_, std::move(job));
   return batch;
 }
 
