@@ -2,6 +2,7 @@
 #include "runtime/actor_system.hpp"
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include <caf/io/middleman.hpp>
@@ -22,16 +23,42 @@ std::string render_error(uint8_t code, caf::atom_value, const caf::message& cont
   return text;
 }
 
+// Note [TLS in CAF 0.17]: CAF's openssl module, once given any certificate, key or CA file,
+// requires a certificate chain valid under the CA file from BOTH sides of every connection
+// (SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT) and checks the chain only, not the host
+// name. Without a CA file it loads no trust store, so every peer would be refused: all three
+// files are required together.
+// CAF reads the TLS files only when the first connection comes (and then fails that
+// connection): check them at start-up instead, so a typo is a one-line error naming the file.
+Status check_pem_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::not_found, "TLS {} '{}' cannot be read", what, path);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  if (head.find("-----BEGIN ") == std::string::npos) {
+    return make_error(ErrorCode::invalid_argument, "TLS {} '{}' is not a PEM file", what, path);
+  }
+  return Status();
+}
+
 Status configure_tls(const RuntimeConfig& config, const ActorSystemOptions& options,
                      caf::actor_system_config& cfg) {
-  bool any = !config.tls_cert.empty() || !config.tls_key.empty();
+  bool any = !config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_cafile.empty();
   if (!any) return Status();
-  if (config.tls_cert.empty() || config.tls_key.empty()) {
-    return make_error(ErrorCode::invalid_argument, "TLS needs both a certificate and a key");
+  if (config.tls_cert.empty() || config.tls_key.empty() || config.tls_cafile.empty()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "TLS needs a certificate, its key and a CA file together (cluster.tls_cert, "
+                      "tls_key, tls_cafile / --tls-cert, --tls-key, --tls-cafile): CAF 0.17 "
+                      "verifies both sides; got cert '{}', key '{}', CA file '{}'",
+                      config.tls_cert, config.tls_key, config.tls_cafile);
   }
   if (!options.network) {
     return make_error(ErrorCode::unimplemented, "TLS requested for a process without network");
   }
+  TESSERA_RETURN_IF_ERROR(check_pem_file(config.tls_cert, "certificate"));
+  TESSERA_RETURN_IF_ERROR(check_pem_file(config.tls_key, "key"));
+  TESSERA_RETURN_IF_ERROR(check_pem_file(config.tls_cafile, "CA file"));
   cfg.load<caf::openssl::manager>();
   cfg.openssl_certificate = config.tls_cert;
   cfg.openssl_key = config.tls_key;

@@ -8,6 +8,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -27,15 +28,8 @@ struct Hosted {
   std::string owner;  // node id (string) of the driver that spawned it
 };
 
-struct FanOut {
-  caf::response_promise promise;
-  std::shared_ptr<CallBatch> batch;
-};
-
 struct AgentState {
   AgentEnv env;
-  std::unordered_map<uint64_t, FanOut> fan_outs;
-  uint64_t next_fan_out = 1;
   std::unordered_map<std::string, std::pair<std::string, std::string>> challenges;  // node -> (Nd, Na)
   std::set<std::string> authenticated;
   std::unordered_map<std::string, caf::actor> reporters;   // node -> driver's call hub
@@ -150,24 +144,47 @@ std::vector<std::string> fan_out_labels(Agent self, const AgentCall& call, std::
   return labels;
 }
 
+// An AgentCall refused as a whole: every target gets `st`.
+AgentCallReply refusal(size_t n, const Status& st) {
+  AgentCallReply reply;
+  reply.codes.assign(n, static_cast<uint8_t>(st.code()));
+  reply.messages.assign(n, st.message());
+  reply.results.resize(n);
+  return reply;
+}
+
+// The answers of a completed fan-out, in order.
+AgentCallReply make_reply(std::vector<Result<WireValue>> results) {
+  AgentCallReply reply;
+  for (auto& r : results) {
+    reply.codes.push_back(static_cast<uint8_t>(r.status().code()));
+    reply.messages.push_back(r.ok() ? std::string() : r.status().message());
+    reply.results.push_back(r.ok() ? std::move(r).value() : WireValue{});
+  }
+  return reply;
+}
+
 // Note [Call paths]: one AgentCall from a driver becomes LocalCalls to the hosted workers; the
-// last answer triggers done_atom, which replies once. A worker that dies with the call pending
-// fails its target through the ReplySlot, so the fan-out always completes.
-caf::result<AgentCallReply> on_call(Agent self, AgentCall& call) {
+// thread of the last answer replies once, on the agent's behalf, with (reply_atom, call_id,
+// reply) to the caller (Note [Late replies]). A worker that dies with the call pending fails
+// its target through the ReplySlot, so the fan-out always completes. The batch is owned by its
+// own completion callback until then (its slots hold it weakly).
+void on_call(Agent self, uint64_t call_id, AgentCall& call) {
+  auto caller = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!caller) return;
   Status st = check_sender(self);
-  if (!st.ok()) return to_caf_error(st);
-  if (call.workers.size() != call.requests.size()) {
-    return to_caf_error(make_error(ErrorCode::invalid_argument, "agent on {}: AgentCall with {} "
-                                   "workers and {} requests", self->state.env.host,
-                                   call.workers.size(), call.requests.size()));
+  if (st.ok() && call.workers.size() != call.requests.size()) {
+    st = make_error(ErrorCode::invalid_argument, "agent on {}: AgentCall with {} workers and {} "
+                    "requests", self->state.env.host, call.workers.size(), call.requests.size());
+  }
+  if (!st.ok()) {
+    self->send(caller, reply_atom::value, call_id, refusal(call.requests.size(), st));
+    return;
   }
   std::vector<bool> known;
   std::vector<std::string> labels = fan_out_labels(self, call, known);
   auto batch = std::make_shared<CallBatch>(std::move(labels),
                                            std::chrono::steady_clock::time_point::max());
-  uint64_t id = self->state.next_fan_out++;
-  // make_response_promise takes the request's sender: everything that reads it comes before.
-  self->state.fan_outs[id] = FanOut{self->make_response_promise(), batch};
   for (size_t i = 0; i < known.size(); ++i) {
     if (known[i]) {
       send_local_call(call.workers[i], std::move(call.requests[i]), true, batch, i);
@@ -179,23 +196,21 @@ caf::result<AgentCallReply> on_call(Agent self, AgentCall& call) {
     }
   }
   caf::actor_addr me = self->address();
-  batch->on_complete([me, id] {
-    if (auto agent = caf::actor_cast<caf::actor>(me)) caf::anon_send(agent, done_atom::value, id);
+  batch->on_complete([me, caller, call_id, batch] {
+    if (auto agent = caf::actor_cast<caf::actor>(me)) {
+      caf::send_as(agent, caller, reply_atom::value, call_id, make_reply(batch->wait()));
+    }
   });
-  return caf::delegated<AgentCallReply>();
 }
 
-void on_fan_out_done(Agent self, uint64_t id) {
-  auto it = self->state.fan_outs.find(id);
-  if (it == self->state.fan_outs.end()) return;
-  AgentCallReply reply;
-  for (auto& r : it->second.batch->wait()) {
-    reply.codes.push_back(static_cast<uint8_t>(r.status().code()));
-    reply.messages.push_back(r.ok() ? std::string() : r.status().message());
-    reply.results.push_back(r.ok() ? std::move(r).value() : WireValue{});
+// Note [Late replies]: the driver dropped an answer; free the payloads it carried (only ones
+// this process owns: the agent never does network I/O in its actor).
+void on_release(Agent self, const std::vector<PayloadHandle>& handles) {
+  if (!check_sender(self).ok()) return;
+  DataPlane& dp = *self->state.env.data_plane;
+  for (const PayloadHandle& h : handles) {
+    if (dp.is_local(h)) (void)dp.release(h);
   }
-  it->second.promise.deliver(std::move(reply));
-  self->state.fan_outs.erase(it);
 }
 
 // A hosted worker ended: report it. A driver's hub ended: stop that driver's workers.
@@ -244,8 +259,8 @@ caf::behavior agent_behavior(Agent self, AgentEnv env) {
         return agent_info(self);
       },
       [=](caf::spawn_atom, SpawnRequest& req) { return on_spawn(self, std::move(req)); },
-      [=](call_atom, AgentCall& call) { return on_call(self, call); },
-      [=](done_atom, uint64_t id) { on_fan_out_done(self, id); },
+      [=](call_atom, uint64_t call_id, AgentCall& call) { on_call(self, call_id, call); },
+      [=](release_atom, const std::vector<PayloadHandle>& handles) { on_release(self, handles); },
       [=](rdzv_atom) -> caf::result<uint16_t> {
         Status st = check_sender(self);
         if (!st.ok()) return to_caf_error(st);

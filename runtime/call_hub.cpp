@@ -1,15 +1,18 @@
 // call_hub.cpp: Note [Call paths].
 #include "runtime/call_hub.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include <caf/actor_clock.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "runtime/errors.hpp"
+#include "runtime/wire.hpp"
 #include "runtime/worker_actor.hpp"
 
 namespace tessera::runtime::internal {
@@ -17,10 +20,11 @@ namespace tessera::runtime::internal {
 /// The calls of one CallHub::call() bound for one agent (a local message to the hub).
 struct RemoteJob {
   caf::actor agent;
-  AgentCall call;
+  uint64_t id = 0;              // call id, unique per CallHub
+  AgentCall call;               // sent by the caller, empty once registered
   std::vector<size_t> indices;  // into batch
   Millis timeout;
-  caf::actor_clock::time_point deadline;  // set by the hub when it sends the call
+  caf::actor_clock::time_point deadline;  // set by the hub when it registers the call
   std::shared_ptr<CallBatch> batch;
 };
 
@@ -30,11 +34,32 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<tessera::runtime::internal::Remote
 
 namespace tessera::runtime {
 
-// ---- CallBatch, ReplySlot ----------------------------------------------------------------------
+// ---- counters, CallBatch, ReplySlot ------------------------------------------------------------
+
+namespace {
+
+std::atomic<uint64_t> live_batches{0};
+std::atomic<uint64_t> late_replies{0};
+std::atomic<uint64_t> late_payloads{0};
+
+}  // namespace
+
+CallCounters call_counters() {
+  return CallCounters{live_batches.load(), late_replies.load(), late_payloads.load()};
+}
+
+void count_late_reply(uint64_t payloads) {
+  late_replies.fetch_add(1);
+  late_payloads.fetch_add(payloads);
+}
 
 CallBatch::CallBatch(std::vector<std::string> labels,
                      std::chrono::steady_clock::time_point deadline)
-    : labels_(std::move(labels)), deadline_(deadline), results_(labels_.size()) {}
+    : labels_(std::move(labels)), deadline_(deadline), results_(labels_.size()) {
+  live_batches.fetch_add(1);
+}
+
+CallBatch::~CallBatch() { live_batches.fetch_sub(1); }
 
 std::vector<Result<WireValue>> CallBatch::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -60,17 +85,18 @@ bool CallBatch::ready() const {
   return done_ == results_.size();
 }
 
-void CallBatch::set(size_t i, Result<WireValue> result) {
+bool CallBatch::set(size_t i, Result<WireValue> result) {
   std::function<void()> callback;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (results_[i].has_value()) return;
+    if (results_[i].has_value()) return false;
     results_[i] = std::move(result);
-    if (++done_ < results_.size()) return;
+    if (++done_ < results_.size()) return true;
     callback = std::move(on_complete_);
     cv_.notify_all();
   }
   if (callback) callback();
+  return true;
 }
 
 void CallBatch::on_complete(std::function<void()> f) {
@@ -85,14 +111,17 @@ void CallBatch::on_complete(std::function<void()> f) {
 }
 
 ReplySlot::~ReplySlot() {
-  if (!done_) {
-    batch_->set(index_, make_error(ErrorCode::unavailable, "{}: the worker terminated before "
-                                   "answering", batch_->label(index_)));
+  if (done_) return;
+  if (std::shared_ptr<CallBatch> batch = batch_.lock()) {
+    batch->set(index_, make_error(ErrorCode::unavailable, "{}: the worker terminated before "
+                                  "answering", batch->label(index_)));
   }
 }
 
-void ReplySlot::set(Result<WireValue> result) {
-  if (!done_.exchange(true)) batch_->set(index_, std::move(result));
+bool ReplySlot::set(Result<WireValue> result) {
+  if (done_.exchange(true)) return false;
+  std::shared_ptr<CallBatch> batch = batch_.lock();
+  return batch && batch->set(index_, std::move(result));
 }
 
 std::string call_label(const WorkerContext& c, const std::string& method) {
@@ -131,7 +160,7 @@ struct HubState {
   std::unordered_map<caf::actor_addr, WorkerContext> workers;
   std::shared_ptr<std::mutex> dead_mutex;
   std::shared_ptr<DeadMap> dead;
-  uint64_t next_id = 1;
+  std::shared_ptr<std::atomic<uint64_t>> pending_count;  // CallHub::pending_calls()
   bool ticking = false;
   static inline const char* name = "tessera.call_hub";
 
@@ -142,6 +171,14 @@ struct HubState {
     for (auto& [agent, jobs] : pending) {
       for (auto& [id, job] : jobs) fail_job(*job, "the runtime shut down while it was pending");
     }
+    if (pending_count) *pending_count = 0;
+  }
+
+  // Recounts the pending calls (after the table changed).
+  void recount() {
+    uint64_t n = 0;
+    for (auto& [agent, jobs] : pending) n += jobs.size();
+    *pending_count = n;
   }
 
   static void fail_job(internal::RemoteJob& job, const std::string& why,
@@ -184,12 +221,18 @@ void deliver(internal::RemoteJob& job, AgentCallReply& reply) {
   }
 }
 
-// Takes call `id` to `agent` out of the pending table; false if on_down already failed it.
-bool take_pending(Hub self, const caf::actor_addr& agent, uint64_t id) {
+// Takes call `id` to `agent` out of the pending table; null if it already ended (deadline,
+// agent death) or never existed.
+Job take_pending(Hub self, const caf::actor_addr& agent, uint64_t id) {
   auto it = self->state.pending.find(agent);
-  if (it == self->state.pending.end() || it->second.erase(id) == 0) return false;
+  if (it == self->state.pending.end()) return nullptr;
+  auto job = it->second.find(id);
+  if (job == it->second.end()) return nullptr;
+  Job out = std::move(job->second);
+  it->second.erase(job);
   if (it->second.empty()) self->state.pending.erase(it);
-  return true;
+  *self->state.pending_count -= 1;
+  return out;
 }
 
 void ensure_ticking(Hub self) {
@@ -202,6 +245,7 @@ void ensure_ticking(Hub self) {
 void on_tick(Hub self) {
   self->state.ticking = false;
   auto now = self->clock().now();
+  std::vector<Job> expired;
   for (auto agent = self->state.pending.begin(); agent != self->state.pending.end();) {
     auto& jobs = agent->second;
     for (auto it = jobs.begin(); it != jobs.end();) {
@@ -209,34 +253,45 @@ void on_tick(Hub self) {
         ++it;
         continue;
       }
-      HubState::fail_job(*it->second, fmt::format("no answer within the call's timeout of {} ms",
-                                                  it->second->timeout.count()),
-                         ErrorCode::timeout);
+      expired.push_back(std::move(it->second));
       it = jobs.erase(it);
     }
     agent = jobs.empty() ? self->state.pending.erase(agent) : std::next(agent);
   }
+  self->state.recount();  // before the callers wake up
+  for (Job& job : expired) {
+    HubState::fail_job(*job, fmt::format("no answer within the call's timeout of {} ms",
+                                         job->timeout.count()),
+                       ErrorCode::timeout);
+  }
   if (!self->state.pending.empty()) ensure_ticking(self);
 }
 
-void send_job(Hub self, Job job) {
-  caf::actor_addr agent = job->agent.address();
-  uint64_t id = self->state.next_id++;
+// Note [Late replies]: the pending entry is all there is; the reply is matched by id.
+void register_job(Hub self, Job job) {
   job->deadline = self->clock().now() + job->timeout;
-  self->state.pending[agent][id] = job;
+  uint64_t id = job->id;
+  self->state.pending[job->agent.address()][id] = std::move(job);
+  *self->state.pending_count += 1;
   ensure_ticking(self);
-  self->request(job->agent, caf::infinite, call_atom::value, std::move(job->call))
-      .then(
-          [=](AgentCallReply& reply) {
-            if (take_pending(self, agent, id)) deliver(*job, reply);
-          },
-          [=](caf::error& err) {
-            if (!take_pending(self, agent, id)) return;
-            Status st = to_status(err);
-            for (size_t i : job->indices) {
-              job->batch->set(i, Status(st.code(), job->batch->label(i) + ": " + st.message()));
-            }
-          });
+}
+
+// An agent's answer: delivered, or (its call already ended) dropped with its payloads released
+// by the agent that owns them.
+void on_reply(Hub self, uint64_t id, AgentCallReply& reply) {
+  const auto& sender = self->current_sender();
+  if (!sender) return;
+  if (Job job = take_pending(self, sender->address(), id)) return deliver(*job, reply);
+  std::vector<PayloadHandle> handles;
+  for (const WireValue& r : reply.results) {
+    for (PayloadHandle& h : payload_handles(r)) handles.push_back(std::move(h));
+  }
+  count_late_reply(handles.size());
+  spdlog::warn("dropped a late answer to call {} ({} payload(s) released at the agent)", id,
+               handles.size());
+  if (!handles.empty()) {
+    self->send(caf::actor_cast<caf::actor>(sender), release_atom::value, std::move(handles));
+  }
 }
 
 void on_down(Hub self, const caf::down_msg& dm) {
@@ -255,15 +310,18 @@ void on_down(Hub self, const caf::down_msg& dm) {
   if (pending != self->state.pending.end()) {
     for (auto& [id, job] : pending->second) HubState::fail_job(*job, why);
     self->state.pending.erase(pending);
+    self->state.recount();
   }
   self->state.dead_agents[dm.source] = fmt::format("agent {} is dead ({})", agent->second, reason);
   self->state.agents.erase(agent);
 }
 
 caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
-                           std::shared_ptr<DeadMap> dead) {
+                           std::shared_ptr<DeadMap> dead,
+                           std::shared_ptr<std::atomic<uint64_t>> pending_count) {
   self->state.dead_mutex = std::move(dead_mutex);
   self->state.dead = std::move(dead);
+  self->state.pending_count = std::move(pending_count);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [=](batch_atom, Job job) {
@@ -272,7 +330,7 @@ caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
         if (self->state.agents.count(job->agent.address()) == 0) {
           return HubState::fail_job(*job, "its agent is not connected");
         }
-        send_job(self, std::move(job));
+        register_job(self, std::move(job));
       },
       [=](watch_atom, const caf::actor& worker, const WorkerContext& context) {
         if (self->state.workers.emplace(worker.address(), context).second) self->monitor(worker);
@@ -281,12 +339,25 @@ caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
         self->state.agents[agent.address()] = address;
         self->monitor(agent);
       },
+      [=](reply_atom, uint64_t id, AgentCallReply& reply) { on_reply(self, id, reply); },
       [=](tick_atom) { on_tick(self); },
+      [=](caf::get_atom) -> uint64_t { return *self->state.pending_count; },
       [=](down_atom, const WorkerDown& down) {
         spdlog::warn("agent reports rank {} of group '{}' on {} terminated: {}", down.rank,
                      down.group, down.host, down.reason);
       },
   };
+}
+
+// Note [Call paths]: the hub registers the call before its reply can reach the hub's mailbox
+// (enqueued first), but the AgentCall leaves from the calling thread, as if sent by the hub:
+// one actor hop less per call.
+void send_remote_job(const caf::actor& hub, Job job) {
+  AgentCall call = std::move(job->call);
+  caf::actor dest = job->agent;
+  uint64_t id = job->id;
+  caf::anon_send(hub, batch_atom::value, std::move(job));
+  caf::send_as(hub, dest, call_atom::value, id, std::move(call));
 }
 
 }  // namespace
@@ -295,7 +366,8 @@ CallHub::CallHub(caf::actor_system& system, Millis default_timeout)
     : default_timeout_(default_timeout),
       dead_mutex_(std::make_shared<std::mutex>()),
       dead_(std::make_shared<DeadMap>()) {
-  hub_ = system.spawn(hub_behavior, dead_mutex_, dead_);
+  pending_ = std::make_shared<std::atomic<uint64_t>>(0);
+  hub_ = system.spawn(hub_behavior, dead_mutex_, dead_, pending_);
 }
 
 CallHub::~CallHub() { caf::anon_send_exit(hub_, caf::exit_reason::user_shutdown); }
@@ -307,7 +379,11 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   for (size_t i = 0; i < targets.size(); ++i) {
     labels.push_back(call_label(targets[i].context, requests[i].method));
   }
-  auto batch = std::make_shared<CallBatch>(std::move(labels), std::chrono::steady_clock::now() + t);
+  // Remote targets: the hub's sweep is the deadline (it frees its entry, then fails the call);
+  // the batch's own deadline, a little later, is only a backstop.
+  bool remote = std::any_of(targets.begin(), targets.end(), [](const WorkerRef& w) { return !w.local; });
+  auto deadline = std::chrono::steady_clock::now() + t + (remote ? 3 * kTick : Millis(0));
+  auto batch = std::make_shared<CallBatch>(std::move(labels), deadline);
   std::unordered_map<caf::actor_addr, Job> jobs;
   for (size_t i = 0; i < targets.size(); ++i) {
     {
@@ -327,6 +403,7 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
     if (!job) {
       job = std::make_shared<internal::RemoteJob>();
       job->agent = targets[i].agent;
+      job->id = next_id_.fetch_add(1);
       job->timeout = t;
       job->batch = batch;
     }
@@ -334,8 +411,16 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
     job->call.requests.push_back(std::move(requests[i]));
     job->indices.push_back(i);
   }
-  for (auto& [agent, job] : jobs) caf::anon_send(hub_, batch_atom::value, std::move(job));
+  for (auto& [agent, job] : jobs) send_remote_job(hub_, std::move(job));
   return batch;
+}
+
+Status CallHub::flush(Millis timeout) {
+  caf::scoped_actor self{hub_->home_system()};
+  Status st;
+  self->request(hub_, timeout, caf::get_atom::value)
+      .receive([](uint64_t) {}, [&](caf::error& e) { st = to_status(e); });
+  return st;
 }
 
 void CallHub::watch_worker(const WorkerRef& worker) {

@@ -7,7 +7,9 @@
 //   with the call still in its mailbox, CAF destroys the message and the slot's destructor
 //   fails the call ("terminated before answering"), so nothing waits forever.
 // * Remote workers are called through their agent: ONE AgentCall message per agent carrying
-//   that agent's ranks; the agent fans out with LocalCalls and answers once. The CallHub actor
+//   that agent's ranks, sent from the caller's thread on the hub's behalf after registering it
+//   with the hub; the agent fans out with LocalCalls and the last worker to answer sends the
+//   reply to the hub (no agent hop on the way back). The CallHub actor
 //   keeps a pending table per agent, monitors every agent and worker, and on down_msg fails
 //   ALL pending calls to it at once, naming group, rank, host and method (CAF 0.17 does not
 //   fail a request whose receiver died: it waits for the timeout).
@@ -15,6 +17,16 @@
 //   through the hub's own deadline sweep (Note [Hub deadlines] in call_hub.cpp), local ones
 //   through CallBatch::wait's deadline.
 // Calls to a worker already known dead fail at once.
+//
+// Note [Late replies]
+// A worker that is alive but hung keeps a call it will answer late, or never. When the call's
+// deadline passes, everything the CALLER holds for it is released at once: the hub's pending
+// entry (which owns the request and its inline arguments) and, once the caller lets go, the
+// CallBatch (a ReplySlot holds it weakly; the hub sends AgentCalls as plain messages matched by
+// call id, so no CAF response handler stays registered). What the hung worker holds (its
+// mailbox entry, its arguments) lives until it returns. Its late answer is dropped: counted
+// in call_counters(), and every payload it published for the caller is released at its owner
+// (locally by the worker actor; by the agent on the hub's release message for remote ones).
 //
 // Thread-safety: CallHub::call() and the watch functions may be called from any thread;
 // CallBatch::set() from any thread; wait() by the thread that collects the results.
@@ -54,14 +66,17 @@ class CallBatch {
  public:
   /// `labels[i]` names target i in errors ("rank 1 (cpu:1 on h) of group 'g': method 'm'").
   CallBatch(std::vector<std::string> labels, std::chrono::steady_clock::time_point deadline);
+  ~CallBatch();
+  CallBatch(const CallBatch&) = delete;
+  CallBatch& operator=(const CallBatch&) = delete;
 
   /// Blocks until complete or the deadline; targets still unanswered then fail with timeout.
   /// Results are in target order.
   std::vector<Result<WireValue>> wait();
   /// True once every target replied or failed.
   bool ready() const;
-  /// Records target i's outcome; later outcomes for i are ignored.
-  void set(size_t i, Result<WireValue> result);
+  /// Records target i's outcome; later outcomes for i are ignored (returns false for them).
+  bool set(size_t i, Result<WireValue> result);
   /// Runs `f` (on the completing thread) once every target has an outcome; at once if done.
   void on_complete(std::function<void()> f);
   size_t size() const { return labels_.size(); }
@@ -78,18 +93,19 @@ class CallBatch {
 };
 
 /// Target `index` of a CallBatch, filled by an in-process worker. Fails the target with
-/// unavailable if destroyed unfilled (the worker died with the call in its mailbox).
+/// unavailable if destroyed unfilled (the worker died with the call in its mailbox). Holds the
+/// batch weakly: a caller that gave up (deadline) frees it (Note [Late replies]).
 class ReplySlot {
  public:
-  ReplySlot(std::shared_ptr<CallBatch> batch, size_t index)
-      : batch_(std::move(batch)), index_(index) {}
+  ReplySlot(const std::shared_ptr<CallBatch>& batch, size_t index) : batch_(batch), index_(index) {}
   ReplySlot(const ReplySlot&) = delete;
   ~ReplySlot();
-  /// Delivers the outcome (first call wins).
-  void set(Result<WireValue> result);
+  /// Delivers the outcome (first call wins). False if it came too late: the target already
+  /// had an outcome (timeout) or the caller is gone; the caller then owns nothing of it.
+  bool set(Result<WireValue> result);
 
  private:
-  std::shared_ptr<CallBatch> batch_;
+  std::weak_ptr<CallBatch> batch_;
   size_t index_;
   std::atomic<bool> done_{false};
 };
@@ -100,6 +116,18 @@ struct LocalCall {
   bool caller_remote = false;  ///< The result goes to another process (inline small ones).
   std::shared_ptr<ReplySlot> slot;
 };
+
+/// Process-wide bookkeeping of calls (Note [Late replies]); tests check that nothing leaks.
+struct CallCounters {
+  uint64_t live_batches = 0;            ///< CallBatch objects alive in this process.
+  uint64_t late_replies_dropped = 0;    ///< Outcomes that arrived after their call had ended.
+  uint64_t late_payloads_released = 0;  ///< Payloads of those outcomes released at their owner.
+};
+
+/// Current counters of this process.
+CallCounters call_counters();
+/// Counts one dropped late outcome whose `payloads` payloads are being released.
+void count_late_reply(uint64_t payloads);
 
 /// "rank 3 (cpu:3 on host) of group 'g': method 'm'".
 std::string call_label(const WorkerContext& context, const std::string& method);
@@ -127,9 +155,16 @@ class CallHub {
   void watch_agent(const caf::actor& agent, const std::string& address);
   /// The hub actor (agents send it down_atom reports).
   const caf::actor& actor() const { return hub_; }
+  /// Remote calls (one per agent per call()) awaiting their agent's answer.
+  uint64_t pending_calls() const { return *pending_; }
+  /// Returns once the hub actor has handled every message it received before (its deadline
+  /// sweeps and replies included). Error: timeout, or the hub is gone.
+  Status flush(Millis timeout);
 
  private:
   caf::actor hub_;
+  std::atomic<uint64_t> next_id_{1};
+  std::shared_ptr<std::atomic<uint64_t>> pending_;
   Millis default_timeout_;
   std::shared_ptr<std::mutex> dead_mutex_;
   std::shared_ptr<std::unordered_map<caf::actor_addr, std::string>> dead_;

@@ -25,8 +25,14 @@ struct DataPlaneConfig {
   bool shared_memory = true;            ///< Same-host peers exchange frames through memfd.
   uint64_t max_frame_bytes = uint64_t{64} << 30;  ///< Largest frame accepted from a peer.
   Millis io_timeout{60000};             ///< Per fetch: connect + request + response.
-  uint64_t landing_idle_bytes = uint64_t{2} << 30;   ///< Idle landing segments kept for reuse.
-  uint64_t peer_mapping_bytes = uint64_t{4} << 30;   ///< Peers' segments kept mapped.
+  // Note [Mapped-memory caps]: both caches pin real memory (memfd pages), per process. 512 MiB
+  // each holds one 256 MiB frame's segment (258 MiB: the frame rounded up to 2 MiB) with room
+  // to spare, so a 256 MiB payload going driver -> agent -> driver reuses warm segments (no
+  // page faults) after its first trip, while a process pins at most 1 GiB for these caches.
+  // Larger payloads still move through shared memory, in segments created for them and
+  // destroyed after use (slower: fresh pages). 0 disables the cache, never shared memory.
+  uint64_t landing_idle_bytes = uint64_t{512} << 20;  ///< Idle landing segments kept for reuse.
+  uint64_t peer_mapping_bytes = uint64_t{512} << 20;  ///< Peers' segments kept mapped.
   int io_threads = 1;                   ///< Server threads.
 };
 
@@ -65,7 +71,8 @@ struct RuntimeConfig {
   /// Reads the `cluster` section: keys agents, token, token_file, embedded_devices, tls_cert,
   /// tls_key, tls_cafile, call_timeout_s, connect_timeout_s, spawn_timeout_s,
   /// shutdown_timeout_s, heartbeat_interval_ms, connection_timeout_ms, scheduler_max_threads,
-  /// inline_payload_max_bytes, data_plane {bind_host, port, advertise_host, shared_memory}.
+  /// inline_payload_max_bytes, data_plane {bind_host, port, advertise_host, shared_memory,
+  /// landing_idle_bytes, peer_mapping_bytes}.
   /// An unknown key is an error naming it ("cluster.foo").
   static Result<RuntimeConfig> from_json(const nlohmann::json& cluster);
 };

@@ -101,6 +101,15 @@ DataPlaneStats DataPlane::stats() const {
   s.local_fetches = counters_->local_fetches;
   s.remote_fetches = counters_->remote_fetches;
   s.bad_requests = counters_->bad_requests;
+  internal::ShmPoolStats landings = client_->landings().stats();
+  s.landing_idle_bytes = landings.idle_bytes;
+  s.landing_idle_segments = landings.idle_segments;
+  s.landing_segments_created = landings.created;
+  s.landing_segments_destroyed = landings.destroyed;
+  internal::MappingCacheStats mappings = server_->mappings().stats();
+  s.peer_mapped_bytes = mappings.mapped_bytes;
+  s.peer_mappings = mappings.mappings;
+  s.peer_mappings_evicted = mappings.evicted;
   return s;
 }
 

@@ -51,6 +51,14 @@ struct DataPlaneStats {
   uint64_t local_fetches = 0;     ///< fetch() calls answered from this process's own store.
   uint64_t remote_fetches = 0;    ///< fetch() calls that went to another process.
   uint64_t bad_requests = 0;      ///< Connections closed for a garbage or truncated request.
+  // Shared-memory caches (Note [Landing segments]); bounded by DataPlaneConfig.
+  uint64_t landing_idle_bytes = 0;          ///< Idle landing segments kept (<= landing_idle_bytes).
+  uint64_t landing_idle_segments = 0;       ///< How many.
+  uint64_t landing_segments_created = 0;    ///< Landing segments created so far.
+  uint64_t landing_segments_destroyed = 0;  ///< Landing segments unmapped and closed so far.
+  uint64_t peer_mapped_bytes = 0;       ///< Peers' segments kept mapped (<= peer_mapping_bytes).
+  uint64_t peer_mappings = 0;           ///< How many.
+  uint64_t peer_mappings_evicted = 0;   ///< Dropped from the cache to honour its cap.
 };
 
 /// One process's payload server and client.

@@ -119,6 +119,8 @@ struct AgentInfo {
 
 /// Several calls to workers hosted by one agent, sent as ONE message (the agent fans out
 /// locally and answers once: one BASP round trip per agent instead of one per rank).
+/// Sent as (call_atom, uint64_t call_id, AgentCall); answered with (reply_atom, call_id,
+/// AgentCallReply) as a plain message (Note [Late replies] in runtime/call_hub.hpp).
 struct AgentCall {
   std::vector<caf::actor> workers;   ///< Workers of the receiving agent.
   std::vector<CallRequest> requests; ///< requests[i] goes to workers[i].
@@ -210,7 +212,8 @@ using down_atom = caf::atom_constant<caf::atom("ts_down")>;        ///< (down, W
 using watch_atom = caf::atom_constant<caf::atom("ts_watch")>;      ///< call hub: monitor
 using batch_atom = caf::atom_constant<caf::atom("ts_batch")>;      ///< call hub: call many
 using context_atom = caf::atom_constant<caf::atom("ts_ctx")>;      ///< -> WorkerContext
-using done_atom = caf::atom_constant<caf::atom("ts_done")>;        ///< agent: a fan-out finished
+using reply_atom = caf::atom_constant<caf::atom("ts_reply")>;      ///< (reply, id, AgentCallReply)
+using release_atom = caf::atom_constant<caf::atom("ts_release")>; ///< agent: drop payloads
 
 }  // namespace tessera::runtime
 
@@ -229,4 +232,5 @@ CAF_ADD_TYPE_ID(tessera, (tessera::runtime::AgentInfo))
 CAF_ADD_TYPE_ID(tessera, (tessera::runtime::AgentCall))
 CAF_ADD_TYPE_ID(tessera, (tessera::runtime::AgentCallReply))
 CAF_ADD_TYPE_ID(tessera, (tessera::runtime::WorkerDown))
+CAF_ADD_TYPE_ID(tessera, (std::vector<tessera::runtime::PayloadHandle>))
 CAF_END_TYPE_ID_BLOCK(tessera)

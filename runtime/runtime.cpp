@@ -3,8 +3,11 @@
 
 #include <unistd.h>
 
+#include <set>
+
 #include <caf/io/middleman.hpp>
-#include <caf/openssl/remote_actor.hpp>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <fmt/format.h>
@@ -33,12 +36,27 @@ Result<std::pair<std::string, uint16_t>> split_address(const std::string& addres
   }
 }
 
+// Connects through the middleman actor with a deadline (caf::io/openssl::remote_actor wait
+// without one, and a TLS peer that rejects us can leave the handshake hanging).
 Result<caf::actor> connect_actor(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                 bool tls) {
-  caf::expected<caf::actor> a = tls ? caf::openssl::remote_actor(sys, host, port)
-                                    : sys.middleman().remote_actor(host, port);
-  if (!a) return to_status(a.error());
-  return *a;
+                                 bool tls, Millis timeout) {
+  caf::io::middleman_actor mm =
+      tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+  caf::scoped_actor self{sys};
+  Status st;
+  caf::actor out;
+  self->request(mm, timeout, caf::connect_atom::value, host, port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            if (ptr) out = caf::actor_cast<caf::actor>(std::move(ptr));
+            else st = make_error(ErrorCode::not_found, "nothing is published there");
+          },
+          [&](caf::error& e) { st = to_status(e); });
+  if (st.ok()) return out;
+  if (!tls) return st;
+  // Note [TLS in CAF 0.17] (actor_system.cpp): a failed verification just drops the connection.
+  return Status(st.code(), st.message() + " (TLS: the agent's certificate must be signed by a CA "
+                "in cluster.tls_cafile, and ours by one in the agent's --tls-cafile)");
 }
 
 // Note [Agent authentication], driver side: check the agent's proof, then prove ourselves.
@@ -109,7 +127,8 @@ Status Runtime::connect_agents() {
   }
   for (const std::string& address : config_.agents) {
     TESSERA_ASSIGN_OR_RETURN(auto hp, split_address(address));
-    Result<caf::actor> agent = connect_actor(system(), hp.first, hp.second, actors_->tls());
+    Result<caf::actor> agent = connect_actor(system(), hp.first, hp.second, actors_->tls(),
+                                                config_.connect_timeout);
     if (!agent.ok()) return agent.status().with_context("connecting to agent " + address);
     Result<AgentInfo> info = authenticate(system(), *agent, config_, hub_->actor());
     if (!info.ok()) return info.status().with_context("authenticating with agent " + address);

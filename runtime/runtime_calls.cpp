@@ -180,6 +180,7 @@ void Runtime::shutdown() {
   }
   for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   hub_.reset();
+  if (!actors_) return;  // start() failed before the actor system existed
   if (!actors_->shutdown()) {
     (void)data_plane_.release();  // Note [Bounded shutdown]: abandoned actors may still use it.
   }

@@ -98,6 +98,14 @@ Result<CallReply> invoke(WorkerState& st, const CallRequest& req, bool caller_re
   return CallReply{std::move(w)};
 }
 
+// Note [Late replies]: a result the caller no longer waits for frees what it published.
+void answer(DataPlane& dp, ReplySlot& slot, WireValue result) {
+  std::vector<PayloadHandle> handles = payload_handles(result);
+  if (slot.set(std::move(result))) return;
+  count_late_reply(handles.size());
+  for (const PayloadHandle& h : handles) (void)dp.release(h);
+}
+
 caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHostEnv env) {
   self->state.request = std::move(request);
   self->state.env = env;
@@ -109,8 +117,8 @@ caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHost
       },
       [=](call_atom, const std::shared_ptr<LocalCall>& call) {
         Result<CallReply> r = invoke(self->state, call->request, call->caller_remote);
-        if (r.ok()) return call->slot->set(std::move(r->result));
-        call->slot->set(r.status().with_context(fmt::format(
+        if (r.ok()) return answer(*self->state.env.data_plane, *call->slot, std::move(r->result));
+        (void)call->slot->set(r.status().with_context(fmt::format(
             "{}, method '{}'", describe_worker(self->state.request.context), call->request.method)));
       },
       [=](call_atom, const CallRequest& req) -> caf::result<CallReply> {

@@ -54,10 +54,18 @@ struct ShmPool::State {
   uint64_t idle_bytes = 0;
   std::multimap<uint64_t, Segment> idle;  // by capacity
   bool closed = false;
+  uint64_t created = 0;
+  uint64_t destroyed = 0;
+
+  // REQUIRES: mutex held.
+  void destroy_locked(const Segment& s) {
+    destroy(s);
+    ++destroyed;
+  }
 
   void give_back(const Segment& s, bool poisoned) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (poisoned || closed || idle_bytes + s.capacity > max_idle) return destroy(s);
+    if (poisoned || closed || idle_bytes + s.capacity > max_idle) return destroy_locked(s);
     idle.emplace(s.capacity, s);
     idle_bytes += s.capacity;
   }
@@ -70,8 +78,15 @@ ShmPool::ShmPool(uint64_t max_idle_bytes) : state_(std::make_shared<State>()) {
 ShmPool::~ShmPool() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->closed = true;
-  for (auto& [cap, s] : state_->idle) destroy(s);
+  for (auto& [cap, s] : state_->idle) state_->destroy_locked(s);
   state_->idle.clear();
+  state_->idle_bytes = 0;
+}
+
+ShmPoolStats ShmPool::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return ShmPoolStats{state_->idle_bytes, state_->idle.size(), state_->created,
+                      state_->destroyed};
 }
 
 Result<Landing> ShmPool::acquire(uint64_t bytes) {
@@ -88,6 +103,8 @@ Result<Landing> ShmPool::acquire(uint64_t bytes) {
   }
   if (seg.fd < 0) {
     TESSERA_ASSIGN_OR_RETURN(seg, create_segment(bytes));
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    ++state_->created;
   }
   std::shared_ptr<State> state = state_;
   auto poisoned = std::make_shared<std::atomic<bool>>(false);
@@ -138,13 +155,20 @@ Result<std::shared_ptr<MappingCache::Mapping>> MappingCache::map(int fd, uint64_
   lru_.push_front(key);
   entries_[key] = {m, lru_.begin()};
   bytes_ += m->size;
-  while (bytes_ > max_bytes_ && lru_.size() > 1) {
+  // Down to no entry at all: the caller's reference keeps `m` mapped for this transfer.
+  while (bytes_ > max_bytes_ && !lru_.empty()) {
     auto victim = entries_.find(lru_.back());
     bytes_ -= victim->second.first->size;
     entries_.erase(victim);
     lru_.pop_back();
+    ++evicted_;
   }
   return m;
+}
+
+MappingCacheStats MappingCache::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return MappingCacheStats{bytes_, entries_.size(), evicted_};
 }
 
 }  // namespace tessera::runtime::internal

@@ -10,7 +10,9 @@
 //   * the receiver passes the segment's descriptor to the owner (SCM_RIGHTS); the OWNER keeps a
 //     MappingCache of such segments keyed by inode, so after the first transfer it writes into
 //     an existing mapping: one memcpy, no page faults on either side.
-// Both caches are bounded (idle bytes, mapped bytes); eviction unmaps LRU entries.
+// Both caches are bounded (DataPlaneConfig::landing_idle_bytes, peer_mapping_bytes): a segment
+// returned to a full pool is destroyed, and the mapping cache unmaps LRU entries (down to none:
+// a segment bigger than the whole cap stays mapped only while its transfer holds it).
 // Segments are sealed against shrinking (F_SEAL_SHRINK) and the owner maps only such sealed
 // memfds, so a peer cannot make the owner's writes fault (SIGBUS) by truncating its segment.
 // A segment is reused only after the receiver's last tensor on it died, and the owner writes
@@ -44,6 +46,21 @@ struct Landing {
   std::shared_ptr<std::atomic<bool>> poisoned;
 };
 
+/// What a ShmPool holds and has done (tests check the caps through these).
+struct ShmPoolStats {
+  uint64_t idle_bytes = 0;     ///< Capacity of the idle segments kept for reuse.
+  uint64_t idle_segments = 0;  ///< How many idle segments are kept.
+  uint64_t created = 0;        ///< Segments created so far.
+  uint64_t destroyed = 0;      ///< Segments unmapped and closed so far.
+};
+
+/// What a MappingCache holds and has done.
+struct MappingCacheStats {
+  uint64_t mapped_bytes = 0;  ///< Bytes of the cached peer segments.
+  uint64_t mappings = 0;      ///< Cached peer segments.
+  uint64_t evicted = 0;       ///< Entries dropped to honour the cap (unmapped once unused).
+};
+
 /// The receiver's pool of memfd segments.
 class ShmPool {
  public:
@@ -53,6 +70,8 @@ class ShmPool {
 
   /// A segment of at least `bytes` (an idle one of up to 1.25x, else a new one).
   Result<Landing> acquire(uint64_t bytes);
+  /// Current counters.
+  ShmPoolStats stats() const;
 
   struct State;  // shared with the leases' release callbacks
 
@@ -75,12 +94,15 @@ class MappingCache {
   /// The mapping of memfd `fd` (at least `min_bytes` long), from the cache when this segment
   /// was seen before. Always closes `fd`. Errors: not a shrink-sealed memfd, too small, mmap.
   Result<std::shared_ptr<Mapping>> map(int fd, uint64_t min_bytes);
+  /// Current counters.
+  MappingCacheStats stats() const;
 
  private:
   using Key = std::pair<dev_t, ino_t>;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   uint64_t max_bytes_;
   uint64_t bytes_ = 0;
+  uint64_t evicted_ = 0;
   std::list<Key> lru_;  // front: most recent
   std::map<Key, std::pair<std::shared_ptr<Mapping>, std::list<Key>::iterator>> entries_;
 };

@@ -113,6 +113,16 @@ void AgentProcess::signal(int sig) const {
   if (pid_ > 0) ::kill(pid_, sig);
 }
 
+Status AgentProcess::stop() {
+  if (pid_ <= 0) return make_error(ErrorCode::not_found, "no agent process");
+  ::kill(pid_, SIGSTOP);
+  int status = 0;
+  if (::waitpid(pid_, &status, WUNTRACED) != pid_ || !WIFSTOPPED(status)) {
+    return make_error(ErrorCode::internal, "agent {} did not stop (status {})", pid_, status);
+  }
+  return Status();
+}
+
 Result<int> AgentProcess::wait(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return make_error(ErrorCode::not_found, "no agent process");
   pollfd p{pidfd_, POLLIN, 0};
@@ -146,6 +156,11 @@ int agent_test_main(int argc, char** argv, const WorkerTypeRegistry& registry) {
     else if (k == "--token-file") o.token_file = v;
     else if (k == "--data-plane-listen") o.data_plane_listen = v;
     else if (k == "--shutdown-timeout-ms") o.runtime.shutdown_timeout = std::chrono::milliseconds(std::stoi(v));
+    else if (k == "--heartbeat-ms") o.runtime.heartbeat_interval = std::chrono::milliseconds(std::stoi(v));
+    else if (k == "--connection-timeout-ms") o.runtime.connection_timeout = std::chrono::milliseconds(std::stoi(v));
+    else if (k == "--tls-cert") o.tls_cert = v;
+    else if (k == "--tls-key") o.tls_key = v;
+    else if (k == "--tls-cafile") o.tls_cafile = v;
   }
   return run_agent(o, registry);
 }

@@ -31,6 +31,8 @@ class AgentProcess {
 
   /// Sends `sig`.
   void signal(int sig) const;
+  /// Sends SIGSTOP and returns once the process is stopped (waitpid WUNTRACED).
+  Status stop();
   /// Waits for the exit (at most `timeout`); the wait status, or timeout.
   Result<int> wait(std::chrono::milliseconds timeout);
 

@@ -6,6 +6,9 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 namespace tessera::runtime::testing {
 namespace {
 
@@ -26,6 +29,21 @@ Result<Value> sum(std::vector<Value>& args) {
   double total = 0;
   for (const auto& [key, t] : in.batch()) total += t.sum().item<double>();
   return Value(nlohmann::json{{"sum", total}, {"rows", in.size()}});
+}
+
+// Blocks until someone writes a byte into the FIFO at `path` (a latch another thread or
+// process controls), then returns rows x 32768 floats (128 KiB a row: above the inline size).
+Result<Value> wait_fifo(std::vector<Value>& args) {
+  std::string path = args.at(0).json().get<std::string>();
+  int64_t rows = args.at(1).json().get<int64_t>();
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(ErrorCode::io_error, "wait_fifo: cannot open '{}'", path);
+  char byte = 0;
+  ssize_t n = ::read(fd, &byte, 1);
+  ::close(fd);
+  if (n != 1) return make_error(ErrorCode::io_error, "wait_fifo: nothing read from '{}'", path);
+  auto x = torch::full({rows, 32768}, static_cast<float>(byte), torch::kFloat32);
+  return Value(*proto::DataProto::from_dict({{"x", x}}));
 }
 
 class Echo : public Worker {
@@ -55,6 +73,7 @@ class Echo : public Worker {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       return Value(nlohmann::json(ms));
     });
+    register_method("wait_fifo", [](std::vector<Value>& a) { return wait_fifo(a); });
     register_method("add", [](std::vector<Value>& a) -> Result<Value> {
       return Value(nlohmann::json(a.at(0).json().get<double>() + a.at(1).json().get<double>()));
     });

@@ -8,6 +8,8 @@
 //           torch_fail()         -> a LibTorch shape error (c10::Error)
 //           sleep_ms(ms)         -> sleeps ms, returns ms (a long computation to kill)
 //           add(a, b)            -> JSON a + b
+//           wait_fifo(path, rows) -> blocks until a byte B is written into FIFO `path`, then
+//                                   DataProto {"x": rows x 32768 floats = B} (a hung worker)
 //   "critic" value(DataProto)    -> JSON {"role": "critic", "rows": n}
 //   Init config {"fail": true} makes construction fail; {"throw": true} makes it throw.
 #pragma once

@@ -170,9 +170,8 @@ TEST_F(WorkerActorTest, ConstructionFailuresAreReportedBySpawn) {
 }
 
 // An agent that accepts AgentCalls and never answers (its workers are stuck in a long call).
-caf::behavior silent_agent(caf::event_based_actor* self) {
-  auto promises = std::make_shared<std::vector<caf::response_promise>>();
-  return {[=](call_atom, const AgentCall&) { promises->push_back(self->make_response_promise()); }};
+caf::behavior silent_agent(caf::event_based_actor*) {
+  return {[=](call_atom, uint64_t, const AgentCall&) {}};
 }
 
 TEST_F(WorkerActorTest, ADeadAgentFailsAllItsPendingCallsAtOnce) {
@@ -298,8 +297,70 @@ TEST_F(WorkerActorTest, AnAgentCallsOnlyWorkersItHostsForThatDriver) {
 }
 
 // A peer posing as an agent that answers every AgentCall with `reply`.
-caf::behavior scripted_agent(caf::event_based_actor*, AgentCallReply reply) {
-  return {[=](call_atom, const AgentCall&) { return reply; }};
+caf::behavior scripted_agent(caf::event_based_actor* self, AgentCallReply reply) {
+  return {[=](call_atom, uint64_t id, const AgentCall&) {
+    self->send(caf::actor_cast<caf::actor>(self->current_sender()), reply_atom::value, id, reply);
+  }};
+}
+
+// An agent whose worker hangs: it answers only when told to (go_atom), after the deadline,
+// with a result carrying a payload handle, and records what the caller asks it to release.
+using go_atom = caf::atom_constant<caf::atom("test_go")>;
+struct HungAgentLog {
+  std::vector<PayloadHandle> released;
+};
+caf::behavior hung_agent(caf::event_based_actor* self, std::shared_ptr<HungAgentLog> log) {
+  auto caller = std::make_shared<std::pair<caf::actor, uint64_t>>();
+  return {
+      [=](call_atom, uint64_t id, const AgentCall&) {
+        *caller = {caf::actor_cast<caf::actor>(self->current_sender()), id};
+      },
+      [=](go_atom, const PayloadHandle& h) {
+        WireValue result;
+        result.kind = static_cast<uint8_t>(WireKind::proto_slices);
+        result.slices.push_back(PayloadSlice{h, 0, h.rows});
+        self->send(caller->first, reply_atom::value, caller->second,
+                   AgentCallReply{{0}, {""}, {result}});
+      },
+      [=](release_atom, const std::vector<PayloadHandle>& hs) {
+        log->released.insert(log->released.end(), hs.begin(), hs.end());
+      },
+  };
+}
+
+TEST_F(WorkerActorTest, AHungRemoteWorkersCallReleasesEverythingAtItsDeadline) {
+  auto log = std::make_shared<HungAgentLog>();
+  caf::actor agent = sys_->system().spawn(hung_agent, log);
+  hub_->watch_agent(agent, "node-h:7700");
+  WorkerRef ref{agent, WorkerContext{"g", 2, 4, 0, 1, "cpu:0", "node-h", "", 0}, false, agent};
+  CallCounters before = call_counters();
+  CallRequest req;
+  req.method = "compute_log_prob";
+  auto batch = hub_->call({ref}, {req}, Millis(50));
+  sched().run();
+  EXPECT_EQ(hub_->pending_calls(), 1u);
+  sched().trigger_timeouts();
+  sched().run();
+  ASSERT_TRUE(batch->ready());
+  Status st = batch->wait()[0].status();
+  EXPECT_EQ(st.code(), ErrorCode::timeout);
+  EXPECT_NE(st.message().find("rank 2"), std::string::npos) << st.message();
+  EXPECT_EQ(hub_->pending_calls(), 0u);  // the pending entry is gone at the deadline
+  batch.reset();
+  EXPECT_EQ(call_counters().live_batches, before.live_batches);  // nothing else holds it
+  // The worker answers late, with a payload published for the caller.
+  PayloadHandle late = dp_->publish(make_batch(3), 1);
+  caf::anon_send(agent, go_atom::value, late);
+  sched().run();
+  CallCounters after = call_counters();
+  EXPECT_EQ(after.late_replies_dropped, before.late_replies_dropped + 1);
+  EXPECT_EQ(after.late_payloads_released, before.late_payloads_released + 1);
+  ASSERT_EQ(log->released.size(), 1u);  // the hub asked the agent to free it
+  EXPECT_EQ(log->released[0].id, late.id);
+  EXPECT_EQ(hub_->pending_calls(), 0u);
+  (void)dp_->release(late);
+  caf::anon_send_exit(agent, caf::exit_reason::kill);
+  sched().run();
 }
 
 TEST_F(WorkerActorTest, AMalformedAgentReplyIsAnErrorNotAnOverRead) {
