@@ -14,6 +14,8 @@ namespace tessera::app {
 void add_agent_commands(CLI::App& app) {
   auto opts = std::make_shared<runtime::AgentOptions>();
   auto shutdown_s = std::make_shared<double>(5.0);
+  auto heartbeat_ms = std::make_shared<int64_t>(opts->runtime.heartbeat_interval.count());
+  auto connection_timeout_ms = std::make_shared<int64_t>(opts->runtime.connection_timeout.count());
   CLI::App* cmd = app.add_subcommand(
       "agent", "Run a node agent: authenticate drivers, spawn worker actors on this node's devices");
   cmd->add_option("--listen", opts->listen, "HOST:PORT for drivers (port 0: any)")
@@ -25,16 +27,24 @@ void add_agent_commands(CLI::App& app) {
       ->required();
   cmd->add_option("--tls-cert", opts->tls_cert, "PEM certificate: TLS for driver connections");
   cmd->add_option("--tls-key", opts->tls_key, "PEM private key of --tls-cert");
-  cmd->add_option("--tls-cafile", opts->tls_cafile, "CA bundle to verify drivers' certificates");
+  cmd->add_option("--tls-cafile", opts->tls_cafile,
+                  "CA bundle to verify drivers' certificates (required with --tls-cert/--tls-key)");
   cmd->add_option("--data-plane-listen", opts->data_plane_listen,
                   "HOST:PORT for payload transfers (default: --listen host, any port)");
   cmd->add_option("--advertise-host", opts->advertise_host,
                   "Host name or IP that drivers and peers use to reach this node");
   cmd->add_option("--shutdown-timeout-s", *shutdown_s, "Grace period for workers on SIGTERM")
       ->capture_default_str();
-  cmd->callback([opts, shutdown_s] {
+  cmd->add_option("--heartbeat-ms", *heartbeat_ms, "Heartbeat interval towards drivers (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--connection-timeout-ms", *connection_timeout_ms,
+                  "A silent driver connection is dropped after this long")
+      ->capture_default_str();
+  cmd->callback([opts, shutdown_s, heartbeat_ms, connection_timeout_ms] {
     opts->runtime.shutdown_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(*shutdown_s * 1000));
+    opts->runtime.heartbeat_interval = std::chrono::milliseconds(*heartbeat_ms);
+    opts->runtime.connection_timeout = std::chrono::milliseconds(*connection_timeout_ms);
     exit_code() = runtime::run_agent(*opts, worker_types());
   });
 }

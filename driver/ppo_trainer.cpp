@@ -27,15 +27,14 @@ RayPPOTrainer::~RayPPOTrainer() {
 
 namespace {
 
-Result<std::string> read_token_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return make_error(ErrorCode::not_found, "cluster.token_file: cannot read '{}'", path);
-  std::stringstream s;
-  s << in.rdbuf();
-  std::string token = s.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.empty()) return make_error(ErrorCode::invalid_argument, "cluster.token_file: '{}' is empty", path);
-  return token;
+// The defaults YAML lists every cluster key with null meaning "the runtime's default".
+json without_nulls(const json& j) {
+  if (!j.is_object()) return j;
+  json out = json::object();
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_null()) out[k] = without_nulls(v);
+  }
+  return out;
 }
 
 }  // namespace
@@ -50,18 +49,12 @@ Result<int64_t> split_rollout_devices(const json& cfg) {
 }
 
 Result<runtime::RuntimeConfig> trainer_runtime_config(const json& cfg) {
-  runtime::RuntimeConfig rc;
-  TESSERA_ASSIGN_OR_RETURN(auto agents, config_get<std::vector<std::string>>(cfg, "cluster.agents"));
+  // cluster.* (agents, token_file, TLS files, timeouts, heartbeats, data_plane caps): runtime/config.hpp.
+  TESSERA_ASSIGN_OR_RETURN(runtime::RuntimeConfig rc, runtime::RuntimeConfig::from_json(without_nulls(cfg.value("cluster", json()))));
   TESSERA_ASSIGN_OR_RETURN(int64_t nnodes, config_get<int64_t>(cfg, "trainer.nnodes"));
   TESSERA_ASSIGN_OR_RETURN(int64_t per_node, config_get<int64_t>(cfg, "trainer.n_gpus_per_node"));
   TESSERA_ASSIGN_OR_RETURN(std::string device, config_get<std::string>(cfg, "trainer.device"));
-  if (!agents.empty()) {
-    rc.agents = agents;
-    TESSERA_ASSIGN_OR_RETURN(auto token_file, config_get<std::optional<std::string>>(cfg, "cluster.token_file"));
-    if (!token_file) return make_error(ErrorCode::invalid_argument, "cluster.token_file: required with cluster.agents");
-    TESSERA_ASSIGN_OR_RETURN(rc.token, read_token_file(*token_file));
-    return rc;
-  }
+  if (!rc.agents.empty()) return rc;
   if (nnodes != 1) {
     return make_error(ErrorCode::invalid_argument, "trainer.nnodes: {} needs cluster.agents (embedded runs are one node)",
                       nnodes);

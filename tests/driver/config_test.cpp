@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "driver/config.hpp"
+#include "driver/ppo_trainer.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -104,6 +105,21 @@ TEST(Config, OverridesAreTyped) {
   EXPECT_DOUBLE_EQ(cfg["trainer"]["extra_key"].get<double>(), 2.5);
   EXPECT_EQ(cfg["data"]["new_thing"], json::array({1, 2.5, "x"}));
   EXPECT_EQ(*config_get<double>(cfg, "algorithm.gamma"), 1.0);
+}
+
+// The cluster block is the runtime's (runtime/config.hpp): nulls keep its defaults, set keys reach it.
+TEST(Config, ClusterBlockConfiguresTheRuntime) {
+  auto defaults = trainer_runtime_config(load_ok({"trainer.n_gpus_per_node=2", "trainer.device=cpu"}));
+  ASSERT_TRUE(defaults.ok()) << defaults.status().to_string();
+  EXPECT_EQ(defaults->embedded_devices, "cpu:2");
+  EXPECT_EQ(defaults->heartbeat_interval, runtime::RuntimeConfig{}.heartbeat_interval);
+  auto set = trainer_runtime_config(load_ok({"trainer.n_gpus_per_node=1", "trainer.device=cpu",
+                                             "cluster.heartbeat_interval_ms=100", "cluster.call_timeout_s=30",
+                                             "cluster.data_plane.peer_mapping_bytes=1048576"}));
+  ASSERT_TRUE(set.ok()) << set.status().to_string();
+  EXPECT_EQ(set->heartbeat_interval.count(), 100);
+  EXPECT_EQ(set->call_timeout.count(), 30000);
+  EXPECT_EQ(set->data_plane.peer_mapping_bytes, 1048576u);
 }
 
 TEST(Config, OverrideValueParsing) {
