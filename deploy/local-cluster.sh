@@ -59,6 +59,9 @@ start_all() {
   [[ -x "$BIN" ]] || die "no tessera binary at $BIN (build first: deploy/dev.sh build, or set TESSERA_BIN)"
   mkdir -p "$DIR"
   stop_all >/dev/null
+  # A previous run's logs hold its "ready" lines; the new agents' redirections truncate them only
+  # when the background jobs start, which may be after wait_ready's first look.
+  rm -f "$DIR"/agent-*.log
   (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$DIR/token")
   chmod 600 "$DIR/token"
   local i pids=() addrs=()
