@@ -210,14 +210,7 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
 }
 
 Result<Metrics> DataParallelPPOActor::update_policy(const proto::DataProto& data) {
-  try {
-    return update_policy_impl(data);
-  } catch (...) {
-    Status st = status_from_current_exception("update_policy");
-    (void)module_->end_forward();
-    module_->zero_grad();
-    return st;
-  }
+  return guarded_update(*module_, "update_policy", [&] { return update_policy_impl(data); });
 }
 
 Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto& data) {

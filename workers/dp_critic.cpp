@@ -209,14 +209,7 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
 }
 
 Result<Metrics> DataParallelPPOCritic::update_critic(const proto::DataProto& data) {
-  try {
-    return update_critic_impl(data);
-  } catch (...) {
-    Status st = status_from_current_exception("update_critic");
-    (void)module_->end_forward();
-    module_->zero_grad();
-    return st;
-  }
+  return guarded_update(*module_, "update_critic", [&] { return update_critic_impl(data); });
 }
 
 Result<Metrics> DataParallelPPOCritic::update_critic_impl(const proto::DataProto& data) {

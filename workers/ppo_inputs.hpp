@@ -69,6 +69,20 @@ class ConfigReader {
 /// c10::Error without its backtrace, std::exception by what(). `context` prefixes the message.
 Status status_from_current_exception(const std::string& context);
 
+/// Runs `update()`; if it throws, ends `module`'s forward and drops its gradients so the next call
+/// starts clean, and returns the exception as a Status naming `context`.
+template <class Module, class Fn>
+auto guarded_update(Module& module, const std::string& context, Fn&& update) -> decltype(update()) {
+  try {
+    return update();
+  } catch (...) {
+    Status st = status_from_current_exception(context);
+    (void)module.end_forward();
+    module.zero_grad();
+    return st;
+  }
+}
+
 /// A number from meta_info[key]; not_found / invalid_argument name `meta_info.<key>`.
 Result<double> meta_number(const nlohmann::json& meta_info, const std::string& key);
 /// A bool from meta_info[key]; errors as meta_number.
