@@ -124,14 +124,13 @@ Status RayPPOTrainer::start_workers(const runtime::WorkerTypeRegistry& registry)
   if (s.use_rm) {
     TESSERA_ASSIGN_OR_RETURN(rm_wg_, colocated_->role("rm"));
   }
-  if (split > 0) TESSERA_RETURN_IF_ERROR(start_split_rollout(nnodes, per_node));
+  if (split > 0) TESSERA_RETURN_IF_ERROR(start_split_rollout(nnodes, per_node, split));
   return Status();
 }
 
 // The split pool: on every node (in the runtime's sorted order), the `split` devices that follow
 // the first `per_node` ones the training pool uses.
-Status RayPPOTrainer::start_split_rollout(int64_t nnodes, int64_t per_node) {
-  TESSERA_ASSIGN_OR_RETURN(int64_t split, split_rollout_devices(cfg_));
+Status RayPPOTrainer::start_split_rollout(int64_t nnodes, int64_t per_node, int64_t split) {
   TESSERA_ASSIGN_OR_RETURN(runtime::ResourcePool all, runtime_->resource_pool());
   std::vector<runtime::NodeDevices> nodes;
   for (const auto& node : all.nodes()) {

@@ -60,16 +60,12 @@ Status ActorRolloutRefWorker::build_split_rollout() {
   models::ModelInit init;
   init.dtype = dtype;
   TESSERA_ASSIGN_OR_RETURN(auto model, models::CausalLM::create(model_config_, init));
-  // verl's per-dp-rank seeds, as the colocated rollout (TP is 1 here: the dp rank is the rank).
-  rollout::EngineOptions eo;
-  eo.seed = static_cast<uint64_t>(context().rank) + 1000 + config_.rollout.seed.value_or(config_.seed);
-  auto engine = rollout::KVCacheEngine::create(model, config_.rollout, eo);
+  // TP is 1 here: the dp rank is the rank.
+  auto engine = rollout::KVCacheEngine::create(model, config_.rollout, engine_options(static_cast<uint64_t>(context().rank)));
   if (!engine.ok()) return engine.status().with_context("split-placement rollout engine");
   split_engine_ = std::move(*engine);
   importer_ = std::make_unique<rollout::WeightImporter>(*split_engine_);
-  // The shell's own storage is dropped: the weights arrive by load_rollout_weights.
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) p.set_data(at::zeros({1}, p.options()).expand(p.sizes()));
+  rollout::drop_weight_storage(*model);  // the weights arrive by load_rollout_weights
   return Status();
 }
 

@@ -127,11 +127,19 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
       o.tp_group = rollout_tp_;
     }
     o.config = config_.rollout;
-    o.engine.seed = dp_rank + 1000 + config_.rollout.seed.value_or(config_.seed);
+    o.engine = engine_options(dp_rank);
     o.generation_seed = dp_rank + 1000;
     TESSERA_ASSIGN_OR_RETURN(sharding_, rollout::FsdpShardingManager::create(actor_module_->engine(), model_config_, o));
   }
   return Status();
+}
+
+// verl: the engine samples with a per-dp-rank seed (dp_rank + 1000, plus rollout.seed or the
+// trainer seed), so TP peers agree and the colocated and split rollouts draw alike.
+rollout::EngineOptions ActorRolloutRefWorker::engine_options(uint64_t dp_rank) const {
+  rollout::EngineOptions eo;
+  eo.seed = dp_rank + 1000 + config_.rollout.seed.value_or(config_.seed);
+  return eo;
 }
 
 Status ActorRolloutRefWorker::build_ref() {

@@ -141,6 +141,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Status build_split_rollout();
   void register_split_methods();
   Result<c10::ScalarType> rollout_weight_dtype() const;
+  rollout::EngineOptions engine_options(uint64_t dp_rank) const;
   Result<LogProbOutput> log_probs(DataParallelPPOActor& actor, const proto::DataProto& data,
                                   const std::optional<int64_t>& micro_batch_size, bool use_dynamic_bsz,
                                   int64_t max_token_len, bool calculate_entropy);

@@ -1,7 +1,9 @@
 // Multi-process integration: a real driver (this process) and agent processes on 127.0.0.1.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
 #include <torch/torch.h>
@@ -226,10 +228,14 @@ TEST(ClusterFailures, KillingAnAgentMidCallFailsItsCallsWithinFiveSeconds) {
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   auto workers = (*rt)->spawn_workers("doomed", *(*rt)->resource_pool(), {{"", "echo", "{}"}});
   ASSERT_TRUE(workers.ok()) << workers.status().to_string();
+  // Both calls block on a FIFO nobody writes: they can only end through the agent's death.
+  const std::string fifo = ::testing::TempDir() + "/kill_mid_call_fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   std::vector<CallRequest> reqs(2);
   for (auto& q : reqs) {
-    q.method = "sleep_ms";
-    q.args = {json_wire(30000)};
+    q.method = "wait_fifo";
+    q.args = {json_wire(fifo), json_wire(1)};
   }
   auto batch = (*rt)->call_wire(*workers, reqs);
   victim->signal(SIGKILL);
@@ -242,9 +248,10 @@ TEST(ClusterFailures, KillingAnAgentMidCallFailsItsCallsWithinFiveSeconds) {
     const std::string m = results[r].status().message();
     EXPECT_EQ(results[r].status().code(), ErrorCode::unavailable) << m;
     EXPECT_NE(m.find("rank " + std::to_string(r)), std::string::npos) << m;
-    EXPECT_NE(m.find("'sleep_ms'"), std::string::npos) << m;
+    EXPECT_NE(m.find("'wait_fifo'"), std::string::npos) << m;
     EXPECT_NE(m.find("127.0.0.1"), std::string::npos) << m;
   }
+  ::unlink(fifo.c_str());
 }
 
 TEST(ClusterFailures, SigtermStopsAnAgentWithLiveWorkersCleanly) {

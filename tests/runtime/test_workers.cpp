@@ -1,8 +1,6 @@
 #include "tests/runtime/test_workers.hpp"
 
-#include <chrono>
 #include <stdexcept>
-#include <thread>
 
 #include <torch/torch.h>
 
@@ -67,11 +65,6 @@ class Echo : public Worker {
     register_method("torch_fail", [](std::vector<Value>&) -> Result<Value> {
       at::Tensor t = torch::ones({2});
       return Value(nlohmann::json(t.view({3}).sum().item<double>()));
-    });
-    register_method("sleep_ms", [](std::vector<Value>& a) -> Result<Value> {
-      int64_t ms = a.at(0).json().get<int64_t>();
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      return Value(nlohmann::json(ms));
     });
     register_method("wait_fifo", [](std::vector<Value>& a) { return wait_fifo(a); });
     register_method("add", [](std::vector<Value>& a) -> Result<Value> {

@@ -6,10 +6,10 @@
 //           rank_info()          -> JSON of the WorkerContext
 //           fail()               -> throws std::runtime_error("boom")
 //           torch_fail()         -> a LibTorch shape error (c10::Error)
-//           sleep_ms(ms)         -> sleeps ms, returns ms (a long computation to kill)
 //           add(a, b)            -> JSON a + b
 //           wait_fifo(path, rows) -> blocks until a byte B is written into FIFO `path`, then
-//                                   DataProto {"x": rows x 32768 floats = B} (a hung worker)
+//                                   DataProto {"x": rows x 32768 floats = B} (a hung worker,
+//                                   or a call that only the worker's death ends)
 //   "critic" value(DataProto)    -> JSON {"role": "critic", "rows": n}
 //   Init config {"fail": true} makes construction fail; {"throw": true} makes it throw.
 #pragma once

@@ -16,20 +16,10 @@ using dispatch::Value;
 using dispatch::WorkerGroup;
 constexpr int64_t kVocab = 40;
 
-const runtime::WorkerTypeRegistry& registry() {
-  static const runtime::WorkerTypeRegistry reg = [] {
-    runtime::WorkerTypeRegistry r;
-    Status st = register_worker_types(r);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return r;
-  }();
-  return reg;
-}
-
 TEST(WorkerGroupWorkers, HybridEngineGeneratesScoresAndUpdatesThroughGroups) {
   runtime::RuntimeConfig cfg;
   cfg.embedded_devices = "cpu:2";
-  auto rt = runtime::Runtime::start(cfg, registry());
+  auto rt = runtime::Runtime::start(cfg, worker_registry());
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   auto pool = (*rt)->resource_pool();
   ASSERT_TRUE(pool.ok());

@@ -87,15 +87,6 @@ TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
   EXPECT_EQ(importer.version(), 7);
 }
 
-const runtime::WorkerTypeRegistry& registry() {
-  static const runtime::WorkerTypeRegistry reg = [] {
-    runtime::WorkerTypeRegistry r;
-    EXPECT_TRUE(register_worker_types(r).ok());
-    return r;
-  }();
-  return reg;
-}
-
 // What the trainer does before a split rollout generates (RayPPOTrainer::sync_rollout_weights).
 void sync(WorkerGroup& actor, WorkerGroup& rollout, int64_t version) {
   auto plan = actor.call("rollout_weight_buckets", {});
@@ -112,7 +103,7 @@ void sync(WorkerGroup& actor, WorkerGroup& rollout, int64_t version) {
 TEST(SplitPlacement, RolloutGroupOnOtherDevicesGeneratesLikeTheHybridEngine) {
   runtime::RuntimeConfig cfg;
   cfg.embedded_devices = "cpu:4";
-  auto rt = runtime::Runtime::start(cfg, registry());
+  auto rt = runtime::Runtime::start(cfg, worker_registry());
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   auto all = (*rt)->resource_pool();
   ASSERT_TRUE(all.ok());

@@ -19,6 +19,7 @@
 #include "runtime/messages.hpp"
 #include "workers/models/config.hpp"
 #include "workers/models/init_model.hpp"
+#include "workers/registry.hpp"
 
 namespace tessera::workers::testing {
 
@@ -95,6 +96,17 @@ inline json arr_config(int64_t mini = 4, int64_t micro = 1, int64_t response_len
         {"max_num_seqs", 8}}},
       {"ref", {{"log_prob_micro_batch_size_per_gpu", 2}, {"fsdp_config", fp32_fsdp()}}},
   };
+}
+
+/// The worker types Tessera ships (workers/registry.hpp), registered once per process.
+inline const runtime::WorkerTypeRegistry& worker_registry() {
+  static const runtime::WorkerTypeRegistry reg = [] {
+    runtime::WorkerTypeRegistry r;
+    Status st = register_worker_types(r);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return r;
+  }();
+  return reg;
 }
 
 /// A worker context: rank `rank` of `world`, rendezvous id by `port` (unique per test).

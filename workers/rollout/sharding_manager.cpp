@@ -128,11 +128,12 @@ Status FsdpShardingManager::plan_tp(int64_t tp, int64_t tp_rank) {
   return Status();
 }
 
-void FsdpShardingManager::free_rollout_weights() {
-  // Each parameter keeps its HF shape (the next load checks it) as a broadcast view of one element.
+void drop_weight_storage(models::CausalLM& model) {
   torch::NoGradGuard no_grad;
-  for (auto& p : rollout_model_->parameters()) p.set_data(at::zeros({1}, p.options()).expand(p.sizes()));
+  for (auto& p : model.parameters()) p.set_data(at::zeros({1}, p.options()).expand(p.sizes()));
 }
+
+void FsdpShardingManager::free_rollout_weights() { drop_weight_storage(*rollout_model_); }
 
 Result<models::TensorMap> FsdpShardingManager::gather_units() {
   torch::NoGradGuard no_grad;

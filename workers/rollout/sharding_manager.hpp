@@ -34,7 +34,8 @@
 // slice buffer. No rank receives or materialises more than its own slices
 // (ReshardStats::received_bytes vs full_bytes). Steps 3-5 are unchanged: the engine aliases the
 // slice buffers, zero bytes are copied at the handoff.
-// Split placement is not implemented.
+// Split placement (rollout ranks on devices of their own) does not use this manager: its weights
+// arrive over the data plane (split_weights.hpp).
 //
 // Thread contract: the worker's thread; every rank of the FSDP mesh calls enter()/exit() together
 // (enter() is collective).
@@ -75,6 +76,10 @@ struct ReshardStats {
   int64_t full_bytes = 0;           ///< Bytes of the whole model in the rollout dtype (for comparison).
   int64_t handoff_copied_bytes = 0; ///< Engine parameter bytes outside the gathered buffers (0).
 };
+
+/// Points every parameter of `model` at a one-element broadcast view (its shape kept, so the next
+/// load_weights_by_reference checks it), releasing the storage it held.
+void drop_weight_storage(models::CausalLM& model);
 
 /// verl's FSDPVLLMShardingManager for the KV-cache engine. See Note [Colocated resharding].
 class FsdpShardingManager {
