@@ -10,9 +10,7 @@
 namespace tessera::proto {
 namespace {
 
-using testing::expect_error;
-using testing::make_proto;
-using testing::unwrap;
+using namespace testing;  // NOLINT: the proto test helpers (test_util.hpp)
 using json = nlohmann::json;
 
 DataProto round_trip(const DataProto& d, const EncodeOptions& opt = {}) {

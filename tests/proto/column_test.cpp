@@ -8,8 +8,7 @@
 namespace tessera::proto {
 namespace {
 
-using testing::expect_error;
-using testing::unwrap;
+using namespace testing;  // NOLINT: the proto test helpers (test_util.hpp)
 using json = nlohmann::json;
 
 TEST(Column, FactoriesAndTypedAccess) {

@@ -7,12 +7,7 @@
 namespace tessera::proto {
 namespace {
 
-using testing::expect_error;
-using testing::expected_uids;
-using testing::make_proto;
-using testing::shares_storage;
-using testing::uids;
-using testing::unwrap;
+using namespace testing;  // NOLINT: the proto test helpers (test_util.hpp)
 using json = nlohmann::json;
 
 at::Tensor x_rows(const DataProto& d, const std::vector<int64_t>& rows) {

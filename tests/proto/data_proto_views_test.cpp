@@ -4,12 +4,7 @@
 namespace tessera::proto {
 namespace {
 
-using testing::expect_error;
-using testing::expected_uids;
-using testing::make_proto;
-using testing::shares_storage;
-using testing::uids;
-using testing::unwrap;
+using namespace testing;  // NOLINT: the proto test helpers (test_util.hpp)
 using json = nlohmann::json;
 namespace ti = torch::indexing;
 

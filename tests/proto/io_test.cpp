@@ -12,10 +12,7 @@ namespace tessera::proto {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::expect_error;
-using testing::make_proto;
-using testing::uids;
-using testing::unwrap;
+using namespace testing;  // NOLINT: the proto test helpers (test_util.hpp)
 
 class ProtoIo : public ::testing::Test {
  protected:

@@ -11,8 +11,7 @@
 namespace tessera::proto {
 namespace {
 
-using testing::make_proto;
-using testing::unwrap;
+using namespace testing;  // NOLINT: the proto test helpers (test_util.hpp)
 using json = nlohmann::json;
 
 /// A frame exercising every header feature: several dtypes, split pieces, all column kinds.
