@@ -10,6 +10,7 @@
 #include "workers/algos/losses.hpp"
 #include "workers/algos/torch_functional.hpp"
 #include "workers/ppo_inputs.hpp"
+#include "workers/ppo_update.hpp"
 
 namespace tessera::workers {
 
@@ -130,7 +131,40 @@ Result<double> read_temperature(const proto::DataProto& data) {
   return t;
 }
 
-const std::vector<std::string> kForwardKeys = {"responses", "input_ids", "attention_mask", "position_ids"};
+// The loss of one micro-batch and its metrics, from the policy's logits (verl's update_policy body).
+Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::PolicyLossFn& loss_fn,
+                                   const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits,
+                                   double temperature) {
+  const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy;
+  TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor old_log_prob, mb.tensor("old_log_probs"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor advantages, mb.tensor("advantages"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
+  const std::string& mode = config.loss_agg_mode;
+  TESSERA_ASSIGN_OR_RETURN(auto pg, loss_fn(old_log_prob, out.log_probs, advantages, mask, mode,
+                                            config.policy_loss_config()));
+  MicroLoss r;
+  at::Tensor policy_loss = pg.pg_loss;
+  if (calculate_entropy) {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor entropy, algos::agg_loss(out.entropys, mask, mode));
+    if (config.entropy_coeff != 0) policy_loss = policy_loss - entropy * config.entropy_coeff;
+    r.metrics["actor/entropy"] = entropy.item<double>();
+  }
+  if (config.use_kl_loss) {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_log_prob, mb.tensor("ref_log_prob"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor kld, algos::kl_penalty(out.log_probs, ref_log_prob, config.kl_loss_type));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor kl_loss, algos::agg_loss(kld, mask, mode));
+    policy_loss = policy_loss + kl_loss * config.kl_loss_coef;
+    r.metrics["actor/kl_loss"] = kl_loss.item<double>();
+    r.metrics["actor/kl_coef"] = config.kl_loss_coef;
+  }
+  r.loss = policy_loss;
+  r.metrics["actor/pg_loss"] = pg.pg_loss.item<double>();
+  r.metrics["actor/pg_clipfrac"] = pg.pg_clipfrac.item<double>();
+  r.metrics["actor/ppo_kl"] = pg.ppo_kl.item<double>();
+  r.metrics["actor/pg_clipfrac_lower"] = pg.pg_clipfrac_lower.item<double>();
+  return r;
+}
 
 }  // namespace
 
@@ -149,26 +183,15 @@ Result<std::unique_ptr<DataParallelPPOActor>> DataParallelPPOActor::create(Actor
     return make_error(ErrorCode::invalid_argument,
                       "DataParallelPPOActor: actor.ppo_micro_batch_size is set; run normalize_actor_config first");
   }
-  if (!config.use_dynamic_bsz) {
-    if (!config.ppo_micro_batch_size_per_gpu) {
-      return make_error(ErrorCode::invalid_argument,
-                        "actor.ppo_micro_batch_size_per_gpu must be set when actor.use_dynamic_bsz is false");
-    }
-    TESSERA_RETURN_IF_ERROR(check_micro_divides_mini(config.ppo_mini_batch_size, "actor.ppo_mini_batch_size",
-                                                     *config.ppo_micro_batch_size_per_gpu,
-                                                     "actor.ppo_micro_batch_size_per_gpu"));
-  }
+  TESSERA_RETURN_IF_ERROR(check_fixed_micro_batch("actor", config.ppo_mini_batch_size,
+                                                  config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz));
   TESSERA_ASSIGN_OR_RETURN(auto loss_fn, algos::get_policy_loss_fn(config.policy_loss.loss_mode));
   return std::unique_ptr<DataParallelPPOActor>(
       new DataParallelPPOActor(std::move(config), std::move(module), std::move(sync), std::move(loss_fn)));
 }
 
 Result<LogProbOutput> DataParallelPPOActor::compute_log_prob(const proto::DataProto& data, bool calculate_entropy) {
-  try {
-    return compute_log_prob_impl(data, calculate_entropy);
-  } catch (...) {
-    return status_from_current_exception("compute_log_prob");
-  }
+  return guarded_call("compute_log_prob", [&] { return compute_log_prob_impl(data, calculate_entropy); });
 }
 
 Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::DataProto& data,
@@ -178,7 +201,7 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
   TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
   TESSERA_ASSIGN_OR_RETURN(bool use_dynamic_bsz, meta_bool(data.meta_info(), "use_dynamic_bsz"));
   TESSERA_RETURN_IF_ERROR(read_sequence_batch(data).status());
-  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kForwardKeys, std::vector<std::string>{}));
+  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kPpoForwardKeys, std::vector<std::string>{}));
   MicroBatches micro;
   if (use_dynamic_bsz) {
     TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, meta_positive_int(data.meta_info(), "max_token_len"));
@@ -217,115 +240,13 @@ Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto&
   TESSERA_RETURN_IF_ERROR(check_text_only(data));
   if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_policy: empty batch");
   TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
-  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(data));
-  std::vector<std::string> keys = kForwardKeys;
-  for (const char* key : {"old_log_probs", "advantages"}) {
-    TESSERA_RETURN_IF_ERROR(read_response_tensor(data, key, seq).status());
-    keys.emplace_back(key);
-  }
-  if (config_.use_kl_loss) {
-    TESSERA_RETURN_IF_ERROR(read_response_tensor(data, "ref_log_prob", seq).status());
-    keys.emplace_back("ref_log_prob");
-  }
-  TESSERA_RETURN_IF_ERROR(read_response_mask(data, seq).status());
-  if (data.batch().contains("response_mask")) keys.emplace_back("response_mask");
-  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(keys, std::vector<std::string>{}));
-
-  // verl v0.5.0: sequential mini-batches, no shuffle (Note in dp_actor.hpp).
-  TESSERA_ASSIGN_OR_RETURN(auto mini_batches, selected.split(config_.ppo_mini_batch_size));
-  Metrics metrics;
-  for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch) {
-    for (const auto& mini_batch : mini_batches) {
-      TESSERA_RETURN_IF_ERROR(update_mini_batch(mini_batch, temperature, metrics));
-    }
-  }
-  module_->zero_grad();
-  append_to_dict(metrics, {{"actor/lr", module_->lr()}});
-  return metrics;
-}
-
-Result<MicroBatches> DataParallelPPOActor::micro_batches_for_update(const proto::DataProto& mini_batch) const {
-  if (config_.use_dynamic_bsz) {
-    return rearrange_micro_batches(mini_batch, config_.ppo_max_token_len_per_gpu * config_.ulysses_sequence_parallel_size,
-                                   "actor.ppo_max_token_len_per_gpu", sync_);
-  }
-  return split_micro_batches(mini_batch, *config_.ppo_micro_batch_size_per_gpu, "actor.ppo_micro_batch_size_per_gpu");
-}
-
-Status DataParallelPPOActor::update_mini_batch(const proto::DataProto& mini_batch, double temperature,
-                                               Metrics& metrics) {
-  TESSERA_ASSIGN_OR_RETURN(auto micro, micro_batches_for_update(mini_batch));
-  module_->zero_grad();
-  for (const auto& micro_batch : micro.batches) {
-    // verl v0.5.0's scaling: token share of the configured mini-batch (dynamic) or 1/grad_accum.
-    const double scale =
-        config_.use_dynamic_bsz
-            ? static_cast<double>(micro_batch.size()) / static_cast<double>(config_.ppo_mini_batch_size)
-            : 1.0 / static_cast<double>(config_.ppo_mini_batch_size / *config_.ppo_micro_batch_size_per_gpu);
-    TESSERA_RETURN_IF_ERROR(update_micro_batch(micro_batch, temperature, scale, metrics));
-  }
-  TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module_->clip_and_step(config_.grad_clip));
-  append_to_dict(metrics, {{"actor/grad_norm", step.grad_norm}});
-  return Status();
-}
-
-namespace {
-
-// The loss of one micro-batch and its metrics, from the policy's logits (verl's update_policy body).
-struct MicroLoss {
-  at::Tensor loss;
-  std::map<std::string, double> metrics;
-};
-
-Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::PolicyLossFn& loss_fn,
-                                   const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits,
-                                   double temperature) {
-  const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy;
-  TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor old_log_prob, mb.tensor("old_log_probs"));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor advantages, mb.tensor("advantages"));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
-  const std::string& mode = config.loss_agg_mode;
-  TESSERA_ASSIGN_OR_RETURN(auto pg, loss_fn(old_log_prob, out.log_probs, advantages, mask, mode,
-                                            config.policy_loss_config()));
-  MicroLoss r;
-  at::Tensor policy_loss = pg.pg_loss;
-  if (calculate_entropy) {
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor entropy, algos::agg_loss(out.entropys, mask, mode));
-    if (config.entropy_coeff != 0) policy_loss = policy_loss - entropy * config.entropy_coeff;
-    r.metrics["actor/entropy"] = entropy.item<double>();
-  }
-  if (config.use_kl_loss) {
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_log_prob, mb.tensor("ref_log_prob"));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor kld, algos::kl_penalty(out.log_probs, ref_log_prob, config.kl_loss_type));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor kl_loss, algos::agg_loss(kld, mask, mode));
-    policy_loss = policy_loss + kl_loss * config.kl_loss_coef;
-    r.metrics["actor/kl_loss"] = kl_loss.item<double>();
-    r.metrics["actor/kl_coef"] = config.kl_loss_coef;
-  }
-  r.loss = policy_loss;
-  r.metrics["actor/pg_loss"] = pg.pg_loss.item<double>();
-  r.metrics["actor/pg_clipfrac"] = pg.pg_clipfrac.item<double>();
-  r.metrics["actor/ppo_kl"] = pg.ppo_kl.item<double>();
-  r.metrics["actor/pg_clipfrac_lower"] = pg.pg_clipfrac_lower.item<double>();
-  return r;
-}
-
-}  // namespace
-
-Status DataParallelPPOActor::update_micro_batch(const proto::DataProto& micro_batch, double temperature,
-                                                double loss_scale, Metrics& metrics) {
-  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor logits,
-                           module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::train));
-  auto loss = micro_batch_loss(config_, loss_fn_, micro_batch, seq, logits, temperature);
-  if (!loss.ok()) {
-    (void)module_->end_forward();
-    return loss.status();
-  }
-  TESSERA_RETURN_IF_ERROR(module_->backward(loss->loss * loss_scale));
-  append_to_dict(metrics, loss->metrics);
-  return Status();
+  std::vector<std::string> response_keys = {"old_log_probs", "advantages"};
+  if (config_.use_kl_loss) response_keys.emplace_back("ref_log_prob");
+  TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, response_keys));
+  return run_ppo_update(*module_, selected, update_schedule("actor", config_), sync_,
+                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits) {
+                          return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature);
+                        });
 }
 
 }  // namespace tessera::workers

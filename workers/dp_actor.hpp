@@ -232,10 +232,6 @@ class DataParallelPPOActor {
                        algos::PolicyLossFn loss_fn);
   Result<LogProbOutput> compute_log_prob_impl(const proto::DataProto& data, bool calculate_entropy);
   Result<Metrics> update_policy_impl(const proto::DataProto& data);
-  Status update_mini_batch(const proto::DataProto& mini_batch, double temperature, Metrics& metrics);
-  Status update_micro_batch(const proto::DataProto& micro_batch, double temperature, double loss_scale,
-                            Metrics& metrics);
-  Result<MicroBatches> micro_batches_for_update(const proto::DataProto& mini_batch) const;
 
   ActorConfig config_;
   std::shared_ptr<PolicyModule> module_;

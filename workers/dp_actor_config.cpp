@@ -45,13 +45,6 @@ constexpr const char* kActorKeysOwnedElsewhere[] = {
     "entropy_from_logits_with_chunking", "entropy_checkpointing",
 };
 
-Status check_one_of(const std::string& value, const std::vector<std::string>& allowed, const std::string& key) {
-  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return Status();
-  std::string list;
-  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-  return make_error(ErrorCode::invalid_argument, "{} = '{}' is not one of: {}", key, value, list);
-}
-
 }  // namespace
 
 Result<ActorConfig> parse_actor_config(const nlohmann::json& json, const std::string& path) {
@@ -85,28 +78,23 @@ Result<ActorConfig> parse_actor_config(const nlohmann::json& json, const std::st
 }
 
 Status validate_actor_config(const ActorConfig& c, const std::string& path) {
-  auto key = [&](const char* k) { return path.empty() ? std::string(k) : path + "." + k; };
+  auto key = [&](const char* k) { return config_key(path, k); };
   TESSERA_RETURN_IF_ERROR(check_one_of(c.strategy, {"fsdp", "fsdp2"}, key("strategy")));
-  if (c.ppo_mini_batch_size < 1) {
-    return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key("ppo_mini_batch_size"), c.ppo_mini_batch_size);
-  }
+  TESSERA_RETURN_IF_ERROR(check_positive(key("ppo_mini_batch_size"), c.ppo_mini_batch_size));
   if (c.ppo_micro_batch_size && c.ppo_micro_batch_size_per_gpu) {
     return make_error(ErrorCode::invalid_argument, "{} and {} are both set; set only one",
                       key("ppo_micro_batch_size"), key("ppo_micro_batch_size_per_gpu"));
   }
-  if (c.use_dynamic_bsz && c.ppo_max_token_len_per_gpu < 1) {
-    return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key("ppo_max_token_len_per_gpu"),
-                      c.ppo_max_token_len_per_gpu);
+  if (c.use_dynamic_bsz) {
+    TESSERA_RETURN_IF_ERROR(check_positive(key("ppo_max_token_len_per_gpu"), c.ppo_max_token_len_per_gpu));
   }
-  if (c.ppo_epochs < 1) return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key("ppo_epochs"), c.ppo_epochs);
+  TESSERA_RETURN_IF_ERROR(check_positive(key("ppo_epochs"), c.ppo_epochs));
   if (!(c.grad_clip > 0)) return make_error(ErrorCode::invalid_argument, "{} = {} must be > 0", key("grad_clip"), c.grad_clip);
   if (!(c.clip_ratio_c > 1)) {
     return make_error(ErrorCode::invalid_argument, "{} = {} must be > 1", key("clip_ratio_c"), c.clip_ratio_c);
   }
-  if (c.ulysses_sequence_parallel_size != 1) {
-    return make_error(ErrorCode::unimplemented, "{} = {}: Ulysses sequence parallelism is not implemented (use 1)",
-                      key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size);
-  }
+  TESSERA_RETURN_IF_ERROR(
+      check_no_sequence_parallel(key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size));
   TESSERA_RETURN_IF_ERROR(check_one_of(c.loss_agg_mode, algos::agg_loss_modes(), key("loss_agg_mode")));
   TESSERA_RETURN_IF_ERROR(check_one_of(c.policy_loss.loss_mode, algos::registered_policy_losses(),
                                        key("policy_loss.loss_mode")));
@@ -122,24 +110,14 @@ Result<ActorConfig> normalize_actor_config(ActorConfig c, int64_t rollout_n, con
   TESSERA_ASSIGN_OR_RETURN(int64_t dp, data_parallel_size(shape));
   TESSERA_ASSIGN_OR_RETURN(c.ppo_mini_batch_size,
                            normalize_mini_batch_size(c.ppo_mini_batch_size, rollout_n, dp, "actor.ppo_mini_batch_size"));
-  if (c.ppo_micro_batch_size) {
-    if (c.ppo_micro_batch_size_per_gpu) {
-      return make_error(ErrorCode::invalid_argument,
-                        "actor.ppo_micro_batch_size and actor.ppo_micro_batch_size_per_gpu are both set; set only one");
-    }
-    TESSERA_ASSIGN_OR_RETURN(c.ppo_micro_batch_size_per_gpu,
-                             normalize_global_micro_batch_size(*c.ppo_micro_batch_size, dp, "actor.ppo_micro_batch_size"));
-    c.ppo_micro_batch_size.reset();
-  }
-  if (c.ppo_micro_batch_size_per_gpu) {
-    TESSERA_RETURN_IF_ERROR(check_micro_divides_mini(c.ppo_mini_batch_size, "actor.ppo_mini_batch_size",
-                                                     *c.ppo_micro_batch_size_per_gpu,
-                                                     "actor.ppo_micro_batch_size_per_gpu"));
-  } else if (!c.use_dynamic_bsz) {
+  if (c.ppo_micro_batch_size && c.ppo_micro_batch_size_per_gpu) {
     return make_error(ErrorCode::invalid_argument,
-                      "actor.ppo_micro_batch_size_per_gpu (or ppo_micro_batch_size) must be set when "
-                      "actor.use_dynamic_bsz is false");
+                      "actor.ppo_micro_batch_size and actor.ppo_micro_batch_size_per_gpu are both set; set only one");
   }
+  TESSERA_RETURN_IF_ERROR(fold_global_micro_batch_size(c.ppo_micro_batch_size, c.ppo_micro_batch_size_per_gpu, dp,
+                                                       "actor.ppo_micro_batch_size"));
+  TESSERA_RETURN_IF_ERROR(check_normalized_micro_batch("actor", c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_gpu,
+                                                       c.use_dynamic_bsz));
   return c;
 }
 

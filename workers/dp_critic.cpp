@@ -9,6 +9,7 @@
 #include "workers/algos/losses.hpp"
 #include "workers/algos/torch_functional.hpp"
 #include "workers/ppo_inputs.hpp"
+#include "workers/ppo_update.hpp"
 
 namespace tessera::workers {
 
@@ -46,21 +47,15 @@ Result<CriticConfig> parse_critic_config(const nlohmann::json& json, const std::
 }
 
 Status validate_critic_config(const CriticConfig& c, const std::string& path) {
-  auto key = [&](const char* k) { return path.empty() ? std::string(k) : path + "." + k; };
-  auto positive = [&](const char* k, int64_t v) -> Status {
-    if (v >= 1) return Status();
-    return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key(k), v);
-  };
-  if (c.strategy != "fsdp" && c.strategy != "fsdp2") {
-    return make_error(ErrorCode::invalid_argument, "{} = '{}' is not one of: fsdp, fsdp2", key("strategy"), c.strategy);
-  }
-  TESSERA_RETURN_IF_ERROR(positive("rollout_n", c.rollout_n));
-  TESSERA_RETURN_IF_ERROR(positive("ppo_mini_batch_size", c.ppo_mini_batch_size));
-  TESSERA_RETURN_IF_ERROR(positive("ppo_epochs", c.ppo_epochs));
+  auto key = [&](const char* k) { return config_key(path, k); };
+  TESSERA_RETURN_IF_ERROR(check_one_of(c.strategy, {"fsdp", "fsdp2"}, key("strategy")));
+  TESSERA_RETURN_IF_ERROR(check_positive(key("rollout_n"), c.rollout_n));
+  TESSERA_RETURN_IF_ERROR(check_positive(key("ppo_mini_batch_size"), c.ppo_mini_batch_size));
+  TESSERA_RETURN_IF_ERROR(check_positive(key("ppo_epochs"), c.ppo_epochs));
   if (c.use_dynamic_bsz) {
-    TESSERA_RETURN_IF_ERROR(positive("ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu));
+    TESSERA_RETURN_IF_ERROR(check_positive(key("ppo_max_token_len_per_gpu"), c.ppo_max_token_len_per_gpu));
     if (c.forward_max_token_len_per_gpu) {
-      TESSERA_RETURN_IF_ERROR(positive("forward_max_token_len_per_gpu", *c.forward_max_token_len_per_gpu));
+      TESSERA_RETURN_IF_ERROR(check_positive(key("forward_max_token_len_per_gpu"), *c.forward_max_token_len_per_gpu));
     }
   }
   if (c.ppo_micro_batch_size && c.ppo_micro_batch_size_per_gpu) {
@@ -76,39 +71,21 @@ Status validate_critic_config(const CriticConfig& c, const std::string& path) {
     return make_error(ErrorCode::invalid_argument, "{} = '{}' is not a loss_agg_mode", key("loss_agg_mode"),
                       c.loss_agg_mode);
   }
-  if (c.ulysses_sequence_parallel_size != 1) {
-    return make_error(ErrorCode::unimplemented, "{} = {}: Ulysses sequence parallelism is not implemented (use 1)",
-                      key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size);
-  }
-  return Status();
+  return check_no_sequence_parallel(key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size);
 }
 
 Result<CriticConfig> normalize_critic_config(CriticConfig c, const DataParallelShape& shape) {
   TESSERA_ASSIGN_OR_RETURN(int64_t dp, data_parallel_size(shape));
   TESSERA_ASSIGN_OR_RETURN(c.ppo_mini_batch_size,
                            normalize_mini_batch_size(c.ppo_mini_batch_size, c.rollout_n, dp, "critic.ppo_mini_batch_size"));
-  if (c.ppo_micro_batch_size) {
-    TESSERA_ASSIGN_OR_RETURN(c.ppo_micro_batch_size_per_gpu,
-                             normalize_global_micro_batch_size(*c.ppo_micro_batch_size, dp, "critic.ppo_micro_batch_size"));
-    c.ppo_micro_batch_size.reset();
-  }
-  if (c.forward_micro_batch_size) {
-    TESSERA_ASSIGN_OR_RETURN(c.forward_micro_batch_size_per_gpu,
-                             normalize_global_micro_batch_size(*c.forward_micro_batch_size, dp,
-                                                               "critic.forward_micro_batch_size"));
-    c.forward_micro_batch_size.reset();
-  }
+  TESSERA_RETURN_IF_ERROR(fold_global_micro_batch_size(c.ppo_micro_batch_size, c.ppo_micro_batch_size_per_gpu, dp,
+                                                       "critic.ppo_micro_batch_size"));
+  TESSERA_RETURN_IF_ERROR(fold_global_micro_batch_size(c.forward_micro_batch_size, c.forward_micro_batch_size_per_gpu,
+                                                       dp, "critic.forward_micro_batch_size"));
   if (!c.forward_micro_batch_size_per_gpu) c.forward_micro_batch_size_per_gpu = c.ppo_micro_batch_size_per_gpu;
   if (!c.forward_max_token_len_per_gpu) c.forward_max_token_len_per_gpu = c.ppo_max_token_len_per_gpu;
-  if (c.ppo_micro_batch_size_per_gpu) {
-    TESSERA_RETURN_IF_ERROR(check_micro_divides_mini(c.ppo_mini_batch_size, "critic.ppo_mini_batch_size",
-                                                     *c.ppo_micro_batch_size_per_gpu,
-                                                     "critic.ppo_micro_batch_size_per_gpu"));
-  } else if (!c.use_dynamic_bsz) {
-    return make_error(ErrorCode::invalid_argument,
-                      "critic.ppo_micro_batch_size_per_gpu (or ppo_micro_batch_size) must be set when "
-                      "critic.use_dynamic_bsz is false");
-  }
+  TESSERA_RETURN_IF_ERROR(check_normalized_micro_batch("critic", c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_gpu,
+                                                       c.use_dynamic_bsz));
   return c;
 }
 
@@ -132,30 +109,17 @@ Result<std::unique_ptr<DataParallelPPOCritic>> DataParallelPPOCritic::create(Cri
     return make_error(ErrorCode::invalid_argument,
                       "DataParallelPPOCritic: a global micro-batch size is set; run normalize_critic_config first");
   }
-  if (!config.use_dynamic_bsz) {
-    if (!config.ppo_micro_batch_size_per_gpu) {
-      return make_error(ErrorCode::invalid_argument,
-                        "critic.ppo_micro_batch_size_per_gpu must be set when critic.use_dynamic_bsz is false");
-    }
-    TESSERA_RETURN_IF_ERROR(check_micro_divides_mini(config.ppo_mini_batch_size, "critic.ppo_mini_batch_size",
-                                                     *config.ppo_micro_batch_size_per_gpu,
-                                                     "critic.ppo_micro_batch_size_per_gpu"));
-  }
+  TESSERA_RETURN_IF_ERROR(check_fixed_micro_batch("critic", config.ppo_mini_batch_size,
+                                                  config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz));
   return std::unique_ptr<DataParallelPPOCritic>(
       new DataParallelPPOCritic(std::move(config), std::move(module), std::move(sync)));
 }
 
 Result<at::Tensor> DataParallelPPOCritic::compute_values(const proto::DataProto& data) {
-  try {
-    return compute_values_impl(data);
-  } catch (...) {
-    return status_from_current_exception("compute_values");
-  }
+  return guarded_call("compute_values", [&] { return compute_values_impl(data); });
 }
 
 namespace {
-
-const std::vector<std::string> kForwardKeys = {"responses", "input_ids", "attention_mask", "position_ids"};
 
 // meta_info[key] when present, else the config's fallback; errors name whichever was used.
 Result<int64_t> int_meta_or(const nlohmann::json& meta, const char* key, const std::optional<int64_t>& fallback,
@@ -179,7 +143,7 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
   if (meta.is_object() && meta.contains("use_dynamic_bsz")) {
     TESSERA_ASSIGN_OR_RETURN(use_dynamic_bsz, meta_bool(meta, "use_dynamic_bsz"));
   }
-  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kForwardKeys, std::vector<std::string>{}));
+  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kPpoForwardKeys, std::vector<std::string>{}));
   MicroBatches micro;
   if (use_dynamic_bsz) {
     TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, int_meta_or(meta, "max_token_len", config_.forward_max_token_len_per_gpu,
@@ -212,56 +176,7 @@ Result<Metrics> DataParallelPPOCritic::update_critic(const proto::DataProto& dat
   return guarded_update(*module_, "update_critic", [&] { return update_critic_impl(data); });
 }
 
-Result<Metrics> DataParallelPPOCritic::update_critic_impl(const proto::DataProto& data) {
-  TESSERA_RETURN_IF_ERROR(check_text_only(data));
-  if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_critic: empty batch");
-  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(data));
-  std::vector<std::string> keys = kForwardKeys;
-  for (const char* key : {"values", "returns"}) {
-    TESSERA_RETURN_IF_ERROR(read_response_tensor(data, key, seq).status());
-    keys.emplace_back(key);
-  }
-  TESSERA_RETURN_IF_ERROR(read_response_mask(data, seq).status());
-  if (data.batch().contains("response_mask")) keys.emplace_back("response_mask");
-  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(keys, std::vector<std::string>{}));
-  TESSERA_ASSIGN_OR_RETURN(auto mini_batches, selected.split(config_.ppo_mini_batch_size));
-  Metrics metrics;
-  for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch) {
-    for (const auto& mini_batch : mini_batches) TESSERA_RETURN_IF_ERROR(update_mini_batch(mini_batch, metrics));
-  }
-  module_->zero_grad();
-  append_to_dict(metrics, {{"critic/lr", module_->lr()}});
-  return metrics;
-}
-
-Status DataParallelPPOCritic::update_mini_batch(const proto::DataProto& mini_batch, Metrics& metrics) {
-  MicroBatches micro;
-  if (config_.use_dynamic_bsz) {
-    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(mini_batch, config_.ppo_max_token_len_per_gpu,
-                                                            "critic.ppo_max_token_len_per_gpu", sync_));
-  } else {
-    TESSERA_ASSIGN_OR_RETURN(micro, split_micro_batches(mini_batch, *config_.ppo_micro_batch_size_per_gpu,
-                                                        "critic.ppo_micro_batch_size_per_gpu"));
-  }
-  module_->zero_grad();
-  for (const auto& micro_batch : micro.batches) {
-    const double scale =
-        config_.use_dynamic_bsz
-            ? static_cast<double>(micro_batch.size()) / static_cast<double>(config_.ppo_mini_batch_size)
-            : 1.0 / static_cast<double>(config_.ppo_mini_batch_size / *config_.ppo_micro_batch_size_per_gpu);
-    TESSERA_RETURN_IF_ERROR(update_micro_batch(micro_batch, scale, metrics));
-  }
-  TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module_->clip_and_step(config_.grad_clip));
-  append_to_dict(metrics, {{"critic/grad_norm", step.grad_norm}});
-  return Status();
-}
-
 namespace {
-
-struct MicroLoss {
-  at::Tensor loss;
-  std::map<std::string, double> metrics;
-};
 
 Result<MicroLoss> value_micro_loss(const CriticConfig& config, const proto::DataProto& mb, const SequenceBatch& seq,
                                    const at::Tensor& head) {
@@ -286,19 +201,14 @@ Result<MicroLoss> value_micro_loss(const CriticConfig& config, const proto::Data
 
 }  // namespace
 
-Status DataParallelPPOCritic::update_micro_batch(const proto::DataProto& micro_batch, double loss_scale,
-                                                 Metrics& metrics) {
-  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor head,
-                           module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::train));
-  auto loss = value_micro_loss(config_, micro_batch, seq, head);
-  if (!loss.ok()) {
-    (void)module_->end_forward();
-    return loss.status();
-  }
-  TESSERA_RETURN_IF_ERROR(module_->backward(loss->loss * loss_scale));
-  append_to_dict(metrics, loss->metrics);
-  return Status();
+Result<Metrics> DataParallelPPOCritic::update_critic_impl(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(check_text_only(data));
+  if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_critic: empty batch");
+  TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, {"values", "returns"}));
+  return run_ppo_update(*module_, selected, update_schedule("critic", config_), sync_,
+                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& head) {
+                          return value_micro_loss(config_, mb, seq, head);
+                        });
 }
 
 }  // namespace tessera::workers

@@ -95,8 +95,6 @@ class DataParallelPPOCritic {
   DataParallelPPOCritic(CriticConfig config, std::shared_ptr<ValueModule> module, MicroBatchCountSync sync);
   Result<at::Tensor> compute_values_impl(const proto::DataProto& data);
   Result<Metrics> update_critic_impl(const proto::DataProto& data);
-  Status update_mini_batch(const proto::DataProto& mini_batch, Metrics& metrics);
-  Status update_micro_batch(const proto::DataProto& micro_batch, double loss_scale, Metrics& metrics);
 
   CriticConfig config_;
   std::shared_ptr<ValueModule> module_;

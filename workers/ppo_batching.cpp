@@ -358,4 +358,36 @@ Status check_micro_divides_mini(int64_t mini_batch_size, const std::string& mini
   return Status();
 }
 
+Status fold_global_micro_batch_size(std::optional<int64_t>& global, std::optional<int64_t>& per_gpu, int64_t dp_size,
+                                    const std::string& key) {
+  if (!global) return Status();
+  TESSERA_ASSIGN_OR_RETURN(per_gpu, normalize_global_micro_batch_size(*global, dp_size, key));
+  global.reset();
+  return Status();
+}
+
+Status check_normalized_micro_batch(const std::string& role, int64_t ppo_mini_batch_size,
+                                    const std::optional<int64_t>& ppo_micro_batch_size_per_gpu, bool use_dynamic_bsz) {
+  if (ppo_micro_batch_size_per_gpu) {
+    return check_micro_divides_mini(ppo_mini_batch_size, role + ".ppo_mini_batch_size", *ppo_micro_batch_size_per_gpu,
+                                    role + ".ppo_micro_batch_size_per_gpu");
+  }
+  if (use_dynamic_bsz) return Status();
+  return make_error(ErrorCode::invalid_argument,
+                    "{0}.ppo_micro_batch_size_per_gpu (or ppo_micro_batch_size) must be set when "
+                    "{0}.use_dynamic_bsz is false",
+                    role);
+}
+
+Status check_fixed_micro_batch(const std::string& role, int64_t ppo_mini_batch_size,
+                               const std::optional<int64_t>& ppo_micro_batch_size_per_gpu, bool use_dynamic_bsz) {
+  if (use_dynamic_bsz) return Status();
+  if (!ppo_micro_batch_size_per_gpu) {
+    return make_error(ErrorCode::invalid_argument, "{0}.ppo_micro_batch_size_per_gpu must be set when "
+                      "{0}.use_dynamic_bsz is false", role);
+  }
+  return check_micro_divides_mini(ppo_mini_batch_size, role + ".ppo_mini_batch_size", *ppo_micro_batch_size_per_gpu,
+                                  role + ".ppo_micro_batch_size_per_gpu");
+}
+
 }  // namespace tessera::workers

@@ -125,4 +125,21 @@ Result<int64_t> normalize_global_micro_batch_size(int64_t micro_batch_size, int6
 Status check_micro_divides_mini(int64_t mini_batch_size, const std::string& mini_key,
                                 int64_t micro_batch_size_per_gpu, const std::string& micro_key);
 
+/// A deprecated global micro-batch size, when set, becomes its *_per_gpu form (global / dp,
+/// replacing `per_gpu`) and is cleared. Errors as normalize_global_micro_batch_size, naming `key`.
+Status fold_global_micro_batch_size(std::optional<int64_t>& global, std::optional<int64_t>& per_gpu, int64_t dp_size,
+                                    const std::string& key);
+
+/// The last check of verl's actor / critic normalisation for `role` ("actor", "critic"): a set
+/// <role>.ppo_micro_batch_size_per_gpu must divide the normalised <role>.ppo_mini_batch_size; an
+/// unset one needs <role>.use_dynamic_bsz. Errors name the keys and values.
+Status check_normalized_micro_batch(const std::string& role, int64_t ppo_mini_batch_size,
+                                    const std::optional<int64_t>& ppo_micro_batch_size_per_gpu, bool use_dynamic_bsz);
+
+/// What DataParallelPPOActor / DataParallelPPOCritic require of a normalised `role` config:
+/// without use_dynamic_bsz, <role>.ppo_micro_batch_size_per_gpu is set and divides
+/// <role>.ppo_mini_batch_size. Errors name the keys and values.
+Status check_fixed_micro_batch(const std::string& role, int64_t ppo_mini_batch_size,
+                               const std::optional<int64_t>& ppo_micro_batch_size_per_gpu, bool use_dynamic_bsz);
+
 }  // namespace tessera::workers

@@ -105,6 +105,28 @@ Status ConfigReader::finish() const {
   return Status();
 }
 
+std::string config_key(const std::string& path, const char* key) {
+  return path.empty() ? std::string(key) : path + "." + key;
+}
+
+Status check_one_of(const std::string& value, const std::vector<std::string>& allowed, const std::string& key) {
+  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return Status();
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  return make_error(ErrorCode::invalid_argument, "{} = '{}' is not one of: {}", key, value, list);
+}
+
+Status check_positive(const std::string& key, int64_t value) {
+  if (value >= 1) return Status();
+  return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key, value);
+}
+
+Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequence_parallel_size) {
+  if (ulysses_sequence_parallel_size == 1) return Status();
+  return make_error(ErrorCode::unimplemented, "{} = {}: Ulysses sequence parallelism is not implemented (use 1)", key,
+                    ulysses_sequence_parallel_size);
+}
+
 // ---- Shared plumbing ----------------------------------------------------------------------------
 
 Status status_from_current_exception(const std::string& context) {

@@ -63,11 +63,33 @@ class ConfigReader {
   Status first_error_;
 };
 
+/// "<path>.<key>", or `key` alone when `path` is empty (how config errors name a key).
+std::string config_key(const std::string& path, const char* key);
+
+/// invalid_argument "<key> = '<value>' is not one of: a, b, ..." unless `value` is in `allowed`.
+Status check_one_of(const std::string& value, const std::vector<std::string>& allowed, const std::string& key);
+
+/// invalid_argument "<key> = <value> must be >= 1" unless `value` >= 1.
+Status check_positive(const std::string& key, int64_t value);
+
+/// unimplemented (naming `key` and the value) unless `ulysses_sequence_parallel_size` == 1.
+Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequence_parallel_size);
+
 // ---- Shared plumbing ----------------------------------------------------------------------------
 
 /// Converts the in-flight exception (call from inside a catch block) into a one-line Status:
 /// c10::Error without its backtrace, std::exception by what(). `context` prefixes the message.
 Status status_from_current_exception(const std::string& context);
+
+/// Runs `fn()`; an exception it throws is returned as a Status naming `context`.
+template <class Fn>
+auto guarded_call(const std::string& context, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (...) {
+    return status_from_current_exception(context);
+  }
+}
 
 /// Runs `update()`; if it throws, ends `module`'s forward and drops its gradients so the next call
 /// starts clean, and returns the exception as a Status naming `context`.
