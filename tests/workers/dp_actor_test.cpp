@@ -11,15 +11,7 @@
 namespace tessera::workers {
 namespace {
 
-using testing::forward_meta;
-using testing::make_batch;
-using testing::max_diff;
-using testing::unwrap;
-
-// Prompt length 6, response length 5; varied lengths so padding is exercised everywhere.
-const std::vector<int64_t> kPromptLens = {6, 2, 4, 5, 3, 6, 1, 4};
-const std::vector<int64_t> kResponseLens = {5, 3, 1, 4, 5, 2, 5, 3};
-constexpr int64_t kP = 6, kR = 5;
+using namespace testing;  // NOLINT: the PPO test helpers and the standard batch (ppo_test_util.hpp)
 
 std::shared_ptr<LocalTrainableModule> local(std::shared_ptr<models::CausalLM> model, LocalOptimizerOptions o = {}) {
   return unwrap(LocalTrainableModule::create(std::move(model), o));

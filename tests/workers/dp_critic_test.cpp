@@ -11,14 +11,7 @@
 namespace tessera::workers {
 namespace {
 
-using testing::forward_meta;
-using testing::make_batch;
-using testing::max_diff;
-using testing::unwrap;
-
-const std::vector<int64_t> kPromptLens = {6, 2, 4, 5, 3, 6, 1, 4};
-const std::vector<int64_t> kResponseLens = {5, 3, 1, 4, 5, 2, 5, 3};
-constexpr int64_t kP = 6, kR = 5;
+using namespace testing;  // NOLINT: the PPO test helpers and the standard batch (ppo_test_util.hpp)
 
 CriticConfig fixed_config(int64_t mini, int64_t micro) {
   CriticConfig c;

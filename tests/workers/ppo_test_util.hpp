@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include "proto/data_proto.hpp"
+#include "tests/workers/models/tiny_config.hpp"
+#include "tests/workers/rollout_batch_util.hpp"
 #include "workers/dp_actor.hpp"
 #include "workers/dp_critic.hpp"
 #include "workers/models/config.hpp"
@@ -20,22 +22,15 @@ namespace tessera::workers::testing {
 
 constexpr int64_t kVocab = 64;
 
-/// A 2-layer Qwen2-style config: hidden 32, 4 heads over 2 KV heads.
+/// The standard test batch: prompt length kP, response length kR, and varied per-row lengths so
+/// padding is exercised everywhere.
+inline const std::vector<int64_t> kPromptLens = {6, 2, 4, 5, 3, 6, 1, 4};
+inline const std::vector<int64_t> kResponseLens = {5, 3, 1, 4, 5, 2, 5, 3};
+constexpr int64_t kP = 6, kR = 5;
+
+/// A 2-layer Qwen2-style config: hidden 32, 4 heads over 2 KV heads, vocab kVocab.
 inline models::ModelConfig tiny_config() {
-  models::ModelConfig c;
-  c.model_type = "qwen2";
-  c.vocab_size = kVocab;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  c.attention_bias = true;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
+  return models::testing::tiny_config("qwen2", /*kv_heads=*/2, /*tied=*/false, kVocab);
 }
 
 /// Scales every matrix so logits are far from uniform (HF init, std 0.02, makes them nearly flat).
@@ -46,49 +41,30 @@ inline void sharpen(models::PretrainedModel& model, double factor) {
   }
 }
 
-/// A tiny CausalLM from models' seeded HF init, sharpened.
-inline std::shared_ptr<models::CausalLM> tiny_policy(uint64_t seed) {
+/// A tiny `Model` (models::CausalLM or models::ValueModel) from models' seeded HF init, sharpened.
+template <class Model>
+inline std::shared_ptr<Model> tiny_sharpened(uint64_t seed) {
   models::ModelInit init;
   init.seed = seed;
-  auto m = models::CausalLM::create(tiny_config(), init);
+  auto m = Model::create(tiny_config(), init);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   sharpen(**m, 10.0);
   return *m;
 }
 
-/// A tiny ValueModel (critic) from models' seeded HF init, sharpened.
-inline std::shared_ptr<models::ValueModel> tiny_critic(uint64_t seed) {
-  models::ModelInit init;
-  init.seed = seed;
-  auto m = models::ValueModel::create(tiny_config(), init);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  sharpen(**m, 10.0);
-  return *m;
-}
+/// A tiny CausalLM (policy), see tiny_sharpened.
+inline std::shared_ptr<models::CausalLM> tiny_policy(uint64_t seed) { return tiny_sharpened<models::CausalLM>(seed); }
+
+/// A tiny ValueModel (critic), see tiny_sharpened.
+inline std::shared_ptr<models::ValueModel> tiny_critic(uint64_t seed) { return tiny_sharpened<models::ValueModel>(seed); }
 
 /// A verl-shaped rollout batch: prompts left-padded to P (lengths prompt_lens), responses
 /// right-padded to R (lengths response_lens). Keys input_ids, attention_mask, position_ids,
 /// responses, response_mask.
 inline proto::DataProto make_batch(const std::vector<int64_t>& prompt_lens, const std::vector<int64_t>& response_lens,
                                    int64_t P, int64_t R, uint64_t seed) {
-  const auto B = static_cast<int64_t>(prompt_lens.size());
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  at::Tensor prompt_mask = at::zeros({B, P}, at::kLong), response_mask = at::zeros({B, R}, at::kLong);
-  for (int64_t i = 0; i < B; ++i) {
-    prompt_mask[i].narrow(0, P - prompt_lens[i], prompt_lens[i]).fill_(1);
-    response_mask[i].narrow(0, 0, response_lens[i]).fill_(1);
-  }
-  at::Tensor prompts = at::randint(3, kVocab, {B, P}, gen, at::kLong) * prompt_mask;
-  at::Tensor responses = at::randint(3, kVocab, {B, R}, gen, at::kLong) * response_mask;
-  at::Tensor attention_mask = at::cat({prompt_mask, response_mask}, 1);
-  at::Tensor position_ids = (attention_mask.cumsum(1) - 1).clamp_min(0);
-  proto::TensorDict t;
-  t.insert_or_assign("input_ids", at::cat({prompts, responses}, 1));
-  t.insert_or_assign("attention_mask", attention_mask);
-  t.insert_or_assign("position_ids", position_ids);
-  t.insert_or_assign("responses", responses);
-  t.insert_or_assign("response_mask", response_mask);
-  auto d = proto::DataProto::from_dict(std::move(t));
+  auto d = proto::DataProto::from_dict(rollout_tensors(prompt_lens, response_lens, P, R, kVocab, gen));
   EXPECT_TRUE(d.ok()) << d.status().to_string();
   return *d;
 }
@@ -107,11 +83,6 @@ inline std::pair<at::Tensor, at::Tensor> reference_log_probs(models::CausalLM& m
   at::Tensor lp = logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1);
   at::Tensor ent = -(logp.exp() * logp).sum(-1);
   return {lp.to(at::kFloat), ent.to(at::kFloat)};
-}
-
-/// Max |a - b| (as double).
-inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
 /// Max |a - b| / max(1, |b|): fp32 resolution scales with magnitude (ulp(16) = 1.9e-6), so

@@ -1,0 +1,33 @@
+// tiny_config.hpp: the small HF decoder config the models, PPO and rollout tests build on. No
+// gtest here, so any test or bench may include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "workers/models/config.hpp"
+
+namespace tessera::models::testing {
+
+/// A small config: 2 layers, hidden 32 (MLP 48), 4 heads of dim 8 over `kv_heads` KV heads, 128
+/// positions, bos 1 / eos 2; qwen2 gets q/k/v biases.
+inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads = 4, bool tied = false,
+                               int64_t vocab = 64) {
+  ModelConfig c;
+  c.model_type = model_type;
+  c.vocab_size = vocab;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 8;
+  c.max_position_embeddings = 128;
+  c.tie_word_embeddings = tied;
+  c.attention_bias = model_type == "qwen2";
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+}  // namespace tessera::models::testing
