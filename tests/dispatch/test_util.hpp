@@ -35,4 +35,27 @@ inline std::vector<int64_t> ids(const proto::DataProto& d) {
   return std::vector<int64_t>(col.data_ptr<int64_t>(), col.data_ptr<int64_t>() + col.numel());
 }
 
+/// The "rank" column (int64) each worker writes into its rows, in row order.
+inline std::vector<int64_t> rank_column(const proto::DataProto& d) {
+  auto t = d.tensor("rank");
+  if (!t.ok()) throw std::runtime_error(t.status().to_string());
+  auto col = t->contiguous();
+  return std::vector<int64_t>(col.data_ptr<int64_t>(), col.data_ptr<int64_t>() + col.numel());
+}
+
+/// 0, 1, ..., n-1.
+inline std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+/// Row i of n rows, chunked into `world` ceil-sized pieces after padding, is on rank i / per.
+inline std::vector<int64_t> owners(int64_t n, int64_t world) {
+  int64_t padded = n + (world - n % world) % world;
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(i / (padded / world));
+  return v;
+}
+
 }  // namespace tessera::dispatch::testing

@@ -15,28 +15,9 @@ namespace tessera::dispatch {
 namespace {
 
 using runtime::testing::AgentProcess;
-using testing::ids;
-using testing::rows;
+using namespace testing;  // NOLINT: the dispatch test helpers (test_util.hpp, worker_group_test_workers.hpp)
 
 const char* kToken = "worker-group-integration-token-42";
-
-std::vector<int64_t> rank_column(const proto::DataProto& d) {
-  auto t = d.tensor("rank")->contiguous();
-  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-}
-
-std::vector<int64_t> iota(int64_t n) {
-  std::vector<int64_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
-std::vector<int64_t> owners(int64_t n, int64_t world) {
-  int64_t padded = n + (world - n % world) % world;
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < n; ++i) v.push_back(i / (padded / world));
-  return v;
-}
 
 // n rows like testing::rows plus a wide float tensor, so payloads leave the inline path.
 proto::DataProto wide_rows(int64_t n, bool auto_padding) {
@@ -45,7 +26,7 @@ proto::DataProto wide_rows(int64_t n, bool auto_padding) {
   return d;
 }
 
-class WorkerGroupCluster : public ::testing::Test {
+class WorkerGroupCluster : public testing::DpGroupSuite<WorkerGroupCluster> {
  protected:
   static void SetUpTestSuite() {
     std::string tf = runtime::testing::write_token_file("wg_token", kToken);
@@ -57,16 +38,10 @@ class WorkerGroupCluster : public ::testing::Test {
     runtime::RuntimeConfig cfg;
     cfg.agents = {agents_[0]->address(), agents_[1]->address()};
     cfg.token = kToken;
-    auto rt = runtime::Runtime::start(cfg, testing::dp_registry());
-    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
-    rt_ = rt->release();
-    auto wg = WorkerGroup::spawn(*rt_, "dp", *rt_->resource_pool(), {{"", "dp_worker", "{}"}});
-    ASSERT_TRUE(wg.ok()) << wg.status().to_string();
-    wg_ = new std::shared_ptr<WorkerGroup>(*wg);
+    start_suite(cfg);
   }
   static void TearDownTestSuite() {
-    delete wg_;
-    delete rt_;
+    stop_suite();
     for (auto*& a : agents_) {
       if (a != nullptr) a->signal(SIGTERM);
       if (a != nullptr) EXPECT_TRUE(a->wait(std::chrono::seconds(10)).ok());
@@ -74,15 +49,9 @@ class WorkerGroupCluster : public ::testing::Test {
       a = nullptr;
     }
   }
-  WorkerGroup& wg() { return **wg_; }
-
   static AgentProcess* agents_[2];
-  static runtime::Runtime* rt_;
-  static std::shared_ptr<WorkerGroup>* wg_;
 };
 AgentProcess* WorkerGroupCluster::agents_[2] = {nullptr, nullptr};
-runtime::Runtime* WorkerGroupCluster::rt_ = nullptr;
-std::shared_ptr<WorkerGroup>* WorkerGroupCluster::wg_ = nullptr;
 
 TEST_F(WorkerGroupCluster, DpComputeProtoWithAndWithoutPadding) {
   for (bool wide : {false, true}) {

@@ -13,51 +13,17 @@
 namespace tessera::dispatch {
 namespace {
 
-using testing::ids;
-using testing::rows;
+using namespace testing;  // NOLINT: the dispatch test helpers (test_util.hpp, worker_group_test_workers.hpp)
 
-std::vector<int64_t> rank_column(const proto::DataProto& d) {
-  auto t = d.tensor("rank")->contiguous();
-  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-}
-
-std::vector<int64_t> iota(int64_t n) {
-  std::vector<int64_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
-// Row i of n rows, chunked into `world` ceil-sized pieces after padding, is on rank i / per.
-std::vector<int64_t> owners(int64_t n, int64_t world) {
-  int64_t padded = n + (world - n % world) % world;
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < n; ++i) v.push_back(i / (padded / world));
-  return v;
-}
-
-class WorkerGroupTest : public ::testing::Test {
+class WorkerGroupTest : public testing::DpGroupSuite<WorkerGroupTest> {
  protected:
   static void SetUpTestSuite() {
     runtime::RuntimeConfig cfg;
     cfg.embedded_devices = "cpu:4";
-    auto rt = runtime::Runtime::start(cfg, testing::dp_registry());
-    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
-    rt_ = rt->release();
-    auto wg = WorkerGroup::spawn(*rt_, "dp", *rt_->resource_pool(), {{"", "dp_worker", "{}"}});
-    ASSERT_TRUE(wg.ok()) << wg.status().to_string();
-    wg_ = new std::shared_ptr<WorkerGroup>(*wg);
+    start_suite(cfg);
   }
-  static void TearDownTestSuite() {
-    delete wg_;
-    delete rt_;
-  }
-  WorkerGroup& wg() { return **wg_; }
-
-  static runtime::Runtime* rt_;
-  static std::shared_ptr<WorkerGroup>* wg_;
+  static void TearDownTestSuite() { stop_suite(); }
 };
-runtime::Runtime* WorkerGroupTest::rt_ = nullptr;
-std::shared_ptr<WorkerGroup>* WorkerGroupTest::wg_ = nullptr;
 
 TEST_F(WorkerGroupTest, DpComputeProtoChunksAndConcatenates) {
   auto out = wg().call("tag", {Value(rows(8))});

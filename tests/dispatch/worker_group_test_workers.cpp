@@ -78,4 +78,12 @@ const runtime::WorkerTypeRegistry& dp_registry() {
   return registry;
 }
 
+Result<DpGroup> start_dp_group(const runtime::RuntimeConfig& config) {
+  DpGroup out;
+  TESSERA_ASSIGN_OR_RETURN(out.runtime, runtime::Runtime::start(config, dp_registry()));
+  TESSERA_ASSIGN_OR_RETURN(out.group,
+                           WorkerGroup::spawn(*out.runtime, "dp", *out.runtime->resource_pool(), {{"", "dp_worker", "{}"}}));
+  return out;
+}
+
 }  // namespace tessera::dispatch::testing
