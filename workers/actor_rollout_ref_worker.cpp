@@ -56,16 +56,7 @@ void ActorRolloutRefWorker::register_methods() {
   proto_method("compute_ref_log_prob", &ActorRolloutRefWorker::compute_ref_log_prob);
   proto_method("update_actor", &ActorRolloutRefWorker::update_actor);
   register_split_methods();
-  (void)methods().add("save_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
-    TESSERA_ASSIGN_OR_RETURN(auto a, parse_save_checkpoint_args(args));
-    TESSERA_RETURN_IF_ERROR(save_checkpoint(a));
-    return Value(json());
-  });
-  (void)methods().add("load_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
-    TESSERA_ASSIGN_OR_RETURN(auto a, parse_load_checkpoint_args(args));
-    TESSERA_RETURN_IF_ERROR(load_checkpoint(a));
-    return Value(json());
-  });
+  register_checkpoint_methods(*this);
 }
 
 Status ActorRolloutRefWorker::require(bool has, const char* method, const char* what) const {

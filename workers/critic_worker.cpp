@@ -42,16 +42,7 @@ void CriticWorker::register_methods() {
     TESSERA_RETURN_IF_ERROR(init_model());
     return Value(json());
   });
-  (void)methods().add("save_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
-    TESSERA_ASSIGN_OR_RETURN(auto a, parse_save_checkpoint_args(args));
-    TESSERA_RETURN_IF_ERROR(save_checkpoint(a));
-    return Value(json());
-  });
-  (void)methods().add("load_checkpoint", Dispatch::ONE_TO_ALL, [this](const Args& args) -> Result<Value> {
-    TESSERA_ASSIGN_OR_RETURN(auto a, parse_load_checkpoint_args(args));
-    TESSERA_RETURN_IF_ERROR(load_checkpoint(a));
-    return Value(json());
-  });
+  register_checkpoint_methods(*this);
 }
 
 Status CriticWorker::require_init(const char* method) const {

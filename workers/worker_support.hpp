@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dispatch/methods.hpp"
+#include "dispatch/modes.hpp"
 #include "dispatch/value.hpp"
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
@@ -129,6 +131,25 @@ struct LoadCheckpointArgs {
   bool del_local_after_load = false;
 };
 Result<LoadCheckpointArgs> parse_load_checkpoint_args(const dispatch::Args& args);
+
+/// Registers verl's save_checkpoint and load_checkpoint (ONE_TO_ALL, returning null) on `worker`,
+/// which has methods() and save_checkpoint(SaveCheckpointArgs) / load_checkpoint(LoadCheckpointArgs).
+template <class Worker>
+void register_checkpoint_methods(Worker& worker) {
+  Worker* w = &worker;
+  (void)worker.methods().add("save_checkpoint", dispatch::Dispatch::ONE_TO_ALL,
+                             [w](const dispatch::Args& args) -> Result<dispatch::Value> {
+                               TESSERA_ASSIGN_OR_RETURN(auto a, parse_save_checkpoint_args(args));
+                               TESSERA_RETURN_IF_ERROR(w->save_checkpoint(a));
+                               return dispatch::Value(nlohmann::json());
+                             });
+  (void)worker.methods().add("load_checkpoint", dispatch::Dispatch::ONE_TO_ALL,
+                             [w](const dispatch::Args& args) -> Result<dispatch::Value> {
+                               TESSERA_ASSIGN_OR_RETURN(auto a, parse_load_checkpoint_args(args));
+                               TESSERA_RETURN_IF_ERROR(w->load_checkpoint(a));
+                               return dispatch::Value(nlohmann::json());
+                             });
+}
 
 // ---- Checkpoints ----------------------------------------------------------------------------------
 
