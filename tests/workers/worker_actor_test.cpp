@@ -14,28 +14,14 @@ namespace tessera::workers {
 namespace {
 
 using namespace testing;  // NOLINT
-constexpr int64_t kVocab = 40;
-
-std::unique_ptr<ActorRolloutRefWorker> make_worker(const runtime::WorkerContext& ctx, const std::string& role,
-                                                   const json& config) {
-  auto w = ActorRolloutRefWorker::create(ctx, json{{"role", role}, {"config", config}, {"seed", 3},
-                                                   {"comm_backend", "inproc"}});
-  EXPECT_TRUE(w.ok()) << w.status().to_string();
-  Status st = (*w)->init_model();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return std::move(*w);
-}
 
 // Independent log-probs of the responses: one full forward of the model file, log_softmax.
 at::Tensor reference_log_probs(const proto::DataProto& d) {
-  models::LoadOptions o;
-  o.dtype = at::kFloat;
-  auto m = models::load_causal_lm(tiny_model_dir(), o);
-  EXPECT_TRUE(m.ok());
+  auto m = load_tiny_model();
   torch::NoGradGuard g;
-  (*m)->eval();
+  m->eval();
   at::Tensor ids = *d.tensor("input_ids"), responses = *d.tensor("responses");
-  at::Tensor logits = (*m)->forward(ids, *d.tensor("attention_mask"), *d.tensor("position_ids"));
+  at::Tensor logits = m->forward(ids, *d.tensor("attention_mask"), *d.tensor("position_ids"));
   const int64_t T = ids.size(1), R = responses.size(1);
   at::Tensor z = logits.slice(1, T - R - 1, T - 1).to(at::kDouble);
   at::Tensor logp = z - z.logsumexp(-1, true);

@@ -14,7 +14,6 @@ namespace {
 using namespace testing;  // NOLINT
 using dispatch::Value;
 using dispatch::WorkerGroup;
-constexpr int64_t kVocab = 40;
 
 TEST(WorkerGroupWorkers, HybridEngineGeneratesScoresAndUpdatesThroughGroups) {
   runtime::RuntimeConfig cfg;

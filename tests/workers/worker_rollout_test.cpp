@@ -14,17 +14,6 @@ namespace tessera::workers {
 namespace {
 
 using namespace testing;  // NOLINT
-constexpr int64_t kVocab = 40;
-
-std::unique_ptr<ActorRolloutRefWorker> make_worker(const runtime::WorkerContext& ctx, const std::string& role,
-                                                   const json& config) {
-  auto w = ActorRolloutRefWorker::create(ctx, json{{"role", role}, {"config", config}, {"seed", 3},
-                                                   {"comm_backend", "inproc"}});
-  EXPECT_TRUE(w.ok()) << w.status().to_string();
-  Status st = (*w)->init_model();
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  return std::move(*w);
-}
 
 bool inside(const at::Tensor& p, const std::vector<at::Tensor>& buffers) {
   const auto* b = static_cast<const char*>(p.data_ptr());
@@ -39,11 +28,7 @@ bool inside(const at::Tensor& p, const std::vector<at::Tensor>& buffers) {
 TEST(ShardingManager, ColocatedHandoffIsZeroCopyAndExitFreesEverything) {
   json c = arr_config();
   c["actor"]["fsdp_config"] = fp32_fsdp(/*param_offload=*/true);
-  models::LoadOptions lo;
-  lo.dtype = at::kFloat;
-  auto file = models::load_causal_lm(tiny_model_dir(), lo);
-  ASSERT_TRUE(file.ok());
-  const auto want = (*file)->parameter_map();
+  const auto want = load_tiny_model()->parameter_map();
   const uint16_t port = next_port();
   run_ranks(2, [&](int r) {
     auto w = make_worker(context(r, 2, port), "actor_rollout", c);
@@ -141,11 +126,7 @@ TEST(ActorRolloutRefWorker, RolloutOnlyRoleGeneratesWithoutRecompute) {
 // and the gathered batch keeps the row order), the same log-probs within 1e-4; each rank holds and
 // receives only its slices of the weights, and the engine aliases them (zero-copy handoff).
 TEST(RolloutTensorParallel, TwoRanksGenerateLikeOneFromTheirSlicesOnly) {
-  models::LoadOptions lo;
-  lo.dtype = at::kFloat;
-  auto file = models::load_causal_lm(tiny_model_dir(), lo);
-  ASSERT_TRUE(file.ok());
-  const auto want = (*file)->parameter_map();
+  const auto want = load_tiny_model()->parameter_map();
   proto::DataProto prompts = make_prompts({3, 8, 5, 1, 6, 2}, 8, 41, kVocab);
   auto halves = prompts.chunk(2);
   ASSERT_TRUE(halves.ok());

@@ -18,20 +18,11 @@ namespace {
 using namespace testing;  // NOLINT
 using dispatch::Value;
 using dispatch::WorkerGroup;
-constexpr int64_t kVocab = 40;
-
-std::shared_ptr<models::CausalLM> load_tiny() {
-  models::LoadOptions lo;
-  lo.dtype = at::kFloat;
-  auto m = models::load_causal_lm(tiny_model_dir(), lo);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return *m;
-}
 
 // Two FSDP ranks export one unit per bucket; the rows of both ranks (what the rollout pulls through
 // the future) rebuild every parameter exactly, as views of the importer's buffers.
 TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
-  const auto want = load_tiny()->parameter_map();
+  const auto want = load_tiny_model()->parameter_map();
   std::vector<std::vector<proto::DataProto>> parts(2);  // [rank][bucket]
   int64_t buckets = 0;
   const uint16_t port = next_port();
@@ -40,7 +31,7 @@ TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
     ASSERT_TRUE(world.ok()) << world.status().to_string();
     FsdpBuildOptions b;
     b.fsdp_config = fp32_fsdp();
-    auto module = build_fsdp_module(load_tiny(), *world, b);
+    auto module = build_fsdp_module(load_tiny_model(), *world, b);
     ASSERT_TRUE(module.ok()) << module.status().to_string();
     rollout::WeightExporter exporter((*module)->engine(), at::kFloat, /*bucket_bytes=*/1);  // a unit per bucket
     buckets = exporter.buckets();

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,8 +18,11 @@
 
 #include "proto/data_proto.hpp"
 #include "runtime/messages.hpp"
+#include "tests/workers/rollout_batch_util.hpp"
 #include "workers/models/config.hpp"
+#include "workers/actor_rollout_ref_worker.hpp"
 #include "workers/models/init_model.hpp"
+#include "workers/models/model_io.hpp"
 #include "workers/registry.hpp"
 
 namespace tessera::workers::testing {
@@ -56,6 +60,18 @@ inline const std::string& tiny_model_dir() {
     return m;
   }();
   return model.dir;
+}
+
+/// Token ids the worker tests' batches draw from ([3, kVocab), inside the tiny tokenizer's 44).
+constexpr int64_t kVocab = 40;
+
+/// The tiny model loaded from tiny_model_dir() as an fp32 CausalLM.
+inline std::shared_ptr<models::CausalLM> load_tiny_model() {
+  models::LoadOptions o;
+  o.dtype = at::kFloat;
+  auto m = models::load_causal_lm(tiny_model_dir(), o);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return *m;
 }
 
 /// The tiny model's config.json.
@@ -121,6 +137,17 @@ inline runtime::WorkerContext context(int rank, int world, uint16_t port, const 
   return c;
 }
 
+/// An ActorRolloutRefWorker of `role` on `ctx` (seed 3, in-process collectives), after init_model.
+inline std::unique_ptr<ActorRolloutRefWorker> make_worker(const runtime::WorkerContext& ctx, const std::string& role,
+                                                          const json& config) {
+  auto w = ActorRolloutRefWorker::create(ctx, json{{"role", role}, {"config", config}, {"seed", 3},
+                                                   {"comm_backend", "inproc"}});
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  Status st = (*w)->init_model();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return std::move(*w);
+}
+
 /// A fresh rendezvous port id for in-process groups (never bound: inproc keys only).
 inline uint16_t next_port() {
   static std::atomic<uint16_t> port{41000};
@@ -153,31 +180,13 @@ inline proto::DataProto make_prompts(const std::vector<int64_t>& lens, int64_t P
 /// A verl rollout batch: prompts left-padded to P, responses right-padded to R.
 inline proto::DataProto make_rollout(const std::vector<int64_t>& prompt_lens, const std::vector<int64_t>& response_lens,
                                      int64_t P, int64_t R, uint64_t seed, int64_t vocab) {
-  const auto B = static_cast<int64_t>(prompt_lens.size());
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  at::Tensor pm = at::zeros({B, P}, at::kLong), rm = at::zeros({B, R}, at::kLong);
-  for (int64_t i = 0; i < B; ++i) {
-    pm[i].narrow(0, P - prompt_lens[i], prompt_lens[i]).fill_(1);
-    rm[i].narrow(0, 0, response_lens[i]).fill_(1);
-  }
-  at::Tensor prompts = at::randint(3, vocab, {B, P}, gen, at::kLong) * pm;
-  at::Tensor responses = at::randint(3, vocab, {B, R}, gen, at::kLong) * rm;
-  at::Tensor mask = at::cat({pm, rm}, 1);
-  proto::TensorDict t;
-  t.insert_or_assign("input_ids", at::cat({prompts, responses}, 1));
-  t.insert_or_assign("attention_mask", mask);
-  t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
-  t.insert_or_assign("responses", responses);
-  t.insert_or_assign("response_mask", rm);
-  t.insert_or_assign("advantages", at::randn({B, R}, gen) * rm);
+  proto::TensorDict t = rollout_tensors(prompt_lens, response_lens, P, R, vocab, gen);
+  const at::Tensor rm = *t.find("response_mask");
+  t.insert_or_assign("advantages", at::randn({static_cast<int64_t>(prompt_lens.size()), R}, gen) * rm);
   auto d = proto::DataProto::from_dict(std::move(t));
   EXPECT_TRUE(d.ok()) << d.status().to_string();
   return *d;
-}
-
-/// Max |a - b|.
-inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
 }  // namespace tessera::workers::testing
