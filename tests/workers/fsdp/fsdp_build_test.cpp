@@ -10,6 +10,7 @@
 
 #include "runtime/collective/communicator.hpp"
 #include "tests/runtime/collective/collective_test_util.hpp"
+#include "tests/workers/fsdp/fsdp_test_util.hpp"
 #include "workers/worker_support.hpp"
 
 namespace tessera::workers {
@@ -18,29 +19,7 @@ namespace {
 using collective::Communicator;
 using json = nlohmann::json;
 
-models::ModelConfig tiny_qwen() {
-  models::ModelConfig c;
-  c.architecture = "Qwen2ForCausalLM";
-  c.model_type = "qwen2";
-  c.vocab_size = 32;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.head_dim = 4;
-  c.attention_bias = true;
-  return c;
-}
-
-std::shared_ptr<models::PretrainedModel> make_model() {
-  models::ModelInit init;
-  init.seed = 5;
-  auto m = models::CausalLM::create(tiny_qwen(), init);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return *m;
-}
+std::shared_ptr<models::PretrainedModel> make_model() { return fsdp::testing::tiny_decoder("qwen2", 3, 5); }
 
 json fsdp_config(const std::string& strategy) {
   return {{"mixed_precision", {{"param_dtype", "fp32"}, {"reduce_dtype", "fp32"}, {"buffer_dtype", "fp32"}}},

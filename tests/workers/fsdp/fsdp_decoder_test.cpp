@@ -13,28 +13,7 @@ namespace {
 using collective::Communicator;
 using S = ShardingStrategy;
 
-models::ModelConfig tiny_llama() {
-  models::ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.model_type = "llama";
-  c.vocab_size = 32;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.head_dim = 4;
-  return c;
-}
-
-std::shared_ptr<models::CausalLM> make_llama() {
-  models::ModelInit init;
-  init.seed = 11;
-  auto m = models::CausalLM::create(tiny_llama(), init);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return *m;
-}
+std::shared_ptr<models::CausalLM> make_llama() { return testing::tiny_decoder("llama", 2, 11); }
 
 std::shared_ptr<Communicator> borrow(Communicator& c) {
   return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
@@ -88,26 +67,9 @@ std::unique_ptr<FsdpModule> wrap_decoder(std::shared_ptr<models::CausalLM> model
 
 /// Single-process LibTorch training of the same model on the whole batch.
 testing::RunResult reference_decoder_run(int steps) {
-  OptimizerOptions o = decoder_optim();
   auto ref = make_llama();
-  torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(o.adamw.lr)
-                                                 .betas({o.adamw.beta1, o.adamw.beta2})
-                                                 .eps(o.adamw.eps)
-                                                 .weight_decay(o.adamw.weight_decay));
-  LrScheduler schedule(o.adamw.lr, o.schedule);
-  testing::RunResult r;
-  for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    at::Tensor loss = llama_loss(*ref, llama_batch(s, 0, 1));
-    loss.backward();
-    r.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(ref->parameters(), o.clip_grad));
-    for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(schedule.current_lr());
-    opt.step();
-    schedule.step();
-    r.losses.push_back(loss.item<double>());
-  }
-  for (const auto& item : ref->named_parameters()) r.params[item.key()] = item.value().detach();
-  return r;
+  return testing::reference_train(*ref, decoder_optim(), steps,
+                                  [&](int s) { return llama_loss(*ref, llama_batch(s, 0, 1)); });
 }
 
 struct DecoderCase {

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,39 @@
 #include "workers/fsdp/fsdp_module.hpp"
 #include "workers/fsdp/optim.hpp"
 #include "workers/fsdp/units.hpp"
+#include "workers/models/config.hpp"
+#include "workers/models/model.hpp"
 
 namespace tessera::fsdp::testing {
 
 constexpr int64_t kVocab = 11, kDim = 6, kSeq = 5, kGlobalBatch = 8, kLayers = 2;
+
+/// A tiny HF decoder config (vocab 32, hidden 16, 4 heads over 2 KV heads of dim 4, 64 positions)
+/// of `model_type` "llama" or "qwen2" (q/k/v biases) with `layers` decoder layers.
+inline models::ModelConfig tiny_decoder_config(const std::string& model_type, int64_t layers) {
+  models::ModelConfig c;
+  c.architecture = model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  c.model_type = model_type;
+  c.vocab_size = 32;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.head_dim = 4;
+  c.attention_bias = model_type == "qwen2";
+  return c;
+}
+
+/// A CausalLM of tiny_decoder_config(model_type, layers) from models' HF init seeded with `seed`.
+inline std::shared_ptr<models::CausalLM> tiny_decoder(const std::string& model_type, int64_t layers, uint64_t seed) {
+  models::ModelInit init;
+  init.seed = seed;
+  auto m = models::CausalLM::create(tiny_decoder_config(model_type, layers), init);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return *m;
+}
 
 /// Pre-norm residual MLP block (a "decoder layer" stand-in).
 struct TinyBlockImpl : torch::nn::Module {
@@ -111,21 +141,23 @@ struct RunResult {
   std::map<std::string, at::Tensor> params;
 };
 
-/// The single-process reference: plain LibTorch on the whole global batch.
-inline RunResult reference_run(int steps, const OptimizerOptions& o = test_optim()) {
-  auto model = make_model();
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(o.adamw.lr)
-                                                   .betas({o.adamw.beta1, o.adamw.beta2})
-                                                   .eps(o.adamw.eps)
-                                                   .weight_decay(o.adamw.weight_decay));
+/// Single-process LibTorch training of `model`: `steps` steps of torch::optim::AdamW (o.adamw),
+/// each on loss_at(step), with clip_grad_norm_(o.clip_grad) and o's lr schedule; records the
+/// losses, the pre-clip gradient norms and the final parameters.
+template <class Model>
+RunResult reference_train(Model& model, const OptimizerOptions& o, int steps,
+                          const std::function<at::Tensor(int step)>& loss_at) {
+  torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(o.adamw.lr)
+                                                  .betas({o.adamw.beta1, o.adamw.beta2})
+                                                  .eps(o.adamw.eps)
+                                                  .weight_decay(o.adamw.weight_decay));
   LrScheduler schedule(o.adamw.lr, o.schedule);
   RunResult r;
   for (int s = 0; s < steps; ++s) {
-    Batch b = make_batch(s);
     opt.zero_grad();
-    at::Tensor loss = lm_loss(model->forward(b.ids), b.targets);
+    at::Tensor loss = loss_at(s);
     loss.backward();
-    r.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), o.clip_grad));
+    r.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(model.parameters(), o.clip_grad));
     for (auto& group : opt.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(schedule.current_lr());
     }
@@ -133,8 +165,17 @@ inline RunResult reference_run(int steps, const OptimizerOptions& o = test_optim
     schedule.step();
     r.losses.push_back(loss.item<double>());
   }
-  for (const auto& item : model->named_parameters()) r.params[item.key()] = item.value().detach().clone();
+  for (const auto& item : model.named_parameters()) r.params[item.key()] = item.value().detach().clone();
   return r;
+}
+
+/// The single-process reference: plain LibTorch on the whole global batch.
+inline RunResult reference_run(int steps, const OptimizerOptions& o = test_optim()) {
+  auto model = make_model();
+  return reference_train(*model, o, steps, [&](int s) {
+    Batch b = make_batch(s);
+    return lm_loss(model->forward(b.ids), b.targets);
+  });
 }
 
 /// Builds the FSDP engine of one rank over `world` for `strategy` (mesh from fsdp_size).
