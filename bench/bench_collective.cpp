@@ -8,18 +8,13 @@
 // operation rank 0 broadcasts a two-element command {op, numel}; the peer executes the same
 // operation, and quits on op == kQuit. The command broadcast is 16 bytes, negligible next to a
 // 64 MiB collective.
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <benchmark/benchmark.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <cstring>
 
+#include "bench/bench_peer.hpp"
 #include "runtime/collective/communicator.hpp"
 
 namespace {
@@ -34,18 +29,6 @@ constexpr int64_t kFloats = kBytes / 4;
 enum Op : int64_t { kQuit = 0, kAllGather = 1, kReduceScatter = 2, kAllReduce = 3 };
 
 std::shared_ptr<Communicator> g_comm;  // rank 0's communicator, shared by the benchmarks
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::shared_ptr<Communicator> connect(int rank, int port) {
   tessera::collective::CommunicatorOptions o;
@@ -130,32 +113,16 @@ BENCHMARK(BM_coll_gloo_all_gather_64MiB)->Unit(benchmark::kMillisecond)->UseReal
 BENCHMARK(BM_coll_gloo_reduce_scatter_64MiB)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_coll_gloo_all_reduce_64MiB)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-pid_t spawn_peer(int port) {
-  pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  ::setenv(kPeerEnv, std::to_string(port).c_str(), 1);
-  int devnull = ::open("/dev/null", O_WRONLY);
-  ::dup2(devnull, STDOUT_FILENO);
-  const char* argv[] = {"/proc/self/exe", nullptr};
-  ::execv("/proc/self/exe", const_cast<char* const*>(argv));
-  ::_exit(127);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   if (const char* port = std::getenv(kPeerEnv)) return run_peer(std::atoi(port));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  int port = free_port();
-  pid_t peer = spawn_peer(port);
-  g_comm = connect(0, port);
+  const auto launch = tessera::bench::init_and_spawn_peer(&argc, argv, kPeerEnv);
+  if (!launch) return 1;
+  g_comm = connect(0, launch->port);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   int rc = command(kQuit, 0).ok() ? 0 : 5;
   g_comm.reset();
-  int status = 0;
-  ::waitpid(peer, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = rc ? rc : 6;
-  return rc;
+  return tessera::bench::wait_peer(launch->peer, rc, 6);
 }

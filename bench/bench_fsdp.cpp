@@ -6,17 +6,12 @@
 // TESSERA_BENCH_FSDP_PEER=<port>, stdout to /dev/null). Before each FSDP step rank 0 broadcasts a
 // command so the peer runs the same step; the command costs one 16-byte broadcast. Each rank
 // uses one intra-op thread (2 ranks on 2 cores); the single-process step uses two.
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 
+#include "bench/bench_peer.hpp"
 #include "runtime/collective/communicator.hpp"
 #include "runtime/collective/device_mesh.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
@@ -170,18 +165,6 @@ void BM_fsdp_full_shard_step_2ranks(benchmark::State& state) {
 BENCHMARK(BM_fsdp_single_step)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_fsdp_full_shard_step_2ranks)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int run_peer(int port) {
   torch::set_num_threads(1);
   Rank r = make_rank(1, port);
@@ -202,26 +185,13 @@ int run_peer(int port) {
 
 int main(int argc, char** argv) {
   if (const char* port = std::getenv(kPeerEnv)) return run_peer(std::atoi(port));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  int port = free_port();
-  pid_t peer = ::fork();
-  if (peer == 0) {
-    ::setenv(kPeerEnv, std::to_string(port).c_str(), 1);
-    int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, STDOUT_FILENO);
-    const char* args[] = {"/proc/self/exe", nullptr};
-    ::execv("/proc/self/exe", const_cast<char* const*>(args));
-    ::_exit(127);
-  }
-  g_rank = std::make_unique<Rank>(make_rank(0, port));
+  const auto launch = tessera::bench::init_and_spawn_peer(&argc, argv, kPeerEnv);
+  if (!launch) return 1;
+  g_rank = std::make_unique<Rank>(make_rank(0, launch->port));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   at::Tensor quit = at::zeros({2}, at::kLong);
   int rc = g_rank->world->broadcast(quit, 0).ok() ? 0 : 6;
   g_rank.reset();
-  int status = 0;
-  ::waitpid(peer, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = rc ? rc : 7;
-  return rc;
+  return tessera::bench::wait_peer(launch->peer, rc, 7);
 }

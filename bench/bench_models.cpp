@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 
+#include "bench/bench_util.hpp"
 #include "workers/models/model.hpp"
 
 namespace {
@@ -19,20 +20,7 @@ using tessera::models::ModelConfig;
 
 constexpr int64_t kBatch = 8, kSeq = 256;
 
-ModelConfig bench_config() {
-  ModelConfig c;
-  c.model_type = "qwen2";
-  c.vocab_size = 8192;
-  c.hidden_size = 512;
-  c.intermediate_size = 1536;
-  c.num_hidden_layers = 6;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 8;
-  c.head_dim = 64;
-  c.max_position_embeddings = 1024;
-  c.attention_bias = true;
-  return c;
-}
+ModelConfig bench_config() { return tessera::bench::bench_decoder_config("qwen2", 1536); }
 
 double forward_flops(const ModelConfig& c, int64_t batch, int64_t seq) {
   const double tokens = static_cast<double>(batch * seq);
@@ -75,12 +63,4 @@ BENCHMARK(BM_models_matmul_fp32)->Args({kBatch * kSeq, 512, 1536})->Unit(benchma
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const char* env = std::getenv("OMP_NUM_THREADS");
-  torch::set_num_threads(env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 2);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return tessera::bench::run_benchmarks(argc, argv, "OMP_NUM_THREADS"); }

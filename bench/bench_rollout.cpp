@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "bench/bench_util.hpp"
 #include "workers/models/model.hpp"
 #include "workers/rollout/kv_engine.hpp"
 
@@ -39,19 +40,7 @@ using tessera::models::CausalLM;
 using tessera::models::ModelConfig;
 using namespace tessera::rollout;
 
-ModelConfig bench_config() {
-  ModelConfig c;
-  c.model_type = "llama";
-  c.vocab_size = 8192;
-  c.hidden_size = 512;
-  c.intermediate_size = 1408;
-  c.num_hidden_layers = 6;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 8;
-  c.head_dim = 64;
-  c.max_position_embeddings = 1024;
-  return c;
-}
+ModelConfig bench_config() { return tessera::bench::bench_decoder_config("llama", 1408); }
 
 double matmul_params(const ModelConfig& c) {
   const double h = c.hidden_size, i = c.intermediate_size, kv = c.num_key_value_heads * c.head_dim;
@@ -244,12 +233,4 @@ BENCHMARK(BM_rollout_static)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const char* threads = std::getenv("TESSERA_BENCH_THREADS");
-  torch::set_num_threads(threads != nullptr && std::atoi(threads) > 0 ? std::atoi(threads) : 2);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return tessera::bench::run_benchmarks(argc, argv, "TESSERA_BENCH_THREADS"); }
