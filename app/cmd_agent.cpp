@@ -16,6 +16,7 @@ void add_agent_commands(CLI::App& app) {
   auto shutdown_s = std::make_shared<double>(5.0);
   auto heartbeat_ms = std::make_shared<int64_t>(opts->runtime.heartbeat_interval.count());
   auto connection_timeout_ms = std::make_shared<int64_t>(opts->runtime.connection_timeout.count());
+  auto idle_poll_us = std::make_shared<int64_t>(opts->runtime.idle_poll.count());
   CLI::App* cmd = app.add_subcommand(
       "agent", "Run a node agent: authenticate drivers, spawn worker actors on this node's devices");
   cmd->add_option("--listen", opts->listen, "HOST:PORT for drivers (port 0: any)")
@@ -40,11 +41,16 @@ void add_agent_commands(CLI::App& app) {
   cmd->add_option("--connection-timeout-ms", *connection_timeout_ms,
                   "A silent driver connection is dropped after this long")
       ->capture_default_str();
-  cmd->callback([opts, shutdown_s, heartbeat_ms, connection_timeout_ms] {
+  cmd->add_option("--idle-poll-us", *idle_poll_us,
+                  "An idle worker polls this long for the next call before sleeping (0: never)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
+  cmd->callback([opts, shutdown_s, heartbeat_ms, connection_timeout_ms, idle_poll_us] {
     opts->runtime.shutdown_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(*shutdown_s * 1000));
     opts->runtime.heartbeat_interval = std::chrono::milliseconds(*heartbeat_ms);
     opts->runtime.connection_timeout = std::chrono::milliseconds(*connection_timeout_ms);
+    opts->runtime.idle_poll = std::chrono::microseconds(*idle_poll_us);
     exit_code() = runtime::run_agent(*opts, worker_types());
   });
 }

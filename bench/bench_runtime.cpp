@@ -4,6 +4,11 @@
 //   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us)
 //   BM_rt_caf_request_rtt          bare CAF request/response to an agent (same two processes)
 //   BM_rt_asio_rtt                 8-byte raw Asio TCP ping-pong to a child process
+//   BM_rt_handoff_floor/poll       the machine's floor for an 8-thread fan-out: a counter handed
+//                                  to 8 threads that poll (yielding, like the workers' lanes) and
+//                                  8 acknowledgements awaited; no work, no allocation
+//   BM_rt_handoff_floor/sleep      the same with threads sleeping on condition variables (what
+//                                  every hand-off costs without Note [Local lanes])
 //   BM_rt_dataproto_roundtrip/256  256 MiB DataProto driver -> agent -> driver (same host),
 //                                  after 2 untimed warm-up round trips; bytes_per_second
 //                                  counts both directions
@@ -21,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -157,11 +163,18 @@ T checked(Result<T> r, const char* what) {
 
 std::unique_ptr<Cluster> g_cluster;
 
+// TESSERA_BENCH_IDLE_POLL_US overrides RuntimeConfig::idle_poll (driver and agents), to compare.
+std::chrono::microseconds bench_idle_poll(std::chrono::microseconds fallback) {
+  const char* v = std::getenv("TESSERA_BENCH_IDLE_POLL_US");
+  return v == nullptr ? fallback : std::chrono::microseconds(std::atoll(v));
+}
+
 Cluster& cluster() {
   if (!g_cluster) {
     g_cluster = std::make_unique<Cluster>();
     Cluster& k = *g_cluster;
     runtime::RuntimeConfig cfg;
+    cfg.idle_poll = bench_idle_poll(cfg.idle_poll);
     for (int i = 0; i < 2; ++i) {
       k.agents.push_back(spawn_self({"--tessera-agent", "--devices", "cpu:4", "--token-file",
                                      token_file()}));
@@ -192,6 +205,7 @@ Embedded& embedded() {
   if (!g_embedded) {
     runtime::RuntimeConfig cfg;
     cfg.embedded_devices = "cpu:8";
+    cfg.idle_poll = bench_idle_poll(cfg.idle_poll);
     g_embedded = std::make_unique<Embedded>();
     g_embedded->rt = checked(runtime::Runtime::start(cfg, registry()), "embedded runtime");
     g_embedded->wg = checked(
@@ -229,6 +243,61 @@ void BM_rt_caf_request_rtt(benchmark::State& state) {
         .receive([&](runtime::AgentInfo&) { ok = true; }, [&](caf::error&) {});
     if (!ok) state.SkipWithError("agent did not answer");
   }
+}
+
+// Note [Local lanes]'s floor: `poll` 1 = workers poll, 0 = they sleep on condition variables.
+void BM_rt_handoff_floor(benchmark::State& state) {
+  constexpr int kThreads = 8;
+  const bool poll = state.range(0) != 0;
+  struct Slot {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::atomic<uint64_t> seq{0};
+  };
+  std::vector<Slot> slots(kThreads);
+  std::atomic<int> acks{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      Slot& s = slots[i];
+      uint64_t seen = 0;
+      while (!stop.load(std::memory_order_acquire)) {
+        if (poll) {
+          if (s.seq.load(std::memory_order_acquire) == seen) {
+            std::this_thread::yield();
+            continue;
+          }
+        } else {
+          std::unique_lock<std::mutex> lock(s.mu);
+          s.cv.wait(lock, [&] { return s.seq.load() != seen || stop.load(); });
+          if (stop.load()) break;
+        }
+        seen = s.seq.load(std::memory_order_acquire);
+        acks.fetch_add(1, std::memory_order_acq_rel);
+      }
+    });
+  }
+  for (auto _ : state) {
+    acks.store(0, std::memory_order_release);
+    for (Slot& s : slots) {
+      if (poll) {
+        s.seq.fetch_add(1, std::memory_order_acq_rel);
+      } else {
+        { std::lock_guard<std::mutex> lock(s.mu); s.seq.fetch_add(1); }
+        s.cv.notify_one();
+      }
+    }
+    while (acks.load(std::memory_order_acquire) < kThreads) {
+      if (poll) std::this_thread::yield();
+    }
+  }
+  stop.store(true, std::memory_order_release);
+  for (Slot& s : slots) {
+    { std::lock_guard<std::mutex> lock(s.mu); }
+    s.cv.notify_one();
+  }
+  for (auto& t : threads) t.join();
 }
 
 int echo_main() {
@@ -333,6 +402,7 @@ BENCHMARK(BM_rt_dp_proto_rtt_inproc)->UseRealTime()->Unit(benchmark::kMicrosecon
 BENCHMARK(BM_rt_dp_proto_rtt_2agents)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_asio_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_handoff_floor)->ArgName("poll")->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dataproto_roundtrip)
     ->Arg(256)
     ->Iterations(5)
@@ -349,6 +419,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--tessera-agent") == 0) {
     tessera::runtime::AgentOptions o;
     o.listen = "127.0.0.1:0";
+    o.runtime.idle_poll = tessera::bench_idle_poll(o.runtime.idle_poll);
     for (int i = 2; i + 1 < argc; i += 2) {
       if (std::strcmp(argv[i], "--devices") == 0) o.devices = argv[i + 1];
       if (std::strcmp(argv[i], "--token-file") == 0) o.token_file = argv[i + 1];

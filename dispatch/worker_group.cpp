@@ -248,7 +248,7 @@ Result<runtime::WireValue> encode(const Value& v, const runtime::WorkerRef& w, C
     }
     return out;
   }
-  runtime::EncodeOptions o{!w.local, 1, b.rt.config().inline_payload_max_bytes};
+  runtime::EncodeOptions o{!w.local, 1, b.rt.config().inline_payload_max_bytes, w.local};
   return runtime::to_wire(v, b.rt.data_plane(), o, &b.published);
 }
 

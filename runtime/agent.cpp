@@ -109,7 +109,7 @@ caf::result<caf::actor> on_spawn(Agent self, SpawnRequest req) {
   }
   if (!st.ok()) return to_caf_error(st);
   if (req.context.host.empty()) req.context.host = env.host;
-  WorkerHostEnv wenv{env.registry, env.data_plane, env.inline_payload_max_bytes};
+  WorkerHostEnv wenv{env.registry, env.data_plane, env.inline_payload_max_bytes, env.idle_poll};
   WorkerContext ctx = req.context;
   caf::actor worker = spawn_worker_actor(self->system(), std::move(req), wenv,
                                          env.detached_workers);

@@ -39,6 +39,7 @@ struct AgentEnv {
   bool detached_workers = true;      ///< false only in deterministic tests.
   Millis spawn_timeout{120000};      ///< Bound on a worker's construction.
   uint64_t inline_payload_max_bytes = 64 * 1024;
+  std::chrono::microseconds idle_poll{0};  ///< Hosted workers' polling (Note [Local lanes]).
 };
 
 /// Spawns an agent actor.

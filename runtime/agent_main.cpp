@@ -96,6 +96,7 @@ Result<std::string> start(const AgentOptions& o, const WorkerTypeRegistry& regis
   env.token = cfg.token;
   env.spawn_timeout = cfg.spawn_timeout;
   env.inline_payload_max_bytes = cfg.inline_payload_max_bytes;
+  env.idle_poll = cfg.idle_poll;
   p.agent = spawn_agent_actor(p.actors->system(), env);
   p.actors->track(p.agent);
   TESSERA_RETURN_IF_ERROR(publish(p, listen.first, listen.second));

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/errors.hpp"
+#include "runtime/local_lane.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/worker_actor.hpp"
 
@@ -41,11 +42,13 @@ namespace {
 std::atomic<uint64_t> live_batches{0};
 std::atomic<uint64_t> late_replies{0};
 std::atomic<uint64_t> late_payloads{0};
+std::atomic<uint64_t> lane_calls{0};
 
 }  // namespace
 
 CallCounters call_counters() {
-  return CallCounters{live_batches.load(), late_replies.load(), late_payloads.load()};
+  return CallCounters{live_batches.load(), late_replies.load(), late_payloads.load(),
+                      lane_calls.load()};
 }
 
 void count_late_reply(uint64_t payloads) {
@@ -54,16 +57,19 @@ void count_late_reply(uint64_t payloads) {
 }
 
 CallBatch::CallBatch(std::vector<std::string> labels,
-                     std::chrono::steady_clock::time_point deadline)
-    : labels_(std::move(labels)), deadline_(deadline), results_(labels_.size()) {
+                     std::chrono::steady_clock::time_point deadline,
+                     std::chrono::microseconds idle_poll)
+    : labels_(std::move(labels)), deadline_(deadline), idle_poll_(idle_poll),
+      results_(labels_.size()) {
   live_batches.fetch_add(1);
 }
 
 CallBatch::~CallBatch() { live_batches.fetch_sub(1); }
 
 std::vector<Result<WireValue>> CallBatch::wait() {
+  auto complete = [&] { return done_.load(std::memory_order_acquire) == results_.size(); };
+  (void)internal::poll_until(complete, idle_poll_);  // Note [Local lanes]
   std::unique_lock<std::mutex> lock(mutex_);
-  auto complete = [&] { return done_ == results_.size(); };
   if (deadline_ == std::chrono::steady_clock::time_point::max()) {
     cv_.wait(lock, complete);  // wait_until(max) can overflow into "timed out" at once
   } else if (!cv_.wait_until(lock, deadline_, complete)) {
@@ -81,8 +87,7 @@ std::vector<Result<WireValue>> CallBatch::wait() {
 }
 
 bool CallBatch::ready() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return done_ == results_.size();
+  return done_.load(std::memory_order_acquire) == results_.size();
 }
 
 bool CallBatch::set(size_t i, Result<WireValue> result) {
@@ -91,7 +96,7 @@ bool CallBatch::set(size_t i, Result<WireValue> result) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (results_[i].has_value()) return false;
     results_[i] = std::move(result);
-    if (++done_ < results_.size()) return true;
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 < results_.size()) return true;
     callback = std::move(on_complete_);
     cv_.notify_all();
   }
@@ -136,6 +141,12 @@ void send_local_call(const caf::actor& worker, CallRequest request, bool caller_
   call->request = std::move(request);
   call->caller_remote = caller_remote;
   call->slot = std::make_shared<ReplySlot>(batch, index);
+  if (std::shared_ptr<internal::LocalLane> lane = internal::find_lane(worker.address())) {
+    if (lane->try_hand_off(call)) {  // Note [Local lanes]: the worker is polling
+      lane_calls.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
   caf::anon_send(worker, call_atom::value, std::move(call));
 }
 
@@ -362,8 +373,10 @@ void send_remote_job(const caf::actor& hub, Job job) {
 
 }  // namespace
 
-CallHub::CallHub(caf::actor_system& system, Millis default_timeout)
+CallHub::CallHub(caf::actor_system& system, Millis default_timeout,
+                 std::chrono::microseconds idle_poll)
     : default_timeout_(default_timeout),
+      idle_poll_(idle_poll),
       dead_mutex_(std::make_shared<std::mutex>()),
       dead_(std::make_shared<DeadMap>()) {
   pending_ = std::make_shared<std::atomic<uint64_t>>(0);
@@ -383,7 +396,7 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   // the batch's own deadline, a little later, is only a backstop.
   bool remote = std::any_of(targets.begin(), targets.end(), [](const WorkerRef& w) { return !w.local; });
   auto deadline = std::chrono::steady_clock::now() + t + (remote ? 3 * kTick : Millis(0));
-  auto batch = std::make_shared<CallBatch>(std::move(labels), deadline);
+  auto batch = std::make_shared<CallBatch>(std::move(labels), deadline, idle_poll_);
   std::unordered_map<caf::actor_addr, Job> jobs;
   for (size_t i = 0; i < targets.size(); ++i) {
     {

@@ -65,7 +65,9 @@ struct WorkerRef {
 class CallBatch {
  public:
   /// `labels[i]` names target i in errors ("rank 1 (cpu:1 on h) of group 'g': method 'm'").
-  CallBatch(std::vector<std::string> labels, std::chrono::steady_clock::time_point deadline);
+  /// wait() polls for `idle_poll` before it sleeps (Note [Local lanes] in local_lane.hpp).
+  CallBatch(std::vector<std::string> labels, std::chrono::steady_clock::time_point deadline,
+            std::chrono::microseconds idle_poll = std::chrono::microseconds(0));
   ~CallBatch();
   CallBatch(const CallBatch&) = delete;
   CallBatch& operator=(const CallBatch&) = delete;
@@ -87,8 +89,9 @@ class CallBatch {
   std::condition_variable cv_;
   std::vector<std::string> labels_;
   std::chrono::steady_clock::time_point deadline_;
+  std::chrono::microseconds idle_poll_;
   std::vector<std::optional<Result<WireValue>>> results_;
-  size_t done_ = 0;
+  std::atomic<size_t> done_{0};  // written under mutex_, polled without it
   std::function<void()> on_complete_;
 };
 
@@ -122,6 +125,7 @@ struct CallCounters {
   uint64_t live_batches = 0;            ///< CallBatch objects alive in this process.
   uint64_t late_replies_dropped = 0;    ///< Outcomes that arrived after their call had ended.
   uint64_t late_payloads_released = 0;  ///< Payloads of those outcomes released at their owner.
+  uint64_t lane_calls = 0;  ///< Calls handed to a polling worker (Note [Local lanes]).
 };
 
 /// Current counters of this process.
@@ -141,8 +145,10 @@ void send_local_call(const caf::actor& worker, CallRequest request, bool caller_
 /// The driver-side call router (one per process).
 class CallHub {
  public:
-  /// Spawns the hub actor (scheduled: it never blocks).
-  CallHub(caf::actor_system& system, Millis default_timeout);
+  /// Spawns the hub actor (scheduled: it never blocks). Callers' waits poll for `idle_poll`
+  /// before sleeping (Note [Local lanes]).
+  CallHub(caf::actor_system& system, Millis default_timeout,
+          std::chrono::microseconds idle_poll = std::chrono::microseconds(0));
   ~CallHub();  ///< Stops the hub; pending remote calls fail with unavailable.
 
   /// Sends requests[i] to targets[i], all in parallel; `timeout` 0 means the default.
@@ -166,6 +172,7 @@ class CallHub {
   std::atomic<uint64_t> next_id_{1};
   std::shared_ptr<std::atomic<uint64_t>> pending_;
   Millis default_timeout_;
+  std::chrono::microseconds idle_poll_;
   std::shared_ptr<std::mutex> dead_mutex_;
   std::shared_ptr<std::unordered_map<caf::actor_addr, std::string>> dead_;
 };

@@ -105,6 +105,15 @@ const std::map<std::string, Setter>& setters() {
       {"shutdown_timeout_s", seconds(&RuntimeConfig::shutdown_timeout, "shutdown_timeout_s")},
       {"heartbeat_interval_ms", millis(&RuntimeConfig::heartbeat_interval, "heartbeat_interval_ms")},
       {"connection_timeout_ms", millis(&RuntimeConfig::connection_timeout, "connection_timeout_ms")},
+      {"idle_poll_us", [](RuntimeConfig& c, const nlohmann::json& v) {
+         int64_t us = 0;
+         TESSERA_RETURN_IF_ERROR(read_as(v, "idle_poll_us", us));
+         if (us < 0 || us > 1000000) {
+           return make_error(ErrorCode::invalid_argument, "cluster.idle_poll_us must be in [0, 1000000]");
+         }
+         c.idle_poll = std::chrono::microseconds(us);
+         return Status();
+       }},
       {"data_plane", read_data_plane},
   };
   return table;

@@ -55,6 +55,9 @@ struct RuntimeConfig {
   int scheduler_max_threads = 2;
   Millis heartbeat_interval{500};  ///< BASP heartbeats (0 disables): catch silent partitions.
   Millis connection_timeout{4000}; ///< Drop a peer silent this long (0 disables).
+  /// How long an idle worker thread, and a caller waiting for in-process workers, keep polling
+  /// before they sleep (Note [Local lanes] in runtime/local_lane.hpp); 0 disables polling.
+  std::chrono::microseconds idle_poll{200};
 
   // ---- deadlines -------------------------------------------------------------------------------
   Millis call_timeout{600000};     ///< Default per-call deadline.
@@ -70,7 +73,7 @@ struct RuntimeConfig {
 
   /// Reads the `cluster` section: keys agents, token, token_file, embedded_devices, tls_cert,
   /// tls_key, tls_cafile, call_timeout_s, connect_timeout_s, spawn_timeout_s,
-  /// shutdown_timeout_s, heartbeat_interval_ms, connection_timeout_ms, scheduler_max_threads,
+  /// shutdown_timeout_s, heartbeat_interval_ms, connection_timeout_ms, idle_poll_us, scheduler_max_threads,
   /// inline_payload_max_bytes, data_plane {bind_host, port, advertise_host, shared_memory,
   /// landing_idle_bytes, peer_mapping_bytes}.
   /// An unknown key is an error naming it ("cluster.foo").

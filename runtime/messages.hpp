@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/type_id.hpp>
+
+#include "proto/fwd.hpp"
 
 namespace tessera::runtime {
 
@@ -46,6 +49,10 @@ enum class WireKind : uint8_t {
   proto_inline = 1,  ///< `frame` holds one encoded DataProto (proto/codec.hpp).
   proto_slices = 2,  ///< `slices` are fetched and concatenated in order into one DataProto.
   list = 3,          ///< `items` is a list of values.
+  /// `local` points at the DataProto itself: sender and receiver share this process (Note
+  /// [In-process values] in runtime/wire.hpp). Never serialised: arriving from another
+  /// process, it is refused as corrupt.
+  proto_local = 4,
 };
 
 /// A method argument or result as it crosses actors (runtime::Value's wire form).
@@ -55,6 +62,7 @@ struct WireValue {
   std::vector<char> frame;
   std::vector<PayloadSlice> slices;
   std::vector<WireValue> items;
+  std::shared_ptr<const proto::DataProto> local;  ///< proto_local only; not serialised.
 };
 
 /// What a worker knows about its place in its group (verl's WORLD_SIZE, RANK, LOCAL_RANK,

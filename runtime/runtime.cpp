@@ -92,7 +92,7 @@ Result<std::unique_ptr<Runtime>> Runtime::start(const RuntimeConfig& config,
   ActorSystemOptions options{!config.agents.empty(), false};
   TESSERA_ASSIGN_OR_RETURN(rt->actors_, ActorSystem::start(config, options));
   TESSERA_ASSIGN_OR_RETURN(rt->data_plane_, DataPlane::start(config.data_plane));
-  rt->hub_ = std::make_unique<CallHub>(rt->system(), config.call_timeout);
+  rt->hub_ = std::make_unique<CallHub>(rt->system(), config.call_timeout, config.idle_poll);
   if (config.agents.empty()) {
     TESSERA_RETURN_IF_ERROR(rt->start_embedded(registry));
   } else {
@@ -113,6 +113,7 @@ Status Runtime::start_embedded(const WorkerTypeRegistry& registry) {
   env.trust_local_only = true;
   env.spawn_timeout = config_.spawn_timeout;
   env.inline_payload_max_bytes = config_.inline_payload_max_bytes;
+  env.idle_poll = config_.idle_poll;
   caf::actor agent = spawn_agent_actor(system(), env);
   actors_->track(agent);
   AgentInfo info{env.host, internal::machine_id(), devices, static_cast<int64_t>(::getpid()),

@@ -89,7 +89,7 @@ Result<std::vector<MethodInfo>> Runtime::methods(const WorkerRef& worker) {
 Result<std::vector<WireValue>> Runtime::encode_args(const WorkerRef& worker,
                                                     const std::vector<Value>& args,
                                                     std::vector<PayloadHandle>& published) {
-  EncodeOptions opts{!worker.local, 1, config_.inline_payload_max_bytes};
+  EncodeOptions opts{!worker.local, 1, config_.inline_payload_max_bytes, worker.local};
   std::vector<WireValue> out;
   out.reserve(args.size());
   for (const Value& v : args) {

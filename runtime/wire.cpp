@@ -12,6 +12,11 @@ Result<WireValue> proto_to_wire(const proto::DataProto& data, DataPlane& dp,
                                 const EncodeOptions& options,
                                 std::vector<PayloadHandle>* published) {
   WireValue w;
+  if (options.in_process && !options.remote && options.consumers > 0) {
+    w.kind = static_cast<uint8_t>(WireKind::proto_local);
+    w.local = std::make_shared<const proto::DataProto>(data);
+    return w;
+  }
   if (options.remote && options.inline_max_bytes > 0) {
     TESSERA_ASSIGN_OR_RETURN(proto::EncodedFrame frame, proto::encode(data));
     if (frame.size() <= options.inline_max_bytes) {
@@ -95,6 +100,12 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
     }
     case WireKind::proto_slices:
       return slices_from_wire(w, dp, consume, pre);
+    case WireKind::proto_local:
+      if (!w.local) {
+        return make_error(ErrorCode::corrupt_data, "an in-process payload reference arrived "
+                          "from another process");
+      }
+      return Value(proto::DataProto(*w.local));
     case WireKind::list:
       return decode_list(w, dp, consume, pre);
   }

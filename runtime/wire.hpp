@@ -15,11 +15,22 @@
 
 namespace tessera::runtime {
 
+// Note [In-process values]
+// A DataProto bound for a receiver in this same process that consumes it once (a blocking
+// call's arguments to an in-process worker, its result back to an in-process caller) travels
+// as WireKind::proto_local: a pointer to the DataProto itself (its tensors by reference), no
+// payload published, fetched or released. Anything that must outlive the call (futures' kept
+// results, which other groups' ranks fetch peer to peer) or leave the process is published
+// (or inlined) on the data plane as before.
+
 /// How to encode values bound for one receiver.
 struct EncodeOptions {
   bool remote = false;           ///< The receiver lives in another process.
   uint32_t consumers = 1;        ///< Consuming fetches expected per published payload (0: keep).
   uint64_t inline_max_bytes = 0; ///< Inline a DataProto for a remote receiver up to this size.
+  /// The receiver shares this process and consumes the value once: hand DataProtos over by
+  /// reference (Note [In-process values]). Ignored when `remote` or `consumers` is 0.
+  bool in_process = false;
 };
 
 /// Encodes `value`. Every payload it publishes is appended to `published` (if not null), so

@@ -9,6 +9,7 @@
 
 #include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/local_lane.hpp"
 #include "runtime/wire.hpp"
 
 namespace tessera::runtime {
@@ -93,7 +94,8 @@ Result<CallReply> invoke(WorkerState& st, const CallRequest& req, bool caller_re
   Result<Value> out = guarded("the method", [&] { return entry->fn(args); });
   if (!out.ok()) return out.status();
   bool keep = req.result_mode == static_cast<uint8_t>(ResultMode::keep);
-  EncodeOptions opts{caller_remote, keep ? 0u : 1u, keep ? 0 : st.env.inline_payload_max_bytes};
+  EncodeOptions opts{caller_remote, keep ? 0u : 1u, keep ? 0 : st.env.inline_payload_max_bytes,
+                     /*in_process=*/!caller_remote && !keep};
   TESSERA_ASSIGN_OR_RETURN(WireValue w, to_wire(*out, dp, opts));
   return CallReply{std::move(w)};
 }
@@ -106,9 +108,23 @@ void answer(DataPlane& dp, ReplySlot& slot, WireValue result) {
   for (const PayloadHandle& h : handles) (void)dp.release(h);
 }
 
-caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHostEnv env) {
+void run_local_call(WorkerActor self, LocalCall& call) {
+  Result<CallReply> r = invoke(self->state, call.request, call.caller_remote);
+  if (r.ok()) return answer(*self->state.env.data_plane, *call.slot, std::move(r->result));
+  (void)call.slot->set(r.status().with_context(fmt::format(
+      "{}, method '{}'", describe_worker(self->state.request.context), call.request.method)));
+}
+
+caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHostEnv env,
+                              std::shared_ptr<internal::LocalLane> lane) {
   self->state.request = std::move(request);
   self->state.env = env;
+  if (lane) {
+    self->attach_functor([lane, addr = self->address()] {
+      lane->close();
+      internal::unregister_lane(addr);
+    });
+  }
   return {
       [=](init_atom) -> caf::result<std::vector<MethodInfo>> {
         Status st = init_roles(self->state);
@@ -116,10 +132,9 @@ caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHost
         return method_infos(self->state);
       },
       [=](call_atom, const std::shared_ptr<LocalCall>& call) {
-        Result<CallReply> r = invoke(self->state, call->request, call->caller_remote);
-        if (r.ok()) return answer(*self->state.env.data_plane, *call->slot, std::move(r->result));
-        (void)call->slot->set(r.status().with_context(fmt::format(
-            "{}, method '{}'", describe_worker(self->state.request.context), call->request.method)));
+        if (lane) lane->took_mailed();
+        run_local_call(self, *call);
+        if (lane) lane->poll([self](LocalCall& next) { run_local_call(self, next); });
       },
       [=](call_atom, const CallRequest& req) -> caf::result<CallReply> {
         const auto& sender = self->current_sender();
@@ -143,8 +158,12 @@ std::string describe_worker(const WorkerContext& c) {
 
 caf::actor spawn_worker_actor(caf::actor_system& system, SpawnRequest request, WorkerHostEnv env,
                               bool detached) {
-  if (detached) return system.spawn<caf::detached>(worker_behavior, std::move(request), env);
-  return system.spawn(worker_behavior, std::move(request), env);
+  if (!detached) return system.spawn(worker_behavior, std::move(request), env, nullptr);
+  // Note [Local lanes]: registered before anyone holds the handle, so no call can miss it.
+  auto lane = std::make_shared<internal::LocalLane>(env.idle_poll);
+  caf::actor worker = system.spawn<caf::detached>(worker_behavior, std::move(request), env, lane);
+  internal::register_lane(worker.address(), std::move(lane));
+  return worker;
 }
 
 }  // namespace tessera::runtime

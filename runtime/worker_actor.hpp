@@ -14,6 +14,7 @@
 // Thread-safety: the actor's behaviour runs on one thread at a time (its own when detached).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include <caf/actor.hpp>
@@ -30,6 +31,9 @@ struct WorkerHostEnv {
   const WorkerTypeRegistry* registry = nullptr;
   DataPlane* data_plane = nullptr;
   uint64_t inline_payload_max_bytes = 64 * 1024;
+  /// How long a detached worker polls for the next in-process call after answering one
+  /// (Note [Local lanes] in local_lane.hpp); 0: it sleeps at once.
+  std::chrono::microseconds idle_poll{0};
 };
 
 /// Spawns a worker actor for `request`; `detached` gives it its own thread (always, except in

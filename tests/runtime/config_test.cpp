@@ -57,6 +57,7 @@ TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
       {"token", "0123456789abcdef"},
       {"call_timeout_s", 2.5},
       {"heartbeat_interval_ms", 100},
+      {"idle_poll_us", 50},
       {"data_plane", {{"bind_host", "0.0.0.0"}, {"port", 9000}, {"landing_idle_bytes", 1 << 20},
                       {"peer_mapping_bytes", 0}}}});
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
@@ -65,6 +66,12 @@ TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
   EXPECT_EQ(cfg->agents.size(), 2u);
   EXPECT_EQ(cfg->call_timeout, Millis(2500));
   EXPECT_EQ(cfg->heartbeat_interval, Millis(100));
+  EXPECT_EQ(cfg->idle_poll, std::chrono::microseconds(50));
+  for (int bad_poll : {-1, 2000000}) {
+    auto poll = RuntimeConfig::from_json(nlohmann::json{{"idle_poll_us", bad_poll}});
+    EXPECT_NE(poll.status().message().find("cluster.idle_poll_us"), std::string::npos)
+        << poll.status().message();
+  }
   EXPECT_EQ(cfg->data_plane.port, 9000);
   auto bad = RuntimeConfig::from_json(nlohmann::json{{"agentz", {}}});
   EXPECT_NE(bad.status().message().find("cluster.agentz"), std::string::npos);

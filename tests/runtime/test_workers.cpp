@@ -70,10 +70,15 @@ class Echo : public Worker {
     register_method("add", [](std::vector<Value>& a) -> Result<Value> {
       return Value(nlohmann::json(a.at(0).json().get<double>() + a.at(1).json().get<double>()));
     });
+    register_method("log", [this](std::vector<Value>& a) -> Result<Value> {
+      log_.push_back(a.at(0).json());
+      return Value(log_);
+    });
   }
 
  private:
   WorkerContext ctx_;
+  nlohmann::json log_ = nlohmann::json::array();  // every "log" argument, in arrival order
 };
 
 class Critic : public Worker {

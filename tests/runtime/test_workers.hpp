@@ -7,6 +7,7 @@
 //           fail()               -> throws std::runtime_error("boom")
 //           torch_fail()         -> a LibTorch shape error (c10::Error)
 //           add(a, b)            -> JSON a + b
+//           log(x)               -> JSON array of every x logged so far, in arrival order
 //           wait_fifo(path, rows) -> blocks until a byte B is written into FIFO `path`, then
 //                                   DataProto {"x": rows x 32768 floats = B} (a hung worker,
 //                                   or a call that only the worker's death ends)
