@@ -339,7 +339,7 @@ Result<MeshDispatchInfo> WorkerGroup::mesh_info(const std::string& mesh) {
 }
 
 Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool blocking) {
-  std::string where = fmt::format("{}.{}", name_, spec.name);
+  auto where = [&] { return fmt::format("{}.{}", name_, spec.name); };  // errors only
   TESSERA_ASSIGN_OR_RETURN(DispatchMode mode, DispatchRegistry::global().find(spec.dispatch_mode));
   SplitContext sctx;
   sctx.world_size = world_size();
@@ -349,7 +349,7 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
     TESSERA_ASSIGN_OR_RETURN(sctx.mesh_info[mesh], mesh_info(mesh));
   }
   Result<SplitResult> split = mode.split(args, sctx);
-  if (!split.ok()) return split.status().with_context(where);
+  if (!split.ok()) return split.status().with_context(where());
   std::vector<int32_t> ranks = execute_ranks(spec.execute_mode, world_size());
   CallBuild b{*rt_, {}, {}, -1};
   std::vector<runtime::WorkerRef> targets;
@@ -361,7 +361,7 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
       Result<runtime::WireValue> w = encode(a, workers_[r], b);
       if (!w.ok()) {
         rt_->release_all(b.published);
-        return w.status().with_context(fmt::format("{}: rank {}", where, r));
+        return w.status().with_context(fmt::format("{}: rank {}", where(), r));
       }
       req.args.push_back(std::move(w).value());
     }
@@ -384,7 +384,7 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   state->batch = rt_->call_wire(targets, std::move(requests), co);
   if (!blocking) return make_future(FutureRef{FutureTable::get().add(state), name_});
   Result<Value> out = collect_state(*state, /*consume=*/true);
-  if (!out.ok()) return out.status().with_context(where);
+  if (!out.ok()) return out.status().with_context(where());
   return out;
 }
 

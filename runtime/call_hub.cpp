@@ -129,8 +129,14 @@ bool ReplySlot::set(Result<WireValue> result) {
   return batch && batch->set(index_, std::move(result));
 }
 
+// Built for every target of every call (errors only read it): plain appends, no formatting.
 std::string call_label(const WorkerContext& c, const std::string& method) {
-  return fmt::format("{} of group '{}': method '{}'", describe_worker(c), c.group, method);
+  std::string out;
+  out.reserve(48 + c.device.size() + c.host.size() + c.group.size() + method.size());
+  out.append("rank ").append(std::to_string(c.rank)).append(" (").append(c.device);
+  out.append(" on ").append(c.host).append(") of group '").append(c.group);
+  out.append("': method '").append(method).append("'");
+  return out;
 }
 
 // A message to a terminated actor is dropped (and destroyed): the slot's destructor then fails
@@ -398,16 +404,19 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   auto deadline = std::chrono::steady_clock::now() + t + (remote ? 3 * kTick : Millis(0));
   auto batch = std::make_shared<CallBatch>(std::move(labels), deadline, idle_poll_);
   std::unordered_map<caf::actor_addr, Job> jobs;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    {
-      std::lock_guard<std::mutex> lock(*dead_mutex_);
+  std::vector<bool> dead(targets.size(), false);
+  {
+    std::lock_guard<std::mutex> lock(*dead_mutex_);
+    for (size_t i = 0; i < targets.size() && !dead_->empty(); ++i) {
       auto d = dead_->find(targets[i].actor.address());
-      if (d != dead_->end()) {
-        batch->set(i, make_error(ErrorCode::unavailable, "{}: the worker is dead ({})",
-                                 batch->label(i), d->second));
-        continue;
-      }
+      if (d == dead_->end()) continue;
+      dead[i] = true;
+      batch->set(i, make_error(ErrorCode::unavailable, "{}: the worker is dead ({})",
+                               batch->label(i), d->second));
     }
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (dead[i]) continue;
     if (targets[i].local) {
       send_local_call(targets[i].actor, std::move(requests[i]), false, batch, i);
       continue;
