@@ -402,7 +402,10 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   // the batch's own deadline, a little later, is only a backstop.
   bool remote = std::any_of(targets.begin(), targets.end(), [](const WorkerRef& w) { return !w.local; });
   auto deadline = std::chrono::steady_clock::now() + t + (remote ? 3 * kTick : Millis(0));
-  auto batch = std::make_shared<CallBatch>(std::move(labels), deadline, idle_poll_);
+  // Only in-process answers can come back within a poll period (Note [Local lanes]); a remote
+  // round trip takes longer, and polling would only take the CPU from the I/O threads.
+  auto batch = std::make_shared<CallBatch>(std::move(labels), deadline,
+                                           remote ? std::chrono::microseconds(0) : idle_poll_);
   std::unordered_map<caf::actor_addr, Job> jobs;
   std::vector<bool> dead(targets.size(), false);
   {
