@@ -9,30 +9,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/workers/models/tiny_config.hpp"
 #include "workers/models/config.hpp"
 #include "workers/models/model.hpp"
 
 namespace tessera::models::testing {
-
-/// A small config: 2 layers, hidden 32, 4 heads over `kv_heads` KV heads.
-inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads = 4, bool tied = false,
-                               int64_t vocab = 64) {
-  ModelConfig c;
-  c.model_type = model_type;
-  c.vocab_size = vocab;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = kv_heads;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  c.tie_word_embeddings = tied;
-  c.attention_bias = model_type == "qwen2";
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 /// A left-padded batch as verl builds it: `lengths[b]` real tokens right-aligned in width T.
 struct Batch {

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "proto/data_proto.hpp"
+#include "tests/workers/models/tiny_config.hpp"
 #include "workers/models/config.hpp"
 #include "workers/models/model.hpp"
 #include "workers/rollout/config.hpp"
@@ -19,19 +20,13 @@ namespace tessera::rollout::testing {
 
 constexpr int64_t kVocab = 96;
 
-/// 2 layers, hidden 32, 4 query heads over 2 KV heads (GQA), Qwen2 (q/k/v biases).
+/// 2 layers, hidden 32, 4 query heads over 2 KV heads (GQA), Qwen2 (q/k/v biases): models' tiny
+/// config with vocab kVocab, MLP 64 and no bos / eos token.
 inline models::ModelConfig tiny_config() {
-  models::ModelConfig c;
-  c.model_type = "qwen2";
-  c.vocab_size = kVocab;
-  c.hidden_size = 32;
+  models::ModelConfig c = models::testing::tiny_config("qwen2", /*kv_heads=*/2, /*tied=*/false, kVocab);
   c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  c.attention_bias = true;
+  c.bos_token_id.reset();
+  c.eos_token_ids.clear();
   c.initializer_range = 0.2;  // large enough that greedy paths vary and logit gaps are wide
   return c;
 }
