@@ -109,6 +109,12 @@ Result<std::vector<std::filesystem::path>> data_files(const nlohmann::json& cfg,
   return out;
 }
 
+Result<std::vector<std::filesystem::path>> optional_data_files(const nlohmann::json& cfg, const std::string& key) {
+  const nlohmann::json* v = config_find(cfg, key);
+  if (v == nullptr || v->is_null() || (v->is_array() && v->empty())) return std::vector<std::filesystem::path>{};
+  return data_files(cfg, key);
+}
+
 Result<int32_t> dataset_pad_id(const models::Tokenizer& tokenizer) {
   if (auto pad = tokenizer.pad_token_id()) return *pad;
   if (auto eos = tokenizer.eos_token_id()) return *eos;

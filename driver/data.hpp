@@ -30,8 +30,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -60,6 +62,10 @@ at::Tensor compute_position_id_with_mask(const at::Tensor& attention_mask);
 
 /// data.train_files / data.val_files: a path string or a list of them (verl accepts both).
 Result<std::vector<std::filesystem::path>> data_files(const nlohmann::json& cfg, const std::string& key);
+
+/// As data_files, for an optional set (data.val_files): an absent key, null or an empty list gives
+/// no files (an empty list) instead of an error.
+Result<std::vector<std::filesystem::path>> optional_data_files(const nlohmann::json& cfg, const std::string& key);
 
 /// The pad id a dataset uses: the tokenizer's pad token, else its EOS (verl's hf_tokenizer).
 Result<int32_t> dataset_pad_id(const models::Tokenizer& tokenizer);
@@ -156,6 +162,21 @@ class SFTDataset {
   SFTDatasetOptions options_;
   int32_t pad_id_ = 0;
 };
+
+/// Loads `Dataset` (RLHFDataset, SFTDataset) from data.train_files into `train` and, when
+/// data.val_files is set (optional_data_files), into `val`. Errors as data_files and Dataset::load.
+template <class Dataset, class Options>
+Status load_train_and_val(const nlohmann::json& cfg, const models::Tokenizer& tokenizer, const Options& options,
+                          std::optional<Dataset>& train, std::optional<Dataset>& val) {
+  TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
+  TESSERA_ASSIGN_OR_RETURN(Dataset train_set, Dataset::load(train_files, tokenizer, options));
+  train.emplace(std::move(train_set));
+  TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
+  if (val_files.empty()) return Status();
+  TESSERA_ASSIGN_OR_RETURN(Dataset val_set, Dataset::load(val_files, tokenizer, options));
+  val.emplace(std::move(val_set));
+  return Status();
+}
 
 /// Options of StatefulDataLoader.
 struct DataLoaderOptions {

@@ -99,8 +99,9 @@ Result<Tracking> Tracking::create(const std::vector<std::string>& backends, cons
 
 Result<Tracking> Tracking::from_config(const nlohmann::json& cfg, std::FILE* console) {
   TESSERA_ASSIGN_OR_RETURN(auto backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
+  if (console == nullptr) backends.erase(std::remove(backends.begin(), backends.end(), "console"), backends.end());
   TESSERA_ASSIGN_OR_RETURN(std::string dir, config_get<std::string>(cfg, "trainer.default_local_dir"));
-  return create(backends, dir, console);
+  return create(backends, dir, console ? console : stdout);
 }
 
 Status Tracking::log(const Metrics& metrics, int64_t step) {

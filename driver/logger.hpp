@@ -70,7 +70,8 @@ class Tracking {
   /// an unknown name ("trainer.logger: unknown logger 'wandb' (known: console, jsonl)").
   static Result<Tracking> create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
                                  std::FILE* console = stdout);
-  /// From trainer.logger and trainer.default_local_dir of a loaded config.
+  /// From trainer.logger and trainer.default_local_dir of a loaded config; a null `console` drops
+  /// the console backend (a quiet run).
   static Result<Tracking> from_config(const nlohmann::json& cfg, std::FILE* console = stdout);
 
   /// Logs to every backend; the first error is returned after all were tried.

@@ -54,15 +54,7 @@ Status load_data(const json& cfg, State& s) {
   s.eos_token_id = *eos;
   s.pad_token_id = pad;
   TESSERA_ASSIGN_OR_RETURN(RLHFDatasetOptions opts, RLHFDatasetOptions::from_config(cfg));
-  TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
-  TESSERA_ASSIGN_OR_RETURN(RLHFDataset train, RLHFDataset::load(train_files, tok, opts));
-  s.train_dataset.emplace(std::move(train));
-  const json* val_files = config_find(cfg, "data.val_files");
-  if (val_files != nullptr && !val_files->is_null() && !(val_files->is_array() && val_files->empty())) {
-    TESSERA_ASSIGN_OR_RETURN(auto files, data_files(cfg, "data.val_files"));
-    TESSERA_ASSIGN_OR_RETURN(RLHFDataset val, RLHFDataset::load(files, tok, opts));
-    s.val_dataset.emplace(std::move(val));
-  }
+  TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   DataLoaderOptions lo;
   TESSERA_ASSIGN_OR_RETURN(lo.batch_size, config_get<int64_t>(cfg, "data.train_batch_size"));
   TESSERA_ASSIGN_OR_RETURN(lo.shuffle, config_get<bool>(cfg, "data.shuffle"));
@@ -98,10 +90,7 @@ Status make_services(const json& cfg, std::FILE* console, State& s) {
     TESSERA_ASSIGN_OR_RETURN(kc.target_kl, config_get<double>(cfg, "algorithm.kl_ctrl.target_kl"));
     TESSERA_ASSIGN_OR_RETURN(s.kl_ctrl, algos::get_kl_controller(kc));
   }
-  TESSERA_ASSIGN_OR_RETURN(auto backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
-  if (console == nullptr) backends.erase(std::remove(backends.begin(), backends.end(), "console"), backends.end());
-  TESSERA_ASSIGN_OR_RETURN(std::string dir, config_get<std::string>(cfg, "trainer.default_local_dir"));
-  TESSERA_ASSIGN_OR_RETURN(Tracking tracking, Tracking::create(backends, dir, console ? console : stdout));
+  TESSERA_ASSIGN_OR_RETURN(Tracking tracking, Tracking::from_config(cfg, console));
   s.tracking.emplace(std::move(tracking));
   TESSERA_ASSIGN_OR_RETURN(CheckpointOptions co, CheckpointOptions::from_config(cfg));
   s.ckpt.emplace(std::move(co));

@@ -30,15 +30,7 @@ Status load_datasets(const json& cfg, FSDPSFTTrainer::State& s) {
   TESSERA_ASSIGN_OR_RETURN(std::string model_path, config_get<std::string>(cfg, "model.partial_pretrain"));
   TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(model_path));
   TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(cfg));
-  TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
-  TESSERA_ASSIGN_OR_RETURN(SFTDataset train, SFTDataset::load(train_files, tok, opts));
-  s.train_dataset.emplace(std::move(train));
-  const json* val_files = config_find(cfg, "data.val_files");
-  if (val_files != nullptr && !val_files->is_null() && !(val_files->is_array() && val_files->empty())) {
-    TESSERA_ASSIGN_OR_RETURN(auto files, data_files(cfg, "data.val_files"));
-    TESSERA_ASSIGN_OR_RETURN(SFTDataset val, SFTDataset::load(files, tok, opts));
-    s.val_dataset.emplace(std::move(val));
-  }
+  TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   DataLoaderOptions lo;
   lo.batch_size = s.train_batch_size;
   lo.shuffle = true;
@@ -62,10 +54,7 @@ Status read_trainer_keys(const json& cfg, FSDPSFTTrainer::State& s) {
 }
 
 Status make_services(const json& cfg, std::FILE* console, FSDPSFTTrainer::State& s) {
-  TESSERA_ASSIGN_OR_RETURN(auto backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
-  if (console == nullptr) backends.erase(std::remove(backends.begin(), backends.end(), "console"), backends.end());
-  TESSERA_ASSIGN_OR_RETURN(std::string dir, config_get<std::string>(cfg, "trainer.default_local_dir"));
-  TESSERA_ASSIGN_OR_RETURN(Tracking tracking, Tracking::create(backends, dir, console ? console : stdout));
+  TESSERA_ASSIGN_OR_RETURN(Tracking tracking, Tracking::from_config(cfg, console));
   s.tracking.emplace(std::move(tracking));
   TESSERA_ASSIGN_OR_RETURN(CheckpointOptions co, CheckpointOptions::from_config(cfg));
   s.ckpt.emplace(std::move(co));
