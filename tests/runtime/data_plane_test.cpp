@@ -91,6 +91,16 @@ TEST(DataPlane, LandingSegmentsAreReusedOnlyOnceTheirTensorsAreGone) {
   EXPECT_EQ(owner->stats().served_tcp_bytes, 0u);
 }
 
+// Reads from `socket` until the peer closes it; the bytes read.
+template <class Socket>
+size_t read_until_closed(Socket& socket) {
+  boost::system::error_code ec;
+  char buf[256];
+  size_t total = 0;
+  while (!ec) total += socket.read_some(asio::buffer(buf), ec);
+  return total;
+}
+
 // A raw same-host client: sends a fetch for `h` on the owner's Unix socket and reads the
 // owner's answer (a landing request for a large frame).
 struct RawUnixFetch {
@@ -128,13 +138,7 @@ struct RawUnixFetch {
     ASSERT_TRUE(internal::send_with_fd(s.native_handle(), msg.data(), msg.size(), fd, 1000).ok());
   }
   // Reads until the owner closes the connection; the bytes read.
-  size_t drain() {
-    boost::system::error_code ec;
-    char buf[256];
-    size_t total = 0;
-    while (!ec) total += s.read_some(asio::buffer(buf), ec);
-    return total;
-  }
+  size_t drain() { return read_until_closed(s); }
 };
 
 TEST(DataPlane, AnUnsealedOrShortLandingSegmentIsRefusedAndServingGoesOn) {
@@ -226,11 +230,7 @@ size_t send_raw(uint16_t port, const std::string& bytes) {
   s.connect({asio::ip::make_address("127.0.0.1"), port});
   asio::write(s, asio::buffer(bytes));
   s.shutdown(asio::ip::tcp::socket::shutdown_send);  // what a peer that dies mid-request does
-  boost::system::error_code ec;
-  char buf[64];
-  size_t total = 0;
-  while (!ec) total += s.read_some(asio::buffer(buf), ec);
-  return total;
+  return read_until_closed(s);
 }
 
 TEST(DataPlane, GarbageClosesThatConnectionAndServingGoesOn) {
