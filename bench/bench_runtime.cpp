@@ -1,7 +1,10 @@
 // bench_runtime: the distributed runtime's round trips and bandwidth, as ratios within one run.
 //
 //   BM_rt_dp_proto_rtt_inproc      DP_COMPUTE_PROTO call, 8 in-process workers (goal <= 20 us)
-//   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us)
+//   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us),
+//                                  through the agents' call channels (Note [Call channel])
+//   BM_rt_dp_proto_rtt_2agents_caf the same with cluster.call_channel off: calls through CAF
+//                                  (2 more agents, started for it)
 //   BM_rt_caf_request_rtt          bare CAF request/response to an agent (same two processes)
 //   BM_rt_asio_rtt                 8-byte raw Asio TCP ping-pong to a child process
 //   BM_rt_handoff_floor/poll       the machine's floor for an 8-thread fan-out: a counter handed
@@ -161,7 +164,7 @@ T checked(Result<T> r, const char* what) {
   return std::move(r).value();
 }
 
-std::unique_ptr<Cluster> g_cluster;
+std::unique_ptr<Cluster> g_clusters[2];  // [call channel on]
 
 // TESSERA_BENCH_IDLE_POLL_US overrides RuntimeConfig::idle_poll (driver and agents), to compare.
 std::chrono::microseconds bench_idle_poll(std::chrono::microseconds fallback) {
@@ -169,12 +172,15 @@ std::chrono::microseconds bench_idle_poll(std::chrono::microseconds fallback) {
   return v == nullptr ? fallback : std::chrono::microseconds(std::atoll(v));
 }
 
-Cluster& cluster() {
-  if (!g_cluster) {
-    g_cluster = std::make_unique<Cluster>();
-    Cluster& k = *g_cluster;
+// Two agents x 4 workers; `channel` false calls them through CAF (cluster.call_channel off).
+Cluster& cluster(bool channel = true) {
+  std::unique_ptr<Cluster>& g = g_clusters[channel];
+  if (!g) {
+    g = std::make_unique<Cluster>();
+    Cluster& k = *g;
     runtime::RuntimeConfig cfg;
     cfg.idle_poll = bench_idle_poll(cfg.idle_poll);
+    cfg.call_channel = channel;
     for (int i = 0; i < 2; ++i) {
       k.agents.push_back(spawn_self({"--tessera-agent", "--devices", "cpu:4", "--token-file",
                                      token_file()}));
@@ -191,7 +197,7 @@ Cluster& cluster() {
                                                 {{"", "bench", "{}"}}),
                    "spawning 8 workers on 2 agents");
   }
-  return *g_cluster;
+  return *g;
 }
 
 struct Embedded {
@@ -232,6 +238,10 @@ void dp_rtt(benchmark::State& state, dispatch::WorkerGroup& wg) {
 void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedded().wg); }
 
 void BM_rt_dp_proto_rtt_2agents(benchmark::State& state) { dp_rtt(state, *cluster().wg); }
+
+void BM_rt_dp_proto_rtt_2agents_caf(benchmark::State& state) {
+  dp_rtt(state, *cluster(false).wg);
+}
 
 void BM_rt_caf_request_rtt(benchmark::State& state) {
   Cluster& c = cluster();
@@ -400,6 +410,7 @@ void BM_rt_soak_100k(benchmark::State& state) {
 
 BENCHMARK(BM_rt_dp_proto_rtt_inproc)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dp_proto_rtt_2agents_caf)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_asio_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_handoff_floor)->ArgName("poll")->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -432,7 +443,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   tessera::g_embedded.reset();
-  tessera::g_cluster.reset();
+  for (auto& c : tessera::g_clusters) c.reset();
   ::unlink(tessera::token_file().c_str());
   return 0;
 }

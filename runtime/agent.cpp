@@ -16,6 +16,7 @@
 #include "runtime/auth.hpp"
 #include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/internal/call_channel.hpp"
 #include "runtime/internal/shm.hpp"
 #include "runtime/worker_actor.hpp"
 
@@ -60,7 +61,7 @@ Status check_sender(Agent self) {
 AgentInfo agent_info(Agent self) {
   const AgentEnv& env = self->state.env;
   return AgentInfo{env.host, internal::machine_id(), env.devices, static_cast<int64_t>(::getpid()),
-                   "0.1.0"};
+                   "0.1.0", 0, 0, ""};
 }
 
 caf::result<std::string, std::string> on_hello(Agent self, const std::string& driver_nonce) {
@@ -96,7 +97,15 @@ caf::result<AgentInfo> on_auth(Agent self, const std::string& proof, const caf::
     self->monitor(hub);
   }
   spdlog::info("agent: driver authenticated (node {})", node);
-  return agent_info(self);
+  AgentInfo info = agent_info(self);
+  if (internal::ChannelServer* channel = self->state.env.channel) {
+    Result<std::pair<uint64_t, std::string>> session = channel->open_session(node);
+    if (!session.ok()) return to_caf_error(session.status());
+    info.call_port = channel->port();
+    info.call_session = session->first;
+    info.call_key = std::move(session->second);
+  }
+  return info;
 }
 
 caf::result<caf::actor> on_spawn(Agent self, SpawnRequest req) {
@@ -120,6 +129,9 @@ caf::result<caf::actor> on_spawn(Agent self, SpawnRequest req) {
           [=](const std::vector<MethodInfo>&) mutable {
             self->monitor(worker);
             self->state.workers[worker.address()] = Hosted{worker, ctx, owner};
+            if (internal::ChannelServer* channel = self->state.env.channel) {
+              channel->add_worker({worker, ctx, owner});
+            }
             rp.deliver(worker);
           },
           [=](caf::error& err) mutable {
@@ -144,26 +156,6 @@ std::vector<std::string> fan_out_labels(Agent self, const AgentCall& call, std::
   return labels;
 }
 
-// An AgentCall refused as a whole: every target gets `st`.
-AgentCallReply refusal(size_t n, const Status& st) {
-  AgentCallReply reply;
-  reply.codes.assign(n, static_cast<uint8_t>(st.code()));
-  reply.messages.assign(n, st.message());
-  reply.results.resize(n);
-  return reply;
-}
-
-// The answers of a completed fan-out, in order.
-AgentCallReply make_reply(std::vector<Result<WireValue>> results) {
-  AgentCallReply reply;
-  for (auto& r : results) {
-    reply.codes.push_back(static_cast<uint8_t>(r.status().code()));
-    reply.messages.push_back(r.ok() ? std::string() : r.status().message());
-    reply.results.push_back(r.ok() ? std::move(r).value() : WireValue{});
-  }
-  return reply;
-}
-
 // Note [Call paths]: one AgentCall from a driver becomes LocalCalls to the hosted workers; the
 // thread of the last answer replies once, on the agent's behalf, with (reply_atom, call_id,
 // reply) to the caller (Note [Late replies]). A worker that dies with the call pending fails
@@ -178,7 +170,7 @@ void on_call(Agent self, uint64_t call_id, AgentCall& call) {
                     "requests", self->state.env.host, call.workers.size(), call.requests.size());
   }
   if (!st.ok()) {
-    self->send(caller, reply_atom::value, call_id, refusal(call.requests.size(), st));
+    self->send(caller, reply_atom::value, call_id, internal::agent_refusal(call.requests.size(), st));
     return;
   }
   std::vector<bool> known;
@@ -198,7 +190,7 @@ void on_call(Agent self, uint64_t call_id, AgentCall& call) {
   caf::actor_addr me = self->address();
   batch->on_complete([me, caller, call_id, batch] {
     if (auto agent = caf::actor_cast<caf::actor>(me)) {
-      caf::send_as(agent, caller, reply_atom::value, call_id, make_reply(batch->wait()));
+      caf::send_as(agent, caller, reply_atom::value, call_id, internal::agent_reply(batch->wait()));
     }
   });
 }
@@ -226,6 +218,7 @@ void on_down(Agent self, const caf::down_msg& dm) {
       self->send(r->second, down_atom::value,
                  WorkerDown{h.context.group, h.context.rank, h.context.host, reason});
     }
+    if (self->state.env.channel) self->state.env.channel->remove_worker(dm.source.id());
     self->state.workers.erase(w);
     return;
   }
@@ -236,6 +229,7 @@ void on_down(Agent self, const caf::down_msg& dm) {
   for (auto& [addr, h] : self->state.workers) {
     if (h.owner == node) self->send_exit(h.actor, caf::exit_reason::user_shutdown);
   }
+  if (self->state.env.channel) self->state.env.channel->end_session(node);
   self->state.reporters.erase(node);
   self->state.authenticated.erase(node);
   self->state.reporter_nodes.erase(rn);

@@ -6,7 +6,8 @@
 // path. Messages (all but the first two need an authenticated sender node, Note [Agent
 // authentication] in runtime/auth.hpp; the embedded agent trusts its own node):
 //   (hello_atom, string driver_nonce)       -> (string agent_nonce, string agent_proof)
-//   (auth_atom, string proof, actor hub)    -> AgentInfo       hub receives WorkerDown reports
+//   (auth_atom, string proof, actor hub)    -> AgentInfo       hub receives WorkerDown reports;
+//                                                              with the call-channel session
 //   (info_atom)                             -> AgentInfo
 //   (spawn_atom, SpawnRequest)              -> actor           after the worker built its roles
 //   (rdzv_atom)                             -> uint16_t        a port free on this host now
@@ -28,6 +29,10 @@
 
 namespace tessera::runtime {
 
+namespace internal {
+class ChannelServer;
+}  // namespace internal
+
 /// What an agent actor needs. REQUIRES: registry and data_plane outlive the actor.
 struct AgentEnv {
   const WorkerTypeRegistry* registry = nullptr;
@@ -40,6 +45,9 @@ struct AgentEnv {
   Millis spawn_timeout{120000};      ///< Bound on a worker's construction.
   uint64_t inline_payload_max_bytes = 64 * 1024;
   std::chrono::microseconds idle_poll{0};  ///< Hosted workers' polling (Note [Local lanes]).
+  /// The process's call-channel server (Note [Call channel]), or null: none offered. The agent
+  /// opens a session there for each authenticated driver and keeps its worker table.
+  internal::ChannelServer* channel = nullptr;
 };
 
 /// Spawns an agent actor.

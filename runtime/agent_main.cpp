@@ -16,6 +16,7 @@
 #include "runtime/agent.hpp"
 #include "runtime/data_plane.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/internal/call_channel.hpp"
 
 namespace tessera::runtime {
 namespace {
@@ -38,6 +39,7 @@ Result<std::pair<std::string, uint16_t>> parse_listen(const std::string& text, c
 struct AgentProcess {
   std::unique_ptr<ActorSystem> actors;
   std::unique_ptr<DataPlane> data_plane;
+  std::unique_ptr<internal::ChannelServer> channel;  // stopped before the actors
   caf::actor agent;
   uint16_t port = 0;
   std::vector<std::string> devices;
@@ -70,6 +72,28 @@ Status start_data_plane(const AgentOptions& o, const std::string& listen_host, R
   return Status();
 }
 
+// Note [Call channel]: offered only without TLS (its frames are not encrypted).
+Status start_channel(const AgentOptions& o, const std::string& listen_host,
+                     const RuntimeConfig& cfg, AgentProcess& p) {
+  if (o.call_listen == "off") return Status();
+  if (p.actors->tls()) {
+    if (!o.call_listen.empty()) {
+      return make_error(ErrorCode::invalid_argument, "--call-listen: the call channel is not "
+                        "encrypted, so it is not offered with TLS (drop --call-listen)");
+    }
+    return Status();
+  }
+  std::pair<std::string, uint16_t> hp{listen_host, 0};
+  if (!o.call_listen.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(hp, parse_listen(o.call_listen, "--call-listen"));
+  }
+  TESSERA_ASSIGN_OR_RETURN(p.channel, internal::ChannelServer::start(
+                                          p.actors->system(), hp.first, hp.second,
+                                          o.advertise_host.empty() ? listen_host : o.advertise_host,
+                                          cfg.data_plane.max_frame_bytes));
+  return Status();
+}
+
 Status publish(AgentProcess& p, const std::string& host, uint16_t port) {
   caf::expected<uint16_t> bound =
       p.actors->tls() ? caf::openssl::publish(p.agent, port, host.c_str(), true)
@@ -88,6 +112,7 @@ Result<std::string> start(const AgentOptions& o, const WorkerTypeRegistry& regis
   TESSERA_ASSIGN_OR_RETURN(auto listen, parse_listen(o.listen, "--listen"));
   TESSERA_ASSIGN_OR_RETURN(p.actors, ActorSystem::start(cfg, ActorSystemOptions{true, false}));
   TESSERA_RETURN_IF_ERROR(start_data_plane(o, listen.first, cfg, p));
+  TESSERA_RETURN_IF_ERROR(start_channel(o, listen.first, cfg, p));
   AgentEnv env;
   env.registry = &registry;
   env.data_plane = p.data_plane.get();
@@ -97,11 +122,13 @@ Result<std::string> start(const AgentOptions& o, const WorkerTypeRegistry& regis
   env.spawn_timeout = cfg.spawn_timeout;
   env.inline_payload_max_bytes = cfg.inline_payload_max_bytes;
   env.idle_poll = cfg.idle_poll;
+  env.channel = p.channel.get();
   p.agent = spawn_agent_actor(p.actors->system(), env);
   p.actors->track(p.agent);
   TESSERA_RETURN_IF_ERROR(publish(p, listen.first, listen.second));
-  return fmt::format("tessera agent ready listen={}:{} data_plane={}:{} devices={} pid={}",
+  return fmt::format("tessera agent ready listen={}:{} data_plane={}:{} call={} devices={} pid={}",
                      listen.first, p.port, p.data_plane->host(), p.data_plane->port(),
+                     p.channel ? std::to_string(p.channel->port()) : std::string("off"),
                      fmt::join(p.devices, ","), ::getpid());
 }
 
@@ -124,6 +151,7 @@ int run_agent(const AgentOptions& options, const WorkerTypeRegistry& registry) {
   Result<std::string> ready = start(options, registry, p);
   if (!ready.ok()) {
     spdlog::error("tessera agent: {}", ready.status().to_string());
+    if (p.channel) p.channel->stop();
     if (p.actors && !p.actors->shutdown()) std::_Exit(1);
     return 2;
   }
@@ -131,6 +159,7 @@ int run_agent(const AgentOptions& options, const WorkerTypeRegistry& registry) {
   std::fflush(stdout);
   int sig = wait_for_stop_signal(stop);
   spdlog::info("tessera agent: signal {} received; stopping hosted workers", sig);
+  if (p.channel) p.channel->stop();  // no new calls; its threads no longer hold worker handles
   if (!p.actors->shutdown()) {
     spdlog::error("tessera agent: exiting with actors still running");
     std::fflush(nullptr);

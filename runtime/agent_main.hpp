@@ -4,7 +4,7 @@
 // Start-up refuses loudly: an unreadable or group/other-accessible token file, bad devices,
 // CUDA devices in a CPU build, TLS files that CAF's openssl module rejects, a busy port.
 // When ready it prints ONE line to stdout and flushes it (deploy scripts and tests read it):
-//   tessera agent ready listen=HOST:PORT data_plane=HOST:PORT devices=cpu:0,cpu:1 pid=PID
+//   tessera agent ready listen=HOST:PORT data_plane=HOST:PORT call=PORT|off devices=cpu:0 pid=PID
 // SIGTERM / SIGINT stop it: every hosted worker actor gets exit(user_shutdown), the actor system
 // is given RuntimeConfig::shutdown_timeout, and the process exits (with status 1 and an error
 // line if some actor did not stop in time: it never hangs).
@@ -27,6 +27,9 @@ struct AgentOptions {
   std::string tls_cafile;                 ///< CA bundle to verify drivers (optional).
   std::string data_plane_listen;          ///< HOST:PORT for payloads; default: listen host, any port.
   std::string advertise_host;             ///< Host put in payload handles; default: listen host.
+  /// HOST:PORT of the call channel (Note [Call channel]); default: listen host, any port;
+  /// "off": none (calls go through CAF). Never offered with TLS.
+  std::string call_listen;
   RuntimeConfig runtime;                  ///< Timeouts and scheduler settings.
 };
 

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/errors.hpp"
+#include "runtime/internal/call_channel.hpp"
 #include "runtime/local_lane.hpp"
 #include "runtime/wire.hpp"
 #include "runtime/worker_actor.hpp"
@@ -22,11 +23,92 @@ namespace tessera::runtime::internal {
 struct RemoteJob {
   caf::actor agent;
   uint64_t id = 0;              // call id, unique per CallHub
-  AgentCall call;               // sent by the caller, empty once registered
+  std::vector<caf::actor> workers;    // the targets, sent by the caller (then empty)
+  std::vector<CallRequest> requests;  // requests[k] goes to workers[k]
   std::vector<size_t> indices;  // into batch
   Millis timeout;
   caf::actor_clock::time_point deadline;  // set by the hub when it registers the call
   std::shared_ptr<CallBatch> batch;
+};
+
+using Job = std::shared_ptr<RemoteJob>;
+
+// What the CallHub actor, the callers and the channels' reader threads share (Note [Call
+// paths]): one mutex, held only for table updates (never while sending or failing calls).
+struct HubShared {
+  mutable std::mutex mutex;
+  std::unordered_map<caf::actor_addr, std::unordered_map<uint64_t, Job>> pending;  // by agent
+  bool ticking = false;  // a deadline sweep is scheduled (Note [Hub deadlines])
+  std::unordered_map<caf::actor_addr, std::string> dead;  // dead workers -> why
+  std::unordered_map<caf::actor_addr, std::shared_ptr<ChannelClient>> channels;  // by agent
+  std::atomic<uint64_t> pending_count{0};
+  std::atomic<uint64_t> next_id{1};
+
+  // Registers `job`; true if the caller must start the deadline sweep.
+  bool add(Job job) {
+    std::lock_guard<std::mutex> lock(mutex);
+    uint64_t id = job->id;
+    caf::actor_addr agent = job->agent.address();
+    pending[agent][id] = std::move(job);
+    pending_count.fetch_add(1);
+    bool start = !ticking;
+    ticking = true;
+    return start;
+  }
+  // Takes call `id` to `agent` out; null if it already ended (deadline, agent death).
+  Job take(const caf::actor_addr& agent, uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = pending.find(agent);
+    if (it == pending.end()) return nullptr;
+    auto job = it->second.find(id);
+    if (job == it->second.end()) return nullptr;
+    Job out = std::move(job->second);
+    it->second.erase(job);
+    if (it->second.empty()) pending.erase(it);
+    pending_count.fetch_sub(1);
+    return out;
+  }
+  // Takes every call to `agent` out.
+  std::vector<Job> take_agent(const caf::actor_addr& agent) {
+    std::vector<Job> out;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = pending.find(agent);
+    if (it == pending.end()) return out;
+    for (auto& [id, job] : it->second) out.push_back(std::move(job));
+    pending.erase(it);
+    pending_count.fetch_sub(out.size());
+    return out;
+  }
+  // Takes every call whose deadline is not after `now` (all of them with time_point::max()).
+  std::vector<Job> take_expired(caf::actor_clock::time_point now) {
+    std::vector<Job> out;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto agent = pending.begin(); agent != pending.end();) {
+      auto& jobs = agent->second;
+      for (auto it = jobs.begin(); it != jobs.end();) {
+        if (it->second->deadline > now) {
+          ++it;
+          continue;
+        }
+        out.push_back(std::move(it->second));
+        it = jobs.erase(it);
+      }
+      agent = jobs.empty() ? pending.erase(agent) : std::next(agent);
+    }
+    pending_count.fetch_sub(out.size());
+    return out;
+  }
+  // End of a sweep: true if another one is needed (calls pending), else the sweep stops.
+  bool keep_ticking() {
+    std::lock_guard<std::mutex> lock(mutex);
+    ticking = !pending.empty();
+    return ticking;
+  }
+  std::shared_ptr<ChannelClient> channel(const caf::actor_addr& agent) const {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = channels.find(agent);
+    return it == channels.end() ? nullptr : it->second;
+  }
 };
 
 }  // namespace tessera::runtime::internal
@@ -43,12 +125,13 @@ std::atomic<uint64_t> live_batches{0};
 std::atomic<uint64_t> late_replies{0};
 std::atomic<uint64_t> late_payloads{0};
 std::atomic<uint64_t> lane_calls{0};
+std::atomic<uint64_t> channel_calls{0};
 
 }  // namespace
 
 CallCounters call_counters() {
   return CallCounters{live_batches.load(), late_replies.load(), late_payloads.load(),
-                      lane_calls.load()};
+                      lane_calls.load(), channel_calls.load()};
 }
 
 void count_late_reply(uint64_t payloads) {
@@ -163,45 +246,40 @@ namespace {
 // Note [Hub deadlines]: CAF 0.17 keeps a request's timeout in its clock until it fires, even
 // after the reply came (measured: ~180 B per request retained; at call_timeout = 600 s that is
 // memory growing with the call rate). So the hub sends with an infinite CAF timeout and
-// enforces deadlines itself: one tick every kTick while calls are pending fails the expired.
+// enforces deadlines itself: one sweep every kTick while calls are pending fails the expired
+// ones. Deadlines are on the actor system's clock (the test coordinator's in unit tests).
 using tick_atom = caf::atom_constant<caf::atom("ts_tick")>;
+using tick_start_atom = caf::atom_constant<caf::atom("ts_tickgo")>;
 constexpr Millis kTick{100};
 
-using Job = std::shared_ptr<internal::RemoteJob>;
-using DeadMap = std::unordered_map<caf::actor_addr, std::string>;
+using internal::Job;
+using Shared = std::shared_ptr<internal::HubShared>;
+
+void fail_job(internal::RemoteJob& job, const std::string& why,
+              ErrorCode code = ErrorCode::unavailable) {
+  for (size_t i : job.indices) {
+    job.batch->set(i, make_error(code, "{}: {}", job.batch->label(i), why));
+  }
+}
+
+void fail_jobs(const std::vector<Job>& jobs, const std::string& why) {
+  for (const Job& job : jobs) fail_job(*job, why);
+}
 
 struct HubState {
-  std::unordered_map<caf::actor_addr, std::unordered_map<uint64_t, Job>> pending;  // by agent
   std::unordered_map<caf::actor_addr, std::string> agents;  // agent -> address
   std::unordered_map<caf::actor_addr, std::string> dead_agents;  // agent -> why
   std::unordered_map<caf::actor_addr, WorkerContext> workers;
-  std::shared_ptr<std::mutex> dead_mutex;
-  std::shared_ptr<DeadMap> dead;
-  std::shared_ptr<std::atomic<uint64_t>> pending_count;  // CallHub::pending_calls()
-  bool ticking = false;
+  Shared shared;
   static inline const char* name = "tessera.call_hub";
 
   HubState() = default;
   HubState(const HubState&) = delete;
   // The hub stopped (runtime shutdown): nobody will answer the calls still pending.
   ~HubState() {
-    for (auto& [agent, jobs] : pending) {
-      for (auto& [id, job] : jobs) fail_job(*job, "the runtime shut down while it was pending");
-    }
-    if (pending_count) *pending_count = 0;
-  }
-
-  // Recounts the pending calls (after the table changed).
-  void recount() {
-    uint64_t n = 0;
-    for (auto& [agent, jobs] : pending) n += jobs.size();
-    *pending_count = n;
-  }
-
-  static void fail_job(internal::RemoteJob& job, const std::string& why,
-                       ErrorCode code = ErrorCode::unavailable) {
-    for (size_t i : job.indices) {
-      job.batch->set(i, make_error(code, "{}: {}", job.batch->label(i), why));
+    if (shared) {
+      fail_jobs(shared->take_expired(caf::actor_clock::time_point::max()),
+                "the runtime shut down while it was pending");
     }
   }
 };
@@ -219,10 +297,10 @@ Status agent_error(const CallBatch& batch, size_t i, ErrorCode code, const std::
 void deliver(internal::RemoteJob& job, AgentCallReply& reply) {
   size_t n = job.indices.size();
   if (reply.codes.size() != n || reply.messages.size() != n || reply.results.size() != n) {
-    return HubState::fail_job(job, fmt::format("malformed reply from the agent ({}/{}/{} "
-                                               "answers for {} calls)", reply.codes.size(),
-                                               reply.messages.size(), reply.results.size(), n),
-                              ErrorCode::corrupt_data);
+    return fail_job(job, fmt::format("malformed reply from the agent ({}/{}/{} answers for {} "
+                                     "calls)", reply.codes.size(), reply.messages.size(),
+                                     reply.results.size(), n),
+                    ErrorCode::corrupt_data);
   }
   for (size_t k = 0; k < n; ++k) {
     size_t i = job.indices[k];
@@ -238,67 +316,11 @@ void deliver(internal::RemoteJob& job, AgentCallReply& reply) {
   }
 }
 
-// Takes call `id` to `agent` out of the pending table; null if it already ended (deadline,
-// agent death) or never existed.
-Job take_pending(Hub self, const caf::actor_addr& agent, uint64_t id) {
-  auto it = self->state.pending.find(agent);
-  if (it == self->state.pending.end()) return nullptr;
-  auto job = it->second.find(id);
-  if (job == it->second.end()) return nullptr;
-  Job out = std::move(job->second);
-  it->second.erase(job);
-  if (it->second.empty()) self->state.pending.erase(it);
-  *self->state.pending_count -= 1;
-  return out;
-}
-
-void ensure_ticking(Hub self) {
-  if (self->state.ticking) return;
-  self->state.ticking = true;
-  self->delayed_send(self, kTick, tick_atom::value);
-}
-
-// Note [Hub deadlines]: fails (and forgets) every pending call past its deadline.
-void on_tick(Hub self) {
-  self->state.ticking = false;
-  auto now = self->clock().now();
-  std::vector<Job> expired;
-  for (auto agent = self->state.pending.begin(); agent != self->state.pending.end();) {
-    auto& jobs = agent->second;
-    for (auto it = jobs.begin(); it != jobs.end();) {
-      if (it->second->deadline > now) {
-        ++it;
-        continue;
-      }
-      expired.push_back(std::move(it->second));
-      it = jobs.erase(it);
-    }
-    agent = jobs.empty() ? self->state.pending.erase(agent) : std::next(agent);
-  }
-  self->state.recount();  // before the callers wake up
-  for (Job& job : expired) {
-    HubState::fail_job(*job, fmt::format("no answer within the call's timeout of {} ms",
-                                         job->timeout.count()),
-                       ErrorCode::timeout);
-  }
-  if (!self->state.pending.empty()) ensure_ticking(self);
-}
-
-// Note [Late replies]: the pending entry is all there is; the reply is matched by id.
-void register_job(Hub self, Job job) {
-  job->deadline = self->clock().now() + job->timeout;
-  uint64_t id = job->id;
-  self->state.pending[job->agent.address()][id] = std::move(job);
-  *self->state.pending_count += 1;
-  ensure_ticking(self);
-}
-
-// An agent's answer: delivered, or (its call already ended) dropped with its payloads released
-// by the agent that owns them.
-void on_reply(Hub self, uint64_t id, AgentCallReply& reply) {
-  const auto& sender = self->current_sender();
-  if (!sender) return;
-  if (Job job = take_pending(self, sender->address(), id)) return deliver(*job, reply);
+// An agent's answer (CAF message or channel frame): delivered, or (its call already ended)
+// dropped with its payloads released at the agent that owns them (Note [Late replies]).
+void on_agent_reply(internal::HubShared& shared, const caf::actor& hub, const caf::actor& agent,
+                    uint64_t id, AgentCallReply& reply) {
+  if (Job job = shared.take(agent.address(), id)) return deliver(*job, reply);
   std::vector<PayloadHandle> handles;
   for (const WireValue& r : reply.results) {
     for (PayloadHandle& h : payload_handles(r)) handles.push_back(std::move(h));
@@ -306,48 +328,58 @@ void on_reply(Hub self, uint64_t id, AgentCallReply& reply) {
   count_late_reply(handles.size());
   spdlog::warn("dropped a late answer to call {} ({} payload(s) released at the agent)", id,
                handles.size());
-  if (!handles.empty()) {
-    self->send(caf::actor_cast<caf::actor>(sender), release_atom::value, std::move(handles));
+  if (!handles.empty()) caf::send_as(hub, agent, release_atom::value, std::move(handles));
+}
+
+void schedule_tick(Hub self) { self->delayed_send(self, kTick, tick_atom::value); }
+
+// Note [Hub deadlines]: fails (and forgets) every pending call past its deadline.
+void on_tick(Hub self) {
+  std::vector<Job> expired = self->state.shared->take_expired(self->clock().now());
+  for (Job& job : expired) {
+    fail_job(*job, fmt::format("no answer within the call's timeout of {} ms",
+                               job->timeout.count()),
+             ErrorCode::timeout);
   }
+  if (self->state.shared->keep_ticking()) schedule_tick(self);
+}
+
+// Closes `agent`'s channel (if any) before failing its calls, so a caller that registers a
+// call after this either sees the channel closed or has its call failed here.
+void close_channel(internal::HubShared& shared, const caf::actor_addr& agent) {
+  if (std::shared_ptr<internal::ChannelClient> ch = shared.channel(agent)) ch->close();
 }
 
 void on_down(Hub self, const caf::down_msg& dm) {
   std::string reason = caf::to_string(dm.reason);
   auto w = self->state.workers.find(dm.source);
   if (w != self->state.workers.end()) {
-    std::lock_guard<std::mutex> lock(*self->state.dead_mutex);
-    (*self->state.dead)[dm.source] = reason;
+    std::lock_guard<std::mutex> lock(self->state.shared->mutex);
+    self->state.shared->dead[dm.source] = reason;
     self->state.workers.erase(w);
   }
   auto agent = self->state.agents.find(dm.source);
   if (agent == self->state.agents.end()) return;
   spdlog::error("agent {} is down ({})", agent->second, reason);
-  std::string why = fmt::format("agent {} died during the call ({})", agent->second, reason);
-  auto pending = self->state.pending.find(dm.source);
-  if (pending != self->state.pending.end()) {
-    for (auto& [id, job] : pending->second) HubState::fail_job(*job, why);
-    self->state.pending.erase(pending);
-    self->state.recount();
-  }
+  close_channel(*self->state.shared, dm.source);
+  fail_jobs(self->state.shared->take_agent(dm.source),
+            fmt::format("agent {} died during the call ({})", agent->second, reason));
   self->state.dead_agents[dm.source] = fmt::format("agent {} is dead ({})", agent->second, reason);
   self->state.agents.erase(agent);
 }
 
-caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
-                           std::shared_ptr<DeadMap> dead,
-                           std::shared_ptr<std::atomic<uint64_t>> pending_count) {
-  self->state.dead_mutex = std::move(dead_mutex);
-  self->state.dead = std::move(dead);
-  self->state.pending_count = std::move(pending_count);
+caf::behavior hub_behavior(Hub self, Shared shared) {
+  self->state.shared = std::move(shared);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [=](batch_atom, Job job) {
         auto dead = self->state.dead_agents.find(job->agent.address());
-        if (dead != self->state.dead_agents.end()) return HubState::fail_job(*job, dead->second);
+        if (dead != self->state.dead_agents.end()) return fail_job(*job, dead->second);
         if (self->state.agents.count(job->agent.address()) == 0) {
-          return HubState::fail_job(*job, "its agent is not connected");
+          return fail_job(*job, "its agent is not connected");
         }
-        register_job(self, std::move(job));
+        job->deadline = self->clock().now() + job->timeout;
+        if (self->state.shared->add(std::move(job))) schedule_tick(self);
       },
       [=](watch_atom, const caf::actor& worker, const WorkerContext& context) {
         if (self->state.workers.emplace(worker.address(), context).second) self->monitor(worker);
@@ -356,9 +388,13 @@ caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
         self->state.agents[agent.address()] = address;
         self->monitor(agent);
       },
-      [=](reply_atom, uint64_t id, AgentCallReply& reply) { on_reply(self, id, reply); },
+      [=](reply_atom, uint64_t id, AgentCallReply& reply) {
+        auto agent = caf::actor_cast<caf::actor>(self->current_sender());
+        if (agent) on_agent_reply(*self->state.shared, self, agent, id, reply);
+      },
+      [=](tick_start_atom) { schedule_tick(self); },
       [=](tick_atom) { on_tick(self); },
-      [=](caf::get_atom) -> uint64_t { return *self->state.pending_count; },
+      [=](caf::get_atom) -> uint64_t { return self->state.shared->pending_count.load(); },
       [=](down_atom, const WorkerDown& down) {
         spdlog::warn("agent reports rank {} of group '{}' on {} terminated: {}", down.rank,
                      down.group, down.host, down.reason);
@@ -366,30 +402,104 @@ caf::behavior hub_behavior(Hub self, std::shared_ptr<std::mutex> dead_mutex,
   };
 }
 
-// Note [Call paths]: the hub registers the call before its reply can reach the hub's mailbox
-// (enqueued first), but the AgentCall leaves from the calling thread, as if sent by the hub:
-// one actor hop less per call.
+// Note [Call paths], CAF path: the hub registers the call before its reply can reach the
+// hub's mailbox (enqueued first), but the AgentCall leaves from the calling thread, as if sent
+// by the hub: one actor hop less per call.
 void send_remote_job(const caf::actor& hub, Job job) {
-  AgentCall call = std::move(job->call);
+  AgentCall call;
+  call.workers = std::move(job->workers);
+  call.requests = std::move(job->requests);
   caf::actor dest = job->agent;
   uint64_t id = job->id;
   caf::anon_send(hub, batch_atom::value, std::move(job));
   caf::send_as(hub, dest, call_atom::value, id, std::move(call));
 }
 
+// Note [Call channel], driver side: registered first (its answer may come before send()
+// returns), then written by the calling thread. A channel closed meanwhile, or a failed write,
+// fails the call here unless the closing side already did.
+void send_channel_job(internal::HubShared& shared, const caf::actor& hub,
+                      internal::ChannelClient& channel, Job job) {
+  internal::ChannelCall call;
+  call.workers.reserve(job->workers.size());
+  for (const caf::actor& w : job->workers) call.workers.push_back(w.id());
+  call.requests = std::move(job->requests);
+  job->workers.clear();
+  caf::actor_addr agent = job->agent.address();
+  uint64_t id = job->id;
+  job->deadline = hub->home_system().clock().now() + job->timeout;
+  if (shared.add(job)) caf::anon_send(hub, tick_start_atom::value);
+  channel_calls.fetch_add(1, std::memory_order_relaxed);
+  Status st = channel.send(id, call);
+  if (st.ok()) return;
+  if (Job mine = shared.take(agent, id)) {
+    fail_job(*mine, fmt::format("the call channel to agent {} failed: {}", channel.agent(),
+                                st.message()));
+  }
+}
+
 }  // namespace
 
 CallHub::CallHub(caf::actor_system& system, Millis default_timeout,
                  std::chrono::microseconds idle_poll)
-    : default_timeout_(default_timeout),
-      idle_poll_(idle_poll),
-      dead_mutex_(std::make_shared<std::mutex>()),
-      dead_(std::make_shared<DeadMap>()) {
-  pending_ = std::make_shared<std::atomic<uint64_t>>(0);
-  hub_ = system.spawn(hub_behavior, dead_mutex_, dead_, pending_);
+    : shared_(std::make_shared<internal::HubShared>()),
+      default_timeout_(default_timeout),
+      idle_poll_(idle_poll) {
+  hub_ = system.spawn(hub_behavior, shared_);
 }
 
-CallHub::~CallHub() { caf::anon_send_exit(hub_, caf::exit_reason::user_shutdown); }
+CallHub::~CallHub() {
+  // Readers first (they call into the shared table and send as the hub), then the hub, whose
+  // state fails whatever is still pending.
+  std::unordered_map<caf::actor_addr, std::shared_ptr<internal::ChannelClient>> channels;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    channels.swap(shared_->channels);
+  }
+  for (auto& [agent, channel] : channels) channel->close();
+  channels.clear();
+  caf::anon_send_exit(hub_, caf::exit_reason::user_shutdown);
+}
+
+uint64_t CallHub::pending_calls() const { return shared_->pending_count.load(); }
+
+Status CallHub::open_channel(const caf::actor& agent, const std::string& address,
+                             const std::string& host, uint16_t port, uint64_t session,
+                             const std::string& key, Millis timeout, uint64_t max_frame_bytes) {
+  std::weak_ptr<internal::HubShared> weak = shared_;
+  caf::actor hub = hub_;
+  caf::actor_addr agent_addr = agent.address();
+  auto on_reply = [weak, hub, agent](uint64_t id, AgentCallReply& reply) {
+    if (Shared shared = weak.lock()) on_agent_reply(*shared, hub, agent, id, reply);
+  };
+  // The connection ended under us (agent died, or a bad frame): fail its calls now, without
+  // waiting for CAF to notice; later calls go through CAF (which knows whether it is dead).
+  auto on_close = [weak, agent_addr, address](const std::string& why) {
+    Shared shared = weak.lock();
+    if (!shared) return;
+    spdlog::warn("agent {}: its call channel closed ({}); calls to it go through CAF now",
+                 address, why);
+    fail_jobs(shared->take_agent(agent_addr),
+              fmt::format("the call channel to agent {} closed during the call ({}): the agent "
+                          "died or dropped this driver", address, why));
+  };
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::ChannelClient> channel,
+                           internal::ChannelClient::connect(hub_->home_system(), address, host,
+                                                            port, session, key, timeout,
+                                                            max_frame_bytes, on_reply, on_close));
+  std::shared_ptr<internal::ChannelClient> old;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    old = std::exchange(shared_->channels[agent_addr], std::move(channel));
+  }
+  if (old) old->close();
+  return Status();
+}
+
+bool CallHub::channel_open(const caf::actor& agent) const {
+  std::shared_ptr<internal::ChannelClient> ch = shared_->channel(agent.address());
+  return ch && ch->open();
+}
 
 std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
                                          std::vector<CallRequest> requests, Millis timeout) {
@@ -407,16 +517,18 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   auto batch = std::make_shared<CallBatch>(std::move(labels), deadline,
                                            remote ? std::chrono::microseconds(0) : idle_poll_);
   std::unordered_map<caf::actor_addr, Job> jobs;
+  std::unordered_map<caf::actor_addr, std::shared_ptr<internal::ChannelClient>> channels;
   std::vector<bool> dead(targets.size(), false);
   {
-    std::lock_guard<std::mutex> lock(*dead_mutex_);
-    for (size_t i = 0; i < targets.size() && !dead_->empty(); ++i) {
-      auto d = dead_->find(targets[i].actor.address());
-      if (d == dead_->end()) continue;
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    for (size_t i = 0; i < targets.size() && !shared_->dead.empty(); ++i) {
+      auto d = shared_->dead.find(targets[i].actor.address());
+      if (d == shared_->dead.end()) continue;
       dead[i] = true;
       batch->set(i, make_error(ErrorCode::unavailable, "{}: the worker is dead ({})",
                                batch->label(i), d->second));
     }
+    if (remote) channels = shared_->channels;
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     if (dead[i]) continue;
@@ -428,15 +540,22 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
     if (!job) {
       job = std::make_shared<internal::RemoteJob>();
       job->agent = targets[i].agent;
-      job->id = next_id_.fetch_add(1);
+      job->id = shared_->next_id.fetch_add(1);
       job->timeout = t;
       job->batch = batch;
     }
-    job->call.workers.push_back(targets[i].actor);
-    job->call.requests.push_back(std::move(requests[i]));
+    job->workers.push_back(targets[i].actor);
+    job->requests.push_back(std::move(requests[i]));
     job->indices.push_back(i);
   }
-  for (auto& [agent, job] : jobs) send_remote_job(hub_, std::move(job));
+  for (auto& [agent, job] : jobs) {
+    auto ch = channels.find(agent);
+    if (ch != channels.end() && ch->second->open()) {
+      send_channel_job(*shared_, hub_, *ch->second, std::move(job));
+    } else {
+      send_remote_job(hub_, std::move(job));
+    }
+  }
   return batch;
 }
 

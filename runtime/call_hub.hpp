@@ -6,13 +6,16 @@
 //   the caller thread sends, the worker thread answers into the CallBatch. If the worker dies
 //   with the call still in its mailbox, CAF destroys the message and the slot's destructor
 //   fails the call ("terminated before answering"), so nothing waits forever.
-// * Remote workers are called through their agent: ONE AgentCall message per agent carrying
-//   that agent's ranks, sent from the caller's thread on the hub's behalf after registering it
-//   with the hub; the agent fans out with LocalCalls and the last worker to answer sends the
-//   reply to the hub (no agent hop on the way back). The CallHub actor
-//   keeps a pending table per agent, monitors every agent and worker, and on down_msg fails
-//   ALL pending calls to it at once, naming group, rank, host and method (CAF 0.17 does not
-//   fail a request whose receiver died: it waits for the timeout).
+// * Remote workers are called through their agent: ONE call per agent carrying that agent's
+//   ranks, registered in the hub's pending table, then sent from the caller's thread: over the
+//   agent's call channel when it has one open (Note [Call channel] in
+//   runtime/internal/call_channel.hpp), else as an AgentCall message on the hub's behalf. The
+//   agent fans out with LocalCalls and the last worker to answer sends the reply (channel
+//   frame, or message to the hub: no agent hop on the way back). The pending table is shared
+//   by the callers, the channels' reader threads and the CallHub actor, which monitors every
+//   agent and worker and on down_msg fails ALL pending calls to it at once, naming group,
+//   rank, host and method (CAF 0.17 does not fail a request whose receiver died: it waits for
+//   the timeout); a channel that ends does the same at once.
 // * Every call has a finite deadline (RuntimeConfig::call_timeout unless given): remote ones
 //   through the hub's own deadline sweep (Note [Hub deadlines] in call_hub.cpp), local ones
 //   through CallBatch::wait's deadline.
@@ -52,6 +55,10 @@
 #include "runtime/messages.hpp"
 
 namespace tessera::runtime {
+
+namespace internal {
+struct HubShared;
+}  // namespace internal
 
 /// A worker actor and who it is (for error messages and placement).
 struct WorkerRef {
@@ -126,6 +133,7 @@ struct CallCounters {
   uint64_t late_replies_dropped = 0;    ///< Outcomes that arrived after their call had ended.
   uint64_t late_payloads_released = 0;  ///< Payloads of those outcomes released at their owner.
   uint64_t lane_calls = 0;  ///< Calls handed to a polling worker (Note [Local lanes]).
+  uint64_t channel_calls = 0;  ///< Agent calls sent over a call channel (Note [Call channel]).
 };
 
 /// Current counters of this process.
@@ -161,20 +169,27 @@ class CallHub {
   void watch_agent(const caf::actor& agent, const std::string& address);
   /// The hub actor (agents send it down_atom reports).
   const caf::actor& actor() const { return hub_; }
+  /// Opens the agent's call channel (Note [Call channel] in runtime/internal/call_channel.hpp)
+  /// at host:port with the session the agent gave at authentication; from then on calls to
+  /// that agent's workers go through it while it is open, through CAF otherwise.
+  /// REQUIRES: watch_agent(agent) before. Errors name the address and the step that failed.
+  /// `address` names the agent in errors (its cluster.agents entry).
+  Status open_channel(const caf::actor& agent, const std::string& address,
+                      const std::string& host, uint16_t port, uint64_t session,
+                      const std::string& key, Millis timeout, uint64_t max_frame_bytes);
+  /// True while calls to `agent`'s workers go through its call channel.
+  bool channel_open(const caf::actor& agent) const;
   /// Remote calls (one per agent per call()) awaiting their agent's answer.
-  uint64_t pending_calls() const { return *pending_; }
+  uint64_t pending_calls() const;
   /// Returns once the hub actor has handled every message it received before (its deadline
   /// sweeps and replies included). Error: timeout, or the hub is gone.
   Status flush(Millis timeout);
 
  private:
   caf::actor hub_;
-  std::atomic<uint64_t> next_id_{1};
-  std::shared_ptr<std::atomic<uint64_t>> pending_;
+  std::shared_ptr<internal::HubShared> shared_;
   Millis default_timeout_;
   std::chrono::microseconds idle_poll_;
-  std::shared_ptr<std::mutex> dead_mutex_;
-  std::shared_ptr<std::unordered_map<caf::actor_addr, std::string>> dead_;
 };
 
 }  // namespace tessera::runtime

@@ -96,6 +96,7 @@ const std::map<std::string, Setter>& setters() {
       {"tls_cert", field(&RuntimeConfig::tls_cert, "tls_cert")},
       {"tls_key", field(&RuntimeConfig::tls_key, "tls_key")},
       {"tls_cafile", field(&RuntimeConfig::tls_cafile, "tls_cafile")},
+      {"call_channel", field(&RuntimeConfig::call_channel, "call_channel")},
       {"scheduler_max_threads", field(&RuntimeConfig::scheduler_max_threads, "scheduler_max_threads")},
       {"inline_payload_max_bytes",
        field(&RuntimeConfig::inline_payload_max_bytes, "inline_payload_max_bytes")},

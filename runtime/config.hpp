@@ -58,6 +58,9 @@ struct RuntimeConfig {
   /// How long an idle worker thread, and a caller waiting for in-process workers, keep polling
   /// before they sleep (Note [Local lanes] in runtime/local_lane.hpp); 0 disables polling.
   std::chrono::microseconds idle_poll{200};
+  /// Driver: call agents' workers over each agent's call channel when it offers one (Note
+  /// [Call channel] in runtime/internal/call_channel.hpp); false, or TLS on: through CAF.
+  bool call_channel = true;
 
   // ---- deadlines -------------------------------------------------------------------------------
   Millis call_timeout{600000};     ///< Default per-call deadline.
@@ -72,7 +75,7 @@ struct RuntimeConfig {
   DataPlaneConfig data_plane;
 
   /// Reads the `cluster` section: keys agents, token, token_file, embedded_devices, tls_cert,
-  /// tls_key, tls_cafile, call_timeout_s, connect_timeout_s, spawn_timeout_s,
+  /// tls_key, tls_cafile, call_channel, call_timeout_s, connect_timeout_s, spawn_timeout_s,
   /// shutdown_timeout_s, heartbeat_interval_ms, connection_timeout_ms, idle_poll_us, scheduler_max_threads,
   /// inline_payload_max_bytes, data_plane {bind_host, port, advertise_host, shared_memory,
   /// landing_idle_bytes, peer_mapping_bytes}.

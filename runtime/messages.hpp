@@ -123,6 +123,12 @@ struct AgentInfo {
   std::vector<std::string> devices;  ///< "cpu:0", ..., or "cuda:0", ...
   int64_t pid = 0;                   ///< Agent process id.
   std::string version;               ///< Tessera version string.
+  /// Note [Call channel] in runtime/internal/call_channel.hpp, answered to auth_atom only:
+  /// the agent's call-channel port (0: none offered, e.g. with TLS) and this driver's
+  /// session id and key there.
+  uint16_t call_port = 0;
+  uint64_t call_session = 0;
+  std::string call_key;
 };
 
 /// Several calls to workers hosted by one agent, sent as ONE message (the agent fans out
@@ -192,7 +198,8 @@ typename Inspector::result_type inspect(Inspector& f, MethodInfo& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AgentInfo& x) {
-  return f(caf::meta::type_name("AgentInfo"), x.host, x.host_id, x.devices, x.pid, x.version);
+  return f(caf::meta::type_name("AgentInfo"), x.host, x.host_id, x.devices, x.pid, x.version,
+           x.call_port, x.call_session, x.call_key);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AgentCall& x) {

@@ -117,7 +117,7 @@ Status Runtime::start_embedded(const WorkerTypeRegistry& registry) {
   caf::actor agent = spawn_agent_actor(system(), env);
   actors_->track(agent);
   AgentInfo info{env.host, internal::machine_id(), devices, static_cast<int64_t>(::getpid()),
-                 "0.1.0"};
+                 "0.1.0", 0, 0, ""};
   nodes_.push_back(Node{agent, std::move(info), "embedded", true});
   return Status();
 }
@@ -134,11 +134,25 @@ Status Runtime::connect_agents() {
     Result<AgentInfo> info = authenticate(system(), *agent, config_, hub_->actor());
     if (!info.ok()) return info.status().with_context("authenticating with agent " + address);
     hub_->watch_agent(*agent, address);
-    spdlog::info("connected to agent {} ({}, devices {})", address, info->host,
-                 fmt::join(info->devices, ","));
+    open_call_channel(*agent, address, hp.first, *info);
+    spdlog::info("connected to agent {} ({}, devices {}, calls through {})", address, info->host,
+                 fmt::join(info->devices, ","),
+                 hub_->channel_open(*agent) ? "its call channel" : "CAF");
     nodes_.push_back(Node{*agent, std::move(info).value(), address, false});
   }
   return Status();
+}
+
+// Note [Call channel]: used when the agent offers one and neither side has TLS. A channel that
+// cannot be opened is not fatal: calls to that agent go through CAF (slower), with a warning.
+void Runtime::open_call_channel(const caf::actor& agent, const std::string& address,
+                                const std::string& host, const AgentInfo& info) {
+  if (!config_.call_channel || actors_->tls() || info.call_port == 0) return;
+  Status st = hub_->open_channel(agent, address, host, info.call_port, info.call_session, info.call_key,
+                                 config_.connect_timeout, config_.data_plane.max_frame_bytes);
+  if (!st.ok()) {
+    spdlog::warn("agent {}: {}; its calls go through CAF", address, st.message());
+  }
 }
 
 Result<ResourcePool> Runtime::resource_pool(const std::vector<int>& process_on_nodes) const {

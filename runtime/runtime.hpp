@@ -103,6 +103,8 @@ class Runtime {
   Runtime() = default;
   Status start_embedded(const WorkerTypeRegistry& registry);
   Status connect_agents();
+  void open_call_channel(const caf::actor& agent, const std::string& address,
+                         const std::string& host, const AgentInfo& info);
   Result<uint16_t> rendezvous_port(const Node& node);
 
   RuntimeConfig config_;

@@ -78,6 +78,9 @@ Result<AgentProcess> AgentProcess::start(const std::vector<std::string>& args) {
   }
   a.address_ = m[1];
   a.data_plane_port_ = static_cast<uint16_t>(std::stoi(m[2]));
+  if (std::regex_search(line, m, std::regex(R"( call=(\d+) )"))) {
+    a.call_port_ = static_cast<uint16_t>(std::stoi(m[1]));
+  }
   return a;
 }
 
@@ -97,6 +100,7 @@ AgentProcess& AgentProcess::operator=(AgentProcess&& o) noexcept {
   std::swap(pidfd_, o.pidfd_);
   std::swap(address_, o.address_);
   std::swap(data_plane_port_, o.data_plane_port_);
+  std::swap(call_port_, o.call_port_);
   return *this;
 }
 
@@ -155,6 +159,7 @@ int agent_test_main(int argc, char** argv, const WorkerTypeRegistry& registry) {
     else if (k == "--devices") o.devices = v;
     else if (k == "--token-file") o.token_file = v;
     else if (k == "--data-plane-listen") o.data_plane_listen = v;
+    else if (k == "--call-listen") o.call_listen = v;
     else if (k == "--shutdown-timeout-ms") o.runtime.shutdown_timeout = std::chrono::milliseconds(std::stoi(v));
     else if (k == "--heartbeat-ms") o.runtime.heartbeat_interval = std::chrono::milliseconds(std::stoi(v));
     else if (k == "--connection-timeout-ms") o.runtime.connection_timeout = std::chrono::milliseconds(std::stoi(v));

@@ -41,6 +41,8 @@ class AgentProcess {
   const std::string& address() const { return address_; }
   /// The data plane's TCP port.
   uint16_t data_plane_port() const { return data_plane_port_; }
+  /// The call channel's TCP port (Note [Call channel]); 0 if none is offered.
+  uint16_t call_port() const { return call_port_; }
 
  private:
   pid_t pid_ = -1;
@@ -48,6 +50,7 @@ class AgentProcess {
   int pidfd_ = -1;
   std::string address_;
   uint16_t data_plane_port_ = 0;
+  uint16_t call_port_ = 0;
 };
 
 /// Writes a 0600 token file under the test temp dir; returns its path.

@@ -58,6 +58,7 @@ TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
       {"call_timeout_s", 2.5},
       {"heartbeat_interval_ms", 100},
       {"idle_poll_us", 50},
+      {"call_channel", false},
       {"data_plane", {{"bind_host", "0.0.0.0"}, {"port", 9000}, {"landing_idle_bytes", 1 << 20},
                       {"peer_mapping_bytes", 0}}}});
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
@@ -67,6 +68,11 @@ TEST(Config, FromJsonReadsKeysAndRejectsUnknownOnes) {
   EXPECT_EQ(cfg->call_timeout, Millis(2500));
   EXPECT_EQ(cfg->heartbeat_interval, Millis(100));
   EXPECT_EQ(cfg->idle_poll, std::chrono::microseconds(50));
+  EXPECT_FALSE(cfg->call_channel);
+  EXPECT_TRUE(RuntimeConfig().call_channel);  // on unless configured off
+  auto not_bool = RuntimeConfig::from_json(nlohmann::json{{"call_channel", "yes"}});
+  EXPECT_NE(not_bool.status().message().find("cluster.call_channel"), std::string::npos)
+      << not_bool.status().message();
   for (int bad_poll : {-1, 2000000}) {
     auto poll = RuntimeConfig::from_json(nlohmann::json{{"idle_poll_us", bad_poll}});
     EXPECT_NE(poll.status().message().find("cluster.idle_poll_us"), std::string::npos)

@@ -1,0 +1,552 @@
+// call_channel.cpp: Note [Call channel].
+#include "runtime/internal/call_channel.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "runtime/auth.hpp"
+#include "runtime/call_hub.hpp"
+#include "runtime/errors.hpp"
+
+namespace tessera::runtime::internal {
+namespace {
+
+// ---- socket helpers (blocking descriptors; Asio's objects are not safe for one thread reading
+// while another writes, so the channel does its I/O on the raw descriptor) --------------------
+
+Status write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int e = errno;
+      return make_error(e == EAGAIN || e == EWOULDBLOCK ? ErrorCode::timeout : ErrorCode::unavailable,
+                        "write failed: {}", k == 0 ? "connection closed" : std::strerror(e));
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return Status();
+}
+
+// Error "connection closed" on a clean end before the first byte (callers say what was cut).
+Status read_exact(int fd, char* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = ::recv(fd, p + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0) {
+      return make_error(ErrorCode::unavailable, got == 0 ? "connection closed"
+                                                          : "connection closed mid-frame");
+    }
+    if (k < 0) {
+      int e = errno;
+      return make_error(e == EAGAIN || e == EWOULDBLOCK ? ErrorCode::timeout : ErrorCode::unavailable,
+                        "read failed: {}", std::strerror(e));
+    }
+    got += static_cast<size_t>(k);
+  }
+  return Status();
+}
+
+void set_timeout(int fd, int option, Millis t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof tv);
+}
+
+void set_no_delay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+template <class T>
+void put_le(char* p, T v) { std::memcpy(p, &v, sizeof v); }
+template <class T>
+T get_le(const char* p) { T v; std::memcpy(&v, p, sizeof v); return v; }
+
+// A frame: the header, then `body` serialised with CAF's binary format right behind it.
+template <class T>
+Result<std::vector<char>> encode_frame(caf::actor_system& sys, FrameKind kind, uint64_t id,
+                                       T& body) {
+  std::vector<char> buf(kChannelHeaderBytes, '\0');
+  caf::binary_serializer sink(sys, buf);
+  if (auto err = sink(body)) {
+    return make_error(ErrorCode::internal, "cannot encode a call frame: {}",
+                      sys.render(err));
+  }
+  put_le(buf.data(), kChannelFrameMagic);
+  put_le(buf.data() + 4, static_cast<uint8_t>(kind));
+  put_le(buf.data() + 8, id);
+  put_le(buf.data() + 16, static_cast<uint64_t>(buf.size() - kChannelHeaderBytes));
+  return buf;
+}
+
+// Reads one frame of `kind`; a bad header or body is corrupt_data naming what is wrong.
+template <class T>
+Status read_frame(caf::actor_system& sys, int fd, FrameKind kind, uint64_t max_body,
+                  uint64_t& id, T& body) {
+  char header[kChannelHeaderBytes];
+  TESSERA_RETURN_IF_ERROR(read_exact(fd, header, sizeof header));
+  uint32_t magic = get_le<uint32_t>(header);
+  if (magic != kChannelFrameMagic) {
+    return make_error(ErrorCode::corrupt_data, "bad frame magic 0x{:08x}", magic);
+  }
+  uint8_t k = get_le<uint8_t>(header + 4);
+  if (k != static_cast<uint8_t>(kind)) {
+    return make_error(ErrorCode::corrupt_data, "unexpected frame kind {}", k);
+  }
+  id = get_le<uint64_t>(header + 8);
+  uint64_t bytes = get_le<uint64_t>(header + 16);
+  if (bytes > max_body) {
+    return make_error(ErrorCode::corrupt_data, "frame body of {} bytes exceeds the limit {}",
+                      bytes, max_body);
+  }
+  std::vector<char> buf(bytes);
+  Status st = read_exact(fd, buf.data(), buf.size());
+  if (!st.ok()) return make_error(ErrorCode::corrupt_data, "truncated frame: {}", st.message());
+  caf::binary_deserializer source(sys, buf);
+  if (auto err = source(body)) {
+    return make_error(ErrorCode::corrupt_data, "undecodable frame body: {}", sys.render(err));
+  }
+  if (source.remaining() != 0) {
+    return make_error(ErrorCode::corrupt_data, "{} stray bytes after the frame body",
+                      source.remaining());
+  }
+  return Status();
+}
+
+// Connects to host:port within `timeout` (non-blocking connect + poll), then blocking again.
+Result<int> connect_tcp(const std::string& host, uint16_t port, Millis timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) return make_error(ErrorCode::unavailable, "cannot resolve: {}", gai_strerror(rc));
+  std::string last = "no address";
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    int err = 0;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        socklen_t len = sizeof err;
+        if (::poll(&p, 1, static_cast<int>(timeout.count())) == 1) {
+          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        } else {
+          err = ETIMEDOUT;
+        }
+      }
+    }
+    if (err != 0) {
+      last = std::strerror(err);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) return make_error(ErrorCode::unavailable, "cannot connect: {}", last);
+  int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  set_no_delay(fd);
+  return fd;
+}
+
+// Binds and listens on host:port; the bound port comes back in `port`.
+Result<int> listen_tcp(const std::string& host, uint16_t& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) return make_error(ErrorCode::invalid_argument, "cannot resolve: {}", gai_strerror(rc));
+  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  int one = 1;
+  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
+  int err = errno;
+  ::freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) ::close(fd);
+    return make_error(ErrorCode::unavailable, "cannot listen: {}", std::strerror(err));
+  }
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return fd;
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "?";
+  }
+  return fmt::format("{}:{}", host, serv);
+}
+
+}  // namespace
+
+std::string channel_proof(const std::string& key, const std::string& nonce) {
+  return hmac_sha256(key, "tessera-call|" + nonce);
+}
+
+AgentCallReply agent_reply(std::vector<Result<WireValue>> results) {
+  AgentCallReply reply;
+  for (auto& r : results) {
+    reply.codes.push_back(static_cast<uint8_t>(r.status().code()));
+    reply.messages.push_back(r.ok() ? std::string() : r.status().message());
+    reply.results.push_back(r.ok() ? std::move(r).value() : WireValue{});
+  }
+  return reply;
+}
+
+AgentCallReply agent_refusal(size_t n, const Status& st) {
+  AgentCallReply reply;
+  reply.codes.assign(n, static_cast<uint8_t>(st.code()));
+  reply.messages.assign(n, st.message());
+  reply.results.resize(n);
+  return reply;
+}
+
+// ---- driver side -----------------------------------------------------------------------------
+
+Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
+    caf::actor_system& system, const std::string& agent, const std::string& host, uint16_t port,
+    uint64_t session,
+    const std::string& key, Millis timeout, uint64_t max_frame_bytes, OnReply on_reply,
+    OnClose on_close) {
+  std::unique_ptr<ChannelClient> c(new ChannelClient());
+  c->system_ = &system;
+  c->agent_ = agent;
+  std::string address = fmt::format("{}:{}", host, port);
+  c->max_frame_bytes_ = max_frame_bytes;
+  c->on_reply_ = std::move(on_reply);
+  c->on_close_ = std::move(on_close);
+  Result<int> fd = connect_tcp(host, port, timeout);
+  if (!fd.ok()) return fd.status().with_context("call channel " + address);
+  c->fd_ = *fd;
+  set_timeout(c->fd_, SO_RCVTIMEO, timeout);
+  set_timeout(c->fd_, SO_SNDTIMEO, timeout);  // stays: a write never blocks past it
+  std::string nonce(kChannelNonceBytes, '\0');
+  Status st = read_exact(c->fd_, nonce.data(), nonce.size());
+  char hello[kChannelHelloBytes];
+  if (st.ok()) {
+    put_le(hello, session);
+    std::string proof = channel_proof(key, nonce);
+    std::memcpy(hello + 8, proof.data(), 32);
+    st = write_all(c->fd_, hello, sizeof hello);
+  }
+  char ok[4];
+  if (st.ok()) st = read_exact(c->fd_, ok, sizeof ok);
+  if (st.ok() && get_le<uint32_t>(ok) != kChannelOkMagic) {
+    st = make_error(ErrorCode::permission_denied, "the agent refused the session");
+  }
+  if (!st.ok()) {
+    ::close(c->fd_);
+    c->fd_ = -1;
+    return st.with_context("call channel " + address + ": handshake");
+  }
+  set_timeout(c->fd_, SO_RCVTIMEO, Millis(0));  // the reader waits as long as the channel lives
+  c->open_ = true;
+  c->reader_ = std::thread([raw = c.get()] { raw->read_loop(); });
+  return c;
+}
+
+ChannelClient::~ChannelClient() { close(); }
+
+void ChannelClient::close() {
+  closing_ = true;
+  open_ = false;
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+  if (reader_.joinable()) {
+    if (reader_.get_id() == std::this_thread::get_id()) {
+      reader_.detach();  // closed from a reply callback: the loop ends on its own
+    } else {
+      reader_.join();
+    }
+  }
+  std::lock_guard<std::mutex> lock(write_mutex_);
+  if (fd_ >= 0 && !reader_.joinable()) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+Status ChannelClient::send(uint64_t id, const ChannelCall& call) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<char> frame,
+                           encode_frame(*system_, FrameKind::call, id,
+                                        const_cast<ChannelCall&>(call)));
+  std::lock_guard<std::mutex> lock(write_mutex_);
+  if (!open()) return make_error(ErrorCode::unavailable, "the call channel is closed");
+  Status st = write_all(fd_, frame.data(), frame.size());
+  if (!st.ok()) {
+    // A partial write leaves the stream unusable: end it (the reader then reports the close).
+    open_ = false;
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+  return st;
+}
+
+void ChannelClient::read_loop() {
+  Status st;
+  while (true) {
+    uint64_t id = 0;
+    AgentCallReply reply;
+    st = read_frame(*system_, fd_, FrameKind::reply, max_frame_bytes_, id, reply);
+    if (!st.ok()) break;
+    on_reply_(id, reply);
+  }
+  open_ = false;
+  if (closing_) return;
+  ::shutdown(fd_, SHUT_RDWR);
+  if (st.code() == ErrorCode::corrupt_data) {
+    spdlog::error("call channel of agent {}: {}; closing it", agent_, st.message());
+  }
+  on_close_(st.message());
+}
+
+// ---- agent side ------------------------------------------------------------------------------
+
+struct ChannelServer::Connection {
+  int fd = -1;
+  std::string peer;
+  std::string node;  // the driver's node, once authenticated
+  std::mutex write_mutex;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  ~Connection() {
+    if (fd >= 0) ::close(fd);
+  }
+  Status write(const std::vector<char>& frame) {
+    std::lock_guard<std::mutex> lock(write_mutex);
+    return write_all(fd, frame.data(), frame.size());
+  }
+};
+
+Result<std::unique_ptr<ChannelServer>> ChannelServer::start(caf::actor_system& system,
+                                                            const std::string& host,
+                                                            uint16_t port,
+                                                            const std::string& agent_host,
+                                                            uint64_t max_frame_bytes) {
+  std::unique_ptr<ChannelServer> s(new ChannelServer());
+  s->system_ = &system;
+  s->agent_host_ = agent_host;
+  s->max_frame_bytes_ = max_frame_bytes;
+  s->port_ = port;
+  Result<int> fd = listen_tcp(host, s->port_);
+  if (!fd.ok()) return fd.status().with_context(fmt::format("call channel on {}:{}", host, port));
+  s->listen_fd_ = *fd;
+  s->acceptor_ = std::thread([raw = s.get()] { raw->accept_loop(); });
+  return s;
+}
+
+ChannelServer::~ChannelServer() { stop(); }
+
+void ChannelServer::stop() {
+  std::vector<std::shared_ptr<Connection>> connections;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
+    connections.swap(connections_);
+    for (auto& c : connections) ::shutdown(c->fd, SHUT_RDWR);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+  for (auto& c : connections) {
+    if (c->thread.joinable()) c->thread.join();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  workers_.clear();
+  sessions_.clear();
+}
+
+Result<std::pair<uint64_t, std::string>> ChannelServer::open_session(const std::string& node) {
+  TESSERA_ASSIGN_OR_RETURN(std::string key, random_bytes(32));
+  TESSERA_ASSIGN_OR_RETURN(std::string id_bytes, random_bytes(8));
+  uint64_t id = get_le<uint64_t>(id_bytes.data());
+  std::lock_guard<std::mutex> lock(mutex_);
+  sessions_[id] = Session{id, key, node};
+  return std::make_pair(id, key);
+}
+
+void ChannelServer::end_session(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    it = it->second.node == node ? sessions_.erase(it) : std::next(it);
+  }
+  for (auto& c : connections_) {
+    if (c->node == node) ::shutdown(c->fd, SHUT_RDWR);
+  }
+}
+
+void ChannelServer::add_worker(Hosted worker) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopped_) return;
+  caf::actor_id id = worker.actor.id();
+  workers_[id] = std::move(worker);
+}
+
+void ChannelServer::remove_worker(caf::actor_id id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  workers_.erase(id);
+}
+
+void ChannelServer::reap_finished() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (!(*it)->done) {
+      ++it;
+      continue;
+    }
+    if ((*it)->thread.joinable()) (*it)->thread.join();
+    it = connections_.erase(it);
+  }
+}
+
+void ChannelServer::accept_loop() {
+  while (true) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    if (fd < 0) {
+      if (errno != EINTR && errno != ECONNABORTED) {
+        spdlog::error("call channel: accept failed: {}", std::strerror(errno));
+      }
+      continue;
+    }
+    reap_finished();
+    set_no_delay(fd);
+    auto conn = std::make_shared<Connection>();
+    conn->fd = fd;
+    conn->peer = peer_name(fd);
+    connections_.push_back(conn);
+    conn->thread = std::thread([this, conn] { serve(conn); });
+  }
+}
+
+Status ChannelServer::handshake(Connection& conn) {
+  set_timeout(conn.fd, SO_RCVTIMEO, Millis(10000));  // a silent peer does not keep a thread
+  set_timeout(conn.fd, SO_SNDTIMEO, Millis(10000));
+  TESSERA_ASSIGN_OR_RETURN(std::string nonce, random_bytes(kChannelNonceBytes));
+  TESSERA_RETURN_IF_ERROR(write_all(conn.fd, nonce.data(), nonce.size()));
+  char hello[kChannelHelloBytes];
+  TESSERA_RETURN_IF_ERROR(read_exact(conn.fd, hello, sizeof hello));
+  uint64_t session = get_le<uint64_t>(hello);
+  std::string proof(hello + 8, 32);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto s = sessions_.find(session);
+    if (s == sessions_.end() || !constant_time_equal(proof, channel_proof(s->second.key, nonce))) {
+      return make_error(ErrorCode::permission_denied, "no session with that id and key");
+    }
+    conn.node = s->second.node;
+  }
+  char ok[4];
+  put_le(ok, kChannelOkMagic);
+  TESSERA_RETURN_IF_ERROR(write_all(conn.fd, ok, sizeof ok));
+  set_timeout(conn.fd, SO_RCVTIMEO, Millis(0));
+  return Status();
+}
+
+void ChannelServer::serve(std::shared_ptr<Connection> conn) {
+  Status st = handshake(*conn);
+  if (!st.ok()) {
+    bad_connections_++;
+    spdlog::warn("call channel: refused {}: {}", conn->peer, st.message());
+  }
+  while (st.ok()) {
+    uint64_t id = 0;
+    ChannelCall call;
+    st = read_frame(*system_, conn->fd, FrameKind::call, max_frame_bytes_, id, call);
+    if (st.ok()) {
+      dispatch(conn, id, call);
+    } else if (st.code() == ErrorCode::corrupt_data) {
+      bad_connections_++;
+      spdlog::error("call channel: {}: {}; closing that connection", conn->peer, st.message());
+    }
+  }
+  ::shutdown(conn->fd, SHUT_RDWR);  // answers still running find it closed
+  conn->done = true;
+}
+
+// Note [Call paths] on the agent: the calls of one frame become LocalCalls; the thread of the
+// last answer writes the reply frame. The batch is owned by its own completion callback until
+// then (its slots hold it weakly).
+void ChannelServer::dispatch(const std::shared_ptr<Connection>& conn, uint64_t id,
+                             ChannelCall& call) {
+  size_t n = call.requests.size();
+  caf::actor_system& sys = *system_;
+  auto answer = [&sys, conn, id](AgentCallReply reply) {
+    Result<std::vector<char>> frame = encode_frame(sys, FrameKind::reply, id, reply);
+    Status st = frame.ok() ? conn->write(*frame) : frame.status();
+    if (!st.ok()) spdlog::warn("call channel: {}: answer to call {} lost: {}", conn->peer, id, st.message());
+  };
+  if (call.workers.size() != n) {
+    return answer(agent_refusal(n, make_error(ErrorCode::invalid_argument, "agent on {}: call "
+                                              "with {} workers and {} requests", agent_host_,
+                                              call.workers.size(), n)));
+  }
+  std::vector<caf::actor> targets(n);
+  std::vector<std::string> labels(n);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < n; ++i) {
+      auto w = workers_.find(call.workers[i]);
+      if (w == workers_.end() || w->second.owner != conn->node) {
+        labels[i] = "a worker not hosted here";
+        continue;
+      }
+      targets[i] = w->second.actor;
+      labels[i] = call_label(w->second.context, call.requests[i].method);
+    }
+  }
+  auto batch = std::make_shared<CallBatch>(std::move(labels),
+                                           std::chrono::steady_clock::time_point::max());
+  for (size_t i = 0; i < n; ++i) {
+    if (targets[i]) {
+      send_local_call(targets[i], std::move(call.requests[i]), true, batch, i);
+    } else {
+      // The driver prefixes its own label (rank, host, method) to this.
+      batch->set(i, make_error(ErrorCode::unavailable, "the worker is not hosted by the agent on "
+                               "{} for this driver (it terminated, or never ran there)",
+                               agent_host_));
+    }
+  }
+  batch->on_complete([answer, batch] { answer(agent_reply(batch->wait())); });
+}
+
+}  // namespace tessera::runtime::internal

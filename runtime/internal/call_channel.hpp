@@ -1,0 +1,189 @@
+// call_channel.hpp: calls from a driver to an agent's workers outside CAF (private to runtime/).
+//
+// Note [Call channel]
+// A call through CAF to an agent costs BASP's hops on both sides: the sender's multiplexer is
+// woken through a pipe, the receiver's multiplexer wakes on epoll and then schedules the
+// receiving actor, and the reply does the same backwards (deps-verified.md §1: a bare CAF
+// request round trip is ~180-360 us on these machines, above the whole call's budget). So each
+// driver opens one TCP connection per agent, beside CAF, that carries calls and their answers
+// and nothing else:
+//   * the caller's thread writes the call frame itself (one send(), no thread hop);
+//   * the agent's reader thread for that connection, blocked in recv(), wakes once, resolves
+//     the target workers in the agent's table and hands the calls to them (Note [Local lanes]:
+//     no system call when they are polling);
+//   * the worker thread that answers last writes the reply frame (Note [Call paths]);
+//   * the driver's reader thread completes the CallBatch.
+// Everything else stays on CAF: spawning, monitoring (a dead agent or worker still fails its
+// calls through down_msg, Note [Call paths]), releases, heartbeats. Deadlines and late answers
+// are the CallHub's, shared by both paths (Note [Late replies]).
+//
+// Authentication: the channel is offered only to a driver that authenticated over CAF (Note
+// [Agent authentication]): the agent answers auth_atom with a per-driver session id and a fresh
+// 32-byte session key (AgentInfo::call_session / call_key). On connecting, the agent sends a
+// 32-byte nonce; the driver answers with its session id and HMAC(key, "tessera-call|" nonce);
+// the agent checks it in constant time and answers "TCOK", or closes the connection (logged).
+// The key never crosses the channel. After that, frames are not authenticated one by one: the
+// channel has the integrity of plain-TCP CAF. So an agent with TLS does not offer it (a driver
+// with TLS does not use it) and calls stay on the encrypted CAF connection.
+//
+// Frames (little endian): header 24 bytes "TCF1" | kind u8 | 0 u8 | 0 u16 | call id u64 |
+// body bytes u64, then the body: a ChannelCall (kind call) or an AgentCallReply (kind reply)
+// in CAF's binary format. Bad magic, an unknown kind, a body over DataPlaneConfig::
+// max_frame_bytes or one that does not decode closes that connection with a logged error; the
+// agent keeps serving everyone else, and the driver fails the agent's pending calls and goes
+// back to CAF for it.
+//
+// Thread-safety: ChannelClient::send from any thread; ChannelServer's methods from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include "proto/status.hpp"
+#include "runtime/config.hpp"
+#include "runtime/messages.hpp"
+
+namespace tessera::runtime::internal {
+
+/// One call to several workers of one agent (AgentCall with actor ids instead of handles).
+struct ChannelCall {
+  std::vector<uint64_t> workers;      ///< caf::actor_id of each target, hosted by the agent.
+  std::vector<CallRequest> requests;  ///< requests[i] goes to workers[i].
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ChannelCall& x) {
+  return f(caf::meta::type_name("ChannelCall"), x.workers, x.requests);
+}
+
+inline constexpr uint32_t kChannelFrameMagic = 0x31464354;  // "TCF1"
+inline constexpr uint32_t kChannelOkMagic = 0x4b4f4354;     // "TCOK"
+inline constexpr size_t kChannelHeaderBytes = 24;
+inline constexpr size_t kChannelNonceBytes = 32;
+inline constexpr size_t kChannelHelloBytes = 8 + 32;  // session id, proof
+enum class FrameKind : uint8_t { call = 1, reply = 2 };
+
+/// The driver's proof for `nonce` under a session key.
+std::string channel_proof(const std::string& key, const std::string& nonce);
+
+/// The answers of a completed fan-out, in target order (both call paths build them).
+AgentCallReply agent_reply(std::vector<Result<WireValue>> results);
+/// An agent call refused as a whole: each of its `n` targets gets `st`.
+AgentCallReply agent_refusal(size_t n, const Status& st);
+
+/// The driver's end of one agent's channel.
+class ChannelClient {
+ public:
+  using OnReply = std::function<void(uint64_t id, AgentCallReply& reply)>;
+  /// Called once, from the reader thread, when the connection ends for any reason but close().
+  using OnClose = std::function<void(const std::string& why)>;
+
+  /// Connects to host:port, authenticates with `session`/`key` within `timeout`, and starts
+  /// the reader thread. `agent` names the agent in logs and errors (its cluster.agents entry).
+  /// Errors name the channel's address and the step that failed.
+  static Result<std::unique_ptr<ChannelClient>> connect(caf::actor_system& system,
+                                                        const std::string& agent,
+                                                        const std::string& host, uint16_t port,
+                                                        uint64_t session, const std::string& key,
+                                                        Millis timeout, uint64_t max_frame_bytes,
+                                                        OnReply on_reply, OnClose on_close);
+  ~ChannelClient();  ///< close().
+  ChannelClient(const ChannelClient&) = delete;
+  ChannelClient& operator=(const ChannelClient&) = delete;
+
+  /// Writes one call frame. Error (unavailable) if the channel is closed or the write failed
+  /// (the channel is then closed: the stream can no longer be trusted).
+  Status send(uint64_t id, const ChannelCall& call);
+  /// False once the connection ended.
+  bool open() const { return open_.load(std::memory_order_acquire); }
+  /// Ends the connection and joins the reader (on_close is not called). Idempotent.
+  void close();
+  /// The agent's name given to connect().
+  const std::string& agent() const { return agent_; }
+
+ private:
+  ChannelClient() = default;
+  void read_loop();
+
+  caf::actor_system* system_ = nullptr;
+  std::string agent_;
+  int fd_ = -1;
+  uint64_t max_frame_bytes_ = 0;
+  OnReply on_reply_;
+  OnClose on_close_;
+  std::mutex write_mutex_;
+  std::atomic<bool> open_{false};
+  std::atomic<bool> closing_{false};
+  std::thread reader_;
+};
+
+/// The agent's channel listener (Note [Call channel]).
+class ChannelServer {
+ public:
+  /// A worker the agent hosts: how to call it and for whom.
+  struct Hosted {
+    caf::actor actor;
+    WorkerContext context;
+    std::string owner;  ///< Node id of the driver that spawned it.
+  };
+
+  /// Binds host:port (port 0: any free one) and starts accepting. Errors name the address.
+  static Result<std::unique_ptr<ChannelServer>> start(caf::actor_system& system,
+                                                      const std::string& host, uint16_t port,
+                                                      const std::string& agent_host,
+                                                      uint64_t max_frame_bytes);
+  ~ChannelServer();  ///< stop().
+
+  uint16_t port() const { return port_; }
+  /// Opens a session for the driver on `node` (replacing its previous one and closing that
+  /// session's connections); returns (session id, key).
+  Result<std::pair<uint64_t, std::string>> open_session(const std::string& node);
+  /// Ends `node`'s session and closes its connections.
+  void end_session(const std::string& node);
+  /// The hosted-worker table (kept by the agent actor).
+  void add_worker(Hosted worker);
+  void remove_worker(caf::actor_id id);
+  /// Stops accepting, closes every connection, joins every thread and drops the table.
+  void stop();
+  /// Connections refused or closed for a bad handshake or frame (tests).
+  uint64_t bad_connections() const { return bad_connections_.load(); }
+
+ private:
+  struct Connection;
+  struct Session {
+    uint64_t id = 0;
+    std::string key;
+    std::string node;
+  };
+  ChannelServer() = default;
+  void accept_loop();
+  void serve(std::shared_ptr<Connection> conn);
+  Status handshake(Connection& conn);
+  void dispatch(const std::shared_ptr<Connection>& conn, uint64_t id, ChannelCall& call);
+  void reap_finished();  // REQUIRES: mutex_ held
+
+  caf::actor_system* system_ = nullptr;
+  std::string agent_host_;
+  uint64_t max_frame_bytes_ = 0;
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  std::thread acceptor_;
+  std::mutex mutex_;
+  bool stopped_ = false;
+  std::unordered_map<uint64_t, Session> sessions_;  // by id
+  std::unordered_map<caf::actor_id, Hosted> workers_;
+  std::vector<std::shared_ptr<Connection>> connections_;
+  std::atomic<uint64_t> bad_connections_{0};
+};
+
+}  // namespace tessera::runtime::internal

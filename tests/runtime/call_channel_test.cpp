@@ -1,0 +1,254 @@
+// Note [Call channel], in process: a real ChannelServer hosting real detached workers (an
+// embedded Runtime's), driven by ChannelClients and by raw sockets that misbehave. Waiting is
+// on futures the channel's own threads fulfil; nothing sleeps.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <future>
+
+#include "runtime/internal/call_channel.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/wire.hpp"
+#include "tests/runtime/test_workers.hpp"
+
+namespace tessera::runtime {
+namespace {
+
+using internal::ChannelCall;
+using internal::ChannelClient;
+using internal::ChannelServer;
+
+constexpr uint64_t kMaxFrame = 1 << 20;
+
+// A raw TCP connection to 127.0.0.1:port (the test misbehaves on it).
+int raw_connect(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
+void raw_write(int fd, const std::string& bytes) {
+  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+}
+
+// Reads until the peer closes; returns what came.
+std::string read_until_closed(int fd) {
+  std::string out;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+std::string le64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+
+// What a client saw: its replies by call id, and how it ended.
+struct Seen {
+  std::mutex mutex;
+  std::map<uint64_t, std::promise<AgentCallReply>> replies;
+  std::promise<std::string> closed;
+  std::future<AgentCallReply> expect(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return replies[id].get_future();
+  }
+};
+
+class CallChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RuntimeConfig cfg;
+    cfg.embedded_devices = "cpu:2";
+    auto rt = Runtime::start(cfg, testing::test_registry());
+    ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+    rt_ = std::move(rt).value();
+    auto workers = rt_->spawn_workers("chan", *rt_->resource_pool(), {{"", "echo", "{}"}});
+    ASSERT_TRUE(workers.ok()) << workers.status().to_string();
+    workers_ = *workers;
+    auto server = ChannelServer::start(rt_->system(), "127.0.0.1", 0, "test-host", kMaxFrame);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    server_ = std::move(server).value();
+    // Rank 0 belongs to driver node "A", rank 1 to node "B".
+    server_->add_worker({workers_[0].actor, workers_[0].context, "A"});
+    server_->add_worker({workers_[1].actor, workers_[1].context, "B"});
+    auto session = server_->open_session("A");
+    ASSERT_TRUE(session.ok());
+    session_ = *session;
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    workers_.clear();  // actor handles: the actor system waits for every detached thread
+    rt_.reset();
+  }
+
+  Result<std::unique_ptr<ChannelClient>> connect(Seen& seen, const std::string& key) {
+    return ChannelClient::connect(
+        rt_->system(), "test-agent", "127.0.0.1", server_->port(), session_.first, key, Millis(10000), kMaxFrame,
+        [&seen](uint64_t id, AgentCallReply& reply) {
+          std::lock_guard<std::mutex> lock(seen.mutex);
+          seen.replies[id].set_value(std::move(reply));
+        },
+        [&seen](const std::string& why) { seen.closed.set_value(why); });
+  }
+
+  // A raw connection that completed the handshake with the session's key.
+  int raw_session() {
+    int fd = raw_connect(server_->port());
+    std::string nonce(internal::kChannelNonceBytes, '\0');
+    EXPECT_EQ(::recv(fd, nonce.data(), nonce.size(), MSG_WAITALL),
+              static_cast<ssize_t>(nonce.size()));
+    raw_write(fd, le64(session_.first) + internal::channel_proof(session_.second, nonce));
+    char ok[4];
+    EXPECT_EQ(::recv(fd, ok, sizeof ok, MSG_WAITALL), 4);
+    return fd;
+  }
+
+  static ChannelCall rank_info_call(caf::actor_id worker) {
+    ChannelCall call;
+    call.workers = {worker};
+    call.requests.resize(1);
+    call.requests[0].method = "rank_info";
+    return call;
+  }
+
+  std::unique_ptr<Runtime> rt_;
+  std::vector<WorkerRef> workers_;
+  std::unique_ptr<ChannelServer> server_;
+  std::pair<uint64_t, std::string> session_;
+};
+
+TEST_F(CallChannelTest, ACallReachesTheHostedWorkerAndItsAnswerComesBack) {
+  Seen seen;
+  auto client = connect(seen, session_.second);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  ChannelCall call = rank_info_call(workers_[0].actor.id());
+  call.requests.push_back(call.requests[0]);  // the same worker twice, in one frame
+  call.workers.push_back(call.workers[0]);
+  auto answer = seen.expect(7);
+  ASSERT_TRUE((*client)->send(7, call).ok());
+  AgentCallReply reply = answer.get();
+  ASSERT_EQ(reply.codes.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    ASSERT_EQ(reply.codes[k], 0) << reply.messages[k];
+    Result<Value> v = from_wire(reply.results[k], rt_->data_plane(), true);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    EXPECT_EQ(v->json()["rank"], workers_[0].context.rank);
+    EXPECT_EQ(v->json()["group"], "chan");
+  }
+  EXPECT_EQ(server_->bad_connections(), 0u);
+}
+
+TEST_F(CallChannelTest, AWorkerOfAnotherDriverOrUnknownIsNotCalled) {
+  Seen seen;
+  auto client = connect(seen, session_.second);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  ChannelCall call = rank_info_call(workers_[1].actor.id());  // node B's worker
+  call.workers.push_back(987654321);                          // no such actor
+  call.requests.push_back(call.requests[0]);
+  auto answer = seen.expect(1);
+  ASSERT_TRUE((*client)->send(1, call).ok());
+  AgentCallReply reply = answer.get();
+  ASSERT_EQ(reply.codes.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(reply.codes[k], static_cast<uint8_t>(ErrorCode::unavailable));
+    EXPECT_NE(reply.messages[k].find("not hosted by the agent on test-host"), std::string::npos)
+        << reply.messages[k];
+  }
+  // A call whose columns disagree is refused as a whole.
+  ChannelCall lopsided = rank_info_call(workers_[0].actor.id());
+  lopsided.workers.push_back(workers_[0].actor.id());
+  auto refused = seen.expect(2);
+  ASSERT_TRUE((*client)->send(2, lopsided).ok());
+  AgentCallReply r2 = refused.get();
+  ASSERT_EQ(r2.codes.size(), 1u);
+  EXPECT_EQ(r2.codes[0], static_cast<uint8_t>(ErrorCode::invalid_argument));
+}
+
+TEST_F(CallChannelTest, AWrongKeyOrSessionIsRefusedAndTheServerKeepsServing) {
+  Seen bad;
+  auto refused = connect(bad, std::string(32, 'k'));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::unavailable) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("handshake"), std::string::npos);
+  EXPECT_NE(refused.status().message().find(std::to_string(server_->port())), std::string::npos);
+  // Junk instead of a hello: an unknown session.
+  int fd = raw_connect(server_->port());
+  raw_write(fd, std::string(4096, '\xff'));
+  read_until_closed(fd);
+  ::close(fd);
+  EXPECT_EQ(server_->bad_connections(), 2u);
+  Seen seen;
+  auto client = connect(seen, session_.second);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  auto answer = seen.expect(3);
+  ASSERT_TRUE((*client)->send(3, rank_info_call(workers_[0].actor.id())).ok());
+  EXPECT_EQ(answer.get().codes.at(0), 0);
+}
+
+TEST_F(CallChannelTest, GarbageFramesCloseOnlyThatConnection) {
+  Seen seen;
+  auto client = connect(seen, session_.second);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string header_tail(20, '\0');
+  const std::vector<std::string> garbage = {
+      std::string("XXXX") + header_tail,                                  // bad magic
+      std::string("TCF1\x02") + std::string(19, '\0'),                    // a reply, to the agent
+      std::string("TCF1\x01\0\0\0", 8) + le64(1) + le64(kMaxFrame + 1),   // body over the limit
+      std::string("TCF1\x01\0\0\0", 8) + le64(1) + le64(16) + std::string(16, '\x7f'),  // undecodable
+      std::string("TCF1\x01\0\0\0", 8) + le64(1) + le64(64) + "short",    // truncated
+  };
+  for (size_t i = 0; i < garbage.size(); ++i) {
+    int fd = raw_session();
+    raw_write(fd, garbage[i]);
+    if (i + 1 == garbage.size()) ::shutdown(fd, SHUT_WR);  // cut short
+    EXPECT_EQ(read_until_closed(fd), "") << "garbage " << i;  // closed, nothing answered
+    ::close(fd);
+    EXPECT_EQ(server_->bad_connections(), i + 1) << "garbage " << i;
+  }
+  // The well-behaved connection was never touched.
+  auto answer = seen.expect(4);
+  ASSERT_TRUE((*client)->send(4, rank_info_call(workers_[0].actor.id())).ok());
+  EXPECT_EQ(answer.get().codes.at(0), 0);
+  EXPECT_TRUE((*client)->open());
+}
+
+TEST_F(CallChannelTest, EndingTheSessionClosesItsConnectionsAndRefusesNewOnes) {
+  Seen seen;
+  auto client = connect(seen, session_.second);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  server_->end_session("A");  // the driver's hub went away
+  std::string why = seen.closed.get_future().get();
+  EXPECT_NE(why.find("closed"), std::string::npos) << why;
+  EXPECT_FALSE((*client)->open());
+  Status st = (*client)->send(5, rank_info_call(workers_[0].actor.id()));
+  EXPECT_EQ(st.code(), ErrorCode::unavailable);
+  Seen again;
+  EXPECT_FALSE(connect(again, session_.second).ok());
+}
+
+TEST_F(CallChannelTest, AWorkerThatTerminatesFailsItsCallInsteadOfHanging) {
+  Seen seen;
+  auto client = connect(seen, session_.second);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  caf::actor_id id = workers_[0].actor.id();
+  caf::scoped_actor self{rt_->system()};
+  self->monitor(workers_[0].actor);
+  caf::anon_send_exit(workers_[0].actor, caf::exit_reason::kill);
+  self->receive([](const caf::down_msg&) {});
+  auto answer = seen.expect(6);
+  ASSERT_TRUE((*client)->send(6, rank_info_call(id)).ok());  // still in the table
+  AgentCallReply reply = answer.get();
+  ASSERT_EQ(reply.codes.size(), 1u);
+  EXPECT_EQ(reply.codes[0], static_cast<uint8_t>(ErrorCode::unavailable));
+  EXPECT_NE(reply.messages[0].find("terminated"), std::string::npos) << reply.messages[0];
+}
+
+}  // namespace
+}  // namespace tessera::runtime
