@@ -90,7 +90,7 @@ Status start_channel(const AgentOptions& o, const std::string& listen_host,
   TESSERA_ASSIGN_OR_RETURN(p.channel, internal::ChannelServer::start(
                                           p.actors->system(), hp.first, hp.second,
                                           o.advertise_host.empty() ? listen_host : o.advertise_host,
-                                          cfg.data_plane.max_frame_bytes));
+                                          cfg.data_plane.max_frame_bytes, cfg.idle_poll));
   return Status();
 }
 

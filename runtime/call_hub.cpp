@@ -486,7 +486,8 @@ Status CallHub::open_channel(const caf::actor& agent, const std::string& address
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::ChannelClient> channel,
                            internal::ChannelClient::connect(hub_->home_system(), address, host,
                                                             port, session, key, timeout,
-                                                            max_frame_bytes, on_reply, on_close));
+                                                            max_frame_bytes, idle_poll_, on_reply,
+                                                            on_close));
   std::shared_ptr<internal::ChannelClient> old;
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -508,30 +509,50 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   for (size_t i = 0; i < targets.size(); ++i) {
     labels.push_back(call_label(targets[i].context, requests[i].method));
   }
-  // Remote targets: the hub's sweep is the deadline (it frees its entry, then fails the call);
-  // the batch's own deadline, a little later, is only a backstop.
-  bool remote = std::any_of(targets.begin(), targets.end(), [](const WorkerRef& w) { return !w.local; });
-  auto deadline = std::chrono::steady_clock::now() + t + (remote ? 3 * kTick : Millis(0));
-  // Only in-process answers can come back within a poll period (Note [Local lanes]); a remote
-  // round trip takes longer, and polling would only take the CPU from the I/O threads.
-  auto batch = std::make_shared<CallBatch>(std::move(labels), deadline,
-                                           remote ? std::chrono::microseconds(0) : idle_poll_);
   std::unordered_map<caf::actor_addr, Job> jobs;
   std::unordered_map<caf::actor_addr, std::shared_ptr<internal::ChannelClient>> channels;
-  std::vector<bool> dead(targets.size(), false);
+  std::vector<const std::string*> dead(targets.size(), nullptr);  // why, in shared_->dead
+  std::vector<std::string> dead_reasons;
+  dead_reasons.reserve(targets.size());  // dead[i] points into it
+  bool remote = false;
+  bool all_channels = true;  // every remote target's agent has an open channel
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    for (size_t i = 0; i < targets.size() && !shared_->dead.empty(); ++i) {
-      auto d = shared_->dead.find(targets[i].actor.address());
-      if (d == shared_->dead.end()) continue;
-      dead[i] = true;
-      batch->set(i, make_error(ErrorCode::unavailable, "{}: the worker is dead ({})",
-                               batch->label(i), d->second));
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (!shared_->dead.empty()) {
+        auto d = shared_->dead.find(targets[i].actor.address());
+        if (d != shared_->dead.end()) {
+          dead_reasons.push_back(d->second);
+          dead[i] = &dead_reasons.back();
+        }
+      }
+      if (targets[i].local) continue;
+      remote = true;
+      auto ch = shared_->channels.find(targets[i].agent.address());
+      if (ch == shared_->channels.end() || !ch->second->open()) {
+        all_channels = false;
+      } else {
+        channels.emplace(ch->first, ch->second);
+      }
     }
-    if (remote) channels = shared_->channels;
+  }
+  // Remote targets: the hub's sweep is the deadline (it frees its entry, then fails the call);
+  // the batch's own deadline, a little later, is only a backstop.
+  auto deadline = std::chrono::steady_clock::now() + t + (remote ? 3 * kTick : Millis(0));
+  // Poll (Note [Local lanes]) for in-process workers and for call channels, whose readers
+  // hand answers over from threads of their own; a CAF round trip takes longer, and polling
+  // would only take the CPU from CAF's I/O threads.
+  auto batch = std::make_shared<CallBatch>(
+      std::move(labels), deadline,
+      !remote || all_channels ? idle_poll_ : std::chrono::microseconds(0));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (dead[i] != nullptr) {
+      batch->set(i, make_error(ErrorCode::unavailable, "{}: the worker is dead ({})",
+                               batch->label(i), *dead[i]));
+    }
   }
   for (size_t i = 0; i < targets.size(); ++i) {
-    if (dead[i]) continue;
+    if (dead[i] != nullptr) continue;
     if (targets[i].local) {
       send_local_call(targets[i].actor, std::move(requests[i]), false, batch, i);
       continue;

@@ -200,6 +200,25 @@ Result<int> listen_tcp(const std::string& host, uint16_t& port) {
   return fd;
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Note [Call channel], polling: returns once `fd` has bytes to read (or an end or error), or
+// once `last_activity` is older than `idle_poll`; consumes nothing. The caller then blocks.
+void poll_readable(int fd, const std::atomic<int64_t>& last_activity,
+                   std::chrono::microseconds idle_poll) {
+  const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(idle_poll).count();
+  if (window <= 0) return;
+  char byte;
+  while (now_ns() - last_activity.load(std::memory_order_relaxed) < window) {
+    ssize_t k = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+    std::this_thread::yield();
+  }
+}
+
 std::string peer_name(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
@@ -242,13 +261,14 @@ AgentCallReply agent_refusal(size_t n, const Status& st) {
 Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
     caf::actor_system& system, const std::string& agent, const std::string& host, uint16_t port,
     uint64_t session,
-    const std::string& key, Millis timeout, uint64_t max_frame_bytes, OnReply on_reply,
-    OnClose on_close) {
+    const std::string& key, Millis timeout, uint64_t max_frame_bytes,
+    std::chrono::microseconds idle_poll, OnReply on_reply, OnClose on_close) {
   std::unique_ptr<ChannelClient> c(new ChannelClient());
   c->system_ = &system;
   c->agent_ = agent;
   std::string address = fmt::format("{}:{}", host, port);
   c->max_frame_bytes_ = max_frame_bytes;
+  c->idle_poll_ = idle_poll;
   c->on_reply_ = std::move(on_reply);
   c->on_close_ = std::move(on_close);
   Result<int> fd = connect_tcp(host, port, timeout);
@@ -307,6 +327,7 @@ Status ChannelClient::send(uint64_t id, const ChannelCall& call) {
                                         const_cast<ChannelCall&>(call)));
   std::lock_guard<std::mutex> lock(write_mutex_);
   if (!open()) return make_error(ErrorCode::unavailable, "the call channel is closed");
+  last_activity_.store(now_ns(), std::memory_order_relaxed);  // the reader stays awake for it
   Status st = write_all(fd_, frame.data(), frame.size());
   if (!st.ok()) {
     // A partial write leaves the stream unusable: end it (the reader then reports the close).
@@ -321,8 +342,10 @@ void ChannelClient::read_loop() {
   while (true) {
     uint64_t id = 0;
     AgentCallReply reply;
+    poll_readable(fd_, last_activity_, idle_poll_);
     st = read_frame(*system_, fd_, FrameKind::reply, max_frame_bytes_, id, reply);
     if (!st.ok()) break;
+    last_activity_.store(now_ns(), std::memory_order_relaxed);
     on_reply_(id, reply);
   }
   open_ = false;
@@ -343,11 +366,13 @@ struct ChannelServer::Connection {
   std::mutex write_mutex;
   std::thread thread;
   std::atomic<bool> done{false};
+  std::atomic<int64_t> last_activity{0};  // steady clock, ns: last frame read or written
   ~Connection() {
     if (fd >= 0) ::close(fd);
   }
   Status write(const std::vector<char>& frame) {
     std::lock_guard<std::mutex> lock(write_mutex);
+    last_activity.store(now_ns(), std::memory_order_relaxed);
     return write_all(fd, frame.data(), frame.size());
   }
 };
@@ -356,11 +381,13 @@ Result<std::unique_ptr<ChannelServer>> ChannelServer::start(caf::actor_system& s
                                                             const std::string& host,
                                                             uint16_t port,
                                                             const std::string& agent_host,
-                                                            uint64_t max_frame_bytes) {
+                                                            uint64_t max_frame_bytes,
+                                                            std::chrono::microseconds idle_poll) {
   std::unique_ptr<ChannelServer> s(new ChannelServer());
   s->system_ = &system;
   s->agent_host_ = agent_host;
   s->max_frame_bytes_ = max_frame_bytes;
+  s->idle_poll_ = idle_poll;
   s->port_ = port;
   Result<int> fd = listen_tcp(host, s->port_);
   if (!fd.ok()) return fd.status().with_context(fmt::format("call channel on {}:{}", host, port));
@@ -491,8 +518,10 @@ void ChannelServer::serve(std::shared_ptr<Connection> conn) {
   while (st.ok()) {
     uint64_t id = 0;
     ChannelCall call;
+    poll_readable(conn->fd, conn->last_activity, idle_poll_);
     st = read_frame(*system_, conn->fd, FrameKind::call, max_frame_bytes_, id, call);
     if (st.ok()) {
+      conn->last_activity.store(now_ns(), std::memory_order_relaxed);
       dispatch(conn, id, call);
     } else if (st.code() == ErrorCode::corrupt_data) {
       bad_connections_++;

@@ -13,6 +13,10 @@
 //     no system call when they are polling);
 //   * the worker thread that answers last writes the reply frame (Note [Call paths]);
 //   * the driver's reader thread completes the CallBatch.
+// Both readers poll (yielding, as Note [Local lanes]) for RuntimeConfig::idle_poll after the
+// last thing that happened on their connection (a frame read, a frame written) before they
+// sleep in recv(): a sender that finds its reader awake skips the wake-up that a blocked
+// reader costs it inside send() (most of a loopback round trip on a virtual machine).
 // Everything else stays on CAF: spawning, monitoring (a dead agent or worker still fails its
 // calls through down_msg, Note [Call paths]), releases, heartbeats. Deadlines and late answers
 // are the CallHub's, shared by both paths (Note [Late replies]).
@@ -37,6 +41,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -96,6 +101,7 @@ class ChannelClient {
                                                         const std::string& host, uint16_t port,
                                                         uint64_t session, const std::string& key,
                                                         Millis timeout, uint64_t max_frame_bytes,
+                                                        std::chrono::microseconds idle_poll,
                                                         OnReply on_reply, OnClose on_close);
   ~ChannelClient();  ///< close().
   ChannelClient(const ChannelClient&) = delete;
@@ -119,6 +125,8 @@ class ChannelClient {
   std::string agent_;
   int fd_ = -1;
   uint64_t max_frame_bytes_ = 0;
+  std::chrono::microseconds idle_poll_{0};
+  std::atomic<int64_t> last_activity_{0};  // steady clock, ns: last send or reply
   OnReply on_reply_;
   OnClose on_close_;
   std::mutex write_mutex_;
@@ -141,7 +149,8 @@ class ChannelServer {
   static Result<std::unique_ptr<ChannelServer>> start(caf::actor_system& system,
                                                       const std::string& host, uint16_t port,
                                                       const std::string& agent_host,
-                                                      uint64_t max_frame_bytes);
+                                                      uint64_t max_frame_bytes,
+                                                      std::chrono::microseconds idle_poll);
   ~ChannelServer();  ///< stop().
 
   uint16_t port() const { return port_; }
@@ -175,6 +184,7 @@ class ChannelServer {
   caf::actor_system* system_ = nullptr;
   std::string agent_host_;
   uint64_t max_frame_bytes_ = 0;
+  std::chrono::microseconds idle_poll_{0};
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::thread acceptor_;

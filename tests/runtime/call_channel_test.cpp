@@ -72,7 +72,8 @@ class CallChannelTest : public ::testing::Test {
     auto workers = rt_->spawn_workers("chan", *rt_->resource_pool(), {{"", "echo", "{}"}});
     ASSERT_TRUE(workers.ok()) << workers.status().to_string();
     workers_ = *workers;
-    auto server = ChannelServer::start(rt_->system(), "127.0.0.1", 0, "test-host", kMaxFrame);
+    auto server = ChannelServer::start(rt_->system(), "127.0.0.1", 0, "test-host", kMaxFrame,
+                                        std::chrono::microseconds(200));
     ASSERT_TRUE(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
     // Rank 0 belongs to driver node "A", rank 1 to node "B".
@@ -91,6 +92,7 @@ class CallChannelTest : public ::testing::Test {
   Result<std::unique_ptr<ChannelClient>> connect(Seen& seen, const std::string& key) {
     return ChannelClient::connect(
         rt_->system(), "test-agent", "127.0.0.1", server_->port(), session_.first, key, Millis(10000), kMaxFrame,
+        std::chrono::microseconds(200),
         [&seen](uint64_t id, AgentCallReply& reply) {
           std::lock_guard<std::mutex> lock(seen.mutex);
           seen.replies[id].set_value(std::move(reply));
