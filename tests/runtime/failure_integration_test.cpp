@@ -163,9 +163,11 @@ bool ClusterTls::ok_ = false;
 TEST_F(ClusterTls, ADriverAndAnAgentSignedByTheTrustedCaCallOverTls) {
   auto agent = start_agent(testing::write_token_file("tls_token", kToken));
   ASSERT_TRUE(agent.ok()) << agent.status().to_string();
+  EXPECT_EQ(agent->call_port(), 0);  // Note [Call channel]: unencrypted, so not offered
   auto rt = Runtime::start(tls_driver(agent->address(), "driver", "ca_a"),
                            testing::test_registry());
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  EXPECT_FALSE((*rt)->hub().channel_open((*rt)->nodes()[0].agent));  // calls stay on TLS
   auto workers = (*rt)->spawn_workers("tls", *(*rt)->resource_pool(), {{"", "echo", "{}"}});
   ASSERT_TRUE(workers.ok()) << workers.status().to_string();
   std::vector<std::vector<Value>> args(1);
@@ -221,6 +223,13 @@ TEST_F(ClusterTls, AnUnreadableOrNonPemFileIsRefusedAtStartUp) {
                                            "--tls-cafile", file("ca_a.pem")});
   ASSERT_TRUE(status.ok()) << status.status().to_string();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0);  // refused, never "ready"
+  // An explicit call channel with TLS would be an unencrypted side door: refused.
+  auto channel = AgentProcess::run_to_exit({"--devices", "cpu:1", "--token-file", tf,
+                                            "--tls-cert", file("agent.pem"), "--tls-key",
+                                            file("agent.key"), "--tls-cafile", file("ca_a.pem"),
+                                            "--call-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(channel.ok()) << channel.status().to_string();
+  EXPECT_TRUE(WIFEXITED(*channel) && WEXITSTATUS(*channel) != 0);
   RuntimeConfig c = tls_driver("127.0.0.1:1", "driver", "ca_a");
   c.tls_cafile = file("ca_a.srl");  // exists, but is not PEM
   auto rt = Runtime::start(c, testing::test_registry());
