@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -116,12 +117,30 @@ Status read_frame(caf::actor_system& sys, int fd, FrameKind kind, uint64_t max_b
     return make_error(ErrorCode::corrupt_data, "frame body of {} bytes exceeds the limit {}",
                       bytes, max_body);
   }
-  std::vector<char> buf(bytes);
-  Status st = read_exact(fd, buf.data(), buf.size());
-  if (!st.ok()) return make_error(ErrorCode::corrupt_data, "truncated frame: {}", st.message());
+  // Grown as bytes arrive: a header that lies about its size costs no more memory than the
+  // bytes actually sent (plus one step).
+  constexpr uint64_t kStep = uint64_t{16} << 20;
+  std::vector<char> buf;
+  try {
+    for (uint64_t got = 0; got < bytes;) {
+      uint64_t step = std::min(bytes - got, kStep);
+      buf.resize(got + step);
+      Status st = read_exact(fd, buf.data() + got, step);
+      if (!st.ok()) {
+        return make_error(ErrorCode::corrupt_data, "truncated frame: {}", st.message());
+      }
+      got += step;
+    }
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::corrupt_data, "frame body of {} bytes: out of memory", bytes);
+  }
   caf::binary_deserializer source(sys, buf);
-  if (auto err = source(body)) {
-    return make_error(ErrorCode::corrupt_data, "undecodable frame body: {}", sys.render(err));
+  try {  // a size field that lies may make a container reserve more than there is
+    if (auto err = source(body)) {
+      return make_error(ErrorCode::corrupt_data, "undecodable frame body: {}", sys.render(err));
+    }
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::corrupt_data, "undecodable frame body: {}", e.what());
   }
   if (source.remaining() != 0) {
     return make_error(ErrorCode::corrupt_data, "{} stray bytes after the frame body",
