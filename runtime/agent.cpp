@@ -159,8 +159,7 @@ std::vector<std::string> fan_out_labels(Agent self, const AgentCall& call, std::
 // Note [Call paths]: one AgentCall from a driver becomes LocalCalls to the hosted workers; the
 // thread of the last answer replies once, on the agent's behalf, with (reply_atom, call_id,
 // reply) to the caller (Note [Late replies]). A worker that dies with the call pending fails
-// its target through the ReplySlot, so the fan-out always completes. The batch is owned by its
-// own completion callback until then (its slots hold it weakly).
+// its target through the ReplySlot, so the fan-out always completes.
 void on_call(Agent self, uint64_t call_id, AgentCall& call) {
   auto caller = caf::actor_cast<caf::actor>(self->current_sender());
   if (!caller) return;
@@ -175,24 +174,17 @@ void on_call(Agent self, uint64_t call_id, AgentCall& call) {
   }
   std::vector<bool> known;
   std::vector<std::string> labels = fan_out_labels(self, call, known);
-  auto batch = std::make_shared<CallBatch>(std::move(labels),
-                                           std::chrono::steady_clock::time_point::max());
+  std::vector<caf::actor> targets(known.size());
   for (size_t i = 0; i < known.size(); ++i) {
-    if (known[i]) {
-      send_local_call(call.workers[i], std::move(call.requests[i]), true, batch, i);
-    } else {
-      // The driver prefixes its own label (rank, host, method) to this.
-      batch->set(i, make_error(ErrorCode::unavailable, "the worker is not hosted by the agent on "
-                               "{} for this driver (it terminated, or never ran there)",
-                               self->state.env.host));
-    }
+    if (known[i]) targets[i] = call.workers[i];
   }
   caf::actor_addr me = self->address();
-  batch->on_complete([me, caller, call_id, batch] {
-    if (auto agent = caf::actor_cast<caf::actor>(me)) {
-      caf::send_as(agent, caller, reply_atom::value, call_id, internal::agent_reply(batch->wait()));
-    }
-  });
+  internal::fan_out(std::move(targets), std::move(labels), std::move(call.requests),
+                    self->state.env.host, [me, caller, call_id](AgentCallReply reply) {
+                      if (auto agent = caf::actor_cast<caf::actor>(me)) {
+                        caf::send_as(agent, caller, reply_atom::value, call_id, std::move(reply));
+                      }
+                    });
 }
 
 // Note [Late replies]: the driver dropped an answer; free the payloads it carried (only ones

@@ -275,6 +275,25 @@ AgentCallReply agent_refusal(size_t n, const Status& st) {
   return reply;
 }
 
+// The batch is owned by its own completion callback until then (its slots hold it weakly).
+void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
+             std::vector<CallRequest> requests, const std::string& agent_host,
+             std::function<void(AgentCallReply)> answer) {
+  auto batch = std::make_shared<CallBatch>(std::move(labels),
+                                           std::chrono::steady_clock::time_point::max());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i]) {
+      send_local_call(targets[i], std::move(requests[i]), true, batch, i);
+    } else {
+      // The driver prefixes its own label (rank, host, method) to this.
+      batch->set(i, make_error(ErrorCode::unavailable, "the worker is not hosted by the agent on "
+                               "{} for this driver (it terminated, or never ran there)",
+                               agent_host));
+    }
+  }
+  batch->on_complete([answer = std::move(answer), batch] { answer(agent_reply(batch->wait())); });
+}
+
 // ---- driver side -----------------------------------------------------------------------------
 
 Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
@@ -551,9 +570,8 @@ void ChannelServer::serve(std::shared_ptr<Connection> conn) {
   conn->done = true;
 }
 
-// Note [Call paths] on the agent: the calls of one frame become LocalCalls; the thread of the
-// last answer writes the reply frame. The batch is owned by its own completion callback until
-// then (its slots hold it weakly).
+// Note [Call paths] on the agent: the calls of one frame become LocalCalls (fan_out); the
+// thread of the last answer writes the reply frame.
 void ChannelServer::dispatch(const std::shared_ptr<Connection>& conn, uint64_t id,
                              ChannelCall& call) {
   size_t n = call.requests.size();
@@ -582,19 +600,8 @@ void ChannelServer::dispatch(const std::shared_ptr<Connection>& conn, uint64_t i
       labels[i] = call_label(w->second.context, call.requests[i].method);
     }
   }
-  auto batch = std::make_shared<CallBatch>(std::move(labels),
-                                           std::chrono::steady_clock::time_point::max());
-  for (size_t i = 0; i < n; ++i) {
-    if (targets[i]) {
-      send_local_call(targets[i], std::move(call.requests[i]), true, batch, i);
-    } else {
-      // The driver prefixes its own label (rank, host, method) to this.
-      batch->set(i, make_error(ErrorCode::unavailable, "the worker is not hosted by the agent on "
-                               "{} for this driver (it terminated, or never ran there)",
-                               agent_host_));
-    }
-  }
-  batch->on_complete([answer, batch] { answer(agent_reply(batch->wait())); });
+  fan_out(std::move(targets), std::move(labels), std::move(call.requests), agent_host_,
+          std::move(answer));
 }
 
 }  // namespace tessera::runtime::internal

@@ -86,6 +86,14 @@ AgentCallReply agent_reply(std::vector<Result<WireValue>> results);
 /// An agent call refused as a whole: each of its `n` targets gets `st`.
 AgentCallReply agent_refusal(size_t n, const Status& st);
 
+/// Note [Call paths] on an agent (both call paths): requests[i] goes to the hosted worker
+/// targets[i] as a LocalCall; a null target (not hosted for this driver) fails with an error
+/// naming `agent_host`. `answer` runs once, on the thread of the last outcome, with the reply.
+/// REQUIRES: targets, labels and requests have the same size.
+void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
+             std::vector<CallRequest> requests, const std::string& agent_host,
+             std::function<void(AgentCallReply)> answer);
+
 /// The driver's end of one agent's channel.
 class ChannelClient {
  public:
