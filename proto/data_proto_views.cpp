@@ -2,7 +2,8 @@
 //
 // Note [Zero-copy chunk/concat]
 // chunk, split, slice and index(Slice) never copy bytes. A tensor piece is `narrow(0, start, n)`
-// (or a strided `slice` for step > 1) of the original, sharing its storage; a column piece is a
+// (or a strided `slice` for step > 1) of the original, sharing its storage (built directly for
+// plain tensors: Note [Fast row views] in tensor_ops.cpp); a column piece is a
 // Column view (shared immutable storage, element offset, rows, row stride). Dispatch splits a
 // batch into world-size chunks, so this is what keeps DP_COMPUTE_PROTO free of copies in process.
 //

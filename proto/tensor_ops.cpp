@@ -1,9 +1,60 @@
 // tensor_ops.cpp: row views, gathers, index normalisation and the O(1) re-join of adjacent views.
 #include "proto/internal/tensor_ops.hpp"
 
+#include <typeinfo>
+
+#include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
 
 namespace tessera::proto::internal {
+namespace {
+
+// Note [Fast row views]
+// Dispatch cuts every batch into world-size row views on the caller's thread and joins the
+// answers back, so each call costs 2 x ranks x keys views. A view through LibTorch (narrow,
+// slice, as_strided) costs ~1 us here: the dispatcher, the autograd and ADInplaceOrView kernels
+// and a DifferentiableViewMeta. For a tensor that autograd cannot see through a view (no grad
+// required, outside InferenceMode) and that is exactly a dense strided TensorImpl (no subclass:
+// not quantized, sparse, nested, wrapped, named), a view is only "same storage, other sizes,
+// strides and offset": building that TensorImpl directly costs ~0.1 us. It shares the base's
+// version counter, as a view must, so an in-place write through it still invalidates anything
+// autograd saved of the base. Every other tensor takes LibTorch's own view op.
+bool plain_dense(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return t.defined() && typeid(*impl) == typeid(c10::TensorImpl) &&
+         t.layout() == c10::kStrided && !t.requires_grad() && !t.has_names() &&
+         !t.is_inference() && !c10::InferenceMode::is_enabled() && impl->has_storage();
+}
+
+// The view of `t`'s storage with these sizes, strides and offset. REQUIRES: plain_dense(t) and
+// the view within the storage.
+at::Tensor direct_view(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                       int64_t offset) {
+  const c10::TensorImpl* src = t.unsafeGetTensorImpl();
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(src->storage()), src->key_set(),
+                                                   src->dtype());
+  impl->set_sizes_and_strides(sizes, strides);
+  impl->set_storage_offset(offset);
+  impl->set_version_counter(src->version_counter());
+  return at::Tensor(std::move(impl));
+}
+
+// Rows start, start+step, ... (count of them) of `t` as a view (Note [Fast row views]).
+at::Tensor row_view(const at::Tensor& t, int64_t start, int64_t count, int64_t step) {
+  if (plain_dense(t) && t.dim() > 0) {
+    c10::SmallVector<int64_t, 6> sizes(t.sizes().begin(), t.sizes().end());
+    c10::SmallVector<int64_t, 6> strides(t.strides().begin(), t.strides().end());
+    const int64_t offset = t.storage_offset() + start * strides[0];
+    sizes[0] = count;
+    strides[0] *= step;
+    return direct_view(t, sizes, strides, offset);
+  }
+  // Tensor::slice keeps a view; end is exclusive and past the last row taken.
+  int64_t end = count == 0 ? start : start + (count - 1) * step + 1;
+  return step == 1 ? t.narrow(0, start, count) : t.slice(0, start, end, step);
+}
+
+}  // namespace
 
 int64_t rows_of(const TensorDict& batch, const NonTensorBatch& columns) {
   if (!batch.empty()) return batch.begin()->second.size(0);
@@ -13,11 +64,7 @@ int64_t rows_of(const TensorDict& batch, const NonTensorBatch& columns) {
 
 DataProto view_rows(const DataProto& d, int64_t start, int64_t count, int64_t step) {
   TensorDict batch;
-  for (const auto& [key, t] : d.batch()) {
-    // Tensor::slice keeps a view; end is exclusive and past the last row taken.
-    int64_t end = count == 0 ? start : start + (count - 1) * step + 1;
-    batch.insert_or_assign(key, step == 1 ? t.narrow(0, start, count) : t.slice(0, start, end, step));
-  }
+  for (const auto& [key, t] : d.batch()) batch.insert_or_assign(key, row_view(t, start, count, step));
   NonTensorBatch columns;
   for (const auto& [key, c] : d.non_tensor_batch()) {
     columns.insert_or_assign(key, c.view(start, count, step));
@@ -114,6 +161,7 @@ at::Tensor try_join_adjacent(const std::vector<at::Tensor>& parts) {
   }
   std::vector<int64_t> sizes = first.sizes().vec();
   sizes[0] = rows;
+  if (plain_dense(first)) return direct_view(first, sizes, first.strides(), first.storage_offset());
   return first.as_strided(sizes, first.strides(), first.storage_offset());
 }
 

@@ -77,6 +77,61 @@ TEST(DataProtoChunk, EqualChunksAreViews) {
   }
 }
 
+// Note [Fast row views]: views built without LibTorch's view ops must be what narrow/slice give
+// (sizes, strides, offset, storage, dtype, device, version counter), and tensors that autograd
+// or a TensorImpl subclass must see through keep LibTorch's own views.
+TEST(DataProtoChunk, DirectViewsMatchLibTorchViews) {
+  DataProto d = make_proto(8);
+  const at::Tensor x = *d.batch().find("x");
+  auto expect_same_view = [](const at::Tensor& got, const at::Tensor& want) {
+    EXPECT_EQ(got.sizes(), want.sizes());
+    EXPECT_EQ(got.strides(), want.strides());
+    EXPECT_EQ(got.storage_offset(), want.storage_offset());
+    EXPECT_TRUE(got.storage().is_alias_of(want.storage()));
+    EXPECT_EQ(got.scalar_type(), want.scalar_type());
+    EXPECT_EQ(got.device(), want.device());
+    EXPECT_EQ(got.is_contiguous(), want.is_contiguous());
+    EXPECT_TRUE(got.equal(want));
+  };
+  for (int64_t step : {1, 3}) {
+    for (int64_t start : {0, 2, 7}) {
+      DataProto s = unwrap(d.slice(start, std::nullopt, step));
+      expect_same_view(*s.batch().find("x"), x.slice(0, start, 8, step));
+    }
+  }
+  DataProto empty_tail = unwrap(d.slice(8, 8, 1));
+  expect_same_view(*empty_tail.batch().find("x"), x.narrow(0, 8, 0));
+
+  // A write through a chunk is a write to the batch, and bumps the version autograd checks.
+  auto chunks = unwrap(d.chunk(4));
+  at::Tensor c1 = *chunks[1].batch().find("x");
+  const auto version = x._version();
+  c1.add_(1000);
+  EXPECT_EQ(x._version(), version + 1);
+  EXPECT_EQ(x[2][0].item<float>(), 1000 + 6);
+
+  // Autograd must see a view of a tensor requiring grad: its chunks keep their grad_fn.
+  DataProto g = make_proto(4);
+  TensorDict t = g.batch();
+  t.insert_or_assign("w", torch::ones({4, 2}, torch::requires_grad()));
+  DataProto with_grad = unwrap(DataProto::from_dict(t));
+  auto gc = unwrap(with_grad.chunk(2));
+  const at::Tensor& w1 = *gc[1].batch().find("w");
+  EXPECT_TRUE(w1.requires_grad());
+  EXPECT_TRUE(w1.is_view());
+  w1.sum().backward();
+  const at::Tensor& w = *with_grad.batch().find("w");
+  EXPECT_TRUE(w.grad().equal(torch::tensor({0.f, 0.f, 1.f, 1.f}).unsqueeze(1).expand({4, 2})));
+
+  // Inside InferenceMode a view of a normal tensor stays a normal tensor.
+  {
+    c10::InferenceMode guard;
+    auto ic = unwrap(d.chunk(2));
+    EXPECT_FALSE(ic[0].batch().find("x")->is_inference());
+    expect_same_view(*ic[1].batch().find("x"), x.narrow(0, 4, 4));
+  }
+}
+
 TEST(DataProtoChunk, Errors) {
   DataProto d = make_proto(5);
   expect_error(d.chunk(2), ErrorCode::invalid_argument, "length 5 is not divisible by 2");
