@@ -151,8 +151,17 @@ Result<SplitResult> split_protos(const Args& args, const SplitContext& ctx, cons
     }
     auto pieces = chunk_proto(data, pad, static_cast<int32_t>(spec.chunks));
     if (!pieces.ok()) return pieces.status().with_context(fmt::format("{}: argument {}", spec.mode, i));
-    for (size_t r = 0; r < world; ++r)
-      out.per_rank[r].push_back(Value((*pieces)[static_cast<size_t>(spec.piece_of_rank[r])]));
+    // A piece goes to every rank that takes it (TP/SP peers share one): moved into the last.
+    std::vector<size_t> last(pieces->size(), world);
+    for (size_t r = 0; r < world; ++r) last[static_cast<size_t>(spec.piece_of_rank[r])] = r;
+    for (size_t r = 0; r < world; ++r) {
+      auto piece = static_cast<size_t>(spec.piece_of_rank[r]);
+      if (last[piece] == r) {
+        out.per_rank[r].push_back(Value(std::move((*pieces)[piece])));
+      } else {
+        out.per_rank[r].push_back(Value((*pieces)[piece]));
+      }
+    }
   }
   if (padded_length < 0 && future_padded) out.pad = -1;
   return out;

@@ -228,7 +228,8 @@ struct CallBuild {
   int64_t future_pad = -1;
 };
 
-Result<runtime::WireValue> encode(const Value& v, const runtime::WorkerRef& w, CallBuild& b) {
+// `v` is this call's own (split) argument: its DataProtos are moved, not copied.
+Result<runtime::WireValue> encode(Value&& v, const runtime::WorkerRef& w, CallBuild& b) {
   if (is_future(v)) {
     TESSERA_ASSIGN_OR_RETURN(FutureRef f, future_of(v));
     int64_t pad = 0;
@@ -242,14 +243,14 @@ Result<runtime::WireValue> encode(const Value& v, const runtime::WorkerRef& w, C
   if (v.is_list()) {
     runtime::WireValue out;
     out.kind = static_cast<uint8_t>(runtime::WireKind::list);
-    for (const Value& item : v.list()) {
-      TESSERA_ASSIGN_OR_RETURN(runtime::WireValue wi, encode(item, w, b));
+    for (Value& item : v.list()) {
+      TESSERA_ASSIGN_OR_RETURN(runtime::WireValue wi, encode(std::move(item), w, b));
       out.items.push_back(std::move(wi));
     }
     return out;
   }
   runtime::EncodeOptions o{!w.local, 1, b.rt.config().inline_payload_max_bytes, w.local};
-  return runtime::to_wire(v, b.rt.data_plane(), o, &b.published);
+  return runtime::to_wire(std::move(v), b.rt.data_plane(), o, &b.published);
 }
 
 // Collects a finished call's outputs at the driver.
@@ -352,20 +353,21 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   if (!split.ok()) return split.status().with_context(where());
   std::vector<int32_t> ranks = execute_ranks(spec.execute_mode, world_size());
   CallBuild b{*rt_, {}, {}, -1};
-  std::vector<runtime::WorkerRef> targets;
+  std::vector<runtime::WorkerRef> targets;  // built only when not every rank executes
+  const bool all_ranks = ranks.size() == workers_.size();
   std::vector<runtime::CallRequest> requests;
   for (int32_t r : ranks) {
     runtime::CallRequest req;
     req.method = prefix_ + spec.name;
-    for (const Value& a : split->per_rank.at(static_cast<size_t>(r))) {
-      Result<runtime::WireValue> w = encode(a, workers_[r], b);
+    for (Value& a : split->per_rank.at(static_cast<size_t>(r))) {
+      Result<runtime::WireValue> w = encode(std::move(a), workers_[r], b);
       if (!w.ok()) {
         rt_->release_all(b.published);
         return w.status().with_context(fmt::format("{}: rank {}", where(), r));
       }
       req.args.push_back(std::move(w).value());
     }
-    targets.push_back(workers_[r]);
+    if (!all_ranks) targets.push_back(workers_[r]);
     requests.push_back(std::move(req));
   }
   auto state = std::make_shared<FutureState>();
@@ -381,7 +383,7 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   runtime::CallOptions co;
   co.timeout = options_.timeout;
   co.keep_results = !blocking;
-  state->batch = rt_->call_wire(targets, std::move(requests), co);
+  state->batch = rt_->call_wire(all_ranks ? workers_ : targets, std::move(requests), co);
   if (!blocking) return make_future(FutureRef{FutureTable::get().add(state), name_});
   Result<Value> out = collect_state(*state, /*consume=*/true);
   if (!out.ok()) return out.status().with_context(where());

@@ -1,6 +1,8 @@
 // wire.cpp: Value <-> WireValue.
 #include "runtime/wire.hpp"
 
+#include <type_traits>
+
 #include <fmt/format.h>
 
 #include "proto/codec.hpp"
@@ -8,13 +10,16 @@
 namespace tessera::runtime {
 namespace {
 
-Result<WireValue> proto_to_wire(const proto::DataProto& data, DataPlane& dp,
-                                const EncodeOptions& options,
+// `owned`, when given, is `data` itself and may be moved from.
+Result<WireValue> proto_to_wire(const proto::DataProto& data, proto::DataProto* owned,
+                                DataPlane& dp, const EncodeOptions& options,
                                 std::vector<PayloadHandle>* published) {
   WireValue w;
   if (options.in_process && !options.remote && options.consumers > 0) {
     w.kind = static_cast<uint8_t>(WireKind::proto_local);
-    w.local = std::make_shared<const proto::DataProto>(data);
+    // A non-const object behind the const pointer: decode() may move it out (consume).
+    w.local = owned != nullptr ? std::make_shared<proto::DataProto>(std::move(*owned))
+                               : std::make_shared<proto::DataProto>(data);
     return w;
   }
   if (options.remote && options.inline_max_bytes > 0) {
@@ -105,6 +110,11 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
         return make_error(ErrorCode::corrupt_data, "an in-process payload reference arrived "
                           "from another process");
       }
+      if (consume && w.local.use_count() == 1) {
+        // The last reference, and the caller spends `wire`: the DataProto was created
+        // non-const (proto_to_wire), so it may be moved out instead of copied.
+        return Value(std::move(const_cast<proto::DataProto&>(*w.local)));
+      }
       return Value(proto::DataProto(*w.local));
     case WireKind::list:
       return decode_list(w, dp, consume, pre);
@@ -129,17 +139,37 @@ WireValue json_wire(const nlohmann::json& json) {
   return w;
 }
 
-Result<WireValue> to_wire(const Value& value, DataPlane& dp, const EncodeOptions& options,
-                          std::vector<PayloadHandle>* published) {
+namespace {
+
+// to_wire of a const or a movable value (V is `const Value` or `Value`).
+template <class V>
+Result<WireValue> encode_value(V& value, DataPlane& dp, const EncodeOptions& options,
+                               std::vector<PayloadHandle>* published) {
   if (value.is_json()) return json_wire(value.json());
-  if (value.is_proto()) return proto_to_wire(value.proto(), dp, options, published);
+  if (value.is_proto()) {
+    proto::DataProto* owned = nullptr;
+    if constexpr (!std::is_const_v<V>) owned = &value.proto();
+    return proto_to_wire(value.proto(), owned, dp, options, published);
+  }
   WireValue w;
   w.kind = static_cast<uint8_t>(WireKind::list);
-  for (const Value& item : value.list()) {
-    TESSERA_ASSIGN_OR_RETURN(WireValue wi, to_wire(item, dp, options, published));
+  for (auto& item : value.list()) {
+    TESSERA_ASSIGN_OR_RETURN(WireValue wi, encode_value(item, dp, options, published));
     w.items.push_back(std::move(wi));
   }
   return w;
+}
+
+}  // namespace
+
+Result<WireValue> to_wire(const Value& value, DataPlane& dp, const EncodeOptions& options,
+                          std::vector<PayloadHandle>* published) {
+  return encode_value(value, dp, options, published);
+}
+
+Result<WireValue> to_wire(Value&& value, DataPlane& dp, const EncodeOptions& options,
+                          std::vector<PayloadHandle>* published) {
+  return encode_value(value, dp, options, published);
 }
 
 Result<Value> from_wire(const WireValue& w, DataPlane& dp, bool consume) {

@@ -96,7 +96,7 @@ Result<CallReply> invoke(WorkerState& st, const CallRequest& req, bool caller_re
   bool keep = req.result_mode == static_cast<uint8_t>(ResultMode::keep);
   EncodeOptions opts{caller_remote, keep ? 0u : 1u, keep ? 0 : st.env.inline_payload_max_bytes,
                      /*in_process=*/!caller_remote && !keep};
-  TESSERA_ASSIGN_OR_RETURN(WireValue w, to_wire(*out, dp, opts));
+  TESSERA_ASSIGN_OR_RETURN(WireValue w, to_wire(std::move(*out), dp, opts));
   return CallReply{std::move(w)};
 }
 

@@ -186,5 +186,41 @@ TEST(InProcessValues, AReferenceArrivingFromAnotherProcessIsRefused) {
   EXPECT_NE(v.status().message().find("another process"), std::string::npos);
 }
 
+// A consumed in-process value is moved out of its WireValue only when nothing else holds it;
+// a value decoded without consuming, or shared, stays intact for the next reader.
+TEST(InProcessValues, ConsumingMovesOnlyAnUnsharedValue) {
+  RuntimeConfig cfg;
+  auto rt = Runtime::start(cfg, testing::test_registry());
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  DataPlane& dp = (*rt)->data_plane();
+  at::Tensor x = torch::arange(6, torch::kFloat32).view({3, 2});
+  auto data = proto::DataProto::from_dict({{"x", x}});
+  ASSERT_TRUE(data.ok());
+  EncodeOptions local{/*remote=*/false, /*consumers=*/1, /*inline_max_bytes=*/0,
+                      /*in_process=*/true};
+
+  Value original(*data);
+  Result<WireValue> w = to_wire(std::move(original), dp, local);
+  ASSERT_TRUE(w.ok());
+  ASSERT_EQ(w->kind, static_cast<uint8_t>(WireKind::proto_local));
+  for (int i = 0; i < 2; ++i) {  // not consuming: readable again
+    Result<Value> peek = from_wire(*w, dp, /*consume=*/false);
+    ASSERT_TRUE(peek.ok());
+    EXPECT_EQ(peek->proto().batch().find("x")->data_ptr(), x.data_ptr());
+  }
+  WireValue shared = *w;  // a second holder: consuming one copy must not empty the other
+  Result<Value> first = from_wire(*w, dp, /*consume=*/true);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(shared.local->size(), 3);
+  ASSERT_NE(shared.local->batch().find("x"), nullptr);
+  EXPECT_EQ(shared.local->batch().find("x")->data_ptr(), x.data_ptr());
+  w->local.reset();
+  Result<Value> last = from_wire(shared, dp, /*consume=*/true);  // the only holder: moved
+  ASSERT_TRUE(last.ok());
+  EXPECT_TRUE(torch::equal(*last->proto().batch().find("x"), x));
+  EXPECT_EQ(last->proto().batch().find("x")->data_ptr(), x.data_ptr());
+  EXPECT_EQ(shared.local->batch().find("x"), nullptr);  // spent
+}
+
 }  // namespace
 }  // namespace tessera::runtime
