@@ -356,6 +356,7 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   std::vector<runtime::WorkerRef> targets;  // built only when not every rank executes
   const bool all_ranks = ranks.size() == workers_.size();
   std::vector<runtime::CallRequest> requests;
+  requests.reserve(ranks.size());
   for (int32_t r : ranks) {
     runtime::CallRequest req;
     req.method = prefix_ + spec.name;
