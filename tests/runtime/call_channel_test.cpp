@@ -112,6 +112,14 @@ class CallChannelTest : public ::testing::Test {
     return fd;
   }
 
+  // Sends `call` as call `id` and waits for its answer; the send's error if it was not sent.
+  static Result<AgentCallReply> round_trip(ChannelClient& client, Seen& seen, uint64_t id,
+                                           const ChannelCall& call) {
+    auto answer = seen.expect(id);
+    TESSERA_RETURN_IF_ERROR(client.send(id, call));
+    return answer.get();
+  }
+
   static ChannelCall rank_info_call(caf::actor_id worker) {
     ChannelCall call;
     call.workers = {worker};
@@ -133,13 +141,12 @@ TEST_F(CallChannelTest, ACallReachesTheHostedWorkerAndItsAnswerComesBack) {
   ChannelCall call = rank_info_call(workers_[0].actor.id());
   call.requests.push_back(call.requests[0]);  // the same worker twice, in one frame
   call.workers.push_back(call.workers[0]);
-  auto answer = seen.expect(7);
-  ASSERT_TRUE((*client)->send(7, call).ok());
-  AgentCallReply reply = answer.get();
-  ASSERT_EQ(reply.codes.size(), 2u);
+  Result<AgentCallReply> reply = round_trip(**client, seen, 7, call);
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->codes.size(), 2u);
   for (size_t k = 0; k < 2; ++k) {
-    ASSERT_EQ(reply.codes[k], 0) << reply.messages[k];
-    Result<Value> v = from_wire(reply.results[k], rt_->data_plane(), true);
+    ASSERT_EQ(reply->codes[k], 0) << reply->messages[k];
+    Result<Value> v = from_wire(reply->results[k], rt_->data_plane(), true);
     ASSERT_TRUE(v.ok()) << v.status().to_string();
     EXPECT_EQ(v->json()["rank"], workers_[0].context.rank);
     EXPECT_EQ(v->json()["group"], "chan");
@@ -154,23 +161,21 @@ TEST_F(CallChannelTest, AWorkerOfAnotherDriverOrUnknownIsNotCalled) {
   ChannelCall call = rank_info_call(workers_[1].actor.id());  // node B's worker
   call.workers.push_back(987654321);                          // no such actor
   call.requests.push_back(call.requests[0]);
-  auto answer = seen.expect(1);
-  ASSERT_TRUE((*client)->send(1, call).ok());
-  AgentCallReply reply = answer.get();
-  ASSERT_EQ(reply.codes.size(), 2u);
+  Result<AgentCallReply> reply = round_trip(**client, seen, 1, call);
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->codes.size(), 2u);
   for (size_t k = 0; k < 2; ++k) {
-    EXPECT_EQ(reply.codes[k], static_cast<uint8_t>(ErrorCode::unavailable));
-    EXPECT_NE(reply.messages[k].find("not hosted by the agent on test-host"), std::string::npos)
-        << reply.messages[k];
+    EXPECT_EQ(reply->codes[k], static_cast<uint8_t>(ErrorCode::unavailable));
+    EXPECT_NE(reply->messages[k].find("not hosted by the agent on test-host"), std::string::npos)
+        << reply->messages[k];
   }
   // A call whose columns disagree is refused as a whole.
   ChannelCall lopsided = rank_info_call(workers_[0].actor.id());
   lopsided.workers.push_back(workers_[0].actor.id());
-  auto refused = seen.expect(2);
-  ASSERT_TRUE((*client)->send(2, lopsided).ok());
-  AgentCallReply r2 = refused.get();
-  ASSERT_EQ(r2.codes.size(), 1u);
-  EXPECT_EQ(r2.codes[0], static_cast<uint8_t>(ErrorCode::invalid_argument));
+  Result<AgentCallReply> r2 = round_trip(**client, seen, 2, lopsided);
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  ASSERT_EQ(r2->codes.size(), 1u);
+  EXPECT_EQ(r2->codes[0], static_cast<uint8_t>(ErrorCode::invalid_argument));
 }
 
 TEST_F(CallChannelTest, AWrongKeyOrSessionIsRefusedAndTheServerKeepsServing) {
@@ -189,9 +194,10 @@ TEST_F(CallChannelTest, AWrongKeyOrSessionIsRefusedAndTheServerKeepsServing) {
   Seen seen;
   auto client = connect(seen, session_.second);
   ASSERT_TRUE(client.ok()) << client.status().to_string();
-  auto answer = seen.expect(3);
-  ASSERT_TRUE((*client)->send(3, rank_info_call(workers_[0].actor.id())).ok());
-  EXPECT_EQ(answer.get().codes.at(0), 0);
+  Result<AgentCallReply> reply =
+      round_trip(**client, seen, 3, rank_info_call(workers_[0].actor.id()));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  EXPECT_EQ(reply->codes.at(0), 0);
 }
 
 TEST_F(CallChannelTest, GarbageFramesCloseOnlyThatConnection) {
@@ -218,9 +224,10 @@ TEST_F(CallChannelTest, GarbageFramesCloseOnlyThatConnection) {
     EXPECT_EQ(server_->bad_connections(), i + 1) << "garbage " << i;
   }
   // The well-behaved connection was never touched.
-  auto answer = seen.expect(4);
-  ASSERT_TRUE((*client)->send(4, rank_info_call(workers_[0].actor.id())).ok());
-  EXPECT_EQ(answer.get().codes.at(0), 0);
+  Result<AgentCallReply> reply =
+      round_trip(**client, seen, 4, rank_info_call(workers_[0].actor.id()));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  EXPECT_EQ(reply->codes.at(0), 0);
   EXPECT_TRUE((*client)->open());
 }
 
@@ -247,12 +254,12 @@ TEST_F(CallChannelTest, AWorkerThatTerminatesFailsItsCallInsteadOfHanging) {
   self->monitor(workers_[0].actor);
   caf::anon_send_exit(workers_[0].actor, caf::exit_reason::kill);
   self->receive([](const caf::down_msg&) {});
-  auto answer = seen.expect(6);
-  ASSERT_TRUE((*client)->send(6, rank_info_call(id)).ok());  // still in the table
-  AgentCallReply reply = answer.get();
-  ASSERT_EQ(reply.codes.size(), 1u);
-  EXPECT_EQ(reply.codes[0], static_cast<uint8_t>(ErrorCode::unavailable));
-  EXPECT_NE(reply.messages[0].find("terminated"), std::string::npos) << reply.messages[0];
+  // The worker is still in the agent's table.
+  Result<AgentCallReply> reply = round_trip(**client, seen, 6, rank_info_call(id));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->codes.size(), 1u);
+  EXPECT_EQ(reply->codes[0], static_cast<uint8_t>(ErrorCode::unavailable));
+  EXPECT_NE(reply->messages[0].find("terminated"), std::string::npos) << reply->messages[0];
 }
 
 }  // namespace
