@@ -17,9 +17,8 @@ Result<WireValue> proto_to_wire(const proto::DataProto& data, proto::DataProto* 
   WireValue w;
   if (options.in_process && !options.remote && options.consumers > 0) {
     w.kind = static_cast<uint8_t>(WireKind::proto_local);
-    // A non-const object behind the const pointer: decode() may move it out (consume).
-    w.local = owned != nullptr ? std::make_shared<proto::DataProto>(std::move(*owned))
-                               : std::make_shared<proto::DataProto>(data);
+    w.local = owned != nullptr ? std::make_shared<const proto::DataProto>(std::move(*owned))
+                               : std::make_shared<const proto::DataProto>(data);
     return w;
   }
   if (options.remote && options.inline_max_bytes > 0) {
@@ -109,11 +108,6 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
       if (!w.local) {
         return make_error(ErrorCode::corrupt_data, "an in-process payload reference arrived "
                           "from another process");
-      }
-      if (consume && w.local.use_count() == 1) {
-        // The last reference, and the caller spends `wire`: the DataProto was created
-        // non-const (proto_to_wire), so it may be moved out instead of copied.
-        return Value(std::move(const_cast<proto::DataProto&>(*w.local)));
       }
       return Value(proto::DataProto(*w.local));
     case WireKind::list:

@@ -42,8 +42,7 @@ Result<WireValue> to_wire(Value&& value, DataPlane& data_plane, const EncodeOpti
                           std::vector<PayloadHandle>* published = nullptr);
 
 /// Decodes `wire`, pulling payload slices (peer to peer; concatenated when several). With
-/// `consume`, each fetch counts as one consumer of its payload, and an in-process DataProto
-/// that `wire` alone holds is moved out of it (`wire` is spent). Errors name the payload.
+/// `consume`, each fetch counts as one consumer of its payload. Errors name the payload.
 Result<Value> from_wire(const WireValue& wire, DataPlane& data_plane, bool consume);
 
 /// from_wire() of several values, fetching every payload slice among them concurrently (one
