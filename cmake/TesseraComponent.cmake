@@ -5,9 +5,11 @@
 #   tessera_add_test(<name> SOURCES <src>... [DEPS <target>...] LABELS <label>...)
 #       -> executable bin/<name>, registered as one ctest entry with the labels
 #          (unit | integration | slow | gpu) and the environment TESSERA_SOURCE_DIR,
-#          TESSERA_SHARED_DIR (golden fixtures), TESSERA_BIN_DIR, OMP_NUM_THREADS=1.
+#          TESSERA_SHARED_DIR (golden fixtures), TESSERA_BIN_DIR, OMP_NUM_THREADS=1 and
+#          TESSERA_MALLOC (the configured allocator).
 #   tessera_add_bench(<name> SOURCES <src>... [DEPS <target>...])
 #       -> Google Benchmark executable bin/<name>, run by bench/run.
+# Executables also link tessera_malloc (Note [Allocator] in the top CMakeLists.txt).
 #
 # Every C++ target links the same third-party set (tessera_deps) and reuses one precompiled
 # header (LibTorch + CAF). Identical flags everywhere are what make REUSE_FROM valid.
@@ -66,7 +68,7 @@ function(tessera_add_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   _tessera_target_common(${name})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock tessera_malloc)
   # One ctest entry per binary: every process start loads LibTorch (~0.5 s of CPU), so one
   # process per GoogleTest case would cost more than most of our tests. ctest -j runs binaries
   # in parallel; --output-on-failure shows the failing cases.
@@ -74,12 +76,12 @@ function(tessera_add_test name)
   set_tests_properties(${name} PROPERTIES
     LABELS "${ARG_LABELS}"
     TIMEOUT ${ARG_TIMEOUT}
-    ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;OMP_NUM_THREADS=1")
+    ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;OMP_NUM_THREADS=1;TESSERA_MALLOC=${TESSERA_MALLOC}")
 endfunction()
 
 function(tessera_add_bench name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   _tessera_target_common(${name})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark tessera_malloc)
 endfunction()

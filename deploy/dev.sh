@@ -21,7 +21,7 @@ PACKAGES=(
   libcapnp-dev capnproto
   libboost-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libreadline-dev libpcre2-dev libpng-dev
+  libreadline-dev libpcre2-dev libpng-dev libjemalloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
 )
