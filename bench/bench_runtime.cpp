@@ -12,6 +12,11 @@
 //                                  8 acknowledgements awaited; no work, no allocation
 //   BM_rt_handoff_floor/sleep      the same with threads sleeping on condition variables (what
 //                                  every hand-off costs without Note [Local lanes])
+//   BM_rt_handoff_model/caller_us:C/worker_us:W  the polling hand-off with C us of busy work
+//                                  by the caller (half before, half after: split and collect)
+//                                  and W us by each thread: a model of the in-process call
+//                                  (measured inside one: caller ~13 us, each worker ~1 us) that
+//                                  shows what this machine makes of that much work
 //   BM_rt_dataproto_roundtrip/256  256 MiB DataProto driver -> agent -> driver (same host),
 //                                  after 2 untimed warm-up round trips; bytes_per_second
 //                                  counts both directions
@@ -29,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -259,9 +265,19 @@ void BM_rt_caf_request_rtt(benchmark::State& state) {
 }
 
 // Note [Local lanes]'s floor: `poll` 1 = workers poll, 0 = they sleep on condition variables.
-void BM_rt_handoff_floor(benchmark::State& state) {
+// Busy for `us` microseconds (the model's stand-in for work; 0: nothing).
+void spin_for(double us) {
+  if (us <= 0) return;
+  auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+// 8 threads, each handed a counter per iteration and acknowledging it. `caller_us` of busy work
+// is done by the caller, half before the hand-off and half after the last acknowledgement (a
+// call's split and collect); `worker_us` by each thread before it acknowledges.
+void run_handoff(benchmark::State& state, bool poll, double caller_us, double worker_us) {
   constexpr int kThreads = 8;
-  const bool poll = state.range(0) != 0;
   struct Slot {
     std::mutex mu;
     std::condition_variable cv;
@@ -287,11 +303,13 @@ void BM_rt_handoff_floor(benchmark::State& state) {
           if (stop.load()) break;
         }
         seen = s.seq.load(std::memory_order_acquire);
+        spin_for(worker_us);
         acks.fetch_add(1, std::memory_order_acq_rel);
       }
     });
   }
   for (auto _ : state) {
+    spin_for(caller_us / 2);
     acks.store(0, std::memory_order_release);
     for (Slot& s : slots) {
       if (poll) {
@@ -304,6 +322,7 @@ void BM_rt_handoff_floor(benchmark::State& state) {
     while (acks.load(std::memory_order_acquire) < kThreads) {
       if (poll) std::this_thread::yield();
     }
+    spin_for(caller_us / 2);
   }
   stop.store(true, std::memory_order_release);
   for (Slot& s : slots) {
@@ -311,6 +330,12 @@ void BM_rt_handoff_floor(benchmark::State& state) {
     s.cv.notify_one();
   }
   for (auto& t : threads) t.join();
+}
+
+void BM_rt_handoff_floor(benchmark::State& state) { run_handoff(state, state.range(0) != 0, 0, 0); }
+
+void BM_rt_handoff_model(benchmark::State& state) {
+  run_handoff(state, true, static_cast<double>(state.range(0)), static_cast<double>(state.range(1)));
 }
 
 int echo_main() {
@@ -417,6 +442,12 @@ BENCHMARK(BM_rt_dp_proto_rtt_2agents_caf)->UseRealTime()->Unit(benchmark::kMicro
 BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_asio_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_handoff_floor)->ArgName("poll")->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_handoff_model)
+    ->ArgNames({"caller_us", "worker_us"})
+    ->Args({13, 1})
+    ->Args({5, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dataproto_roundtrip)
     ->Arg(256)
     ->Iterations(5)
