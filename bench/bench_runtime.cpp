@@ -1,6 +1,8 @@
 // bench_runtime: the distributed runtime's round trips and bandwidth, as ratios within one run.
 //
 //   BM_rt_dp_proto_rtt_inproc      DP_COMPUTE_PROTO call, 8 in-process workers (goal <= 20 us)
+//   BM_rt_dp_proto_rtt_inproc_2workers  the same call to a group of 2 in-process workers: one
+//                                  per vCPU on the 2-vCPU development machine
 //   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us),
 //                                  through the agents' call channels (Note [Call channel])
 //   BM_rt_dp_proto_rtt_2agents_caf the same with cluster.call_channel off: calls through CAF
@@ -208,7 +210,8 @@ Cluster& cluster(bool channel = true) {
 
 struct Embedded {
   std::unique_ptr<runtime::Runtime> rt;
-  std::shared_ptr<dispatch::WorkerGroup> wg;
+  std::shared_ptr<dispatch::WorkerGroup> wg;   // 8 workers, cpu:0-7
+  std::shared_ptr<dispatch::WorkerGroup> wg2;  // 2 more workers, one per vCPU here
 };
 
 std::unique_ptr<Embedded> g_embedded;
@@ -225,6 +228,11 @@ Embedded& embedded() {
                                      checked(g_embedded->rt->resource_pool(), "resource pool"),
                                      {{"", "bench", "{}"}}),
         "spawning 8 in-process workers");
+    g_embedded->wg2 = checked(
+        dispatch::WorkerGroup::spawn(*g_embedded->rt, "bench2",
+                                     checked(g_embedded->rt->resource_pool({2}), "resource pool"),
+                                     {{"", "bench", "{}"}}),
+        "spawning 2 in-process workers");
   }
   return *g_embedded;
 }
@@ -245,6 +253,8 @@ void dp_rtt(benchmark::State& state, dispatch::WorkerGroup& wg) {
 }
 
 void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedded().wg); }
+
+void BM_rt_dp_proto_rtt_inproc_2workers(benchmark::State& state) { dp_rtt(state, *embedded().wg2); }
 
 void BM_rt_dp_proto_rtt_2agents(benchmark::State& state) { dp_rtt(state, *cluster().wg); }
 
@@ -437,6 +447,7 @@ void BM_rt_soak_100k(benchmark::State& state) {
 }
 
 BENCHMARK(BM_rt_dp_proto_rtt_inproc)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dp_proto_rtt_inproc_2workers)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents_caf)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
