@@ -3,6 +3,9 @@
 //   BM_rt_dp_proto_rtt_inproc      DP_COMPUTE_PROTO call, 8 in-process workers (goal <= 20 us)
 //   BM_rt_dp_proto_rtt_inproc_2workers  the same call to a group of 2 in-process workers: one
 //                                  per vCPU on the 2-vCPU development machine
+//   BM_rt_dp_proto_rtt_inproc_loaded/poll:P  the 8-worker call while two nice-10 threads burn
+//                                  CPU: P=1 the default runtime, P=0 one with polling off
+//                                  (Note [Polling under contention])
 //   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us),
 //                                  through the agents' call channels (Note [Call channel])
 //   BM_rt_dp_proto_rtt_2agents_caf the same with cluster.call_channel off: calls through CAF
@@ -32,6 +35,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -256,6 +260,54 @@ void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedde
 
 void BM_rt_dp_proto_rtt_inproc_2workers(benchmark::State& state) { dp_rtt(state, *embedded().wg2); }
 
+// An embedded runtime whose workers and callers never poll (cluster.idle_poll_us = 0).
+Embedded& embedded_sleeping() {
+  static Embedded e = [] {
+    runtime::RuntimeConfig cfg;
+    cfg.embedded_devices = "cpu:8";
+    cfg.idle_poll = std::chrono::microseconds(0);
+    Embedded out;
+    out.rt = checked(runtime::Runtime::start(cfg, registry()), "embedded runtime (no polling)");
+    out.wg = checked(dispatch::WorkerGroup::spawn(*out.rt, "bench_sleeping",
+                                                  checked(out.rt->resource_pool(), "resource pool"),
+                                                  {{"", "bench", "{}"}}),
+                     "spawning 8 in-process workers");
+    return out;
+  }();
+  return e;
+}
+
+// Two threads of CPU-bound work at nice 10 (a niced build or data loader sharing the machine)
+// for as long as it lives.
+class CpuLoad {
+ public:
+  CpuLoad() {
+    for (int i = 0; i < 2; ++i) {
+      threads_.emplace_back([this] {
+        (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+        volatile uint64_t x = 0;
+        while (!stop_.load(std::memory_order_relaxed)) x = x + 1;
+      });
+    }
+  }
+  ~CpuLoad() {
+    stop_.store(true);
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+// Note [Polling under contention] in runtime/local_lane.hpp: the in-process round trip while
+// CPU-bound work shares the machine, with the default (polling) runtime and with polling off.
+void BM_rt_dp_proto_rtt_inproc_loaded(benchmark::State& state) {
+  dispatch::WorkerGroup& wg = state.range(0) != 0 ? *embedded().wg : *embedded_sleeping().wg;
+  CpuLoad load;
+  dp_rtt(state, wg);
+}
+
 void BM_rt_dp_proto_rtt_2agents(benchmark::State& state) { dp_rtt(state, *cluster().wg); }
 
 void BM_rt_dp_proto_rtt_2agents_caf(benchmark::State& state) {
@@ -448,6 +500,12 @@ void BM_rt_soak_100k(benchmark::State& state) {
 
 BENCHMARK(BM_rt_dp_proto_rtt_inproc)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_inproc_2workers)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dp_proto_rtt_inproc_loaded)
+    ->ArgName("poll")
+    ->Arg(1)
+    ->Arg(0)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents_caf)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);

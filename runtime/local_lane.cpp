@@ -1,6 +1,7 @@
 // local_lane.cpp: Note [Local lanes].
 #include "runtime/local_lane.hpp"
 
+#include <algorithm>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -26,7 +27,7 @@ void LocalLane::took_mailed() {
 }
 
 void LocalLane::poll(const std::function<void(LocalCall&)>& handle) {
-  if (idle_poll_.count() <= 0) return;
+  if (idle_poll_.count() <= 0 || !polling_allowed()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (mailed_ > 0 || closed_) return;
@@ -37,8 +38,7 @@ void LocalLane::poll(const std::function<void(LocalCall&)>& handle) {
   std::vector<std::shared_ptr<LocalCall>> taken;
   for (;;) {
     if (queued_.load(std::memory_order_acquire) == 0) {
-      if (Clock::now() < deadline && !closed_.load(std::memory_order_acquire)) {
-        std::this_thread::yield();
+      if (Clock::now() < deadline && !closed_.load(std::memory_order_acquire) && poll_yield()) {
         continue;
       }
       std::lock_guard<std::mutex> lock(mutex_);
@@ -109,13 +109,79 @@ std::shared_ptr<LocalLane> find_lane(const caf::actor_addr& worker) {
   return it == r.lanes.end() ? nullptr : it->second;
 }
 
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Note [Polling under contention]: process-wide, read by every poll loop without a lock.
+std::atomic<int64_t> g_stall_ns{2'000'000};
+std::atomic<int64_t> g_backoff_ns{10'000'000};  // the first window; doubles per level
+constexpr int kMaxBackoffLevel = 7;              // 10 ms << 7 = 1.28 s
+std::atomic<int64_t> g_poll_off_until_ns{0};
+std::atomic<int> g_backoff_level{0};
+std::atomic<uint64_t> g_stalls{0};
+std::atomic<int64_t (*)()> g_clock{&now_ns};
+
+int64_t clock_ns() { return g_clock.load(std::memory_order_relaxed)(); }
+
+// A yield ending at `now` stalled: opens a window, longer when the last one closed just before.
+void open_window(int64_t now) {
+  int64_t until = g_poll_off_until_ns.load(std::memory_order_relaxed);
+  if (until != 0 && now < until) return;  // already open: the same contention seen elsewhere
+  int64_t base = g_backoff_ns.load(std::memory_order_relaxed);
+  int level = 0;
+  if (until != 0 && now - until < base) {
+    level = std::min(g_backoff_level.load(std::memory_order_relaxed) + 1, kMaxBackoffLevel);
+  }
+  g_backoff_level.store(level, std::memory_order_relaxed);
+  g_poll_off_until_ns.store(now + (base << level), std::memory_order_relaxed);
+  g_stalls.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool polling_allowed() {
+  int64_t off_until = g_poll_off_until_ns.load(std::memory_order_relaxed);
+  return off_until == 0 || clock_ns() >= off_until;
+}
+
+bool poll_yield() {
+  int64_t before = clock_ns();
+  std::this_thread::yield();
+  int64_t after = clock_ns();
+  if (after - before > g_stall_ns.load(std::memory_order_relaxed)) {
+    open_window(after);
+    return false;
+  }
+  int64_t off_until = g_poll_off_until_ns.load(std::memory_order_relaxed);
+  return off_until == 0 || after >= off_until;
+}
+
+uint64_t poll_stalls() { return g_stalls.load(std::memory_order_relaxed); }
+
+int poll_backoff_level() { return g_backoff_level.load(std::memory_order_relaxed); }
+
+void set_poll_contention_for_testing(std::chrono::nanoseconds stall,
+                                     std::chrono::nanoseconds backoff, int64_t (*clock)()) {
+  g_stall_ns.store(stall.count());
+  g_backoff_ns.store(backoff.count());
+  g_poll_off_until_ns.store(0);
+  g_backoff_level.store(0);
+  g_clock.store(clock != nullptr ? clock : &now_ns);
+}
+
 bool poll_until(const std::function<bool()>& done, std::chrono::microseconds budget) {
   if (done()) return true;
-  if (budget.count() <= 0) return false;
+  if (budget.count() <= 0 || !polling_allowed()) return false;
   auto deadline = std::chrono::steady_clock::now() + budget;
   while (std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
+    bool go_on = poll_yield();
     if (done()) return true;
+    if (!go_on) return false;
   }
   return false;
 }

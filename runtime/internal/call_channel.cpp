@@ -21,6 +21,7 @@
 #include "runtime/auth.hpp"
 #include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/local_lane.hpp"
 
 namespace tessera::runtime::internal {
 namespace {
@@ -229,12 +230,12 @@ int64_t now_ns() {
 void poll_readable(int fd, const std::atomic<int64_t>& last_activity,
                    std::chrono::microseconds idle_poll) {
   const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(idle_poll).count();
-  if (window <= 0) return;
+  if (window <= 0 || !polling_allowed()) return;
   char byte;
   while (now_ns() - last_activity.load(std::memory_order_relaxed) < window) {
     ssize_t k = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
-    std::this_thread::yield();
+    if (!poll_yield()) return;  // Note [Polling under contention]
   }
 }
 

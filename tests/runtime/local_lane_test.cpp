@@ -1,6 +1,7 @@
 // Note [Local lanes] and Note [In-process values]: the polling hand-off to in-process workers
 // keeps every caller's order, fails what a terminating worker still held, and in-process calls
-// move DataProtos by reference (nothing published on the data plane).
+// move DataProtos by reference (nothing published on the data plane). Note [Polling under
+// contention]: a stalled yield switches polling off process-wide for the backoff window.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -37,7 +38,30 @@ void await_polling(const LocalLane& lane) {
   while (!lane.polling()) std::this_thread::yield();
 }
 
-TEST(LocalLane, AMailedCallKeepsTheWorkerOffTheLaneUntilTaken) {
+constexpr std::chrono::hours kNever{1};
+constexpr std::chrono::nanoseconds kDefaultStall = std::chrono::milliseconds(2);
+constexpr std::chrono::nanoseconds kDefaultBackoff = std::chrono::milliseconds(10);
+
+// Lane tests that need the worker to keep polling: no yield counts as a stall (ctest runs
+// other binaries beside this one, which would otherwise switch polling off at random).
+class LocalLane_ : public ::testing::Test {
+ protected:
+  void SetUp() override { internal::set_poll_contention_for_testing(kNever, kDefaultBackoff); }
+  void TearDown() override {
+    internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff);
+  }
+};
+
+// Every yield counts as a stall, and the backoff window outlasts the test.
+class PollingUnderContention : public ::testing::Test {
+ protected:
+  void SetUp() override { internal::set_poll_contention_for_testing(std::chrono::nanoseconds(0), kNever); }
+  void TearDown() override {
+    internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff);
+  }
+};
+
+TEST_F(LocalLane_, AMailedCallKeepsTheWorkerOffTheLaneUntilTaken) {
   LocalLane lane(microseconds(1000000));
   auto batch = make_batch(1);
   auto call = make_call(batch, 0);
@@ -49,7 +73,7 @@ TEST(LocalLane, AMailedCallKeepsTheWorkerOffTheLaneUntilTaken) {
   EXPECT_EQ(handled, 0);
 }
 
-TEST(LocalLane, HandedOffCallsRunInOrderOnThePollingThread) {
+TEST_F(LocalLane_, HandedOffCallsRunInOrderOnThePollingThread) {
   LocalLane lane(microseconds(100000));
   constexpr size_t kCalls = 200;
   auto batch = make_batch(kCalls);
@@ -77,7 +101,7 @@ TEST(LocalLane, HandedOffCallsRunInOrderOnThePollingThread) {
   EXPECT_FALSE(lane.polling());
 }
 
-TEST(LocalLane, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
+TEST_F(LocalLane_, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
   LocalLane lane(microseconds(1000000));
   auto batch = make_batch(3);
   std::mutex gate;
@@ -111,7 +135,7 @@ TEST(LocalLane, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
   }
 }
 
-TEST(LocalLane, DisabledPollingNeverTakesTheLane) {
+TEST_F(LocalLane_, DisabledPollingNeverTakesTheLane) {
   LocalLane lane(microseconds(0));
   int handled = 0;
   lane.poll([&](LocalCall&) { ++handled; });
@@ -123,7 +147,7 @@ TEST(LocalLane, DisabledPollingNeverTakesTheLane) {
 
 // A real detached worker: calls sent back to back without waiting (some mailed, most through
 // the lane while the worker polls) arrive in the order sent.
-TEST(LocalLane, CallsToARealWorkerKeepTheCallersOrder) {
+TEST_F(LocalLane_, CallsToARealWorkerKeepTheCallersOrder) {
   RuntimeConfig cfg;
   cfg.embedded_devices = "cpu:1";
   cfg.idle_poll = std::chrono::milliseconds(500);  // wide: the calls below fit in one period
@@ -149,6 +173,104 @@ TEST(LocalLane, CallsToARealWorkerKeepTheCallersOrder) {
   ASSERT_EQ(seen.size(), static_cast<size_t>(kCalls + 2));
   for (int i = 0; i <= kCalls + 1; ++i) EXPECT_EQ(seen[i].get<int>(), i - 1) << "position " << i;
   EXPECT_GT(call_counters().lane_calls, lane_before);  // the lane was used
+}
+
+TEST_F(PollingUnderContention, AStalledYieldSwitchesPollingOffForTheWindow) {
+  EXPECT_TRUE(internal::polling_allowed());
+  uint64_t stalls = internal::poll_stalls();
+  EXPECT_FALSE(internal::poll_yield());  // "stalled": the window opens
+  EXPECT_EQ(internal::poll_stalls(), stalls + 1);
+  EXPECT_FALSE(internal::polling_allowed());
+  EXPECT_FALSE(internal::poll_until([] { return false; }, std::chrono::seconds(30)));
+  EXPECT_TRUE(internal::poll_until([] { return true; }, std::chrono::seconds(30)));  // done: true
+  // A window that has passed lets polling probe again.
+  internal::set_poll_contention_for_testing(kNever, kDefaultBackoff);
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_TRUE(internal::poll_yield());
+}
+
+// A clock the test moves: each read returns the current time, then adds the step (a yield
+// reads it twice, so a step above the threshold makes every yield a stall).
+std::atomic<int64_t> g_fake_now{0};
+std::atomic<int64_t> g_fake_step{0};
+int64_t fake_clock() { return g_fake_now.fetch_add(g_fake_step.load()); }
+constexpr int64_t kMs = 1'000'000;
+
+TEST_F(PollingUnderContention, WindowsDoubleWhileStallsPersistAndResetAfterAnIsolatedOne) {
+  internal::set_poll_contention_for_testing(std::chrono::milliseconds(2),
+                                            std::chrono::milliseconds(10), &fake_clock);
+  auto stall_at = [](int64_t ms) {  // a yield that starts at `ms` and takes 3 ms
+    g_fake_now = ms * kMs;
+    g_fake_step = 3 * kMs;
+    bool polled_on = internal::poll_yield();
+    g_fake_step = 0;
+    return polled_on;
+  };
+  uint64_t stalls = internal::poll_stalls();
+  EXPECT_FALSE(stall_at(0));  // ends at 3: window [3, 13)
+  EXPECT_EQ(internal::poll_backoff_level(), 0);
+  g_fake_now = 5 * kMs;
+  EXPECT_FALSE(internal::polling_allowed());
+  EXPECT_FALSE(internal::poll_yield());  // no stall (0 ms), but the window is open
+  g_fake_now = 13 * kMs;
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_TRUE(internal::poll_yield());
+  EXPECT_FALSE(stall_at(14));  // right after the window: [17, 37)
+  EXPECT_EQ(internal::poll_backoff_level(), 1);
+  EXPECT_FALSE(stall_at(40));  // again: [43, 83)
+  EXPECT_EQ(internal::poll_backoff_level(), 2);
+  g_fake_now = 82 * kMs;
+  EXPECT_FALSE(internal::polling_allowed());
+  EXPECT_FALSE(stall_at(78));  // inside the window (another thread, same descheduling): no change
+  EXPECT_EQ(internal::poll_backoff_level(), 2);
+  EXPECT_EQ(internal::poll_stalls(), stalls + 3);
+  EXPECT_FALSE(stall_at(200));  // long after the last window: back to 10 ms, [203, 213)
+  EXPECT_EQ(internal::poll_backoff_level(), 0);
+  g_fake_now = 213 * kMs;
+  EXPECT_TRUE(internal::polling_allowed());
+  for (int64_t ms = 300; ms < 300 + 40 * 3000; ms += 3000) (void)stall_at(ms);  // capped
+  EXPECT_EQ(internal::poll_backoff_level(), 0);  // 3 s apart: each isolated
+  int64_t t = 200'000;
+  for (int i = 0; i < 12; ++i) {  // each right after the previous window closed
+    (void)stall_at(t);
+    t = (g_fake_now.load() / kMs) + (10 << internal::poll_backoff_level()) + 1;
+  }
+  EXPECT_EQ(internal::poll_backoff_level(), 7);  // 1.28 s at most
+}
+
+TEST_F(PollingUnderContention, ALaneStopsPollingAtAStallAndStaysOffDuringTheWindow) {
+  LocalLane lane(microseconds(30000000));  // 30 s: only a stall ends this poll early
+  auto batch = make_batch(2);
+  std::thread worker([&] { lane.poll([](LocalCall&) { ADD_FAILURE() << "nothing was handed"; }); });
+  worker.join();  // its first yield stalled: back to the mailbox at once
+  EXPECT_FALSE(lane.polling());
+  auto call = make_call(batch, 0);
+  EXPECT_FALSE(lane.try_hand_off(call));  // not polling: the caller mails it
+  lane.took_mailed();
+  int handled = 0;
+  lane.poll([&](LocalCall&) { ++handled; });  // the window is open: does not start polling
+  EXPECT_FALSE(lane.polling());
+  EXPECT_EQ(handled, 0);
+}
+
+// With polling off, calls to real workers go through their mailboxes and are answered.
+TEST_F(PollingUnderContention, CallsAreMailedAndAnsweredWhilePollingIsOff) {
+  RuntimeConfig cfg;
+  cfg.embedded_devices = "cpu:2";
+  cfg.idle_poll = std::chrono::milliseconds(500);
+  auto rt = Runtime::start(cfg, testing::test_registry());
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  auto workers = (*rt)->spawn_workers("off", *(*rt)->resource_pool(), {{"", "echo", "{}"}});
+  ASSERT_TRUE(workers.ok()) << workers.status().to_string();
+  EXPECT_FALSE(internal::poll_yield());  // open the window
+  uint64_t lane_before = call_counters().lane_calls;
+  for (int i = 0; i < 50; ++i) {
+    auto out = (*rt)->call(*workers, "log", {{Value(nlohmann::json(i))}, {Value(nlohmann::json(i))}});
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_EQ((*out)[0].json().size(), static_cast<size_t>(i + 1));
+    EXPECT_EQ((*out)[1].json().back().get<int>(), i);
+  }
+  EXPECT_EQ(call_counters().lane_calls, lane_before);  // every call was mailed
 }
 
 // Note [In-process values]: a blocking DP call to in-process workers publishes nothing.
