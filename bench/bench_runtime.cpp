@@ -330,7 +330,8 @@ void BM_rt_caf_request_rtt(benchmark::State& state) {
 // Busy for `us` microseconds (the model's stand-in for work; 0: nothing).
 void spin_for(double us) {
   if (us <= 0) return;
-  auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+  auto until = std::chrono::steady_clock::now() +
+               std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
   while (std::chrono::steady_clock::now() < until) {
   }
 }
@@ -397,7 +398,8 @@ void run_handoff(benchmark::State& state, bool poll, double caller_us, double wo
 void BM_rt_handoff_floor(benchmark::State& state) { run_handoff(state, state.range(0) != 0, 0, 0); }
 
 void BM_rt_handoff_model(benchmark::State& state) {
-  run_handoff(state, true, static_cast<double>(state.range(0)), static_cast<double>(state.range(1)));
+  run_handoff(state, true, static_cast<double>(state.range(0)),
+              static_cast<double>(state.range(1)));
 }
 
 int echo_main() {

@@ -20,12 +20,9 @@
 // calls (they are mailed, and CAF drops them, failing their ReplySlot) and destroys the calls
 // it still held, which fails them the same way ("terminated before answering").
 // Cost: an idle worker burns at most idle_poll of CPU after each call, mostly in sched_yield,
-// so it gives way to any thread with work, and stops polling altogether while such a thread
-// keeps the CPU (Note [Polling under contention] below). idle_poll = 0 disables polling (always mailed).
-//
-// Contention: every polling loop (lanes, CallBatch::wait, the call channels' readers) yields
-// through poll_yield(), which stops polling process-wide while the CPU is busy with real work
-// (Note [Polling under contention]).
+// so it gives way to any thread with work; every poll loop (lanes, CallBatch::wait, the call
+// channels' readers) stops polling altogether while such a thread keeps the CPU (Note [Polling
+// under contention] below). idle_poll = 0 disables polling (always mailed).
 //
 // Thread-safety: every member may be called from any thread; poll() from the worker's only.
 #pragma once

@@ -55,7 +55,9 @@ class LocalLane_ : public ::testing::Test {
 // Every yield counts as a stall, and the backoff window outlasts the test.
 class PollingUnderContention : public ::testing::Test {
  protected:
-  void SetUp() override { internal::set_poll_contention_for_testing(std::chrono::nanoseconds(0), kNever); }
+  void SetUp() override {
+    internal::set_poll_contention_for_testing(std::chrono::nanoseconds(0), kNever);
+  }
   void TearDown() override {
     internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff);
   }
@@ -265,7 +267,8 @@ TEST_F(PollingUnderContention, CallsAreMailedAndAnsweredWhilePollingIsOff) {
   EXPECT_FALSE(internal::poll_yield());  // open the window
   uint64_t lane_before = call_counters().lane_calls;
   for (int i = 0; i < 50; ++i) {
-    auto out = (*rt)->call(*workers, "log", {{Value(nlohmann::json(i))}, {Value(nlohmann::json(i))}});
+    Value v = nlohmann::json(i);
+    auto out = (*rt)->call(*workers, "log", {{v}, {v}});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     ASSERT_EQ((*out)[0].json().size(), static_cast<size_t>(i + 1));
     EXPECT_EQ((*out)[1].json().back().get<int>(), i);
