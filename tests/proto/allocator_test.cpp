@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <sys/types.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -42,6 +44,20 @@ TEST(Allocator, MallocIsTheConfiguredOne) {
   std::string lib = library_of("malloc");
   const char* expected = configured() == "jemalloc" ? "jemalloc" : "libc.so";
   EXPECT_NE(lib.find(expected), std::string::npos) << "malloc comes from " << lib;
+}
+
+// cmake/jemalloc_conf.cpp's options are in effect (unless MALLOC_CONF overrides them).
+TEST(Allocator, JemallocUsesTheBuildsPurgeDelay) {
+  if (configured() != "jemalloc") GTEST_SKIP() << "not a jemalloc build";
+  if (std::getenv("MALLOC_CONF") != nullptr) GTEST_SKIP() << "MALLOC_CONF overrides the options";
+  auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
+  ASSERT_NE(mallctl, nullptr);
+  for (const char* opt : {"opt.dirty_decay_ms", "opt.muzzy_decay_ms"}) {
+    ssize_t ms = 0;
+    size_t len = sizeof(ms);
+    ASSERT_EQ(mallctl(opt, &ms, &len, nullptr, 0), 0) << opt;
+    EXPECT_EQ(ms, 60000) << opt;
+  }
 }
 
 TEST(Allocator, LibTorchTensorsComeFromJemalloc) {
