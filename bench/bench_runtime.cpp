@@ -261,20 +261,21 @@ void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedde
 void BM_rt_dp_proto_rtt_inproc_2workers(benchmark::State& state) { dp_rtt(state, *embedded().wg2); }
 
 // An embedded runtime whose workers and callers never poll (cluster.idle_poll_us = 0).
+std::unique_ptr<Embedded> g_embedded_sleeping;
 Embedded& embedded_sleeping() {
-  static Embedded e = [] {
+  if (!g_embedded_sleeping) {
     runtime::RuntimeConfig cfg;
     cfg.embedded_devices = "cpu:8";
     cfg.idle_poll = std::chrono::microseconds(0);
-    Embedded out;
-    out.rt = checked(runtime::Runtime::start(cfg, registry()), "embedded runtime (no polling)");
-    out.wg = checked(dispatch::WorkerGroup::spawn(*out.rt, "bench_sleeping",
-                                                  checked(out.rt->resource_pool(), "resource pool"),
-                                                  {{"", "bench", "{}"}}),
-                     "spawning 8 in-process workers");
-    return out;
-  }();
-  return e;
+    auto e = std::make_unique<Embedded>();
+    e->rt = checked(runtime::Runtime::start(cfg, registry()), "embedded runtime (no polling)");
+    e->wg = checked(dispatch::WorkerGroup::spawn(*e->rt, "bench_sleeping",
+                                                 checked(e->rt->resource_pool(), "resource pool"),
+                                                 {{"", "bench", "{}"}}),
+                    "spawning 8 in-process workers");
+    g_embedded_sleeping = std::move(e);
+  }
+  return *g_embedded_sleeping;
 }
 
 // Two threads of CPU-bound work at nice 10 (a niced build or data loader sharing the machine)
@@ -326,7 +327,6 @@ void BM_rt_caf_request_rtt(benchmark::State& state) {
   }
 }
 
-// Note [Local lanes]'s floor: `poll` 1 = workers poll, 0 = they sleep on condition variables.
 // Busy for `us` microseconds (the model's stand-in for work; 0: nothing).
 void spin_for(double us) {
   if (us <= 0) return;
@@ -395,6 +395,7 @@ void run_handoff(benchmark::State& state, bool poll, double caller_us, double wo
   for (auto& t : threads) t.join();
 }
 
+// Note [Local lanes]'s floor: `poll` 1 = workers poll, 0 = they sleep on condition variables.
 void BM_rt_handoff_floor(benchmark::State& state) { run_handoff(state, state.range(0) != 0, 0, 0); }
 
 void BM_rt_handoff_model(benchmark::State& state) {
@@ -548,6 +549,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   tessera::g_embedded.reset();
+  tessera::g_embedded_sleeping.reset();
   for (auto& c : tessera::g_clusters) c.reset();
   ::unlink(tessera::token_file().c_str());
   return 0;
