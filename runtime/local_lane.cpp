@@ -142,12 +142,15 @@ void open_window(int64_t now) {
   g_stalls.fetch_add(1, std::memory_order_relaxed);
 }
 
+// True unless a backoff window is open at time `t`.
+bool no_window_at(int64_t t) {
+  int64_t off_until = g_poll_off_until_ns.load(std::memory_order_relaxed);
+  return off_until == 0 || t >= off_until;
+}
+
 }  // namespace
 
-bool polling_allowed() {
-  int64_t off_until = g_poll_off_until_ns.load(std::memory_order_relaxed);
-  return off_until == 0 || clock_ns() >= off_until;
-}
+bool polling_allowed() { return no_window_at(clock_ns()); }
 
 bool poll_yield() {
   int64_t before = clock_ns();
@@ -157,8 +160,7 @@ bool poll_yield() {
     open_window(after);
     return false;
   }
-  int64_t off_until = g_poll_off_until_ns.load(std::memory_order_relaxed);
-  return off_until == 0 || after >= off_until;
+  return no_window_at(after);
 }
 
 uint64_t poll_stalls() { return g_stalls.load(std::memory_order_relaxed); }

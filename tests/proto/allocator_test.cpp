@@ -28,6 +28,9 @@ std::string library_of(const char* symbol) {
   return info.dli_fname;
 }
 
+// jemalloc's mallctl (null when jemalloc is not the process allocator).
+Mallctl jemalloc_mallctl() { return reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl")); }
+
 // Bytes jemalloc has handed out and not taken back (its statistics, refreshed first).
 size_t jemalloc_allocated(Mallctl mallctl) {
   uint64_t epoch = 1;
@@ -50,7 +53,7 @@ TEST(Allocator, MallocIsTheConfiguredOne) {
 TEST(Allocator, JemallocUsesTheBuildsPurgeDelay) {
   if (configured() != "jemalloc") GTEST_SKIP() << "not a jemalloc build";
   if (std::getenv("MALLOC_CONF") != nullptr) GTEST_SKIP() << "MALLOC_CONF overrides the options";
-  auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
+  Mallctl mallctl = jemalloc_mallctl();
   ASSERT_NE(mallctl, nullptr);
   for (const char* opt : {"opt.dirty_decay_ms", "opt.muzzy_decay_ms"}) {
     ssize_t ms = 0;
@@ -62,7 +65,7 @@ TEST(Allocator, JemallocUsesTheBuildsPurgeDelay) {
 
 TEST(Allocator, LibTorchTensorsComeFromJemalloc) {
   if (configured() != "jemalloc") GTEST_SKIP() << "not a jemalloc build";
-  auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
+  Mallctl mallctl = jemalloc_mallctl();
   ASSERT_NE(mallctl, nullptr);
   constexpr size_t kBytes = size_t{64} << 20;
   size_t before = jemalloc_allocated(mallctl);

@@ -42,24 +42,26 @@ constexpr std::chrono::hours kNever{1};
 constexpr std::chrono::nanoseconds kDefaultStall = std::chrono::milliseconds(2);
 constexpr std::chrono::nanoseconds kDefaultBackoff = std::chrono::milliseconds(10);
 
-// Lane tests that need the worker to keep polling: no yield counts as a stall (ctest runs
-// other binaries beside this one, which would otherwise switch polling off at random).
-class LocalLane_ : public ::testing::Test {
+// Puts Note [Polling under contention]'s defaults back after each test.
+class ContentionSettings : public ::testing::Test {
  protected:
-  void SetUp() override { internal::set_poll_contention_for_testing(kNever, kDefaultBackoff); }
   void TearDown() override {
     internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff);
   }
 };
 
+// Lane tests that need the worker to keep polling: no yield counts as a stall (ctest runs
+// other binaries beside this one, which would otherwise switch polling off at random).
+class LocalLane_ : public ContentionSettings {
+ protected:
+  void SetUp() override { internal::set_poll_contention_for_testing(kNever, kDefaultBackoff); }
+};
+
 // Every yield counts as a stall, and the backoff window outlasts the test.
-class PollingUnderContention : public ::testing::Test {
+class PollingUnderContention : public ContentionSettings {
  protected:
   void SetUp() override {
     internal::set_poll_contention_for_testing(std::chrono::nanoseconds(0), kNever);
-  }
-  void TearDown() override {
-    internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff);
   }
 };
 
