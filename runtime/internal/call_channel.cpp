@@ -342,19 +342,26 @@ Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
 
 ChannelClient::~ChannelClient() { close(); }
 
+// Two threads must never join (or join and detach) reader_ at once: the second would wait on
+// the exited thread's freed descriptor forever (seen when the hub closed a dead agent's channel
+// while the runtime's destructor closed it too). close_mutex_ orders them; the reader itself
+// only try-locks it, since whoever holds it may be joining the reader.
 void ChannelClient::close() {
   closing_ = true;
   open_ = false;
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-  if (reader_.joinable()) {
-    if (reader_.get_id() == std::this_thread::get_id()) {
-      reader_.detach();  // closed from a reply callback: the loop ends on its own
-    } else {
-      reader_.join();
-    }
+  std::unique_lock<std::mutex> closing(close_mutex_, std::defer_lock);
+  if (reader_id_.load() == std::this_thread::get_id()) {
+    // Closed from a reply callback: the loop ends on its own. If another thread holds the
+    // lock, it is joining this thread and finishes the close.
+    if (!closing.try_lock()) return;
+    if (reader_.joinable()) reader_.detach();
+  } else {
+    closing.lock();
+    if (reader_.joinable()) reader_.join();
   }
   std::lock_guard<std::mutex> lock(write_mutex_);
-  if (fd_ >= 0 && !reader_.joinable()) {
+  if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
   }
@@ -377,6 +384,7 @@ Status ChannelClient::send(uint64_t id, const ChannelCall& call) {
 }
 
 void ChannelClient::read_loop() {
+  reader_id_.store(std::this_thread::get_id());
   Status st;
   while (true) {
     uint64_t id = 0;

@@ -140,6 +140,10 @@ class ChannelClient {
   std::mutex write_mutex_;
   std::atomic<bool> open_{false};
   std::atomic<bool> closing_{false};
+  // close() may run on several threads at once (the hub on an agent's death, the owner's
+  // destructor, a reply callback on the reader): one of them joins or detaches reader_.
+  std::mutex close_mutex_;
+  std::atomic<std::thread::id> reader_id_{};  // set by the reader thread as it starts
   std::thread reader_;
 };
 
