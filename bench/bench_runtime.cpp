@@ -7,7 +7,10 @@
 //                                  CPU: P=1 the default runtime, P=0 one with polling off
 //                                  (Note [Polling under contention])
 //   BM_rt_dp_proto_rtt_2agents     the same over 2 agent processes x 4 workers (goal <= 200 us),
-//                                  through the agents' call channels (Note [Call channel])
+//                                  through the agents' call channels, over their local
+//                                  sockets (Note [Call channel], Note [Local call socket])
+//   BM_rt_dp_proto_rtt_2agents_tcp the same with the channels over loopback TCP (shared memory
+//                                  off, as for agents on other machines; 2 more agents)
 //   BM_rt_dp_proto_rtt_2agents_caf the same with cluster.call_channel off: calls through CAF
 //                                  (2 more agents, started for it)
 //   BM_rt_caf_request_rtt          bare CAF request/response to an agent (same two processes)
@@ -176,7 +179,9 @@ T checked(Result<T> r, const char* what) {
   return std::move(r).value();
 }
 
-std::unique_ptr<Cluster> g_clusters[2];  // [call channel on]
+// How the driver calls the agents' workers.
+enum class Path { caf = 0, channel_tcp = 1, channel_local = 2 };
+std::unique_ptr<Cluster> g_clusters[3];  // by Path
 
 // TESSERA_BENCH_IDLE_POLL_US overrides RuntimeConfig::idle_poll (driver and agents), to compare.
 std::chrono::microseconds bench_idle_poll(std::chrono::microseconds fallback) {
@@ -184,15 +189,16 @@ std::chrono::microseconds bench_idle_poll(std::chrono::microseconds fallback) {
   return v == nullptr ? fallback : std::chrono::microseconds(std::atoll(v));
 }
 
-// Two agents x 4 workers; `channel` false calls them through CAF (cluster.call_channel off).
-Cluster& cluster(bool channel = true) {
-  std::unique_ptr<Cluster>& g = g_clusters[channel];
+// Two agents x 4 workers, called along `path` (the default config: channel_local).
+Cluster& cluster(Path path = Path::channel_local) {
+  std::unique_ptr<Cluster>& g = g_clusters[static_cast<int>(path)];
   if (!g) {
     g = std::make_unique<Cluster>();
     Cluster& k = *g;
     runtime::RuntimeConfig cfg;
     cfg.idle_poll = bench_idle_poll(cfg.idle_poll);
-    cfg.call_channel = channel;
+    cfg.call_channel = path != Path::caf;
+    cfg.data_plane.shared_memory = path != Path::channel_tcp;
     for (int i = 0; i < 2; ++i) {
       k.agents.push_back(spawn_self({"--tessera-agent", "--devices", "cpu:4", "--token-file",
                                      token_file()}));
@@ -311,8 +317,12 @@ void BM_rt_dp_proto_rtt_inproc_loaded(benchmark::State& state) {
 
 void BM_rt_dp_proto_rtt_2agents(benchmark::State& state) { dp_rtt(state, *cluster().wg); }
 
+void BM_rt_dp_proto_rtt_2agents_tcp(benchmark::State& state) {
+  dp_rtt(state, *cluster(Path::channel_tcp).wg);
+}
+
 void BM_rt_dp_proto_rtt_2agents_caf(benchmark::State& state) {
-  dp_rtt(state, *cluster(false).wg);
+  dp_rtt(state, *cluster(Path::caf).wg);
 }
 
 void BM_rt_caf_request_rtt(benchmark::State& state) {
@@ -510,6 +520,7 @@ BENCHMARK(BM_rt_dp_proto_rtt_inproc_loaded)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dp_proto_rtt_2agents_tcp)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_2agents_caf)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_caf_request_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_asio_rtt)->UseRealTime()->Unit(benchmark::kMicrosecond);

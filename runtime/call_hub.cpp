@@ -464,7 +464,8 @@ CallHub::~CallHub() {
 uint64_t CallHub::pending_calls() const { return shared_->pending_count.load(); }
 
 Status CallHub::open_channel(const caf::actor& agent, const std::string& address,
-                             const std::string& host, uint16_t port, uint64_t session,
+                             const std::string& host, uint16_t port,
+                             const std::string& local_socket, uint64_t session,
                              const std::string& key, Millis timeout, uint64_t max_frame_bytes) {
   std::weak_ptr<internal::HubShared> weak = shared_;
   caf::actor hub = hub_;
@@ -484,10 +485,9 @@ Status CallHub::open_channel(const caf::actor& agent, const std::string& address
                           "died or dropped this driver", address, why));
   };
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<internal::ChannelClient> channel,
-                           internal::ChannelClient::connect(hub_->home_system(), address, host,
-                                                            port, session, key, timeout,
-                                                            max_frame_bytes, idle_poll_, on_reply,
-                                                            on_close));
+                           internal::ChannelClient::connect(
+                               hub_->home_system(), address, {host, port, local_socket}, session,
+                               key, timeout, max_frame_bytes, idle_poll_, on_reply, on_close));
   std::shared_ptr<internal::ChannelClient> old;
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -500,6 +500,12 @@ Status CallHub::open_channel(const caf::actor& agent, const std::string& address
 bool CallHub::channel_open(const caf::actor& agent) const {
   std::shared_ptr<internal::ChannelClient> ch = shared_->channel(agent.address());
   return ch && ch->open();
+}
+
+std::string CallHub::channel_transport(const caf::actor& agent) const {
+  std::shared_ptr<internal::ChannelClient> ch = shared_->channel(agent.address());
+  if (!ch || !ch->open()) return "";
+  return ch->local() ? "local socket" : "TCP";
 }
 
 std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,

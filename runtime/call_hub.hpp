@@ -170,13 +170,17 @@ class CallHub {
   /// The hub actor (agents send it down_atom reports).
   const caf::actor& actor() const { return hub_; }
   /// Opens the agent's call channel (Note [Call channel] in runtime/internal/call_channel.hpp)
-  /// at host:port with the session the agent gave at authentication; from then on calls to
-  /// that agent's workers go through it while it is open, through CAF otherwise.
+  /// at host:port (or first at the abstract Unix socket `local_socket` when not empty: Note
+  /// [Local call socket]) with the session the agent gave at authentication; from then on
+  /// calls to that agent's workers go through it while it is open, through CAF otherwise.
   /// REQUIRES: watch_agent(agent) before. Errors name the address and the step that failed.
   /// `address` names the agent in errors (its cluster.agents entry).
   Status open_channel(const caf::actor& agent, const std::string& address,
-                      const std::string& host, uint16_t port, uint64_t session,
-                      const std::string& key, Millis timeout, uint64_t max_frame_bytes);
+                      const std::string& host, uint16_t port, const std::string& local_socket,
+                      uint64_t session, const std::string& key, Millis timeout,
+                      uint64_t max_frame_bytes);
+  /// "local socket", "TCP", or "" when calls to `agent`'s workers go through CAF (logs).
+  std::string channel_transport(const caf::actor& agent) const;
   /// True while calls to `agent`'s workers go through its call channel.
   bool channel_open(const caf::actor& agent) const;
   /// Remote calls (one per agent per call()) awaiting their agent's answer.

@@ -22,7 +22,9 @@ struct DataPlaneConfig {
   std::string bind_host = "127.0.0.1";  ///< Address the TCP server binds ("0.0.0.0": all).
   uint16_t port = 0;                    ///< TCP port; 0 picks a free one.
   std::string advertise_host;           ///< Address put in handles; empty: bind_host.
-  bool shared_memory = true;            ///< Same-host peers exchange frames through memfd.
+  /// Same-host peers exchange frames through memfd, and a driver calls same-host agents
+  /// through their local socket (Note [Local call socket] in runtime/internal/call_channel.hpp).
+  bool shared_memory = true;
   uint64_t max_frame_bytes = uint64_t{64} << 30;  ///< Largest frame accepted from a peer.
   Millis io_timeout{60000};             ///< Per fetch: connect + request + response.
   // Note [Mapped-memory caps]: both caches pin real memory (memfd pages), per process. 512 MiB

@@ -16,6 +16,7 @@
 #include "runtime/agent.hpp"
 #include "runtime/auth.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/internal/call_channel.hpp"
 #include "runtime/internal/shm.hpp"
 #include "runtime/wire.hpp"
 
@@ -135,9 +136,10 @@ Status Runtime::connect_agents() {
     if (!info.ok()) return info.status().with_context("authenticating with agent " + address);
     hub_->watch_agent(*agent, address);
     open_call_channel(*agent, address, hp.first, *info);
+    std::string transport = hub_->channel_transport(*agent);
     spdlog::info("connected to agent {} ({}, devices {}, calls through {})", address, info->host,
                  fmt::join(info->devices, ","),
-                 hub_->channel_open(*agent) ? "its call channel" : "CAF");
+                 transport.empty() ? "CAF" : "its call channel over " + transport);
     nodes_.push_back(Node{*agent, std::move(info).value(), address, false});
   }
   return Status();
@@ -148,8 +150,14 @@ Status Runtime::connect_agents() {
 void Runtime::open_call_channel(const caf::actor& agent, const std::string& address,
                                 const std::string& host, const AgentInfo& info) {
   if (!config_.call_channel || actors_->tls() || info.call_port == 0) return;
-  Status st = hub_->open_channel(agent, address, host, info.call_port, info.call_session, info.call_key,
-                                 config_.connect_timeout, config_.data_plane.max_frame_bytes);
+  // Note [Local call socket]: same machine, and the same-host shortcuts are on.
+  std::string local_socket;
+  if (config_.data_plane.shared_memory && info.host_id == internal::machine_id()) {
+    local_socket = internal::channel_local_socket(info.pid, info.call_port);
+  }
+  Status st = hub_->open_channel(agent, address, host, info.call_port, local_socket,
+                                 info.call_session, info.call_key, config_.connect_timeout,
+                                 config_.data_plane.max_frame_bytes);
   if (!st.ok()) {
     spdlog::warn("agent {}: {}; its calls go through CAF", address, st.message());
   }

@@ -7,10 +7,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include <caf/binary_deserializer.hpp>
@@ -220,6 +222,42 @@ Result<int> listen_tcp(const std::string& host, uint16_t& port) {
   return fd;
 }
 
+// Note [Local call socket]: the abstract address of `name` (a leading NUL, no file).
+socklen_t local_address(const std::string& name, sockaddr_un& addr) {
+  addr = sockaddr_un{};
+  addr.sun_family = AF_UNIX;
+  size_t n = std::min(name.size(), sizeof addr.sun_path - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+Result<int> connect_local(const std::string& name) {
+  sockaddr_un addr;
+  socklen_t len = local_address(name, addr);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    return make_error(ErrorCode::unavailable, "cannot connect to local socket {}: {}", name,
+                      std::strerror(err));
+  }
+  return fd;
+}
+
+Result<int> listen_local(const std::string& name) {
+  sockaddr_un addr;
+  socklen_t len = local_address(name, addr);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(fd, 64) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    return make_error(ErrorCode::unavailable, "cannot listen on local socket {}: {}", name,
+                      std::strerror(err));
+  }
+  return fd;
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -243,6 +281,12 @@ std::string peer_name(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  if (ss.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return "local socket";
+    return fmt::format("local socket (pid {})", cred.pid);
+  }
   char host[NI_MAXHOST];
   char serv[NI_MAXSERV];
   if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, serv, sizeof serv,
@@ -253,6 +297,10 @@ std::string peer_name(int fd) {
 }
 
 }  // namespace
+
+std::string channel_local_socket(int64_t pid, uint16_t port) {
+  return fmt::format("tessera-call-{}-{}", pid, port);
+}
 
 std::string channel_proof(const std::string& key, const std::string& nonce) {
   return hmac_sha256(key, "tessera-call|" + nonce);
@@ -297,44 +345,63 @@ void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
 
 // ---- driver side -----------------------------------------------------------------------------
 
-Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
-    caf::actor_system& system, const std::string& agent, const std::string& host, uint16_t port,
-    uint64_t session,
-    const std::string& key, Millis timeout, uint64_t max_frame_bytes,
-    std::chrono::microseconds idle_poll, OnReply on_reply, OnClose on_close) {
-  std::unique_ptr<ChannelClient> c(new ChannelClient());
-  c->system_ = &system;
-  c->agent_ = agent;
-  std::string address = fmt::format("{}:{}", host, port);
-  c->max_frame_bytes_ = max_frame_bytes;
-  c->idle_poll_ = idle_poll;
-  c->on_reply_ = std::move(on_reply);
-  c->on_close_ = std::move(on_close);
-  Result<int> fd = connect_tcp(host, port, timeout);
-  if (!fd.ok()) return fd.status().with_context("call channel " + address);
-  c->fd_ = *fd;
-  set_timeout(c->fd_, SO_RCVTIMEO, timeout);
-  set_timeout(c->fd_, SO_SNDTIMEO, timeout);  // stays: a write never blocks past it
+// The driver's half of the handshake on a connected descriptor (closed on failure).
+Status client_handshake(int fd, uint64_t session, const std::string& key, Millis timeout) {
+  set_timeout(fd, SO_RCVTIMEO, timeout);
+  set_timeout(fd, SO_SNDTIMEO, timeout);  // stays: a write never blocks past it
   std::string nonce(kChannelNonceBytes, '\0');
-  Status st = read_exact(c->fd_, nonce.data(), nonce.size());
+  Status st = read_exact(fd, nonce.data(), nonce.size());
   char hello[kChannelHelloBytes];
   if (st.ok()) {
     put_le(hello, session);
     std::string proof = channel_proof(key, nonce);
     std::memcpy(hello + 8, proof.data(), 32);
-    st = write_all(c->fd_, hello, sizeof hello);
+    st = write_all(fd, hello, sizeof hello);
   }
   char ok[4];
-  if (st.ok()) st = read_exact(c->fd_, ok, sizeof ok);
+  if (st.ok()) st = read_exact(fd, ok, sizeof ok);
   if (st.ok() && get_le<uint32_t>(ok) != kChannelOkMagic) {
     st = make_error(ErrorCode::permission_denied, "the agent refused the session");
   }
   if (!st.ok()) {
-    ::close(c->fd_);
-    c->fd_ = -1;
-    return st.with_context("call channel " + address + ": handshake");
+    ::close(fd);
+    return st;
   }
-  set_timeout(c->fd_, SO_RCVTIMEO, Millis(0));  // the reader waits as long as the channel lives
+  set_timeout(fd, SO_RCVTIMEO, Millis(0));  // the reader waits as long as the channel lives
+  return Status();
+}
+
+Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
+    caf::actor_system& system, const std::string& agent, const ChannelAddress& address,
+    uint64_t session, const std::string& key, Millis timeout, uint64_t max_frame_bytes,
+    std::chrono::microseconds idle_poll, OnReply on_reply, OnClose on_close) {
+  std::unique_ptr<ChannelClient> c(new ChannelClient());
+  c->system_ = &system;
+  c->agent_ = agent;
+  std::string tcp = fmt::format("{}:{}", address.host, address.port);
+  c->max_frame_bytes_ = max_frame_bytes;
+  c->idle_poll_ = idle_poll;
+  c->on_reply_ = std::move(on_reply);
+  c->on_close_ = std::move(on_close);
+  // Note [Local call socket]: no local socket (another network namespace) or one that fails
+  // the handshake (not that agent) leaves TCP.
+  if (!address.local_socket.empty()) {
+    Result<int> fd = connect_local(address.local_socket);
+    Status st = fd.ok() ? client_handshake(*fd, session, key, timeout) : fd.status();
+    if (st.ok()) {
+      c->fd_ = *fd;
+      c->local_ = true;
+    } else {
+      spdlog::debug("call channel of agent {}: {}; using TCP {}", agent, st.message(), tcp);
+    }
+  }
+  if (c->fd_ < 0) {
+    Result<int> fd = connect_tcp(address.host, address.port, timeout);
+    if (!fd.ok()) return fd.status().with_context("call channel " + tcp);
+    Status st = client_handshake(*fd, session, key, timeout);
+    if (!st.ok()) return st.with_context("call channel " + tcp + ": handshake");
+    c->fd_ = *fd;
+  }
   c->open_ = true;
   c->reader_ = std::thread([raw = c.get()] { raw->read_loop(); });
   return c;
@@ -439,7 +506,16 @@ Result<std::unique_ptr<ChannelServer>> ChannelServer::start(caf::actor_system& s
   Result<int> fd = listen_tcp(host, s->port_);
   if (!fd.ok()) return fd.status().with_context(fmt::format("call channel on {}:{}", host, port));
   s->listen_fd_ = *fd;
-  s->acceptor_ = std::thread([raw = s.get()] { raw->accept_loop(); });
+  std::string local = channel_local_socket(::getpid(), s->port_);
+  Result<int> local_fd = listen_local(local);
+  if (local_fd.ok()) {
+    s->local_fd_ = *local_fd;
+    s->local_name_ = local;
+    s->local_acceptor_ = std::thread([raw = s.get()] { raw->accept_loop(raw->local_fd_); });
+  } else {
+    spdlog::warn("call channel: {}; same-host drivers use TCP", local_fd.status().message());
+  }
+  s->acceptor_ = std::thread([raw = s.get()] { raw->accept_loop(raw->listen_fd_); });
   return s;
 }
 
@@ -451,13 +527,19 @@ void ChannelServer::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopped_) return;
     stopped_ = true;
-    if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
+    for (int fd : {listen_fd_, local_fd_}) {
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // wakes accept()
+    }
     connections.swap(connections_);
     for (auto& c : connections) ::shutdown(c->fd, SHUT_RDWR);
   }
-  if (acceptor_.joinable()) acceptor_.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  listen_fd_ = -1;
+  for (std::thread* t : {&acceptor_, &local_acceptor_}) {
+    if (t->joinable()) t->join();
+  }
+  for (int* fd : {&listen_fd_, &local_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
   for (auto& c : connections) {
     if (c->thread.joinable()) c->thread.join();
   }
@@ -508,9 +590,9 @@ void ChannelServer::reap_finished() {
   }
 }
 
-void ChannelServer::accept_loop() {
+void ChannelServer::accept_loop(int listen_fd) {
   while (true) {
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopped_) {
       if (fd >= 0) ::close(fd);
@@ -523,7 +605,7 @@ void ChannelServer::accept_loop() {
       continue;
     }
     reap_finished();
-    set_no_delay(fd);
+    if (listen_fd == listen_fd_) set_no_delay(fd);
     auto conn = std::make_shared<Connection>();
     conn->fd = fd;
     conn->peer = peer_name(fd);

@@ -1,15 +1,21 @@
 // Note [Call channel] across real processes: calls to agents' workers go through each agent's
-// call channel and give what the CAF path gives; junk on the channel port leaves the agent
+// call channel (over TCP, and over the local socket: Note [Local call socket]) and give what
+// the CAF path gives; junk on the channel's port or local socket leaves the agent
 // serving; an agent that offers no channel is called through CAF. (A kill -9 mid-call, a hung
 // worker's late answer and a silent agent are covered, through the channel, by
 // runtime_integration_test.cpp and failure_integration_test.cpp.)
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
 
 #include <torch/torch.h>
 
+#include "runtime/internal/call_channel.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/wire.hpp"
 #include "tests/runtime/agent_process.hpp"
@@ -21,12 +27,17 @@ namespace {
 using testing::AgentProcess;
 const char* kToken = "call-channel-test-token-0123456789";
 
-RuntimeConfig config_for(const std::vector<const AgentProcess*>& agents, bool channel) {
+// How the driver reaches the agents' workers.
+enum class Path { caf, channel_tcp, channel_local };
+
+RuntimeConfig config_for(const std::vector<const AgentProcess*>& agents, Path path) {
   RuntimeConfig c;
   for (const AgentProcess* a : agents) c.agents.push_back(a->address());
   c.token = kToken;
   c.call_timeout = Millis(60000);
-  c.call_channel = channel;
+  c.call_channel = path != Path::caf;
+  // Note [Local call socket]: same-host agents get the local socket unless shortcuts are off.
+  c.data_plane.shared_memory = path != Path::channel_tcp;
   return c;
 }
 
@@ -101,28 +112,31 @@ std::vector<const AgentProcess*> pointers(const std::vector<AgentProcess>& agent
 // a node's workers when that node's previous driver goes away.
 TEST(CallChannelCluster, CallsGoThroughTheChannelAndGiveWhatTheCafPathGives) {
   std::string tf = testing::write_token_file("channel_token", kToken);
-  Outcome by_mode[2];
-  for (bool channel : {true, false}) {
+  const Path paths[] = {Path::caf, Path::channel_tcp, Path::channel_local};
+  const char* transport[] = {"", "TCP", "local socket"};
+  Outcome by_path[3];
+  for (size_t p = 0; p < 3; ++p) {
     std::vector<AgentProcess> agents = start_agents(tf);
     ASSERT_EQ(agents.size(), 2u);
-    auto rt = Runtime::start(config_for(pointers(agents), channel), testing::test_registry());
+    auto rt = Runtime::start(config_for(pointers(agents), paths[p]), testing::test_registry());
     ASSERT_TRUE(rt.ok()) << rt.status().to_string();
     for (const Node& node : (*rt)->nodes()) {
-      EXPECT_EQ((*rt)->hub().channel_open(node.agent), channel) << node.address;
+      EXPECT_EQ((*rt)->hub().channel_transport(node.agent), transport[p]) << node.address;
     }
     uint64_t before = call_counters().channel_calls;
-    by_mode[channel] = run_calls(**rt);
+    by_path[p] = run_calls(**rt);
     uint64_t sent = call_counters().channel_calls - before;
     // 3 rounds x 3 calls x 2 agents, one frame per agent per call; none through CAF.
-    EXPECT_EQ(sent, channel ? 18u : 0u);
+    EXPECT_EQ(sent, paths[p] == Path::caf ? 0u : 18u) << transport[p];
     EXPECT_EQ((*rt)->hub().pending_calls(), 0u);
   }
-  ASSERT_EQ(by_mode[0].doubled.size(), 4u);
-  ASSERT_EQ(by_mode[1].doubled.size(), 4u);
-  for (size_t r = 0; r < 4; ++r) {
-    EXPECT_TRUE(torch::equal(by_mode[0].doubled[r], by_mode[1].doubled[r]));
-    EXPECT_TRUE(torch::equal(by_mode[0].echoed[r], by_mode[1].echoed[r]));
-    EXPECT_EQ(by_mode[0].infos[r], by_mode[1].infos[r]);
+  for (size_t p = 0; p < 3; ++p) ASSERT_EQ(by_path[p].doubled.size(), 4u) << p;
+  for (size_t p = 1; p < 3; ++p) {
+    for (size_t r = 0; r < 4; ++r) {
+      EXPECT_TRUE(torch::equal(by_path[0].doubled[r], by_path[p].doubled[r]));
+      EXPECT_TRUE(torch::equal(by_path[0].echoed[r], by_path[p].echoed[r]));
+      EXPECT_EQ(by_path[0].infos[r], by_path[p].infos[r]);
+    }
   }
 }
 
@@ -130,16 +144,29 @@ TEST(CallChannelCluster, JunkOnTheChannelPortLeavesTheAgentServing) {
   std::string tf = testing::write_token_file("channel_junk_token", kToken);
   std::vector<AgentProcess> agents = start_agents(tf);
   ASSERT_EQ(agents.size(), 2u);
-  auto rt = Runtime::start(config_for(pointers(agents), true), testing::test_registry());
+  auto rt = Runtime::start(config_for(pointers(agents), Path::channel_local), testing::test_registry());
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   const std::vector<std::string> junk = {std::string(4096, '\xff'), "GET / HTTP/1.0\r\n\r\n", ""};
-  for (const std::string& bytes : junk) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(agents[0].call_port());
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  // On the TCP port and on the local socket (Note [Local call socket]).
+  std::string local = internal::channel_local_socket(agents[0].pid(), agents[0].call_port());
+  for (size_t k = 0; k < 2 * junk.size(); ++k) {
+    const std::string& bytes = junk[k % junk.size()];
+    int fd = -1;
+    if (k < junk.size()) {
+      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(agents[0].call_port());
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    } else {
+      fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::memcpy(a.sun_path + 1, local.data(), local.size());
+      auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + local.size());
+      ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), len), 0) << local;
+    }
     if (!bytes.empty()) (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     ::shutdown(fd, SHUT_WR);
     char buf[64];
@@ -151,7 +178,9 @@ TEST(CallChannelCluster, JunkOnTheChannelPortLeavesTheAgentServing) {
   Outcome o = run_calls(**rt);
   EXPECT_EQ(o.infos.size(), 4u);
   EXPECT_EQ(call_counters().channel_calls - before, 18u);  // the channels stayed open
-  for (const Node& node : (*rt)->nodes()) EXPECT_TRUE((*rt)->hub().channel_open(node.agent));
+  for (const Node& node : (*rt)->nodes()) {
+    EXPECT_EQ((*rt)->hub().channel_transport(node.agent), "local socket") << node.address;
+  }
 }
 
 TEST(CallChannelOff, AnAgentWithoutAChannelIsCalledThroughCaf) {
@@ -160,7 +189,7 @@ TEST(CallChannelOff, AnAgentWithoutAChannelIsCalledThroughCaf) {
                                     "off"});
   ASSERT_TRUE(agent.ok()) << agent.status().to_string();
   EXPECT_EQ(agent->call_port(), 0);
-  auto rt = Runtime::start(config_for({&*agent}, true), testing::test_registry());
+  auto rt = Runtime::start(config_for({&*agent}, Path::channel_local), testing::test_registry());
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   EXPECT_FALSE((*rt)->hub().channel_open((*rt)->nodes()[0].agent));
   uint64_t before = call_counters().channel_calls;

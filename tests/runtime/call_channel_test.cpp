@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <future>
 
@@ -31,6 +33,17 @@ int raw_connect(uint16_t port) {
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
+// A raw connection to the abstract Unix socket `name` (Note [Local call socket]).
+int raw_connect_local(const std::string& name) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), len), 0) << name;
   return fd;
 }
 
@@ -89,9 +102,12 @@ class CallChannelTest : public ::testing::Test {
     rt_.reset();
   }
 
-  Result<std::unique_ptr<ChannelClient>> connect(Seen& seen, const std::string& key) {
+  // `local_socket`: Note [Local call socket], tried first when not empty.
+  Result<std::unique_ptr<ChannelClient>> connect(Seen& seen, const std::string& key,
+                                                 const std::string& local_socket = "") {
     return ChannelClient::connect(
-        rt_->system(), "test-agent", "127.0.0.1", server_->port(), session_.first, key, Millis(10000), kMaxFrame,
+        rt_->system(), "test-agent", {"127.0.0.1", server_->port(), local_socket},
+        session_.first, key, Millis(10000), kMaxFrame,
         std::chrono::microseconds(200),
         [&seen](uint64_t id, AgentCallReply& reply) {
           std::lock_guard<std::mutex> lock(seen.mutex);
@@ -100,9 +116,10 @@ class CallChannelTest : public ::testing::Test {
         [&seen](const std::string& why) { seen.closed.set_value(why); });
   }
 
-  // A raw connection that completed the handshake with the session's key.
-  int raw_session() {
-    int fd = raw_connect(server_->port());
+  // A raw connection (TCP, or the local socket) that completed the handshake with the
+  // session's key.
+  int raw_session(bool local = false) {
+    int fd = local ? raw_connect_local(server_->local_socket()) : raw_connect(server_->port());
     std::string nonce(internal::kChannelNonceBytes, '\0');
     EXPECT_EQ(::recv(fd, nonce.data(), nonce.size(), MSG_WAITALL),
               static_cast<ssize_t>(nonce.size()));
@@ -215,13 +232,16 @@ TEST_F(CallChannelTest, GarbageFramesCloseOnlyThatConnection) {
       std::string("TCF1\x01\0\0\0", 8) + le64(1) + le64(8) +
           std::string("\x80\x80\x80\x80\x80\x80\x80\x01", 8),
   };
-  for (size_t i = 0; i < garbage.size(); ++i) {
-    int fd = raw_session();
-    raw_write(fd, garbage[i]);
-    if (i == 4) ::shutdown(fd, SHUT_WR);  // cut short
-    EXPECT_EQ(read_until_closed(fd), "") << "garbage " << i;  // closed, nothing answered
-    ::close(fd);
-    EXPECT_EQ(server_->bad_connections(), i + 1) << "garbage " << i;
+  uint64_t bad = 0;
+  for (bool local : {false, true}) {
+    for (size_t i = 0; i < garbage.size(); ++i) {
+      int fd = raw_session(local);
+      raw_write(fd, garbage[i]);
+      if (i == 4) ::shutdown(fd, SHUT_WR);  // cut short
+      EXPECT_EQ(read_until_closed(fd), "") << "garbage " << i << " local " << local;
+      ::close(fd);
+      EXPECT_EQ(server_->bad_connections(), ++bad) << "garbage " << i << " local " << local;
+    }
   }
   // The well-behaved connection was never touched.
   Result<AgentCallReply> reply =
@@ -229,6 +249,70 @@ TEST_F(CallChannelTest, GarbageFramesCloseOnlyThatConnection) {
   ASSERT_TRUE(reply.ok()) << reply.status().to_string();
   EXPECT_EQ(reply->codes.at(0), 0);
   EXPECT_TRUE((*client)->open());
+}
+
+// Note [Local call socket]: the agent's abstract socket is named after its pid and TCP port,
+// and a driver given that name calls through it.
+TEST_F(CallChannelTest, ASameHostDriverCallsThroughTheLocalSocket) {
+  EXPECT_EQ(server_->local_socket(), internal::channel_local_socket(::getpid(), server_->port()));
+  Seen seen;
+  auto client = connect(seen, session_.second, server_->local_socket());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  EXPECT_TRUE((*client)->local());
+  Result<AgentCallReply> reply =
+      round_trip(**client, seen, 8, rank_info_call(workers_[0].actor.id()));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->codes.at(0), 0) << reply->messages.at(0);
+  Result<Value> v = from_wire(reply->results[0], rt_->data_plane(), true);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(v->json()["rank"], workers_[0].context.rank);
+  // Without a name (another machine) the same session goes over TCP.
+  Seen tcp_seen;
+  auto tcp = connect(tcp_seen, session_.second);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().to_string();
+  EXPECT_FALSE((*tcp)->local());
+  EXPECT_EQ(server_->bad_connections(), 0u);
+}
+
+// A name nobody listens on (the agent is in another network namespace), or a local socket that
+// is another agent's (its handshake refuses the session): the driver uses TCP.
+TEST_F(CallChannelTest, ALocalSocketThatIsNotTheAgentsFallsBackToTcp) {
+  Seen seen;
+  auto absent = connect(seen, session_.second, "tessera-call-no-such-agent");
+  ASSERT_TRUE(absent.ok()) << absent.status().to_string();
+  EXPECT_FALSE((*absent)->local());
+  Result<AgentCallReply> reply =
+      round_trip(**absent, seen, 9, rank_info_call(workers_[0].actor.id()));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  EXPECT_EQ(reply->codes.at(0), 0);
+
+  auto other = ChannelServer::start(rt_->system(), "127.0.0.1", 0, "other-host", kMaxFrame,
+                                     std::chrono::microseconds(200));
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  Seen seen2;
+  auto wrong = connect(seen2, session_.second, (*other)->local_socket());
+  ASSERT_TRUE(wrong.ok()) << wrong.status().to_string();
+  EXPECT_FALSE((*wrong)->local());
+  EXPECT_EQ((*other)->bad_connections(), 1u);  // refused there, logged
+  reply = round_trip(**wrong, seen2, 10, rank_info_call(workers_[0].actor.id()));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  EXPECT_EQ(reply->codes.at(0), 0);
+  (*other)->stop();
+}
+
+// A wrong key is refused on the local socket too, and then on TCP: the error names the TCP
+// address, both refusals are counted, and the server keeps serving.
+TEST_F(CallChannelTest, AWrongKeyIsRefusedOnTheLocalSocketAndOnTcp) {
+  Seen bad;
+  auto refused = connect(bad, std::string(32, 'k'), server_->local_socket());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(std::to_string(server_->port())), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_EQ(server_->bad_connections(), 2u);
+  Seen seen;
+  auto client = connect(seen, session_.second, server_->local_socket());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  EXPECT_TRUE((*client)->local());
 }
 
 TEST_F(CallChannelTest, EndingTheSessionClosesItsConnectionsAndRefusesNewOnes) {
