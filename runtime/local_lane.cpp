@@ -6,6 +6,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <caf/actor_cast.hpp>
+#include <caf/actor_control_block.hpp>
+
 #include "runtime/call_hub.hpp"
 
 namespace tessera::runtime::internal {
@@ -78,9 +81,24 @@ bool LocalLane::polling() const {
 
 namespace {
 
+// Keyed by the worker's control block, not by its actor_addr: addresses compare equal when
+// (actor id, node id) are, and every actor system in one process has the same CAF node id and
+// counts actor ids from the same start, so two runtimes in one process (tests, benches, a
+// program embedding two) have workers with equal addresses. Keyed by address, the second
+// runtime's lanes replaced the first's: calls to the first runtime's workers were handed to
+// the second's polling workers (the wrong worker ran them), or counted as mailed on the
+// wrong lane (the right worker then never polled again: 1 ms per call, seen in bench_runtime
+// with both an embedded polling runtime and a non-polling one). A control block lives until
+// its actor is gone; the worker unregisters while it terminates, before that.
+using LaneKey = const caf::actor_control_block*;
+
+LaneKey lane_key(const caf::actor_addr& worker) {
+  return caf::actor_cast<caf::actor_control_block*>(worker);
+}
+
 struct Registry {
   std::mutex mutex;
-  std::unordered_map<caf::actor_addr, std::shared_ptr<LocalLane>> lanes;
+  std::unordered_map<LaneKey, std::shared_ptr<LocalLane>> lanes;
 };
 
 Registry& registry() {
@@ -93,19 +111,19 @@ Registry& registry() {
 void register_lane(const caf::actor_addr& worker, std::shared_ptr<LocalLane> lane) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.lanes[worker] = std::move(lane);
+  r.lanes[lane_key(worker)] = std::move(lane);
 }
 
 void unregister_lane(const caf::actor_addr& worker) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.lanes.erase(worker);
+  r.lanes.erase(lane_key(worker));
 }
 
 std::shared_ptr<LocalLane> find_lane(const caf::actor_addr& worker) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.lanes.find(worker);
+  auto it = r.lanes.find(lane_key(worker));
   return it == r.lanes.end() ? nullptr : it->second;
 }
 

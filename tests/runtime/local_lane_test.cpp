@@ -179,6 +179,39 @@ TEST_F(LocalLane_, CallsToARealWorkerKeepTheCallersOrder) {
   EXPECT_GT(call_counters().lane_calls, lane_before);  // the lane was used
 }
 
+// Two runtimes in one process: their actor systems share CAF's node id and count actor ids
+// alike, so their workers have equal addresses. Each runtime's calls must still reach its own
+// workers, through its own workers' lanes, while the other runtime's workers poll.
+TEST_F(LocalLane_, TwoRuntimesInOneProcessEachCallTheirOwnWorkers) {
+  RuntimeConfig cfg;
+  cfg.embedded_devices = "cpu:2";
+  cfg.idle_poll = std::chrono::milliseconds(500);  // every worker polls between the calls below
+  auto a = Runtime::start(cfg, testing::test_registry());
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto b = Runtime::start(cfg, testing::test_registry());
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto wa = (*a)->spawn_workers("a", *(*a)->resource_pool(), {{"", "echo", "{}"}});
+  ASSERT_TRUE(wa.ok()) << wa.status().to_string();
+  auto wb = (*b)->spawn_workers("b", *(*b)->resource_pool(), {{"", "echo", "{}"}});
+  ASSERT_TRUE(wb.ok()) << wb.status().to_string();
+  // The situation this test is about: equal addresses in the two runtimes.
+  ASSERT_EQ((*wa)[0].actor.address(), (*wb)[0].actor.address());
+  uint64_t lane_before = call_counters().lane_calls;
+  for (int round = 0; round < 20; ++round) {
+    for (auto* side : {&*a, &*b}) {
+      Runtime& rt = **side;
+      const std::vector<WorkerRef>& w = side == &*a ? *wa : *wb;
+      auto infos = rt.call(w, "rank_info", std::vector<std::vector<Value>>(2));
+      ASSERT_TRUE(infos.ok()) << infos.status().to_string();
+      for (size_t r = 0; r < 2; ++r) {
+        EXPECT_EQ((*infos)[r].json()["group"], side == &*a ? "a" : "b") << "round " << round;
+        EXPECT_EQ((*infos)[r].json()["rank"], static_cast<int>(r));
+      }
+    }
+  }
+  EXPECT_GT(call_counters().lane_calls, lane_before);  // through the lanes, not only mailed
+}
+
 TEST_F(PollingUnderContention, AStalledYieldSwitchesPollingOffForTheWindow) {
   EXPECT_TRUE(internal::polling_allowed());
   uint64_t stalls = internal::poll_stalls();
