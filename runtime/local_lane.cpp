@@ -185,6 +185,11 @@ uint64_t poll_stalls() { return g_stalls.load(std::memory_order_relaxed); }
 
 int poll_backoff_level() { return g_backoff_level.load(std::memory_order_relaxed); }
 
+void end_poll_window() {
+  g_poll_off_until_ns.store(0, std::memory_order_relaxed);
+  g_backoff_level.store(0, std::memory_order_relaxed);
+}
+
 void set_poll_contention_for_testing(std::chrono::nanoseconds stall,
                                      std::chrono::nanoseconds backoff, int64_t (*clock)()) {
   g_stall_ns.store(stall.count());

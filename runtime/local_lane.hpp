@@ -108,6 +108,9 @@ bool polling_allowed();
 uint64_t poll_stalls();
 /// The current window's doubling level (0: 10 ms).
 int poll_backoff_level();
+/// Closes any open backoff window and resets its level (benchmarks: a window opened under one
+/// benchmark's load would otherwise outlast it into the next).
+void end_poll_window();
 /// Tests: sets the stall threshold, the first window's length and the clock (nanoseconds;
 /// null: steady_clock); closes any open window and resets the level. Defaults: 2 ms, 10 ms.
 void set_poll_contention_for_testing(std::chrono::nanoseconds stall,

@@ -220,6 +220,14 @@ TEST_F(PollingUnderContention, AStalledYieldSwitchesPollingOffForTheWindow) {
   EXPECT_FALSE(internal::polling_allowed());
   EXPECT_FALSE(internal::poll_until([] { return false; }, std::chrono::seconds(30)));
   EXPECT_TRUE(internal::poll_until([] { return true; }, std::chrono::seconds(30)));  // done: true
+  // Ended early (a benchmark's load has stopped), with the thresholds kept: the next yield
+  // stalls again (every yield does here) and reopens it.
+  internal::end_poll_window();
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_EQ(internal::poll_backoff_level(), 0);
+  EXPECT_FALSE(internal::poll_yield());
+  EXPECT_EQ(internal::poll_stalls(), stalls + 2);
+  EXPECT_FALSE(internal::polling_allowed());
   // A window that has passed lets polling probe again.
   internal::set_poll_contention_for_testing(kNever, kDefaultBackoff);
   EXPECT_TRUE(internal::polling_allowed());
