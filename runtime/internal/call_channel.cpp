@@ -345,6 +345,8 @@ void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
 
 // ---- driver side -----------------------------------------------------------------------------
 
+namespace {
+
 // The driver's half of the handshake on a connected descriptor (closed on failure).
 Status client_handshake(int fd, uint64_t session, const std::string& key, Millis timeout) {
   set_timeout(fd, SO_RCVTIMEO, timeout);
@@ -370,6 +372,8 @@ Status client_handshake(int fd, uint64_t session, const std::string& key, Millis
   set_timeout(fd, SO_RCVTIMEO, Millis(0));  // the reader waits as long as the channel lives
   return Status();
 }
+
+}  // namespace
 
 Result<std::unique_ptr<ChannelClient>> ChannelClient::connect(
     caf::actor_system& system, const std::string& agent, const ChannelAddress& address,
