@@ -33,8 +33,9 @@ void add_agent_commands(CLI::App& app) {
   cmd->add_option("--data-plane-listen", opts->data_plane_listen,
                   "HOST:PORT for payload transfers (default: --listen host, any port)");
   cmd->add_option("--call-listen", opts->call_listen,
-                  "HOST:PORT for the call channel (default: --listen host, any port; 'off': "
-                  "calls go through CAF; never offered with TLS)");
+                  "HOST:PORT for the call channel (default: --listen host, any port), also "
+                  "offered to same-host drivers on an abstract Unix socket ('off': calls go "
+                  "through CAF; never offered with TLS)");
   cmd->add_option("--advertise-host", opts->advertise_host,
                   "Host name or IP that drivers and peers use to reach this node");
   cmd->add_option("--shutdown-timeout-s", *shutdown_s, "Grace period for workers on SIGTERM")
