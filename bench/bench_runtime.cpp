@@ -257,10 +257,13 @@ proto::DataProto small_batch() {
 void dp_rtt(benchmark::State& state, dispatch::WorkerGroup& wg) {
   Value in(small_batch());
   for (int i = 0; i < 500; ++i) (void)wg.call("identity", {in});
+  uint64_t stalls = runtime::internal::poll_stalls();
   for (auto _ : state) {
     auto out = wg.call("identity", {in});
     if (!out.ok()) state.SkipWithError(out.status().to_string().c_str());
   }
+  // Note [Polling under contention]: backoff windows this process opened while timed.
+  state.counters["poll_stalls"] = static_cast<double>(runtime::internal::poll_stalls() - stalls);
 }
 
 void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedded().wg); }
