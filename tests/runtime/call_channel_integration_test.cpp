@@ -7,11 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
-
-#include <cstddef>
-#include <cstring>
 
 #include <torch/torch.h>
 
@@ -160,12 +156,8 @@ TEST(CallChannelCluster, JunkOnTheChannelPortLeavesTheAgentServing) {
       a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     } else {
-      fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_un a{};
-      a.sun_family = AF_UNIX;
-      std::memcpy(a.sun_path + 1, local.data(), local.size());
-      auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + local.size());
-      ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), len), 0) << local;
+      fd = testing::connect_local_socket(local);
+      ASSERT_GE(fd, 0) << local;
     }
     if (!bytes.empty()) (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     ::shutdown(fd, SHUT_WR);

@@ -5,7 +5,12 @@
 #include <torch/torch.h>
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
 
 namespace tessera::runtime::testing {
 namespace {
@@ -121,6 +126,20 @@ const WorkerTypeRegistry& test_registry() {
     return r;
   }();
   return registry;
+}
+
+int connect_local_socket(const std::string& name) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof a.sun_path) return -1;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace tessera::runtime::testing

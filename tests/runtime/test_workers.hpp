@@ -15,6 +15,8 @@
 //   Init config {"fail": true} makes construction fail; {"throw": true} makes it throw.
 #pragma once
 
+#include <string>
+
 #include "runtime/worker.hpp"
 
 namespace tessera::runtime::testing {
@@ -24,5 +26,9 @@ void register_test_workers(WorkerTypeRegistry& registry);
 
 /// A registry holding the test workers.
 const WorkerTypeRegistry& test_registry();
+
+/// A raw connection to the abstract Unix socket `name` (no leading NUL; Note [Local call
+/// socket] in runtime/internal/call_channel.hpp), for tests that misbehave on it; -1 on failure.
+int connect_local_socket(const std::string& name);
 
 }  // namespace tessera::runtime::testing
