@@ -92,6 +92,13 @@ inline double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return ((a.to(at::kDouble) - bd).abs() / bd.abs().clamp_min(1.0)).max().item<double>();
 }
 
+/// Tolerance of max_rel_diff when only the batching differs (micro-batch size, token budget):
+/// OpenBLAS picks its fp32 GEMM kernels by CPU and by matrix shape, so a 3-row micro-batch sums
+/// in another order than an 8-row one (up to 1.3e-6 seen on an AMD EPYC, under 1e-6 on Intel).
+/// A batching bug (a row paired with another's mask or position ids) moves values by 1e-2 and
+/// more.
+inline constexpr double kBatchingTolerance = 1e-5;
+
 /// Every parameter, cloned (for before/after comparisons).
 inline std::vector<at::Tensor> snapshot(models::PretrainedModel& model) {
   std::vector<at::Tensor> out;
