@@ -258,12 +258,16 @@ void dp_rtt(benchmark::State& state, dispatch::WorkerGroup& wg) {
   Value in(small_batch());
   for (int i = 0; i < 500; ++i) (void)wg.call("identity", {in});
   uint64_t stalls = runtime::internal::poll_stalls();
+  uint64_t lone = runtime::internal::poll_lone_stalls();
   for (auto _ : state) {
     auto out = wg.call("identity", {in});
     if (!out.ok()) state.SkipWithError(out.status().to_string().c_str());
   }
-  // Note [Polling under contention]: backoff windows this process opened while timed.
+  // Note [Polling under contention]: backoff windows this process opened while timed, and the
+  // lone stalls that opened none.
   state.counters["poll_stalls"] = static_cast<double>(runtime::internal::poll_stalls() - stalls);
+  state.counters["lone_stalls"] =
+      static_cast<double>(runtime::internal::poll_lone_stalls() - lone);
 }
 
 void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedded().wg); }

@@ -127,36 +127,60 @@ std::shared_ptr<LocalLane> find_lane(const caf::actor_addr& worker) {
   return it == r.lanes.end() ? nullptr : it->second;
 }
 
-namespace {
-
-int64_t now_ns() {
+int64_t steady_now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
+namespace {
+
 // Note [Polling under contention]: process-wide, read by every poll loop without a lock.
 std::atomic<int64_t> g_stall_ns{2'000'000};
 std::atomic<int64_t> g_backoff_ns{10'000'000};  // the first window; doubles per level
+std::atomic<int64_t> g_confirm_ns{20'000'000};  // a thread's second stall within this: contention
 constexpr int kMaxBackoffLevel = 7;              // 10 ms << 7 = 1.28 s
 std::atomic<int64_t> g_poll_off_until_ns{0};
 std::atomic<int> g_backoff_level{0};
 std::atomic<uint64_t> g_stalls{0};
-std::atomic<int64_t (*)()> g_clock{&now_ns};
+std::atomic<uint64_t> g_lone_stalls{0};
+// Bumped to forget every thread's last stall (tests, end_poll_window).
+std::atomic<uint64_t> g_stall_epoch{0};
+std::atomic<int64_t (*)()> g_clock{&steady_now_ns};
+
+// The calling thread's last stalled yield: when it ended, in which epoch.
+struct LastStall {
+  uint64_t epoch = 0;
+  int64_t end_ns = 0;
+  bool valid = false;
+};
+thread_local LastStall t_last_stall;
 
 int64_t clock_ns() { return g_clock.load(std::memory_order_relaxed)(); }
 
-// A yield ending at `now` stalled: opens a window, longer when the last one closed just before.
-void open_window(int64_t now) {
+// A yield from `start` to `end` stalled. Opens a backoff window when the contention is
+// confirmed: this thread stalled shortly before, or the last window closed just before (the
+// contention persists: the window doubles). A lone stall (the VM taking every vCPU a moment)
+// opens none.
+void stalled(int64_t start, int64_t end) {
+  uint64_t epoch = g_stall_epoch.load(std::memory_order_relaxed);
+  LastStall last = t_last_stall;
+  t_last_stall = {epoch, end, true};
   int64_t until = g_poll_off_until_ns.load(std::memory_order_relaxed);
-  if (until != 0 && now < until) return;  // already open: the same contention seen elsewhere
+  if (until != 0 && end < until) return;  // already open: the same contention seen elsewhere
   int64_t base = g_backoff_ns.load(std::memory_order_relaxed);
-  int level = 0;
-  if (until != 0 && now - until < base) {
-    level = std::min(g_backoff_level.load(std::memory_order_relaxed) + 1, kMaxBackoffLevel);
+  bool persists = until != 0 && end - until < base;
+  bool repeated = last.valid && last.epoch == epoch &&
+                  start - last.end_ns < g_confirm_ns.load(std::memory_order_relaxed);
+  if (!persists && !repeated) {
+    g_lone_stalls.fetch_add(1, std::memory_order_relaxed);
+    return;
   }
+  int level = persists
+                  ? std::min(g_backoff_level.load(std::memory_order_relaxed) + 1, kMaxBackoffLevel)
+                  : 0;
   g_backoff_level.store(level, std::memory_order_relaxed);
-  g_poll_off_until_ns.store(now + (base << level), std::memory_order_relaxed);
+  g_poll_off_until_ns.store(end + (base << level), std::memory_order_relaxed);
   g_stalls.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -175,7 +199,7 @@ bool poll_yield() {
   std::this_thread::yield();
   int64_t after = clock_ns();
   if (after - before > g_stall_ns.load(std::memory_order_relaxed)) {
-    open_window(after);
+    stalled(before, after);
     return false;
   }
   return no_window_at(after);
@@ -183,20 +207,24 @@ bool poll_yield() {
 
 uint64_t poll_stalls() { return g_stalls.load(std::memory_order_relaxed); }
 
+uint64_t poll_lone_stalls() { return g_lone_stalls.load(std::memory_order_relaxed); }
+
 int poll_backoff_level() { return g_backoff_level.load(std::memory_order_relaxed); }
 
 void end_poll_window() {
   g_poll_off_until_ns.store(0, std::memory_order_relaxed);
   g_backoff_level.store(0, std::memory_order_relaxed);
+  g_stall_epoch.fetch_add(1, std::memory_order_relaxed);
 }
 
 void set_poll_contention_for_testing(std::chrono::nanoseconds stall,
-                                     std::chrono::nanoseconds backoff, int64_t (*clock)()) {
+                                     std::chrono::nanoseconds backoff,
+                                     std::chrono::nanoseconds confirm, int64_t (*clock)()) {
   g_stall_ns.store(stall.count());
   g_backoff_ns.store(backoff.count());
-  g_poll_off_until_ns.store(0);
-  g_backoff_level.store(0);
-  g_clock.store(clock != nullptr ? clock : &now_ns);
+  g_confirm_ns.store(confirm.count());
+  g_clock.store(clock != nullptr ? clock : &steady_now_ns);
+  end_poll_window();
 }
 
 bool poll_until(const std::function<bool()>& done, std::chrono::microseconds budget) {

@@ -88,17 +88,25 @@ std::shared_ptr<LocalLane> find_lane(const caf::actor_addr& worker);
 // preempts such work at once. Measured on the 2-vCPU machine with a niced 2-job compile
 // running: in-process 8-worker round trip 925 us polling, 268 us with polling off.
 // So every poll loop yields through poll_yield(), which times the yield. One that lasted longer
-// than the stall threshold (2 ms) means the CPU is contended: polling stops process-wide for a
-// backoff window: lanes go back to their mailboxes, waits to their condition variables,
-// channel readers to blocking reads. The window is 10 ms, doubled (up to 1.28 s) each time a
-// stall comes right after the previous window closed (the contention persists), back to 10 ms
-// after an isolated one; stalls while a window is open (one descheduling seen by several
-// threads) do not lengthen it.
+// than the stall threshold (2 ms) ends that loop's polling (back to its mailbox, condition
+// variable or blocking read). A stall confirms contention when the same thread stalled less than
+// 20 ms before: polling then stops process-wide for a backoff window: lanes go back to their
+// mailboxes, waits to their condition variables, channel readers to blocking reads. The window
+// is 10 ms, doubled (up to 1.28 s) each time a stall comes right after the previous window
+// closed (the contention persists), back to 10 ms after an isolated one; stalls while a window
+// is open (one descheduling seen by several threads) do not lengthen it.
+// Why a thread's second stall: CPU-bound work stalls a poller on every yield, so its second
+// stall comes one call later (a few ms); the VM or a kernel thread taking the vCPUs a moment
+// stalls every poller once, and windows opened on such lone stalls cost 10 ms of sleeping
+// hand-offs each: unloaded, the 8-worker benchmark opened 4-17 per ~1.5 s and its round trip
+// rose with them (33 us with none, 47 us at 4-6, 59 us at 17).
 // The threshold comes from yield durations measured in the 8-worker benchmark (kernel 6.18,
 // HZ=250): our own pollers alone, 99.9% under 128 us, with a few 2-8 ms stalls in a run
-// (the VM or a kernel thread taking the vCPU: an isolated one costs 10 ms of sleeping
-// hand-offs); with two nice-10 CPU burners, every stall was 2-8 ms.
+// (the VM or a kernel thread taking the vCPU); with two nice-10 CPU burners, every stall was
+// 2-8 ms.
 
+/// The steady clock in nanoseconds (the poll loops' clock).
+int64_t steady_now_ns();
 /// One yield of a poll loop. False once the loop should stop polling: this yield stalled (see
 /// the Note), or a backoff window is open.
 bool poll_yield();
@@ -106,15 +114,20 @@ bool poll_yield();
 bool polling_allowed();
 /// Stalled yields that opened a backoff window in this process.
 uint64_t poll_stalls();
+/// Stalled yields that opened none (a thread's lone stall: Note [Polling under contention]).
+uint64_t poll_lone_stalls();
 /// The current window's doubling level (0: 10 ms).
 int poll_backoff_level();
-/// Closes any open backoff window and resets its level (benchmarks: a window opened under one
-/// benchmark's load would otherwise outlast it into the next).
+/// Closes any open backoff window, resets its level and forgets every thread's last stall
+/// (benchmarks: a window opened under one benchmark's load would otherwise outlast it into the
+/// next).
 void end_poll_window();
-/// Tests: sets the stall threshold, the first window's length and the clock (nanoseconds;
-/// null: steady_clock); closes any open window and resets the level. Defaults: 2 ms, 10 ms.
+/// Tests: sets the stall threshold, the first window's length, how soon a thread's second stall
+/// confirms contention, and the clock (nanoseconds; null: steady_clock); then end_poll_window().
+/// Defaults: 2 ms, 10 ms, 20 ms.
 void set_poll_contention_for_testing(std::chrono::nanoseconds stall,
                                      std::chrono::nanoseconds backoff,
+                                     std::chrono::nanoseconds confirm,
                                      int64_t (*clock)() = nullptr);
 
 /// Polls `done` (yielding between looks) for at most `budget`; true once it returned true.

@@ -258,11 +258,6 @@ Result<int> listen_local(const std::string& name) {
   return fd;
 }
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Note [Call channel], polling: returns once `fd` has bytes to read (or an end or error), or
 // once `last_activity` is older than `idle_poll`; consumes nothing. The caller then blocks.
 void poll_readable(int fd, const std::atomic<int64_t>& last_activity,
@@ -270,7 +265,7 @@ void poll_readable(int fd, const std::atomic<int64_t>& last_activity,
   const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(idle_poll).count();
   if (window <= 0 || !polling_allowed()) return;
   char byte;
-  while (now_ns() - last_activity.load(std::memory_order_relaxed) < window) {
+  while (steady_now_ns() - last_activity.load(std::memory_order_relaxed) < window) {
     ssize_t k = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
     if (!poll_yield()) return;  // Note [Polling under contention]
@@ -444,7 +439,7 @@ Status ChannelClient::send(uint64_t id, const ChannelCall& call) {
                                         const_cast<ChannelCall&>(call)));
   std::lock_guard<std::mutex> lock(write_mutex_);
   if (!open()) return make_error(ErrorCode::unavailable, "the call channel is closed");
-  last_activity_.store(now_ns(), std::memory_order_relaxed);  // the reader stays awake for it
+  last_activity_.store(steady_now_ns(), std::memory_order_relaxed);  // the reader stays awake for it
   Status st = write_all(fd_, frame.data(), frame.size());
   if (!st.ok()) {
     // A partial write leaves the stream unusable: end it (the reader then reports the close).
@@ -463,7 +458,7 @@ void ChannelClient::read_loop() {
     poll_readable(fd_, last_activity_, idle_poll_);
     st = read_frame(*system_, fd_, FrameKind::reply, max_frame_bytes_, id, reply);
     if (!st.ok()) break;
-    last_activity_.store(now_ns(), std::memory_order_relaxed);
+    last_activity_.store(steady_now_ns(), std::memory_order_relaxed);
     on_reply_(id, reply);
   }
   open_ = false;
@@ -490,7 +485,7 @@ struct ChannelServer::Connection {
   }
   Status write(const std::vector<char>& frame) {
     std::lock_guard<std::mutex> lock(write_mutex);
-    last_activity.store(now_ns(), std::memory_order_relaxed);
+    last_activity.store(steady_now_ns(), std::memory_order_relaxed);
     return write_all(fd, frame.data(), frame.size());
   }
 };
@@ -654,7 +649,7 @@ void ChannelServer::serve(std::shared_ptr<Connection> conn) {
     poll_readable(conn->fd, conn->last_activity, idle_poll_);
     st = read_frame(*system_, conn->fd, FrameKind::call, max_frame_bytes_, id, call);
     if (st.ok()) {
-      conn->last_activity.store(now_ns(), std::memory_order_relaxed);
+      conn->last_activity.store(steady_now_ns(), std::memory_order_relaxed);
       dispatch(conn, id, call);
     } else if (st.code() == ErrorCode::corrupt_data) {
       bad_connections_++;

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <future>
 
+#include <caf/binary_serializer.hpp>
+
 #include "runtime/internal/call_channel.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/wire.hpp"
@@ -96,11 +98,14 @@ class CallChannelTest : public ::testing::Test {
     rt_.reset();
   }
 
-  // `local_socket`: Note [Local call socket], tried first when not empty.
+  // `local_socket`: Note [Local call socket], tried first when not empty. `port`: another
+  // agent's than the fixture's server.
   Result<std::unique_ptr<ChannelClient>> connect(Seen& seen, const std::string& key,
-                                                 const std::string& local_socket = "") {
+                                                 const std::string& local_socket = "",
+                                                 uint16_t port = 0) {
     return ChannelClient::connect(
-        rt_->system(), "test-agent", {"127.0.0.1", server_->port(), local_socket},
+        rt_->system(), "test-agent",
+        {"127.0.0.1", port != 0 ? port : server_->port(), local_socket},
         session_.first, key, Millis(10000), kMaxFrame,
         std::chrono::microseconds(200),
         [&seen](uint64_t id, AgentCallReply& reply) {
@@ -338,6 +343,87 @@ TEST_F(CallChannelTest, AWorkerThatTerminatesFailsItsCallInsteadOfHanging) {
   ASSERT_EQ(reply->codes.size(), 1u);
   EXPECT_EQ(reply->codes[0], static_cast<uint8_t>(ErrorCode::unavailable));
   EXPECT_NE(reply->messages[0].find("terminated"), std::string::npos) << reply->messages[0];
+}
+
+// A stand-in agent on 127.0.0.1 that completes the driver's handshake (without checking its
+// proof), then writes whatever the test gives it.
+class FakeAgent {
+ public:
+  FakeAgent() {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(listen_fd_, 1), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    accepted_ = std::async(std::launch::async, [this] {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      std::string nonce(internal::kChannelNonceBytes, 'n');
+      raw_write(fd, nonce);
+      char hello[internal::kChannelHelloBytes];
+      EXPECT_EQ(::recv(fd, hello, sizeof hello, MSG_WAITALL), static_cast<ssize_t>(sizeof hello));
+      uint32_t ok = internal::kChannelOkMagic;
+      raw_write(fd, std::string(reinterpret_cast<const char*>(&ok), 4));
+      return fd;
+    });
+  }
+  ~FakeAgent() {
+    if (fd_ >= 0) ::close(fd_);
+    ::close(listen_fd_);
+  }
+  uint16_t port() const { return port_; }
+  // The driver's end is connected: the agent's descriptor.
+  int fd() {
+    if (fd_ < 0) fd_ = accepted_.get();
+    return fd_;
+  }
+
+ private:
+  int listen_fd_ = -1;
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::future<int> accepted_;
+};
+
+// An answer frame as an agent writes it (Note [Call channel]: header, then the CAF body).
+std::string reply_frame(caf::actor_system& sys, uint64_t id, AgentCallReply reply) {
+  std::vector<char> body;
+  caf::binary_serializer sink(sys, body);
+  EXPECT_FALSE(sink(reply));
+  std::string frame(internal::kChannelHeaderBytes, '\0');
+  uint32_t magic = internal::kChannelFrameMagic;
+  std::memcpy(frame.data(), &magic, 4);
+  frame[4] = static_cast<char>(internal::FrameKind::reply);
+  std::memcpy(frame.data() + 8, &id, 8);
+  uint64_t bytes = body.size();
+  std::memcpy(frame.data() + 16, &bytes, 8);
+  return frame + std::string(body.begin(), body.end());
+}
+
+// The driver's side of Note [Call channel]: an answer frame that is garbage ends the channel
+// once (on_close naming what was wrong: the driver then fails the agent's pending calls and
+// goes back to CAF), after the good answers before it were delivered.
+TEST_F(CallChannelTest, AGarbageAnswerEndsTheDriversChannelOnce) {
+  FakeAgent agent;
+  Seen seen;
+  auto client = connect(seen, "any key", "", agent.port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  auto first = seen.expect(1);
+  std::vector<Result<WireValue>> outcome;
+  outcome.emplace_back(WireValue{});
+  raw_write(agent.fd(), reply_frame(rt_->system(), 1, internal::agent_reply(std::move(outcome))));
+  AgentCallReply reply = first.get();
+  ASSERT_EQ(reply.codes.size(), 1u);
+  EXPECT_EQ(reply.codes[0], 0);
+  raw_write(agent.fd(), std::string(internal::kChannelHeaderBytes, 'x'));
+  std::string why = seen.closed.get_future().get();  // a second on_close would throw here
+  EXPECT_NE(why.find("bad frame magic"), std::string::npos) << why;
+  EXPECT_FALSE((*client)->open());
+  EXPECT_FALSE((*client)->send(2, rank_info_call(workers_[0].actor.id())).ok());
+  EXPECT_EQ(read_until_closed(agent.fd()), "");  // the driver closed its end
 }
 
 }  // namespace

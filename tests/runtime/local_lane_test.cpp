@@ -1,7 +1,8 @@
 // Note [Local lanes] and Note [In-process values]: the polling hand-off to in-process workers
 // keeps every caller's order, fails what a terminating worker still held, and in-process calls
 // move DataProtos by reference (nothing published on the data plane). Note [Polling under
-// contention]: a stalled yield switches polling off process-wide for the backoff window.
+// contention]: a thread's repeated stalled yields switch polling off process-wide for the backoff
+// window; lone stalls (one per thread) do not.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -41,12 +42,13 @@ void await_polling(const LocalLane& lane) {
 constexpr std::chrono::hours kNever{1};
 constexpr std::chrono::nanoseconds kDefaultStall = std::chrono::milliseconds(2);
 constexpr std::chrono::nanoseconds kDefaultBackoff = std::chrono::milliseconds(10);
+constexpr std::chrono::nanoseconds kDefaultConfirm = std::chrono::milliseconds(20);
 
 // Puts Note [Polling under contention]'s defaults back after each test.
 class ContentionSettings : public ::testing::Test {
  protected:
   void TearDown() override {
-    internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff);
+    internal::set_poll_contention_for_testing(kDefaultStall, kDefaultBackoff, kDefaultConfirm);
   }
 };
 
@@ -54,14 +56,17 @@ class ContentionSettings : public ::testing::Test {
 // other binaries beside this one, which would otherwise switch polling off at random).
 class LocalLane_ : public ContentionSettings {
  protected:
-  void SetUp() override { internal::set_poll_contention_for_testing(kNever, kDefaultBackoff); }
+  void SetUp() override {
+    internal::set_poll_contention_for_testing(kNever, kDefaultBackoff, kDefaultConfirm);
+  }
 };
 
-// Every yield counts as a stall, and the backoff window outlasts the test.
+// Every yield counts as a stall, a thread's second stall always confirms contention, and the
+// backoff window outlasts the test.
 class PollingUnderContention : public ContentionSettings {
  protected:
   void SetUp() override {
-    internal::set_poll_contention_for_testing(std::chrono::nanoseconds(0), kNever);
+    internal::set_poll_contention_for_testing(std::chrono::nanoseconds(0), kNever, kNever);
   }
 };
 
@@ -212,26 +217,53 @@ TEST_F(LocalLane_, TwoRuntimesInOneProcessEachCallTheirOwnWorkers) {
   EXPECT_GT(call_counters().lane_calls, lane_before);  // through the lanes, not only mailed
 }
 
-TEST_F(PollingUnderContention, AStalledYieldSwitchesPollingOffForTheWindow) {
+TEST_F(PollingUnderContention, AThreadsSecondStallSwitchesPollingOffForTheWindow) {
   EXPECT_TRUE(internal::polling_allowed());
   uint64_t stalls = internal::poll_stalls();
-  EXPECT_FALSE(internal::poll_yield());  // "stalled": the window opens
+  uint64_t lone = internal::poll_lone_stalls();
+  EXPECT_FALSE(internal::poll_yield());  // "stalled": this loop stops, but no window yet
+  EXPECT_EQ(internal::poll_lone_stalls(), lone + 1);
+  EXPECT_EQ(internal::poll_stalls(), stalls);
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_FALSE(internal::poll_yield());  // stalled again: contention, the window opens
   EXPECT_EQ(internal::poll_stalls(), stalls + 1);
   EXPECT_FALSE(internal::polling_allowed());
   EXPECT_FALSE(internal::poll_until([] { return false; }, std::chrono::seconds(30)));
   EXPECT_TRUE(internal::poll_until([] { return true; }, std::chrono::seconds(30)));  // done: true
-  // Ended early (a benchmark's load has stopped), with the thresholds kept: the next yield
-  // stalls again (every yield does here) and reopens it.
+  // Ended early (a benchmark's load has stopped), with the thresholds kept: the stalls before
+  // are forgotten, so it takes two more to reopen it.
   internal::end_poll_window();
   EXPECT_TRUE(internal::polling_allowed());
   EXPECT_EQ(internal::poll_backoff_level(), 0);
   EXPECT_FALSE(internal::poll_yield());
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_FALSE(internal::poll_yield());
   EXPECT_EQ(internal::poll_stalls(), stalls + 2);
+  EXPECT_EQ(internal::poll_lone_stalls(), lone + 2);
   EXPECT_FALSE(internal::polling_allowed());
   // A window that has passed lets polling probe again.
-  internal::set_poll_contention_for_testing(kNever, kDefaultBackoff);
+  internal::set_poll_contention_for_testing(kNever, kDefaultBackoff, kDefaultConfirm);
   EXPECT_TRUE(internal::polling_allowed());
   EXPECT_TRUE(internal::poll_yield());
+}
+
+// A moment when the VM takes every vCPU stalls each poller once: no window.
+TEST_F(PollingUnderContention, OneStallOnEachOfManyThreadsOpensNoWindow) {
+  uint64_t stalls = internal::poll_stalls();
+  uint64_t lone = internal::poll_lone_stalls();
+  std::vector<std::thread> pollers;
+  for (int i = 0; i < 8; ++i) {
+    pollers.emplace_back([] { EXPECT_FALSE(internal::poll_yield()); });
+  }
+  for (auto& t : pollers) t.join();
+  EXPECT_EQ(internal::poll_lone_stalls(), lone + 8);
+  EXPECT_EQ(internal::poll_stalls(), stalls);
+  EXPECT_TRUE(internal::polling_allowed());
+  // Still none after this thread's first; its second opens it.
+  EXPECT_FALSE(internal::poll_yield());
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_FALSE(internal::poll_yield());
+  EXPECT_FALSE(internal::polling_allowed());
 }
 
 // A clock the test moves: each read returns the current time, then adds the step (a yield
@@ -243,7 +275,8 @@ constexpr int64_t kMs = 1'000'000;
 
 TEST_F(PollingUnderContention, WindowsDoubleWhileStallsPersistAndResetAfterAnIsolatedOne) {
   internal::set_poll_contention_for_testing(std::chrono::milliseconds(2),
-                                            std::chrono::milliseconds(10), &fake_clock);
+                                            std::chrono::milliseconds(10),
+                                            std::chrono::milliseconds(20), &fake_clock);
   auto stall_at = [](int64_t ms) {  // a yield that starts at `ms` and takes 3 ms
     g_fake_now = ms * kMs;
     g_fake_step = 3 * kMs;
@@ -252,33 +285,45 @@ TEST_F(PollingUnderContention, WindowsDoubleWhileStallsPersistAndResetAfterAnIso
     return polled_on;
   };
   uint64_t stalls = internal::poll_stalls();
-  EXPECT_FALSE(stall_at(0));  // ends at 3: window [3, 13)
+  EXPECT_FALSE(stall_at(0));  // ends at 3: lone
+  EXPECT_FALSE(stall_at(30));  // 27 ms after this thread's last: lone again
+  EXPECT_TRUE(internal::polling_allowed());
+  std::thread other([&] { EXPECT_FALSE(stall_at(35)); });  // another thread's: lone too
+  other.join();
+  EXPECT_TRUE(internal::polling_allowed());
+  EXPECT_EQ(internal::poll_stalls(), stalls);
+  EXPECT_FALSE(stall_at(40));  // 7 ms after this thread's last: window [43, 53)
+  EXPECT_EQ(internal::poll_stalls(), stalls + 1);
   EXPECT_EQ(internal::poll_backoff_level(), 0);
-  g_fake_now = 5 * kMs;
+  g_fake_now = 45 * kMs;
   EXPECT_FALSE(internal::polling_allowed());
   EXPECT_FALSE(internal::poll_yield());  // no stall (0 ms), but the window is open
-  g_fake_now = 13 * kMs;
+  g_fake_now = 53 * kMs;
   EXPECT_TRUE(internal::polling_allowed());
   EXPECT_TRUE(internal::poll_yield());
-  EXPECT_FALSE(stall_at(14));  // right after the window: [17, 37)
+  EXPECT_FALSE(stall_at(54));  // right after the window: [57, 77)
   EXPECT_EQ(internal::poll_backoff_level(), 1);
-  EXPECT_FALSE(stall_at(40));  // again: [43, 83)
+  EXPECT_FALSE(stall_at(80));  // again: [83, 123)
   EXPECT_EQ(internal::poll_backoff_level(), 2);
-  g_fake_now = 82 * kMs;
+  g_fake_now = 122 * kMs;
   EXPECT_FALSE(internal::polling_allowed());
-  EXPECT_FALSE(stall_at(78));  // inside the window (another thread, same descheduling): no change
+  EXPECT_FALSE(stall_at(118));  // inside the window (another thread, same descheduling): no change
   EXPECT_EQ(internal::poll_backoff_level(), 2);
   EXPECT_EQ(internal::poll_stalls(), stalls + 3);
-  EXPECT_FALSE(stall_at(200));  // long after the last window: back to 10 ms, [203, 213)
-  EXPECT_EQ(internal::poll_backoff_level(), 0);
-  g_fake_now = 213 * kMs;
+  EXPECT_FALSE(stall_at(300));  // long after: lone, no window
   EXPECT_TRUE(internal::polling_allowed());
-  for (int64_t ms = 300; ms < 300 + 40 * 3000; ms += 3000) (void)stall_at(ms);  // capped
-  EXPECT_EQ(internal::poll_backoff_level(), 0);  // 3 s apart: each isolated
+  EXPECT_FALSE(stall_at(310));  // repeated, but not right after a window: back to 10 ms
+  EXPECT_EQ(internal::poll_backoff_level(), 0);
+  EXPECT_EQ(internal::poll_stalls(), stalls + 4);
+  g_fake_now = 323 * kMs;
+  EXPECT_TRUE(internal::polling_allowed());
+  for (int64_t ms = 400; ms < 400 + 40 * 3000; ms += 3000) (void)stall_at(ms);
+  EXPECT_EQ(internal::poll_stalls(), stalls + 4);  // 3 s apart: each lone
   int64_t t = 200'000;
-  for (int i = 0; i < 12; ++i) {  // each right after the previous window closed
-    (void)stall_at(t);
+  (void)stall_at(t);
+  for (int i = 0; i < 12; ++i) {  // each a few ms after the previous window closed
     t = (g_fake_now.load() / kMs) + (10 << internal::poll_backoff_level()) + 1;
+    (void)stall_at(t);
   }
   EXPECT_EQ(internal::poll_backoff_level(), 7);  // 1.28 s at most
 }
@@ -286,9 +331,17 @@ TEST_F(PollingUnderContention, WindowsDoubleWhileStallsPersistAndResetAfterAnIso
 TEST_F(PollingUnderContention, ALaneStopsPollingAtAStallAndStaysOffDuringTheWindow) {
   LocalLane lane(microseconds(30000000));  // 30 s: only a stall ends this poll early
   auto batch = make_batch(2);
-  std::thread worker([&] { lane.poll([](LocalCall&) { ADD_FAILURE() << "nothing was handed"; }); });
-  worker.join();  // its first yield stalled: back to the mailbox at once
+  std::thread worker([&] {
+    // Its first yield stalls: back to the mailbox at once, no window yet.
+    lane.poll([](LocalCall&) { ADD_FAILURE() << "nothing was handed"; });
+    EXPECT_FALSE(lane.polling());
+    EXPECT_TRUE(internal::polling_allowed());
+    // It polls again and stalls again: contention, the window opens.
+    lane.poll([](LocalCall&) { ADD_FAILURE() << "nothing was handed"; });
+  });
+  worker.join();
   EXPECT_FALSE(lane.polling());
+  EXPECT_FALSE(internal::polling_allowed());
   auto call = make_call(batch, 0);
   EXPECT_FALSE(lane.try_hand_off(call));  // not polling: the caller mails it
   lane.took_mailed();
@@ -307,7 +360,9 @@ TEST_F(PollingUnderContention, CallsAreMailedAndAnsweredWhilePollingIsOff) {
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   auto workers = (*rt)->spawn_workers("off", *(*rt)->resource_pool(), {{"", "echo", "{}"}});
   ASSERT_TRUE(workers.ok()) << workers.status().to_string();
-  EXPECT_FALSE(internal::poll_yield());  // open the window
+  EXPECT_FALSE(internal::poll_yield());  // open the window (a lone stall, then a repeated one)
+  EXPECT_FALSE(internal::poll_yield());
+  ASSERT_FALSE(internal::polling_allowed());
   uint64_t lane_before = call_counters().lane_calls;
   for (int i = 0; i < 50; ++i) {
     Value v = nlohmann::json(i);
