@@ -93,13 +93,15 @@ std::shared_ptr<LocalLane> find_lane(const caf::actor_addr& worker);
 // 20 ms before: polling then stops process-wide for a backoff window: lanes go back to their
 // mailboxes, waits to their condition variables, channel readers to blocking reads. The window
 // is 10 ms, doubled (up to 1.28 s) each time a stall comes right after the previous window
-// closed (the contention persists), back to 10 ms after an isolated one; stalls while a window
-// is open (one descheduling seen by several threads) do not lengthen it.
+// closed (the contention persists: that stall needs no confirming), back to 10 ms when
+// contention returns after a pause; stalls while a window is open (one descheduling seen by
+// several threads) do not lengthen it.
 // Why a thread's second stall: CPU-bound work stalls a poller on every yield, so its second
 // stall comes one call later (a few ms); the VM or a kernel thread taking the vCPUs a moment
 // stalls every poller once, and windows opened on such lone stalls cost 10 ms of sleeping
 // hand-offs each: unloaded, the 8-worker benchmark opened 4-17 per ~1.5 s and its round trip
-// rose with them (33 us with none, 47 us at 4-6, 59 us at 17).
+// rose with them (33 us with none, 47 us at 4-6, 59 us at 17). With this rule: 0-7 lone stalls
+// and 0-2 windows per such run (bench_runtime's lone_stalls and poll_stalls counters).
 // The threshold comes from yield durations measured in the 8-worker benchmark (kernel 6.18,
 // HZ=250): our own pollers alone, 99.9% under 128 us, with a few 2-8 ms stalls in a run
 // (the VM or a kernel thread taking the vCPU); with two nice-10 CPU burners, every stall was
