@@ -231,19 +231,6 @@ socklen_t local_address(const std::string& name, sockaddr_un& addr) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-Result<int> connect_local(const std::string& name) {
-  sockaddr_un addr;
-  socklen_t len = local_address(name, addr);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    return make_error(ErrorCode::unavailable, "cannot connect to local socket {}: {}", name,
-                      std::strerror(err));
-  }
-  return fd;
-}
-
 Result<int> listen_local(const std::string& name) {
   sockaddr_un addr;
   socklen_t len = local_address(name, addr);
@@ -292,6 +279,19 @@ std::string peer_name(int fd) {
 }
 
 }  // namespace
+
+Result<int> connect_local(const std::string& name) {
+  sockaddr_un addr;
+  socklen_t len = local_address(name, addr);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    return make_error(ErrorCode::unavailable, "cannot connect to local socket {}: {}", name,
+                      std::strerror(err));
+  }
+  return fd;
+}
 
 std::string channel_local_socket(int64_t pid, uint16_t port) {
   return fmt::format("tessera-call-{}-{}", pid, port);

@@ -105,6 +105,9 @@ struct ChannelAddress {
 /// Note [Local call socket]: the abstract socket name of the channel of agent process `pid`
 /// whose TCP port is `port`.
 std::string channel_local_socket(int64_t pid, uint16_t port);
+/// A blocking stream connection to the abstract Unix socket `name` (without the leading NUL);
+/// errors name the socket.
+Result<int> connect_local(const std::string& name);
 
 /// The driver's proof for `nonce` under a session key.
 std::string channel_proof(const std::string& key, const std::string& nonce);

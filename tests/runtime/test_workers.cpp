@@ -5,12 +5,9 @@
 #include <torch/torch.h>
 
 #include <fcntl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <cstddef>
-#include <cstring>
+#include "runtime/internal/call_channel.hpp"
 
 namespace tessera::runtime::testing {
 namespace {
@@ -129,17 +126,8 @@ const WorkerTypeRegistry& test_registry() {
 }
 
 int connect_local_socket(const std::string& name) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (name.size() + 1 > sizeof a.sun_path) return -1;
-  std::memcpy(a.sun_path + 1, name.data(), name.size());
-  auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+  Result<int> fd = internal::connect_local(name);
+  return fd.ok() ? *fd : -1;
 }
 
 }  // namespace tessera::runtime::testing
