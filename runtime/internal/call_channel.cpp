@@ -196,32 +196,6 @@ Result<int> connect_tcp(const std::string& host, uint16_t port, Millis timeout) 
 }
 
 // Binds and listens on host:port; the bound port comes back in `port`.
-Result<int> listen_tcp(const std::string& host, uint16_t& port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) return make_error(ErrorCode::invalid_argument, "cannot resolve: {}", gai_strerror(rc));
-  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
-  int one = 1;
-  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
-  int err = errno;
-  ::freeaddrinfo(res);
-  if (!ok) {
-    if (fd >= 0) ::close(fd);
-    return make_error(ErrorCode::unavailable, "cannot listen: {}", std::strerror(err));
-  }
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                        : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  return fd;
-}
-
 // Note [Local call socket]: the abstract address of `name` (a leading NUL, no file).
 socklen_t local_address(const std::string& name, sockaddr_un& addr) {
   addr = sockaddr_un{};
@@ -279,6 +253,32 @@ std::string peer_name(int fd) {
 }
 
 }  // namespace
+
+Result<int> listen_tcp(const std::string& host, uint16_t& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) return make_error(ErrorCode::invalid_argument, "cannot resolve: {}", gai_strerror(rc));
+  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  int one = 1;
+  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 64) == 0;
+  int err = errno;
+  ::freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) ::close(fd);
+    return make_error(ErrorCode::unavailable, "cannot listen: {}", std::strerror(err));
+  }
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return fd;
+}
 
 Result<int> connect_local(const std::string& name) {
   sockaddr_un addr;

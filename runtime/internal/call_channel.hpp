@@ -108,6 +108,8 @@ std::string channel_local_socket(int64_t pid, uint16_t port);
 /// A blocking stream connection to the abstract Unix socket `name` (without the leading NUL);
 /// errors name the socket.
 Result<int> connect_local(const std::string& name);
+/// A listening TCP socket on host:port (port 0: any free one, written back to `port`).
+Result<int> listen_tcp(const std::string& host, uint16_t& port);
 
 /// The driver's proof for `nonce` under a session key.
 std::string channel_proof(const std::string& key, const std::string& nonce);

@@ -350,15 +350,9 @@ TEST_F(CallChannelTest, AWorkerThatTerminatesFailsItsCallInsteadOfHanging) {
 class FakeAgent {
  public:
   FakeAgent() {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    EXPECT_EQ(::listen(listen_fd_, 1), 0);
-    socklen_t len = sizeof a;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    Result<int> fd = internal::listen_tcp("127.0.0.1", port_);
+    EXPECT_TRUE(fd.ok()) << fd.status().to_string();
+    listen_fd_ = fd.ok() ? *fd : -1;
     accepted_ = std::async(std::launch::async, [this] {
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       std::string nonce(internal::kChannelNonceBytes, 'n');
@@ -372,7 +366,7 @@ class FakeAgent {
   }
   ~FakeAgent() {
     if (fd_ >= 0) ::close(fd_);
-    ::close(listen_fd_);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
   }
   uint16_t port() const { return port_; }
   // The driver's end is connected: the agent's descriptor.
