@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <unistd.h>
 
 #include "dispatch/worker_group.hpp"
 #include "runtime/runtime.hpp"

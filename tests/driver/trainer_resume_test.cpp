@@ -1,7 +1,9 @@
 // kill -9 of a driver mid-run, then a restart with trainer.resume_mode=auto, ends with the same
-// final metrics as an uninterrupted run with the same seed. The interrupted driver is a forked
-// child (forked before this process starts any runtime or LibTorch thread) that SIGKILLs itself
-// right after the checkpoint of step 2 is committed.
+// final metrics as an uninterrupted run with the same seed. The interrupted driver is this binary
+// re-executed (fork + exec, TrainerResumeChild): it SIGKILLs itself right after the checkpoint of
+// step 2 is committed. A bare fork is not enough: by then earlier tests have started LibTorch's
+// and the runtime's threads, and a forked copy of them is undefined (LibTorch 2.11's CUDA build
+// crashed in the child; Debian's 1.13 happened to work).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -15,6 +17,8 @@ namespace tessera::driver {
 namespace {
 
 using testing::TempDir;
+
+constexpr const char* kChildDirEnv = "TESSERA_RESUME_CHILD_DIR";
 
 std::vector<std::string> resume_overrides(const std::filesystem::path& data_dir, const std::filesystem::path& run_dir) {
   auto o = testing::tiny_ppo_overrides(data_dir, "grpo", 4);
@@ -48,11 +52,18 @@ TEST(TrainerResume, KillNineThenAutoResumeMatchesUninterruptedRun) {
   TempDir dir("resume");
   testing::make_tiny_run(dir.path());
   const auto killed_dir = dir.path() / "killed", clean_dir = dir.path() / "clean";
+  // The child's environment is built before fork: only execve runs in the child.
+  std::vector<std::string> env_text = {std::string(kChildDirEnv) + "=" + dir.path().string()};
+  for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const char* argv[] = {"/proc/self/exe", "--gtest_filter=TrainerResumeChild.*", nullptr};
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto r = train(resume_overrides(dir.path(), killed_dir), /*die_after_step=*/2);
-    ::_exit(r.ok() ? 0 : 3);  // reaching here means the kill did not happen
+    ::execve("/proc/self/exe", const_cast<char* const*>(argv), envp.data());
+    ::_exit(127);
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
@@ -70,6 +81,17 @@ TEST(TrainerResume, KillNineThenAutoResumeMatchesUninterruptedRun) {
     ASSERT_TRUE(a.count(k)) << k;
     EXPECT_NEAR(a.at(k), v, 1e-5 * (1 + std::abs(v))) << k;
   }
+}
+
+// The interrupted driver (TrainerResume runs it in a fresh process): trains the run of
+// $TESSERA_RESUME_CHILD_DIR into its killed/ folder and SIGKILLs itself after step 2's checkpoint.
+TEST(TrainerResumeChild, KillsItselfAfterTheCheckpointOfStep2) {
+  const char* dir = std::getenv(kChildDirEnv);
+  if (dir == nullptr) GTEST_SKIP() << "child mode only";
+  ::alarm(120);
+  const std::filesystem::path data(dir);
+  auto r = train(resume_overrides(data, data / "killed"), /*die_after_step=*/2);
+  FAIL() << "the kill did not happen: " << (r.ok() ? std::string("the run finished") : r.status().to_string());
 }
 
 }  // namespace
