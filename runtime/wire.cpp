@@ -17,8 +17,10 @@ Result<WireValue> proto_to_wire(const proto::DataProto& data, proto::DataProto* 
   WireValue w;
   if (options.in_process && !options.remote && options.consumers > 0) {
     w.kind = static_cast<uint8_t>(WireKind::proto_local);
-    w.local = owned != nullptr ? std::make_shared<const proto::DataProto>(std::move(*owned))
-                               : std::make_shared<const proto::DataProto>(data);
+    // A non-const DataProto behind the const pointer: its sole consumer may move it out
+    // (decode, Note [In-process values]).
+    w.local = owned != nullptr ? std::make_shared<proto::DataProto>(std::move(*owned))
+                               : std::make_shared<proto::DataProto>(data);
     return w;
   }
   if (options.remote && options.inline_max_bytes > 0) {
@@ -108,6 +110,12 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
       if (!w.local) {
         return make_error(ErrorCode::corrupt_data, "an in-process payload reference arrived "
                           "from another process");
+      }
+      // The consuming receiver holding the only reference takes the DataProto itself (the
+      // object was created non-const: proto_to_wire); otherwise, e.g. a sender still holding
+      // its reference, it takes a copy (tensors by reference either way).
+      if (consume && w.local.use_count() == 1) {
+        return Value(std::move(const_cast<proto::DataProto&>(*w.local)));
       }
       return Value(proto::DataProto(*w.local));
     case WireKind::list:

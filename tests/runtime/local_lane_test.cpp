@@ -409,8 +409,11 @@ TEST(InProcessValues, AReferenceArrivingFromAnotherProcessIsRefused) {
   EXPECT_NE(v.status().message().find("another process"), std::string::npos);
 }
 
-// to_wire(Value&&) moves the DataProto into an in-process wire value (the caller's tensors,
-// by reference); decoding it, consuming or not, leaves the wire value intact.
+// to_wire(Value&&) moves the DataProto into an in-process wire value (the caller's tensors, by
+// reference). A decode that does not consume, or one while someone else still holds the
+// reference (a sender that kept it), copies the DataProto (tensors still by reference) and
+// leaves the wire value intact; the consuming decode of the only reference takes the DataProto
+// itself (a blocking call's receiver: no copy at the worker nor back at the caller).
 TEST(InProcessValues, AMovedValueTravelsByReference) {
   RuntimeConfig cfg;
   auto rt = Runtime::start(cfg, testing::test_registry());
@@ -425,15 +428,21 @@ TEST(InProcessValues, AMovedValueTravelsByReference) {
   Result<WireValue> w = to_wire(std::move(original), dp, local);
   ASSERT_TRUE(w.ok());
   ASSERT_EQ(w->kind, static_cast<uint8_t>(WireKind::proto_local));
-  for (bool consume : {false, false, true}) {
+  auto decodes_to_x = [&](bool consume) {
     Result<Value> v = from_wire(*w, dp, consume);
     ASSERT_TRUE(v.ok());
     EXPECT_TRUE(torch::equal(*v->proto().batch().find("x"), x));
     EXPECT_EQ(v->proto().batch().find("x")->data_ptr(), x.data_ptr());
-  }
-  ASSERT_NE(w->local->batch().find("x"), nullptr);
-  EXPECT_EQ(w->local->batch().find("x")->data_ptr(), x.data_ptr());
-  EXPECT_EQ(dp.stats().payloads, 0u);  // nothing published
+  };
+  std::shared_ptr<const proto::DataProto> sender = w->local;
+  for (bool consume : {false, true}) decodes_to_x(consume);
+  ASSERT_NE(w->local->batch().find("x"), nullptr);  // shared: both decodes copied
+  sender.reset();
+  decodes_to_x(/*consume=*/false);
+  ASSERT_NE(w->local->batch().find("x"), nullptr);  // not consuming: copied
+  decodes_to_x(/*consume=*/true);
+  EXPECT_EQ(w->local->batch().find("x"), nullptr);  // the only reference, consumed: taken
+  EXPECT_EQ(dp.stats().payloads, 0u);               // nothing published
 }
 
 }  // namespace
