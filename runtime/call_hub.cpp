@@ -139,7 +139,35 @@ void count_late_reply(uint64_t payloads) {
   late_payloads.fetch_add(payloads);
 }
 
-CallBatch::CallBatch(std::vector<std::string> labels,
+CallLabels::CallLabels(std::vector<std::string> whole) {
+  workers_.reserve(whole.size());
+  for (std::string& w : whole) workers_.push_back(std::make_shared<const std::string>(std::move(w)));
+}
+
+void CallLabels::add(std::shared_ptr<const std::string> worker, const std::string& method) {
+  if (methods_.empty() && !workers_.empty()) {  // whole labels so far: this one whole too
+    workers_.push_back(std::make_shared<const std::string>(*worker + ": method '" + method + "'"));
+    return;
+  }
+  if (methods_.empty()) {
+    methods_.push_back(method);  // the first target's method, shared while the others match
+  } else if (methods_.size() > 1 || methods_[0] != method) {
+    if (methods_.size() == 1) {  // a second method: one per target from here on
+      std::string first = methods_[0];
+      methods_.assign(workers_.size(), first);
+    }
+    methods_.push_back(method);
+  }
+  workers_.push_back(std::move(worker));
+}
+
+std::string CallLabels::operator[](size_t i) const {
+  if (methods_.empty()) return *workers_[i];
+  const std::string& method = methods_.size() == 1 ? methods_[0] : methods_[i];
+  return *workers_[i] + ": method '" + method + "'";
+}
+
+CallBatch::CallBatch(CallLabels labels,
                      std::chrono::steady_clock::time_point deadline,
                      std::chrono::microseconds idle_poll)
     : labels_(std::move(labels)), deadline_(deadline), idle_poll_(idle_poll),
@@ -212,14 +240,17 @@ bool ReplySlot::set(Result<WireValue> result) {
   return batch && batch->set(index_, std::move(result));
 }
 
-// Built for every target of every call (errors only read it): plain appends, no formatting.
-std::string call_label(const WorkerContext& c, const std::string& method) {
+// Made once per worker (WorkerRef::label; per call for a WorkerRef without one): plain appends.
+std::string worker_label(const WorkerContext& c) {
   std::string out;
-  out.reserve(48 + c.device.size() + c.host.size() + c.group.size() + method.size());
+  out.reserve(32 + c.device.size() + c.host.size() + c.group.size());
   out.append("rank ").append(std::to_string(c.rank)).append(" (").append(c.device);
-  out.append(" on ").append(c.host).append(") of group '").append(c.group);
-  out.append("': method '").append(method).append("'");
+  out.append(" on ").append(c.host).append(") of group '").append(c.group).append("'");
   return out;
+}
+
+std::string call_label(const WorkerContext& c, const std::string& method) {
+  return worker_label(c) + ": method '" + method + "'";
 }
 
 // A message to a terminated actor is dropped (and destroyed): the slot's destructor then fails
@@ -511,9 +542,11 @@ std::string CallHub::channel_transport(const caf::actor& agent) const {
 std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
                                          std::vector<CallRequest> requests, Millis timeout) {
   Millis t = timeout.count() > 0 ? timeout : default_timeout_;
-  std::vector<std::string> labels;
+  CallLabels labels;  // Note [Call labels]
   for (size_t i = 0; i < targets.size(); ++i) {
-    labels.push_back(call_label(targets[i].context, requests[i].method));
+    labels.add(targets[i].label ? targets[i].label
+                                : std::make_shared<const std::string>(worker_label(targets[i].context)),
+               requests[i].method);
   }
   std::unordered_map<caf::actor_addr, Job> jobs;
   std::unordered_map<caf::actor_addr, std::shared_ptr<internal::ChannelClient>> channels;

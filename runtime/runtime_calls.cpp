@@ -56,7 +56,8 @@ Result<std::vector<WorkerRef>> Runtime::spawn_workers(const std::string& group,
   for (size_t r = 0; r < pending.size(); ++r) {
     pending[r].receive(
         [&](caf::actor& a) {
-          out.push_back(WorkerRef{a, contexts[r], where[r]->local, where[r]->agent});
+          out.push_back(WorkerRef{a, contexts[r], where[r]->local, where[r]->agent,
+                                  std::make_shared<const std::string>(worker_label(contexts[r]))});
         },
         [&](caf::error& e) {
           if (first.ok()) {

@@ -323,7 +323,7 @@ AgentCallReply agent_refusal(size_t n, const Status& st) {
 void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
              std::vector<CallRequest> requests, const std::string& agent_host,
              std::function<void(AgentCallReply)> answer) {
-  auto batch = std::make_shared<CallBatch>(std::move(labels),
+  auto batch = std::make_shared<CallBatch>(CallLabels(std::move(labels)),
                                            std::chrono::steady_clock::time_point::max());
   for (size_t i = 0; i < targets.size(); ++i) {
     if (targets[i]) {

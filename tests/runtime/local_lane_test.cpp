@@ -30,7 +30,7 @@ std::shared_ptr<LocalCall> make_call(const std::shared_ptr<CallBatch>& batch, si
 }
 
 std::shared_ptr<CallBatch> make_batch(size_t n) {
-  return std::make_shared<CallBatch>(std::vector<std::string>(n, "target"),
+  return std::make_shared<CallBatch>(CallLabels(std::vector<std::string>(n, "target")),
                                      std::chrono::steady_clock::time_point::max());
 }
 
@@ -372,6 +372,35 @@ TEST_F(PollingUnderContention, CallsAreMailedAndAnsweredWhilePollingIsOff) {
     EXPECT_EQ((*out)[1].json().back().get<int>(), i);
   }
   EXPECT_EQ(call_counters().lane_calls, lane_before);  // every call was mailed
+}
+
+// Note [Call labels]: a batch names its targets from shared parts, joined only when asked.
+TEST(CallLabels, JoinTheWorkerAndTheMethodOnDemand) {
+  const WorkerContext c{"g", 1, 2, 1, 2, "cpu:1", "node-a", "", 0};
+  auto worker = std::make_shared<const std::string>(worker_label(c));
+  EXPECT_EQ(*worker, "rank 1 (cpu:1 on node-a) of group 'g'");
+  EXPECT_EQ(call_label(c, "m"), "rank 1 (cpu:1 on node-a) of group 'g': method 'm'");
+  CallLabels same;
+  for (int i = 0; i < 3; ++i) same.add(worker, "m");
+  ASSERT_EQ(same.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(same[i], call_label(c, "m"));
+  CallLabels mixed;  // a second method switches to one method per target
+  const std::vector<std::string> methods = {"a", "a", "b", "a", "c"};
+  for (const std::string& m : methods) mixed.add(worker, m);
+  for (size_t i = 0; i < methods.size(); ++i) EXPECT_EQ(mixed[i], call_label(c, methods[i]));
+  CallLabels whole(std::vector<std::string>{"x", "y"});
+  whole.add(worker, "m");
+  ASSERT_EQ(whole.size(), 3u);
+  EXPECT_EQ(whole[0], "x");
+  EXPECT_EQ(whole[1], "y");
+  EXPECT_EQ(whole[2], call_label(c, "m"));
+  // A target that times out is named by its label.
+  CallBatch batch(std::move(mixed), std::chrono::steady_clock::now());
+  std::vector<Result<WireValue>> out = batch.wait();
+  ASSERT_EQ(out.size(), methods.size());
+  EXPECT_EQ(out[2].status().code(), ErrorCode::timeout);
+  EXPECT_NE(out[2].status().message().find(call_label(c, "b")), std::string::npos)
+      << out[2].status().message();
 }
 
 // Note [In-process values]: a blocking DP call to in-process workers publishes nothing.
