@@ -50,7 +50,8 @@ Result<std::vector<proto::DataProto>> chunk_proto(const proto::DataProto& data, 
   return padded.chunk(world_size);
 }
 
-Result<proto::DataProto> concat_and_unpad(const std::vector<proto::DataProto>& parts, int64_t pad) {
+Result<proto::DataProto> concat_and_unpad(const std::vector<const proto::DataProto*>& parts,
+                                          int64_t pad) {
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto joined, proto::DataProto::concat(parts));
   if (pad == 0) return joined;
   return joined.unpad(pad);
@@ -201,13 +202,13 @@ Result<Value> collect_dp_compute(const ValueList& outputs, const CollectContext&
 
 Result<Value> collect_protos(const char* mode, const ValueList& outputs, const std::vector<size_t>& ranks,
                              int64_t pad) {
-  std::vector<proto::DataProto> parts;
+  std::vector<const proto::DataProto*> parts;
   parts.reserve(ranks.size());
   for (size_t r : ranks) {
     if (r >= outputs.size() || !outputs[r].is_proto())
       return make_error(ErrorCode::invalid_argument, "{}: rank {} returned {}, expected a DataProto", mode, r,
                         r < outputs.size() ? kind(outputs[r]) : "nothing");
-    parts.push_back(outputs[r].proto());
+    parts.push_back(&outputs[r].proto());
   }
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto joined, concat_and_unpad(parts, pad));
   return Value(std::move(joined));

@@ -104,8 +104,9 @@ int64_t pad_size_for(int64_t length, int64_t world_size);
 Result<std::vector<proto::DataProto>> chunk_proto(const proto::DataProto& data, int64_t pad_rows,
                                                   int32_t world_size);
 
-/// Concatenates DataProto outputs and drops the last `pad` rows (a view).
-Result<proto::DataProto> concat_and_unpad(const std::vector<proto::DataProto>& parts, int64_t pad);
+/// Concatenates DataProto outputs (not copied) and drops the last `pad` rows (a view).
+Result<proto::DataProto> concat_and_unpad(const std::vector<const proto::DataProto*>& parts,
+                                          int64_t pad);
 
 /// The n-d dispatch mode for `mesh_name` (verl's make_nd_compute_dataproto_dispatch_fn), named
 /// "nd:<mesh_name>". Unlike verl it auto-pads to the number of dp chunks when padding is enabled.

@@ -164,6 +164,8 @@ class DataProto {
   /// (at::cat). meta_info: Note [meta_info merge in concat] (metrics kept as lists, other keys
   /// must agree; error names the key). Error on an empty list.
   static Result<DataProto> concat(const std::vector<DataProto>& data);
+  /// The same over DataProtos held elsewhere (no copies of the inputs). REQUIRES: no null.
+  static Result<DataProto> concat(const std::vector<const DataProto*>& data);
 
   // ---- Reordering and repetition ---------------------------------------------------------------
   /// In place: rows become this[indices] (verl's reorder; a gather, so it copies).

@@ -54,13 +54,13 @@ Status add_metrics(const json& metrics, size_t input, json& merged) {
 }
 
 /// Note [meta_info merge in concat].
-Result<json> merge_meta(const std::vector<DataProto>& data) {
+Result<json> merge_meta(const std::vector<const DataProto*>& data) {
   json merged = json::object();
   json metrics = json::object();
   bool any_metrics = false;
   std::map<std::string, size_t> origin;
   for (size_t i = 0; i < data.size(); ++i) {
-    for (const auto& [key, value] : data[i].meta_info().items()) {
+    for (const auto& [key, value] : data[i]->meta_info().items()) {
       if (key == "metrics") {
         if (value.is_null()) continue;
         any_metrics = true;
@@ -86,11 +86,11 @@ Result<json> merge_meta(const std::vector<DataProto>& data) {
 
 /// Every input must hold exactly the keys of input 0.
 template <class Dict>
-Status check_same_keys(const std::vector<DataProto>& data, const Dict& (DataProto::*get)() const,
-                       const char* kind) {
-  const Dict& first = (data[0].*get)();
+Status check_same_keys(const std::vector<const DataProto*>& data,
+                       const Dict& (DataProto::*get)() const, const char* kind) {
+  const Dict& first = (data[0]->*get)();
   for (size_t i = 1; i < data.size(); ++i) {
-    const Dict& d = (data[i].*get)();
+    const Dict& d = (data[i]->*get)();
     for (const auto& kv : first) {
       if (!d.contains(kv.first)) {
         return make_error(ErrorCode::invalid_argument, "concat: {} key '{}' is missing from input {}",
@@ -107,10 +107,10 @@ Status check_same_keys(const std::vector<DataProto>& data, const Dict& (DataProt
   return Status();
 }
 
-Result<at::Tensor> concat_tensors(const std::vector<DataProto>& data, const std::string& key) {
+Result<at::Tensor> concat_tensors(const std::vector<const DataProto*>& data, const std::string& key) {
   std::vector<at::Tensor> parts;
   parts.reserve(data.size());
-  for (const auto& d : data) parts.push_back(*d.batch().find(key));
+  for (const DataProto* d : data) parts.push_back(*d->batch().find(key));
   if (at::Tensor joined = internal::try_join_adjacent(parts); joined.defined()) return joined;
   std::string what = "concat: batch key '" + key + "'";
   return internal::guard(what.c_str(), [&]() -> Result<at::Tensor> { return at::cat(parts, 0); });
@@ -192,18 +192,25 @@ Result<std::vector<DataProto>> DataProto::split(int64_t split_size) const {
 }
 
 Result<DataProto> DataProto::concat(const std::vector<DataProto>& data) {
+  std::vector<const DataProto*> refs;
+  refs.reserve(data.size());
+  for (const DataProto& d : data) refs.push_back(&d);
+  return concat(refs);
+}
+
+Result<DataProto> DataProto::concat(const std::vector<const DataProto*>& data) {
   if (data.empty()) return make_error(ErrorCode::invalid_argument, "concat: no DataProto to concatenate");
   TESSERA_RETURN_IF_ERROR(check_same_keys(data, &DataProto::batch, "batch"));
   TESSERA_RETURN_IF_ERROR(check_same_keys(data, &DataProto::non_tensor_batch, "non_tensor_batch"));
   TensorDict batch;
-  for (const auto& kv : data[0].batch()) {
+  for (const auto& kv : data[0]->batch()) {
     TESSERA_ASSIGN_OR_RETURN(at::Tensor t, concat_tensors(data, kv.first));
     batch.insert_or_assign(kv.first, std::move(t));
   }
   NonTensorBatch columns;
-  for (const auto& kv : data[0].non_tensor_batch()) {
+  for (const auto& kv : data[0]->non_tensor_batch()) {
     std::vector<Column> parts;
-    for (const auto& d : data) parts.push_back(*d.non_tensor_batch().find(kv.first));
+    for (const DataProto* d : data) parts.push_back(*d->non_tensor_batch().find(kv.first));
     auto joined = Column::concat(parts);
     if (!joined.ok()) return joined.status().with_context("concat: non_tensor_batch key '" + kv.first + "'");
     columns.insert_or_assign(kv.first, std::move(joined).value());

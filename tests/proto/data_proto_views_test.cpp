@@ -199,6 +199,27 @@ TEST(DataProtoConcat, ChunkThenConcatIsZeroCopy) {
   EXPECT_EQ(rejoined.batch().find("x")->data_ptr(), mid.batch().find("x")->data_ptr());
 }
 
+// The overload over pointers (the dispatch layer's collect: outputs are not copied first) gives
+// what the one over values gives, zero-copy re-join included.
+TEST(DataProtoConcat, OverPointersMatchesOverValues) {
+  DataProto d = make_proto(6);
+  auto chunks = unwrap(d.chunk(3));
+  for (const std::vector<size_t>& order : {std::vector<size_t>{0, 1, 2}, std::vector<size_t>{2, 0, 1}}) {
+    std::vector<DataProto> values;
+    std::vector<const DataProto*> refs;
+    for (size_t i : order) {
+      values.push_back(chunks[i]);
+      refs.push_back(&chunks[i]);
+    }
+    DataProto by_value = unwrap(DataProto::concat(values));
+    DataProto by_ref = unwrap(DataProto::concat(refs));
+    EXPECT_TRUE(by_ref.batch().find("x")->equal(*by_value.batch().find("x")));
+    EXPECT_EQ(uids(by_ref), uids(by_value));
+    EXPECT_EQ(by_ref.meta_info(), by_value.meta_info());
+    EXPECT_EQ(shares_storage(*by_ref.batch().find("x"), *d.batch().find("x")), order[0] == 0);
+  }
+}
+
 TEST(DataProtoConcat, NonAdjacentInputsAreCopied) {
   DataProto d = make_proto(6);
   auto chunks = unwrap(d.chunk(3));
@@ -215,7 +236,9 @@ TEST(DataProtoConcat, NonAdjacentInputsAreCopied) {
 }
 
 TEST(DataProtoConcat, Errors) {
-  expect_error(DataProto::concat({}), ErrorCode::invalid_argument, "no DataProto");
+  expect_error(DataProto::concat(std::vector<DataProto>{}), ErrorCode::invalid_argument, "no DataProto");
+  expect_error(DataProto::concat(std::vector<const DataProto*>{}), ErrorCode::invalid_argument,
+               "no DataProto");
   DataProto a = make_proto(2);
   DataProto b = make_proto(2);
   ASSERT_TRUE(b.pop(std::vector<std::string>{"ids"}).ok());
