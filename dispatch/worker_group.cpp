@@ -253,13 +253,16 @@ Result<runtime::WireValue> encode(Value&& v, const runtime::WorkerRef& w, CallBu
   return runtime::to_wire(std::move(v), b.rt.data_plane(), o, &b.published);
 }
 
-// Collects a finished call's outputs at the driver.
-Result<Value> collect_state(FutureState& s, bool consume) {
+// Collects the outputs of a finished call of `spec` at the driver; `mode`, when given, is
+// spec's dispatch mode (already looked up by the caller).
+Result<Value> collect_state(FutureState& s, const MethodSpec& spec, bool consume,
+                            const DispatchMode* mode = nullptr) {
   const auto& results = resolve(s);
   if (!results.ok()) return results.status();
   TESSERA_ASSIGN_OR_RETURN(std::vector<Value> outputs,
                            runtime::from_wire_many(*results, s.rt->data_plane(), consume));
-  return collect_outputs(DispatchRegistry::global(), s.spec.dispatch_mode, s.spec.execute_mode,
+  if (mode != nullptr && spec.execute_mode == ExecuteMode::all) return mode->collect(outputs, s.collect);
+  return collect_outputs(DispatchRegistry::global(), spec.dispatch_mode, spec.execute_mode,
                          outputs, s.collect);
 }
 
@@ -357,10 +360,13 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   const bool all_ranks = ranks.size() == workers_.size();
   std::vector<runtime::CallRequest> requests;
   requests.reserve(ranks.size());
+  const std::string method = prefix_ + spec.name;
   for (int32_t r : ranks) {
     runtime::CallRequest req;
-    req.method = prefix_ + spec.name;
-    for (Value& a : split->per_rank.at(static_cast<size_t>(r))) {
+    req.method = method;
+    std::vector<Value>& rank_args = split->per_rank.at(static_cast<size_t>(r));
+    req.args.reserve(rank_args.size());
+    for (Value& a : rank_args) {
       Result<runtime::WireValue> w = encode(std::move(a), workers_[r], b);
       if (!w.ok()) {
         rt_->release_all(b.published);
@@ -371,22 +377,28 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
     if (!all_ranks) targets.push_back(workers_[r]);
     requests.push_back(std::move(req));
   }
-  auto state = std::make_shared<FutureState>();
+  split->per_rank.clear();  // moved from: freed before the wait, not after it
+  // A blocking call's state lives here; a future's in the FutureTable until it is consumed.
+  std::optional<FutureState> local;
+  std::shared_ptr<FutureState> shared;
+  FutureState* state = blocking ? &local.emplace() : (shared = std::make_shared<FutureState>()).get();
   state->rt = rt_;
-  state->producer = name_;
-  state->spec = spec;
-  state->ranks = ranks;
+  if (!blocking) {
+    state->spec = spec;
+    state->producer = name_;
+    state->ranks = ranks;
+  }
   state->collect = CollectContext{world_size(), split->pad < 0 ? std::max<int64_t>(0, b.future_pad)
                                                                 : split->pad,
-                                  sctx.mesh_info};
+                                  std::move(sctx.mesh_info)};
   state->inputs = std::move(b.published);
   state->consumed = std::move(b.consumed);
   runtime::CallOptions co;
   co.timeout = options_.timeout;
   co.keep_results = !blocking;
   state->batch = rt_->call_wire(all_ranks ? workers_ : targets, std::move(requests), co);
-  if (!blocking) return make_future(FutureRef{FutureTable::get().add(state), name_});
-  Result<Value> out = collect_state(*state, /*consume=*/true);
+  if (!blocking) return make_future(FutureRef{FutureTable::get().add(shared), name_});
+  Result<Value> out = collect_state(*state, spec, /*consume=*/true, &mode);
   if (!out.ok()) return out.status().with_context(where());
   return out;
 }
@@ -410,7 +422,7 @@ Status WorkerGroup::wait(const FutureRef& future) {
 Result<Value> WorkerGroup::get(const FutureRef& future) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<FutureState> s, FutureTable::get().find(future));
   FutureTable::get().take(future.id);
-  Result<Value> out = collect_state(*s, /*consume=*/false);
+  Result<Value> out = collect_state(*s, s->spec, /*consume=*/false);
   release_future_payloads(*s);
   if (!out.ok()) return out.status().with_context(fmt::format("{}.{}", s->producer, s->spec.name));
   return out;

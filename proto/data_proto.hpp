@@ -90,9 +90,16 @@ class DataProto {
   /// The non-tensor columns, in key order.
   const NonTensorBatch& non_tensor_batch() const { return non_tensor_batch_; }
   /// meta_info; a JSON object. Mutable: meta_info carries no invariant except being an object.
-  /// REQUIRES: callers keep it an object.
-  nlohmann::json& meta_info() { return meta_info_; }
-  const nlohmann::json& meta_info() const { return meta_info_; }
+  /// REQUIRES: callers keep it an object. (Note [Empty meta_info]: an empty one is stored as
+  /// null, which neither accessor shows: the const one reads as `{}`, the mutable one makes it
+  /// `{}` first.)
+  nlohmann::json& meta_info() {
+    if (meta_info_.is_null()) meta_info_ = nlohmann::json::object();
+    return meta_info_;
+  }
+  const nlohmann::json& meta_info() const {
+    return meta_info_.is_null() ? empty_meta_info() : meta_info_;
+  }
 
   /// The tensor under `key`; not_found names the key.
   Result<at::Tensor> tensor(const std::string& key) const;
@@ -223,9 +230,12 @@ class DataProto {
  private:
   friend class DataProtoAccess;  // proto/internal helpers that build results without re-checks
 
+  /// The `{}` that the const meta_info() shows for an empty (null) meta_info_.
+  static const nlohmann::json& empty_meta_info();
+
   TensorDict batch_;
   NonTensorBatch non_tensor_batch_;
-  nlohmann::json meta_info_;
+  nlohmann::json meta_info_;  // null: empty (Note [Empty meta_info])
 };
 
 /// Deterministic mini-batch iterator returned by DataProto::make_iterator.

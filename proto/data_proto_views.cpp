@@ -55,8 +55,8 @@ Status add_metrics(const json& metrics, size_t input, json& merged) {
 
 /// Note [meta_info merge in concat].
 Result<json> merge_meta(const std::vector<const DataProto*>& data) {
-  json merged = json::object();
-  json metrics = json::object();
+  json merged;   // null until a key arrives (Note [Empty meta_info])
+  json metrics;  // made an object by its first key
   bool any_metrics = false;
   std::map<std::string, size_t> origin;
   for (size_t i = 0; i < data.size(); ++i) {
@@ -127,7 +127,7 @@ Result<DataProtoItem> DataProto::index(int64_t i) const {
   DataProtoItem item;
   for (const auto& [key, t] : batch_) item.batch.insert_or_assign(key, t.select(0, i));
   for (const auto& [key, c] : non_tensor_batch_) item.non_tensor_batch.insert_or_assign(key, c.view(i, 1));
-  item.meta_info = meta_info_;
+  item.meta_info = meta_info();
   return item;
 }
 
@@ -171,24 +171,24 @@ Result<std::vector<DataProto>> DataProto::chunk(int64_t chunks) const {
                       "chunk({}): length {} splits into only {} chunks of {} rows; pad to a "
                       "multiple of {} first", chunks, n, produced, piece, chunks);
   }
-  std::vector<DataProto> out;
-  out.reserve(static_cast<size_t>(chunks));
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(static_cast<size_t>(chunks));
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t start = std::min(i * piece, n);
-    out.push_back(internal::view_rows(*this, start, std::min(piece, n - start)));
+    ranges.emplace_back(start, std::min(piece, n - start));
   }
-  return out;
+  return internal::view_row_ranges(*this, ranges);
 }
 
 Result<std::vector<DataProto>> DataProto::split(int64_t split_size) const {
   if (split_size < 1) {
     return make_error(ErrorCode::invalid_argument, "split: split_size must be >= 1, got {}", split_size);
   }
-  std::vector<DataProto> out;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
   for (int64_t start = 0, n = size(); start < n; start += split_size) {
-    out.push_back(internal::view_rows(*this, start, std::min(split_size, n - start)));
+    ranges.emplace_back(start, std::min(split_size, n - start));
   }
-  return out;
+  return internal::view_row_ranges(*this, ranges);
 }
 
 Result<DataProto> DataProto::concat(const std::vector<DataProto>& data) {

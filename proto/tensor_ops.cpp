@@ -39,9 +39,10 @@ at::Tensor direct_view(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArra
   return at::Tensor(std::move(impl));
 }
 
-// Rows start, start+step, ... (count of them) of `t` as a view (Note [Fast row views]).
-at::Tensor row_view(const at::Tensor& t, int64_t start, int64_t count, int64_t step) {
-  if (plain_dense(t) && t.dim() > 0) {
+// Rows start, start+step, ... (count of them) of `t` as a view (Note [Fast row views]);
+// `plain` is plain_dense(t).
+at::Tensor row_view(const at::Tensor& t, int64_t start, int64_t count, int64_t step, bool plain) {
+  if (plain && t.dim() > 0) {
     c10::SmallVector<int64_t, 6> sizes(t.sizes().begin(), t.sizes().end());
     c10::SmallVector<int64_t, 6> strides(t.strides().begin(), t.strides().end());
     const int64_t offset = t.storage_offset() + start * strides[0];
@@ -64,12 +65,33 @@ int64_t rows_of(const TensorDict& batch, const NonTensorBatch& columns) {
 
 DataProto view_rows(const DataProto& d, int64_t start, int64_t count, int64_t step) {
   TensorDict batch;
-  for (const auto& [key, t] : d.batch()) batch.insert_or_assign(key, row_view(t, start, count, step));
+  for (const auto& [key, t] : d.batch()) {
+    batch.insert_or_assign(key, row_view(t, start, count, step, plain_dense(t)));
+  }
   NonTensorBatch columns;
   for (const auto& [key, c] : d.non_tensor_batch()) {
     columns.insert_or_assign(key, c.view(start, count, step));
   }
-  return DataProtoAccess::make(std::move(batch), std::move(columns), d.meta_info());
+  return DataProtoAccess::make(std::move(batch), std::move(columns), DataProtoAccess::stored_meta(d));
+}
+
+std::vector<DataProto> view_row_ranges(const DataProto& d,
+                                       const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::vector<bool> plain;
+  plain.reserve(d.batch().size());
+  for (const auto& kv : d.batch()) plain.push_back(plain_dense(kv.second));
+  const nlohmann::json& meta = DataProtoAccess::stored_meta(d);
+  std::vector<DataProto> out;
+  out.reserve(ranges.size());
+  for (const auto& [start, count] : ranges) {
+    TensorDict batch;
+    size_t k = 0;
+    for (const auto& [key, t] : d.batch()) batch.insert_or_assign(key, row_view(t, start, count, 1, plain[k++]));
+    NonTensorBatch columns;
+    for (const auto& [key, c] : d.non_tensor_batch()) columns.insert_or_assign(key, c.view(start, count, 1));
+    out.push_back(DataProtoAccess::make(std::move(batch), std::move(columns), meta));
+  }
+  return out;
 }
 
 Result<DataProto> gather_rows(const DataProto& d, const std::vector<int64_t>& idx,
@@ -83,7 +105,7 @@ Result<DataProto> gather_rows(const DataProto& d, const std::vector<int64_t>& id
     }
     NonTensorBatch columns;
     for (const auto& [key, c] : d.non_tensor_batch()) columns.insert_or_assign(key, c.take(idx));
-    return DataProtoAccess::make(std::move(batch), std::move(columns), d.meta_info());
+    return DataProtoAccess::make(std::move(batch), std::move(columns), DataProtoAccess::stored_meta(d));
   });
 }
 
@@ -140,29 +162,37 @@ bool tensors_equal_nan(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor try_join_adjacent(const std::vector<at::Tensor>& parts) {
-  // Note [Zero-copy chunk/concat] (data_proto_views.cpp).
+  // Note [Zero-copy chunk/concat] (data_proto_views.cpp). Runs on the caller's thread once per
+  // key of every DP collect: the checks read the TensorImpls' fields (no Storage or Device
+  // copies, no dispatch).
   if (parts.empty()) return {};
   const at::Tensor& first = parts.front();
   if (!first.defined() || first.dim() == 0 || first.requires_grad()) return {};
+  const c10::TensorImpl* head = first.unsafeGetTensorImpl();
+  if (!head->has_storage()) return {};
+  const c10::StorageImpl* storage = head->storage().unsafeGetStorageImpl();
+  const c10::IntArrayRef strides = head->strides();
+  const c10::IntArrayRef trailing = head->sizes().slice(1);
   int64_t rows = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const at::Tensor& p = parts[i];
-    if (!p.defined() || p.requires_grad() || p.scalar_type() != first.scalar_type() ||
-        p.device() != first.device() || p.dim() != first.dim() ||
-        p.strides() != first.strides() || p.sizes().slice(1) != first.sizes().slice(1) ||
-        !p.storage().is_alias_of(first.storage())) {
+  int64_t next_offset = head->storage_offset();
+  for (const at::Tensor& p : parts) {
+    if (!p.defined()) return {};
+    const c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+    if (p.requires_grad() || !impl->has_storage() ||
+        impl->storage().unsafeGetStorageImpl() != storage || impl->dtype() != head->dtype() ||
+        impl->device() != head->device() || impl->dim() != head->dim() ||
+        impl->strides() != strides || impl->sizes().slice(1) != trailing ||
+        impl->storage_offset() != next_offset) {
       return {};
     }
-    if (i > 0) {
-      const at::Tensor& prev = parts[i - 1];
-      if (p.storage_offset() != prev.storage_offset() + prev.size(0) * prev.stride(0)) return {};
-    }
-    rows += p.size(0);
+    const int64_t n = impl->size(0);
+    rows += n;
+    next_offset += n * strides[0];
   }
-  std::vector<int64_t> sizes = first.sizes().vec();
+  c10::SmallVector<int64_t, 6> sizes(head->sizes().begin(), head->sizes().end());
   sizes[0] = rows;
-  if (plain_dense(first)) return direct_view(first, sizes, first.strides(), first.storage_offset());
-  return first.as_strided(sizes, first.strides(), first.storage_offset());
+  if (plain_dense(first)) return direct_view(first, sizes, strides, head->storage_offset());
+  return first.as_strided(sizes, strides, head->storage_offset());
 }
 
 }  // namespace tessera::proto::internal

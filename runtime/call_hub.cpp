@@ -257,10 +257,7 @@ std::string call_label(const WorkerContext& c, const std::string& method) {
 // the target, as it does for an invalid handle, whose LocalCall is destroyed right here.
 void send_local_call(const caf::actor& worker, CallRequest request, bool caller_remote,
                      const std::shared_ptr<CallBatch>& batch, size_t index) {
-  auto call = std::make_shared<LocalCall>();
-  call->request = std::move(request);
-  call->caller_remote = caller_remote;
-  call->slot = std::make_shared<ReplySlot>(batch, index);
+  auto call = std::make_shared<LocalCall>(std::move(request), caller_remote, batch, index);
   if (std::shared_ptr<internal::LocalLane> lane = internal::find_lane(worker.address())) {
     if (lane->try_hand_off(call)) {  // Note [Local lanes]: the worker is polling
       lane_calls.fetch_add(1, std::memory_order_relaxed);
@@ -543,6 +540,7 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
                                          std::vector<CallRequest> requests, Millis timeout) {
   Millis t = timeout.count() > 0 ? timeout : default_timeout_;
   CallLabels labels;  // Note [Call labels]
+  labels.reserve(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     labels.add(targets[i].label ? targets[i].label
                                 : std::make_shared<const std::string>(worker_label(targets[i].context)),
@@ -551,12 +549,12 @@ std::shared_ptr<CallBatch> CallHub::call(const std::vector<WorkerRef>& targets,
   std::unordered_map<caf::actor_addr, Job> jobs;
   std::unordered_map<caf::actor_addr, std::shared_ptr<internal::ChannelClient>> channels;
   std::vector<const std::string*> dead(targets.size(), nullptr);  // why, in shared_->dead
-  std::vector<std::string> dead_reasons;
-  dead_reasons.reserve(targets.size());  // dead[i] points into it
+  std::vector<std::string> dead_reasons;  // dead[i] points into it: reserved before any push
   bool remote = false;
   bool all_channels = true;  // every remote target's agent has an open channel
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
+    if (!shared_->dead.empty()) dead_reasons.reserve(targets.size());
     for (size_t i = 0; i < targets.size(); ++i) {
       if (!shared_->dead.empty()) {
         auto d = shared_->dead.find(targets[i].actor.address());

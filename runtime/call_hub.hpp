@@ -84,6 +84,7 @@ class CallLabels {
   explicit CallLabels(std::vector<std::string> whole);
   /// Appends a target: `worker` (worker_label) calling `method`.
   void add(std::shared_ptr<const std::string> worker, const std::string& method);
+  void reserve(size_t targets) { workers_.reserve(targets); }
   size_t size() const { return workers_.size(); }
   std::string operator[](size_t i) const;
 
@@ -146,9 +147,11 @@ class ReplySlot {
 
 /// A call to an in-process worker (Note [Call paths]); a local-only message.
 struct LocalCall {
+  LocalCall(CallRequest r, bool remote, const std::shared_ptr<CallBatch>& batch, size_t index)
+      : request(std::move(r)), caller_remote(remote), slot(batch, index) {}
   CallRequest request;
   bool caller_remote = false;  ///< The result goes to another process (inline small ones).
-  std::shared_ptr<ReplySlot> slot;
+  ReplySlot slot;  ///< Fails its target when the call is dropped unanswered.
 };
 
 /// Process-wide bookkeeping of calls (Note [Late replies]); tests check that nothing leaks.

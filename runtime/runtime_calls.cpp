@@ -120,6 +120,7 @@ void Runtime::release_all(const std::vector<PayloadHandle>& handles) {
 
 Result<std::vector<WireValue>> first_error(std::vector<Result<WireValue>> results) {
   std::vector<WireValue> out;
+  out.reserve(results.size());
   Status first;
   size_t failed = 0;
   for (auto& r : results) {

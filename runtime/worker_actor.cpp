@@ -110,8 +110,8 @@ void answer(DataPlane& dp, ReplySlot& slot, WireValue result) {
 
 void run_local_call(WorkerActor self, LocalCall& call) {
   Result<CallReply> r = invoke(self->state, call.request, call.caller_remote);
-  if (r.ok()) return answer(*self->state.env.data_plane, *call.slot, std::move(r->result));
-  (void)call.slot->set(r.status().with_context(fmt::format(
+  if (r.ok()) return answer(*self->state.env.data_plane, call.slot, std::move(r->result));
+  (void)call.slot.set(r.status().with_context(fmt::format(
       "{}, method '{}'", describe_worker(self->state.request.context), call.request.method)));
 }
 

@@ -23,9 +23,12 @@ class DataProtoAccess {
     DataProto d;
     d.batch_ = std::move(batch);
     d.non_tensor_batch_ = std::move(columns);
-    d.meta_info_ = std::move(meta);
+    // Note [Empty meta_info] (data_proto.cpp): an empty object is kept as null.
+    if (!(meta.is_object() && meta.empty())) d.meta_info_ = std::move(meta);
     return d;
   }
+  /// meta_info as stored: null when empty (Note [Empty meta_info]); copying it allocates nothing.
+  static const nlohmann::json& stored_meta(const DataProto& d) { return d.meta_info_; }
   static TensorDict& batch(DataProto& d) { return d.batch_; }
   static NonTensorBatch& columns(DataProto& d) { return d.non_tensor_batch_; }
 };
@@ -50,6 +53,11 @@ auto guard(const char* what, F&& f) -> decltype(f()) {
 /// Rows start, start+step, ... (count of them) of every tensor and column, as views.
 /// REQUIRES: the rows exist, step >= 1, count >= 0. meta_info is copied.
 DataProto view_rows(const DataProto& d, int64_t start, int64_t count, int64_t step = 1);
+
+/// view_rows(d, start, count) for each (start, count) of `ranges`, in order: what chunk and
+/// split return (each tensor's view test is made once, not once per piece).
+std::vector<DataProto> view_row_ranges(const DataProto& d,
+                                       const std::vector<std::pair<int64_t, int64_t>>& ranges);
 
 /// Rows `idx` (each in [0, size)) of every tensor and column, copied (gather). meta copied.
 Result<DataProto> gather_rows(const DataProto& d, const std::vector<int64_t>& idx,

@@ -1,4 +1,6 @@
 // DataProto views: index, slice, chunk, split, concat (zero-copy proofs and meta merge).
+#include <utility>
+
 #include "tests/proto/test_util.hpp"
 
 namespace tessera::proto {
@@ -235,6 +237,35 @@ TEST(DataProtoConcat, NonAdjacentInputsAreCopied) {
   EXPECT_TRUE(both.batch().find("ids")->equal(torch::tensor({100, 101, 100, 101, 102}, torch::kLong)));
 }
 
+// The O(1) re-join takes the pieces' own layout as it is: strided pieces re-join as the strided
+// view they came from; a gap, a reordering, another storage holding the next bytes, or other
+// strides are copied instead.
+TEST(DataProtoConcat, ReJoinsOnlyPiecesThatContinueOneAnother) {
+  const at::Tensor x = torch::arange(24, torch::kFloat).reshape({8, 3});
+  auto proto_of = [](at::Tensor t) { return unwrap(DataProto::from_dict({{"x", std::move(t)}})); };
+  // Every other row, in two pieces: one view with the doubled row stride.
+  DataProto strided = unwrap(DataProto::concat({proto_of(x.slice(0, 0, 4, 2)), proto_of(x.slice(0, 4, 8, 2))}));
+  const at::Tensor& s = *strided.batch().find("x");
+  EXPECT_TRUE(shares_storage(s, x));
+  EXPECT_EQ(s.stride(0), 2 * x.stride(0));
+  EXPECT_TRUE(s.equal(x.slice(0, 0, 8, 2)));
+  // A gap between the pieces (rows 0-1 and 3-4).
+  DataProto gap = unwrap(DataProto::concat({proto_of(x.slice(0, 0, 2)), proto_of(x.slice(0, 3, 5))}));
+  EXPECT_FALSE(shares_storage(*gap.batch().find("x"), x));
+  EXPECT_TRUE(gap.batch().find("x")->equal(torch::cat({x.slice(0, 0, 2), x.slice(0, 3, 5)})));
+  // The next rows' bytes, but in another storage (a tensor over the same memory).
+  at::Tensor alias = torch::from_blob(x[4].data_ptr(), {4, 3}, torch::kFloat);
+  DataProto foreign = unwrap(DataProto::concat({proto_of(x.slice(0, 0, 4)), proto_of(alias)}));
+  EXPECT_FALSE(shares_storage(*foreign.batch().find("x"), x));
+  EXPECT_TRUE(foreign.batch().find("x")->equal(x));
+  // Same storage, the second piece starting where the first ends, but with other strides.
+  at::Tensor square = torch::arange(16, torch::kFloat).reshape({4, 4});
+  at::Tensor other = square.as_strided({2, 4}, {1, 2}, 8);
+  DataProto mixed = unwrap(DataProto::concat({proto_of(square.slice(0, 0, 2)), proto_of(other)}));
+  EXPECT_FALSE(shares_storage(*mixed.batch().find("x"), square));
+  EXPECT_TRUE(mixed.batch().find("x")->equal(torch::cat({square.slice(0, 0, 2), other})));
+}
+
 TEST(DataProtoConcat, Errors) {
   expect_error(DataProto::concat(std::vector<DataProto>{}), ErrorCode::invalid_argument, "no DataProto");
   expect_error(DataProto::concat(std::vector<const DataProto*>{}), ErrorCode::invalid_argument,
@@ -289,6 +320,41 @@ TEST(DataProtoConcat, OtherMetaKeysMustAgree) {
   DataProto bad = make_proto(1);
   bad.meta_info()["metrics"] = 3;
   expect_error(DataProto::concat({a, bad}), ErrorCode::invalid_argument, "metrics");
+}
+
+// Note [Empty meta_info]: an empty meta_info is stored as null internally, which no reader sees:
+// it reads as `{}`, a write makes it an object, and copies and views stay independent.
+TEST(DataProtoMeta, EmptyMetaInfoReadsAsAnObject) {
+  const DataProto none;
+  EXPECT_TRUE(none.meta_info().is_object());
+  EXPECT_TRUE(none.meta_info().empty());
+  EXPECT_EQ(none.meta_info().dump(), "{}");
+  DataProto d = unwrap(DataProto::from_dict({{"x", torch::arange(8, torch::kFloat)}}));
+  EXPECT_TRUE(std::as_const(d).meta_info().is_object());
+  auto chunks = unwrap(d.chunk(4));
+  for (const DataProto& c : chunks) EXPECT_EQ(c.meta_info(), json::object());
+  EXPECT_TRUE(unwrap(DataProto::concat(chunks)).meta_info().is_object());
+  EXPECT_TRUE(d.check_consistency().ok());
+  // Writing into one chunk's meta_info touches neither its siblings nor the source.
+  chunks[1].meta_info()["temperature"] = 0.5;
+  EXPECT_EQ(chunks[1].meta_info(), (json{{"temperature", 0.5}}));
+  EXPECT_EQ(chunks[0].meta_info(), json::object());
+  EXPECT_EQ(std::as_const(d).meta_info(), json::object());
+  DataProto copy = d;
+  copy.meta_info()["eos"] = 2;
+  EXPECT_EQ(std::as_const(d).meta_info(), json::object());
+  // The mutable accessor hands out an object even before anything is written.
+  DataProto fresh;
+  EXPECT_TRUE(fresh.meta_info().is_object());
+  // An emptied meta_info is still an object; select with no meta keys gives `{}`.
+  DataProto p = make_proto(2);
+  (void)unwrap(p.pop(std::nullopt, std::nullopt, std::vector<std::string>{"temperature"}));
+  EXPECT_TRUE(p.meta_info().is_object());
+  EXPECT_TRUE(p.meta_info().empty());
+  EXPECT_EQ(unwrap(p.select(std::nullopt, std::nullopt, std::vector<std::string>{})).meta_info(),
+            json::object());
+  // An item of a DataProto with no meta_info carries `{}` too.
+  EXPECT_EQ(unwrap(d.index(int64_t{0})).meta_info, json::object());
 }
 
 }  // namespace

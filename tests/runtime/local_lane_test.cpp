@@ -23,10 +23,9 @@ using std::chrono::microseconds;
 
 // A call answering target `i` of `batch`, carrying `i` as its method name.
 std::shared_ptr<LocalCall> make_call(const std::shared_ptr<CallBatch>& batch, size_t i) {
-  auto call = std::make_shared<LocalCall>();
-  call->request.method = std::to_string(i);
-  call->slot = std::make_shared<ReplySlot>(batch, i);
-  return call;
+  CallRequest request;
+  request.method = std::to_string(i);
+  return std::make_shared<LocalCall>(std::move(request), false, batch, i);
 }
 
 std::shared_ptr<CallBatch> make_batch(size_t n) {
@@ -91,7 +90,7 @@ TEST_F(LocalLane_, HandedOffCallsRunInOrderOnThePollingThread) {
     lane.took_mailed();  // (nothing was mailed: must not underflow)
     lane.poll([&](LocalCall& c) {
       order.push_back(std::stoul(c.request.method));
-      EXPECT_TRUE(c.slot->set(WireValue{}));
+      EXPECT_TRUE(c.slot.set(WireValue{}));
     });
   });
   await_polling(lane);
@@ -120,7 +119,7 @@ TEST_F(LocalLane_, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
     lane.poll([&](LocalCall& c) {
       first_started = true;
       std::lock_guard<std::mutex> wait(gate);
-      EXPECT_TRUE(c.slot->set(WireValue{}));
+      EXPECT_TRUE(c.slot.set(WireValue{}));
     });
   });
   await_polling(lane);
