@@ -60,7 +60,13 @@ Result<json> merge_meta(const std::vector<const DataProto*>& data) {
   bool any_metrics = false;
   std::map<std::string, size_t> origin;
   for (size_t i = 0; i < data.size(); ++i) {
-    for (const auto& [key, value] : data[i]->meta_info().items()) {
+    // Iterators, not items(): each items() range builds strings, even over an empty object,
+    // and this runs for every rank's output of every DP collect.
+    const json& meta = DataProtoAccess::stored_meta(*data[i]);
+    if (!meta.is_object()) continue;  // null: empty (Note [Empty meta_info])
+    for (auto entry = meta.begin(); entry != meta.end(); ++entry) {
+      const std::string& key = entry.key();
+      const json& value = entry.value();
       if (key == "metrics") {
         if (value.is_null()) continue;
         any_metrics = true;
