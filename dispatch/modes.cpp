@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "dispatch/internal/row_plan.hpp"
+
 namespace tessera::dispatch {
 
 // Note [Auto-padding]
@@ -241,6 +243,54 @@ Result<const MeshDispatchInfo*> mesh_info_for(const std::map<std::string, MeshDi
 }
 
 }  // namespace
+
+namespace internal {
+
+bool splits_rows_per_rank(const DispatchMode& mode) {
+  using Split = Result<SplitResult> (*)(const Args&, const SplitContext&);
+  const Split* fn = mode.split.target<Split>();
+  return fn != nullptr && (*fn == &split_dp_proto || *fn == &split_dp_metric);
+}
+
+// split_protos' rules for these modes (every piece r of r, world chunks, padding allowed),
+// restricted to the cases it answers with equal row runs (dispatch/internal/row_plan.hpp).
+std::optional<RowPlan> plan_rows_per_rank(const Args& args, const SplitContext& ctx) {
+  const int64_t world = ctx.world_size;
+  if (world < 1) return std::nullopt;
+  RowPlan plan;
+  plan.sources.reserve(args.size());
+  plan.rows_per_rank.reserve(args.size());
+  int64_t padded_length = -1;
+  for (const Value& arg : args) {
+    if (!arg.is_proto()) return std::nullopt;  // futures and non-data arguments: the split's
+    const proto::DataProto& data = arg.proto();
+    for (const auto& kv : data.batch()) {
+      // Views of a tensor requiring grad are autograd ops: the caller's thread makes them.
+      if (kv.second.requires_grad()) return std::nullopt;
+    }
+    int64_t pad = 0;
+    if (ctx.auto_padding || data.is_padding_enabled()) {
+      if (padded_length >= 0 && padded_length != data.size()) return std::nullopt;
+      padded_length = data.size();
+      pad = pad_size_for(data.size(), world);
+      plan.pad = pad;
+    }
+    std::shared_ptr<const proto::DataProto> source;
+    if (pad == 0) {
+      if (data.size() % world != 0) return std::nullopt;
+      source = std::make_shared<const proto::DataProto>(data);
+    } else {
+      Result<proto::DataProto> padded = data.padding(pad);
+      if (!padded.ok()) return std::nullopt;
+      source = std::make_shared<const proto::DataProto>(std::move(padded).value());
+    }
+    plan.rows_per_rank.push_back(source->size() / world);
+    plan.sources.push_back(std::move(source));
+  }
+  return plan;
+}
+
+}  // namespace internal
 
 DispatchMode make_nd_compute_dataproto_dispatch(const std::string& mesh_name) {
   const std::string name = "nd:" + mesh_name;

@@ -1,6 +1,7 @@
 // worker_group.cpp: WorkerGroup calls, futures across groups, and the worker-type adapter.
 #include "dispatch/worker_group.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <unordered_map>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "dispatch/futures.hpp"
+#include "dispatch/internal/row_plan.hpp"
 #include "runtime/wire.hpp"
 
 namespace tessera::dispatch {
@@ -352,32 +354,54 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   if (!mesh.empty()) {
     TESSERA_ASSIGN_OR_RETURN(sctx.mesh_info[mesh], mesh_info(mesh));
   }
-  Result<SplitResult> split = mode.split(args, sctx);
-  if (!split.ok()) return split.status().with_context(where());
   std::vector<int32_t> ranks = execute_ranks(spec.execute_mode, world_size());
   CallBuild b{*rt_, {}, {}, -1};
   std::vector<runtime::WorkerRef> targets;  // built only when not every rank executes
   const bool all_ranks = ranks.size() == workers_.size();
+  const std::string method = prefix_ + spec.name;
   std::vector<runtime::CallRequest> requests;
   requests.reserve(ranks.size());
-  const std::string method = prefix_ + spec.name;
-  for (int32_t r : ranks) {
-    runtime::CallRequest req;
-    req.method = method;
-    std::vector<Value>& rank_args = split->per_rank.at(static_cast<size_t>(r));
-    req.args.reserve(rank_args.size());
-    for (Value& a : rank_args) {
-      Result<runtime::WireValue> w = encode(std::move(a), workers_[r], b);
-      if (!w.ok()) {
-        rt_->release_all(b.published);
-        return w.status().with_context(fmt::format("{}: rank {}", where(), r));
-      }
-      req.args.push_back(std::move(w).value());
-    }
-    if (!all_ranks) targets.push_back(workers_[r]);
-    requests.push_back(std::move(req));
+  int64_t pad = 0;
+  // Note [Chunks cut by the receiver] (runtime/wire.hpp): in-process ranks cut their own rows.
+  std::optional<internal::RowPlan> rows;
+  if (all_ranks && internal::splits_rows_per_rank(mode) &&
+      std::all_of(workers_.begin(), workers_.end(), [](const runtime::WorkerRef& w) { return w.local; })) {
+    rows = internal::plan_rows_per_rank(args, sctx);
   }
-  split->per_rank.clear();  // moved from: freed before the wait, not after it
+  if (rows) {
+    for (int32_t r : ranks) {
+      runtime::CallRequest req;
+      req.method = method;
+      req.args.reserve(rows->sources.size());
+      for (size_t i = 0; i < rows->sources.size(); ++i) {
+        const int64_t k = rows->rows_per_rank[i];
+        req.args.push_back(runtime::local_rows_wire(rows->sources[i], r * k, (r + 1) * k));
+      }
+      requests.push_back(std::move(req));
+    }
+    pad = rows->pad;
+  } else {
+    Result<SplitResult> split = mode.split(args, sctx);
+    if (!split.ok()) return split.status().with_context(where());
+    for (int32_t r : ranks) {
+      runtime::CallRequest req;
+      req.method = method;
+      std::vector<Value>& rank_args = split->per_rank.at(static_cast<size_t>(r));
+      req.args.reserve(rank_args.size());
+      for (Value& a : rank_args) {
+        Result<runtime::WireValue> w = encode(std::move(a), workers_[r], b);
+        if (!w.ok()) {
+          rt_->release_all(b.published);
+          return w.status().with_context(fmt::format("{}: rank {}", where(), r));
+        }
+        req.args.push_back(std::move(w).value());
+      }
+      if (!all_ranks) targets.push_back(workers_[r]);
+      requests.push_back(std::move(req));
+    }
+    pad = split->pad < 0 ? std::max<int64_t>(0, b.future_pad) : split->pad;
+  }
+  rows.reset();  // the requests hold the sources
   // A blocking call's state lives here; a future's in the FutureTable until it is consumed.
   std::optional<FutureState> local;
   std::shared_ptr<FutureState> shared;
@@ -388,9 +412,7 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
     state->producer = name_;
     state->ranks = ranks;
   }
-  state->collect = CollectContext{world_size(), split->pad < 0 ? std::max<int64_t>(0, b.future_pad)
-                                                                : split->pad,
-                                  std::move(sctx.mesh_info)};
+  state->collect = CollectContext{world_size(), pad, std::move(sctx.mesh_info)};
   state->inputs = std::move(b.published);
   state->consumed = std::move(b.consumed);
   runtime::CallOptions co;

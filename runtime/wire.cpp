@@ -82,6 +82,19 @@ Result<Value> slices_from_wire(const WireValue& w, DataPlane& dp, bool consume,
 
 Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched* pre);
 
+// Note [Chunks cut by the receiver]: the receiver's rows of a shared in-process DataProto, as a
+// view. The whole stays shared (other ranks cut theirs from it), so it is never moved from.
+Result<Value> local_rows(const WireValue& w) {
+  const int64_t rows = w.local->size();
+  const PayloadSlice& s = w.slices.front();
+  if (w.slices.size() != 1 || s.row_begin < 0 || s.row_begin > s.row_end || s.row_end > rows) {
+    return make_error(ErrorCode::corrupt_data, "an in-process row range [{}, {}) ({} slices) of a "
+                      "DataProto of {} rows", s.row_begin, s.row_end, w.slices.size(), rows);
+  }
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto piece, w.local->slice(s.row_begin, s.row_end));
+  return Value(std::move(piece));
+}
+
 Result<Value> decode_list(const WireValue& w, DataPlane& dp, bool consume, Prefetched* pre) {
   Value::List items;
   items.reserve(w.items.size());
@@ -111,6 +124,7 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
         return make_error(ErrorCode::corrupt_data, "an in-process payload reference arrived "
                           "from another process");
       }
+      if (!w.slices.empty()) return local_rows(w);
       // The consuming receiver holding the only reference takes the DataProto itself (the
       // object was created non-const: proto_to_wire); otherwise, e.g. a sender still holding
       // its reference, it takes a copy (tensors by reference either way).
@@ -132,6 +146,15 @@ std::vector<PayloadHandle> payload_handles(const WireValue& wire) {
   std::vector<PayloadHandle> out;
   for (const PayloadSlice& s : slices) out.push_back(s.handle);
   return out;
+}
+
+WireValue local_rows_wire(std::shared_ptr<const proto::DataProto> whole, int64_t begin,
+                          int64_t end) {
+  WireValue w;
+  w.kind = static_cast<uint8_t>(WireKind::proto_local);
+  w.local = std::move(whole);
+  w.slices.push_back(PayloadSlice{{}, begin, end});
+  return w;
 }
 
 WireValue json_wire(const nlohmann::json& json) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "proto/status.hpp"
@@ -22,6 +23,20 @@ namespace tessera::runtime {
 // payload published, fetched or released. Anything that must outlive the call (futures' kept
 // results, which other groups' ranks fetch peer to peer) or leave the process is published
 // (or inlined) on the data plane as before.
+
+// Note [Chunks cut by the receiver]
+// A DP call to in-process workers used to cut its DataProto arguments into world-size row views
+// on the caller's thread: a TensorImpl per rank and key, a DataProto per rank, ~20% of the
+// caller's instructions for an 8-rank call, all before the first worker could start. When every
+// rank's piece is an equal run of rows (dispatch/internal/row_plan.hpp says when), the caller
+// instead hands every rank the same shared, immutable DataProto and its row range
+// (local_rows_wire), and each receiver cuts its own view while decoding, in parallel. The views
+// are the ones DataProto::chunk would have made (slice() of the same tensors), so what a worker
+// sees is unchanged.
+
+/// A proto_local value of rows [begin, end) of `whole`, cut by the receiver (Note [Chunks cut by
+/// the receiver]). REQUIRES: 0 <= begin <= end <= whole->size(); nobody mutates *whole.
+WireValue local_rows_wire(std::shared_ptr<const proto::DataProto> whole, int64_t begin, int64_t end);
 
 /// How to encode values bound for one receiver.
 struct EncodeOptions {

@@ -2,6 +2,7 @@
 // Expected rows are computed independently from row ids, not with the functions under test.
 #include <gtest/gtest.h>
 
+#include "dispatch/internal/row_plan.hpp"
 #include "dispatch/modes.hpp"
 #include "tests/dispatch/test_util.hpp"
 
@@ -273,6 +274,86 @@ TEST(Registry, CustomModesCanBeAddedAndUpdated) {
   EXPECT_NE(missing.status().message().find("DP_COMPUTE_PROTO"), std::string::npos) << "lists known modes";
   EXPECT_FALSE(reg.register_mode(DispatchMode{"nd:x", reverse.split, reverse.collect}).ok());
   EXPECT_FALSE(split_args(reg, Dispatch::ONE_TO_ALL, {}, ctx(0)).ok());
+}
+
+std::vector<std::string> uids(const proto::DataProto& d) {
+  std::vector<std::string> out;
+  const proto::Column c = *d.column("uid");
+  for (int64_t i = 0; i < c.size(); ++i) out.push_back(c.str(i));
+  return out;
+}
+
+// Note [Chunks cut by the receiver] (runtime/wire.hpp): where the WorkerGroup may skip the split
+// for in-process ranks, rank r's rows of each plan source are exactly the split's piece for r
+// (same rows, same storage unless padded, same meta_info and columns), and the pad agrees.
+TEST(RowPlan, EachRanksRowsAreTheSplitsPiece) {
+  struct Case {
+    std::vector<int64_t> lengths;
+    bool padding_meta;  // meta_info asks for padding
+    bool auto_padding;  // the group's switch
+    int32_t world;
+  };
+  const std::vector<Case> cases = {{{8}, false, false, 4},   {{8, 4}, false, false, 4},
+                                   {{10}, true, false, 4},   {{5, 5}, false, true, 2},
+                                   {{0}, false, false, 3},   {{7}, false, true, 8},
+                                   {{12}, false, false, 1},  {{9, 9}, true, false, 4}};
+  for (const Case& c : cases) {
+    Args args;
+    for (int64_t n : c.lengths) args.push_back(Value(rows(n, c.padding_meta)));
+    args.front().proto().meta_info()["temperature"] = 0.5;
+    for (const char* mode : {Dispatch::DP_COMPUTE_PROTO, Dispatch::DP_COMPUTE_METRIC}) {
+      SCOPED_TRACE(::testing::Message() << mode << " world " << c.world << " first length "
+                                        << c.lengths.front());
+      auto found = DispatchRegistry::global().find(mode);
+      ASSERT_TRUE(found.ok());
+      EXPECT_TRUE(internal::splits_rows_per_rank(*found));
+      std::optional<internal::RowPlan> plan = internal::plan_rows_per_rank(args, ctx(c.world, c.auto_padding));
+      ASSERT_TRUE(plan.has_value());
+      auto s = split(mode, args, ctx(c.world, c.auto_padding));
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      EXPECT_EQ(plan->pad, s->pad);
+      ASSERT_EQ(plan->sources.size(), args.size());
+      for (int32_t r = 0; r < c.world; ++r) {
+        for (size_t i = 0; i < args.size(); ++i) {
+          const proto::DataProto& piece = s->per_rank[r][i].proto();
+          const int64_t k = plan->rows_per_rank[i];
+          auto cut = plan->sources[i]->slice(r * k, (r + 1) * k);
+          ASSERT_TRUE(cut.ok());
+          EXPECT_EQ(ids(*cut), ids(piece)) << "rank " << r << ", argument " << i;
+          EXPECT_EQ(uids(*cut), uids(piece));
+          EXPECT_EQ(cut->meta_info(), piece.meta_info());
+          if (s->pad == 0 && piece.size() > 0) {
+            EXPECT_EQ(cut->tensor("y")->data_ptr(), piece.tensor("y")->data_ptr()) << "a view of the argument";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Everything the split answers otherwise keeps the split (its pieces or its error).
+TEST(RowPlan, NoPlanWhereTheSplitDoesSomethingElse) {
+  using internal::plan_rows_per_rank;
+  EXPECT_FALSE(plan_rows_per_rank({Value(rows(10))}, ctx(4)).has_value()) << "not divisible, no padding";
+  EXPECT_FALSE(plan_rows_per_rank({Value(rows(5)), Value(rows(7))}, ctx(2, true)).has_value())
+      << "unequal padded lengths";
+  EXPECT_FALSE(plan_rows_per_rank({Value(rows(4)), Value(3)}, ctx(2)).has_value()) << "not a DataProto";
+  EXPECT_FALSE(plan_rows_per_rank({make_future(FutureRef{1, "g"})}, ctx(2)).has_value()) << "a future";
+  proto::DataProto grad = rows(4);
+  ASSERT_TRUE(grad.set_tensor("w", torch::ones({4}, torch::kFloat32).requires_grad_()).ok());
+  EXPECT_FALSE(plan_rows_per_rank({Value(grad)}, ctx(2)).has_value()) << "a tensor requiring grad";
+  EXPECT_TRUE(plan_rows_per_rank({}, ctx(2)).has_value()) << "no arguments: nothing to cut";
+  for (const char* other : {Dispatch::ONE_TO_ALL, Dispatch::ALL_TO_ALL, Dispatch::DP_COMPUTE,
+                            Dispatch::DP_COMPUTE_PROTO_WITH_FUNC}) {
+    EXPECT_FALSE(internal::splits_rows_per_rank(*DispatchRegistry::global().find(other))) << other;
+  }
+  EXPECT_FALSE(internal::splits_rows_per_rank(make_nd_compute_dataproto_dispatch("tp")));
+  // DP_COMPUTE_PROTO replaced by update_mode, even by a wrapper of the same split.
+  DispatchMode builtin = *DispatchRegistry::global().find(Dispatch::DP_COMPUTE_PROTO);
+  DispatchMode wrapped{builtin.name,
+                       [inner = builtin.split](const Args& a, const SplitContext& c) { return inner(a, c); },
+                       builtin.collect};
+  EXPECT_FALSE(internal::splits_rows_per_rank(wrapped));
 }
 
 }  // namespace

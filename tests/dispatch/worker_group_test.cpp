@@ -33,6 +33,24 @@ TEST_F(WorkerGroupTest, DpComputeProtoChunksAndConcatenates) {
   EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), *rows(8).tensor("y") * 2));
 }
 
+// In process, every rank's chunk is a view of the caller's tensors (Note [Chunks cut by the
+// receiver]), and the ranks' untouched views re-join into one view of them in the collect.
+TEST_F(WorkerGroupTest, InProcessRanksGetViewsOfTheCallersTensors) {
+  proto::DataProto in = rows(8);
+  in.meta_info()["temperature"] = 0.25;
+  auto out = wg().call("tag", {Value(in), Value(rows(4))});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->proto().tensor("x")->data_ptr(), in.tensor("x")->data_ptr());
+  EXPECT_EQ(ids(out->proto()), iota(8));
+  EXPECT_EQ(rank_column(out->proto()), (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(out->proto().meta_info().value("temperature", 0.0), 0.25);
+  // With padding, the padded rows are stripped and the real ones still come back in order.
+  auto padded = wg().call("tag", {Value(rows(6, /*auto_padding=*/true))});
+  ASSERT_TRUE(padded.ok()) << padded.status().to_string();
+  EXPECT_EQ(ids(padded->proto()), iota(6));
+  EXPECT_EQ(rank_column(padded->proto()), owners(6, 4));
+}
+
 TEST_F(WorkerGroupTest, DpComputeProtoPadsAndUnpads) {
   auto out = wg().call("tag", {Value(rows(10, /*auto_padding=*/true))});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
