@@ -3,6 +3,10 @@
 //   BM_rt_dp_proto_rtt_inproc      DP_COMPUTE_PROTO call, 8 in-process workers (goal <= 20 us)
 //   BM_rt_dp_proto_rtt_inproc_2workers  the same call to a group of 2 in-process workers: one
 //                                  per vCPU on the 2-vCPU development machine
+//   BM_rt_dp_proto_rtt_inproc_cut/receivers:R  the 8-worker call with the chunks cut by the
+//                                  ranks (R=1) or by the caller (R=0) whatever the default
+//                                  (Note [Chunks cut by the receiver]; WorkerGroupOptions::
+//                                  cut_rows_on_receivers)
 //   BM_rt_dp_proto_rtt_inproc_loaded/poll:P  the 8-worker call while two nice-10 threads burn
 //                                  CPU: P=1 the default runtime, P=0 one with polling off
 //                                  (Note [Polling under contention])
@@ -223,6 +227,7 @@ struct Embedded {
   std::unique_ptr<runtime::Runtime> rt;
   std::shared_ptr<dispatch::WorkerGroup> wg;   // 8 workers, cpu:0-7
   std::shared_ptr<dispatch::WorkerGroup> wg2;  // 2 more workers, one per vCPU here
+  std::shared_ptr<dispatch::WorkerGroup> cut[2];  // 8 workers each: the caller / the ranks cut
 };
 
 std::unique_ptr<Embedded> g_embedded;
@@ -244,6 +249,15 @@ Embedded& embedded() {
                                      checked(g_embedded->rt->resource_pool({2}), "resource pool"),
                                      {{"", "bench", "{}"}}),
         "spawning 2 in-process workers");
+    for (int receivers = 0; receivers < 2; ++receivers) {
+      dispatch::WorkerGroupOptions options;
+      options.cut_rows_on_receivers = receivers == 1;
+      g_embedded->cut[receivers] = checked(
+          dispatch::WorkerGroup::spawn(*g_embedded->rt, receivers ? "bench_cut1" : "bench_cut0",
+                                       checked(g_embedded->rt->resource_pool(), "resource pool"),
+                                       {{"", "bench", "{}"}}, options),
+          "spawning 8 in-process workers");
+    }
   }
   return *g_embedded;
 }
@@ -273,6 +287,10 @@ void dp_rtt(benchmark::State& state, dispatch::WorkerGroup& wg) {
 void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedded().wg); }
 
 void BM_rt_dp_proto_rtt_inproc_2workers(benchmark::State& state) { dp_rtt(state, *embedded().wg2); }
+
+void BM_rt_dp_proto_rtt_inproc_cut(benchmark::State& state) {
+  dp_rtt(state, *embedded().cut[state.range(0) == 1 ? 1 : 0]);
+}
 
 // An embedded runtime whose workers and callers never poll (cluster.idle_poll_us = 0).
 std::unique_ptr<Embedded> g_embedded_sleeping;
@@ -526,6 +544,12 @@ void BM_rt_soak_100k(benchmark::State& state) {
 
 BENCHMARK(BM_rt_dp_proto_rtt_inproc)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_inproc_2workers)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rt_dp_proto_rtt_inproc_cut)
+    ->ArgName("receivers")
+    ->Arg(1)
+    ->Arg(0)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rt_dp_proto_rtt_inproc_loaded)
     ->ArgName("poll")
     ->Arg(1)

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,6 +88,10 @@ struct WorkerGroupOptions {
   bool auto_padding = false;
   /// Per-call deadline; 0: RuntimeConfig::call_timeout.
   runtime::Millis timeout{0};
+  /// Whether in-process ranks cut their own rows of a DP call's DataProto arguments instead of
+  /// the caller (Note [Chunks cut by the receiver] in runtime/wire.hpp). Unset: when this host
+  /// has more hardware threads than the group has ranks, so that the ranks cut in parallel.
+  std::optional<bool> cut_rows_on_receivers;
 };
 
 /// A group of worker actors called as one (verl's WorkerGroup).

@@ -33,22 +33,38 @@ TEST_F(WorkerGroupTest, DpComputeProtoChunksAndConcatenates) {
   EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), *rows(8).tensor("y") * 2));
 }
 
-// In process, every rank's chunk is a view of the caller's tensors (Note [Chunks cut by the
-// receiver]), and the ranks' untouched views re-join into one view of them in the collect.
-TEST_F(WorkerGroupTest, InProcessRanksGetViewsOfTheCallersTensors) {
+// In process, every rank's chunk is a view of the caller's tensors, cut by the caller or by the
+// rank itself (Note [Chunks cut by the receiver]); both give the same call, and the ranks'
+// untouched views re-join into one view of the caller's tensors in the collect.
+TEST_F(WorkerGroupTest, InProcessRanksGetViewsOfTheCallersTensorsWhoeverCutsThem) {
   proto::DataProto in = rows(8);
   in.meta_info()["temperature"] = 0.25;
-  auto out = wg().call("tag", {Value(in), Value(rows(4))});
-  ASSERT_TRUE(out.ok()) << out.status().to_string();
-  EXPECT_EQ(out->proto().tensor("x")->data_ptr(), in.tensor("x")->data_ptr());
-  EXPECT_EQ(ids(out->proto()), iota(8));
-  EXPECT_EQ(rank_column(out->proto()), (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 3, 3}));
-  EXPECT_EQ(out->proto().meta_info().value("temperature", 0.0), 0.25);
-  // With padding, the padded rows are stripped and the real ones still come back in order.
-  auto padded = wg().call("tag", {Value(rows(6, /*auto_padding=*/true))});
-  ASSERT_TRUE(padded.ok()) << padded.status().to_string();
-  EXPECT_EQ(ids(padded->proto()), iota(6));
-  EXPECT_EQ(rank_column(padded->proto()), owners(6, 4));
+  std::vector<Value> outputs;
+  for (bool receivers : {true, false}) {
+    SCOPED_TRACE(receivers ? "cut by the ranks" : "cut by the caller");
+    WorkerGroupOptions options;
+    options.cut_rows_on_receivers = receivers;
+    auto group = WorkerGroup::spawn(*rt_, receivers ? "dp_cut" : "dp_split", *rt_->resource_pool(),
+                                    {{"", "dp_worker", "{}"}}, options);
+    ASSERT_TRUE(group.ok()) << group.status().to_string();
+    auto out = (*group)->call("tag", {Value(in), Value(rows(4))});
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    EXPECT_EQ(out->proto().tensor("x")->data_ptr(), in.tensor("x")->data_ptr());
+    EXPECT_EQ(ids(out->proto()), iota(8));
+    EXPECT_EQ(rank_column(out->proto()), (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+    EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), *in.tensor("y") * 2));
+    EXPECT_EQ(out->proto().meta_info().value("temperature", 0.0), 0.25);
+    // With padding, the padded rows are stripped and the real ones come back in order.
+    auto padded = (*group)->call("tag", {Value(rows(6, /*auto_padding=*/true))});
+    ASSERT_TRUE(padded.ok()) << padded.status().to_string();
+    EXPECT_EQ(ids(padded->proto()), iota(6));
+    EXPECT_EQ(rank_column(padded->proto()), owners(6, 4));
+    // A length the world does not divide, unpadded: the split's error either way.
+    auto uneven = (*group)->call("tag", {Value(rows(10))});
+    ASSERT_FALSE(uneven.ok());
+    EXPECT_NE(uneven.status().message().find("DP_COMPUTE_PROTO: argument 0"), std::string::npos)
+        << uneven.status().to_string();
+  }
 }
 
 TEST_F(WorkerGroupTest, DpComputeProtoPadsAndUnpads) {
