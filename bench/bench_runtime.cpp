@@ -230,6 +230,20 @@ struct Embedded {
   std::shared_ptr<dispatch::WorkerGroup> cut[2];  // 8 workers each: the caller / the ranks cut
 };
 
+// The group whose chunks `receivers` (1) or the caller (0) cut, spawned on first use only.
+dispatch::WorkerGroup& cut_group(Embedded& e, int receivers) {
+  if (!e.cut[receivers]) {
+    dispatch::WorkerGroupOptions options;
+    options.cut_rows_on_receivers = receivers == 1;
+    e.cut[receivers] = checked(
+        dispatch::WorkerGroup::spawn(*e.rt, receivers ? "bench_cut1" : "bench_cut0",
+                                     checked(e.rt->resource_pool(), "resource pool"),
+                                     {{"", "bench", "{}"}}, options),
+        "spawning 8 in-process workers");
+  }
+  return *e.cut[receivers];
+}
+
 std::unique_ptr<Embedded> g_embedded;
 
 Embedded& embedded() {
@@ -249,15 +263,6 @@ Embedded& embedded() {
                                      checked(g_embedded->rt->resource_pool({2}), "resource pool"),
                                      {{"", "bench", "{}"}}),
         "spawning 2 in-process workers");
-    for (int receivers = 0; receivers < 2; ++receivers) {
-      dispatch::WorkerGroupOptions options;
-      options.cut_rows_on_receivers = receivers == 1;
-      g_embedded->cut[receivers] = checked(
-          dispatch::WorkerGroup::spawn(*g_embedded->rt, receivers ? "bench_cut1" : "bench_cut0",
-                                       checked(g_embedded->rt->resource_pool(), "resource pool"),
-                                       {{"", "bench", "{}"}}, options),
-          "spawning 8 in-process workers");
-    }
   }
   return *g_embedded;
 }
@@ -289,7 +294,7 @@ void BM_rt_dp_proto_rtt_inproc(benchmark::State& state) { dp_rtt(state, *embedde
 void BM_rt_dp_proto_rtt_inproc_2workers(benchmark::State& state) { dp_rtt(state, *embedded().wg2); }
 
 void BM_rt_dp_proto_rtt_inproc_cut(benchmark::State& state) {
-  dp_rtt(state, *embedded().cut[state.range(0) == 1 ? 1 : 0]);
+  dp_rtt(state, cut_group(embedded(), state.range(0) == 1 ? 1 : 0));
 }
 
 // An embedded runtime whose workers and callers never poll (cluster.idle_poll_us = 0).
