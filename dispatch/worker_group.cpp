@@ -365,9 +365,10 @@ Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool
   int64_t pad = 0;
   // Note [Chunks cut by the receiver] (runtime/wire.hpp): in-process ranks cut their own rows.
   // It takes ~14k instructions per 8-rank call off the caller's serial path and adds a little
-  // to each rank's, so it pays where the ranks run at once. Where they share cores it does not:
-  // 8 ranks on 2 vCPUs, 10 interleaved runs each, medians 21.25 us against 20.15 us with the
-  // caller cutting. Hence the default: only with a hardware thread for the caller and each rank.
+  // to each rank's, so it can pay only where the ranks run at once. Where 8 ranks share 2 vCPUs
+  // it shows no gain: 10 interleaved runs each, medians 21.25 us against 20.15 us with the
+  // caller cutting; bench/run's ratio of the two read 1.08x and 0.95x. Hence the default: only
+  // with a hardware thread for the caller and each rank.
   // hardware_concurrency() reads /sys (three system calls, ~7 us here): once per process.
   static const unsigned hardware_threads = std::thread::hardware_concurrency();
   const bool receivers_cut = options_.cut_rows_on_receivers.value_or(hardware_threads > workers_.size());
