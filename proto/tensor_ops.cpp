@@ -63,34 +63,38 @@ int64_t rows_of(const TensorDict& batch, const NonTensorBatch& columns) {
   return 0;
 }
 
-DataProto view_rows(const DataProto& d, int64_t start, int64_t count, int64_t step) {
+namespace {
+
+// Rows start, start+step, ... (count of them) of `d`; plain[k] is plain_dense of d's k-th tensor.
+DataProto cut_rows(const DataProto& d, const std::vector<bool>& plain, int64_t start, int64_t count,
+                   int64_t step) {
   TensorDict batch;
-  for (const auto& [key, t] : d.batch()) {
-    batch.insert_or_assign(key, row_view(t, start, count, step, plain_dense(t)));
-  }
+  size_t k = 0;
+  for (const auto& [key, t] : d.batch()) batch.insert_or_assign(key, row_view(t, start, count, step, plain[k++]));
   NonTensorBatch columns;
-  for (const auto& [key, c] : d.non_tensor_batch()) {
-    columns.insert_or_assign(key, c.view(start, count, step));
-  }
+  for (const auto& [key, c] : d.non_tensor_batch()) columns.insert_or_assign(key, c.view(start, count, step));
   return DataProtoAccess::make(std::move(batch), std::move(columns), DataProtoAccess::stored_meta(d));
+}
+
+std::vector<bool> plain_tensors(const DataProto& d) {
+  std::vector<bool> plain;
+  plain.reserve(d.batch().size());
+  for (const auto& kv : d.batch()) plain.push_back(plain_dense(kv.second));
+  return plain;
+}
+
+}  // namespace
+
+DataProto view_rows(const DataProto& d, int64_t start, int64_t count, int64_t step) {
+  return cut_rows(d, plain_tensors(d), start, count, step);
 }
 
 std::vector<DataProto> view_row_ranges(const DataProto& d,
                                        const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  std::vector<bool> plain;
-  plain.reserve(d.batch().size());
-  for (const auto& kv : d.batch()) plain.push_back(plain_dense(kv.second));
-  const nlohmann::json& meta = DataProtoAccess::stored_meta(d);
+  const std::vector<bool> plain = plain_tensors(d);
   std::vector<DataProto> out;
   out.reserve(ranges.size());
-  for (const auto& [start, count] : ranges) {
-    TensorDict batch;
-    size_t k = 0;
-    for (const auto& [key, t] : d.batch()) batch.insert_or_assign(key, row_view(t, start, count, 1, plain[k++]));
-    NonTensorBatch columns;
-    for (const auto& [key, c] : d.non_tensor_batch()) columns.insert_or_assign(key, c.view(start, count, 1));
-    out.push_back(DataProtoAccess::make(std::move(batch), std::move(columns), meta));
-  }
+  for (const auto& [start, count] : ranges) out.push_back(cut_rows(d, plain, start, count, 1));
   return out;
 }
 
