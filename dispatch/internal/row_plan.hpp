@@ -6,7 +6,10 @@
 // one replaced by update_mode), every argument is a DataProto, and every argument's rank r piece
 // is rows [r*k, (r+1)*k) of it or of its padded copy: what DataProto::chunk(world) returns for a
 // length the world divides. Anything else (futures, unequal padded lengths, a length that does
-// not divide, tensors that require grad) keeps the split, errors included.
+// not divide, tensors that require grad) keeps the split, errors included. And it is only done
+// where WorkerGroupOptions::cut_rows_on_receivers asks for it (by default: on hosts with more
+// hardware threads than the group has ranks; on fewer, the ranks' extra work shares the cores
+// and measured no gain).
 #pragma once
 
 #include <cstdint>
