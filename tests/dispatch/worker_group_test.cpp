@@ -152,8 +152,9 @@ TEST_F(WorkerGroupTest, AFutureWithPaddingForTheConsumer) {
   auto fut = wg().call_async("tag", {Value(rows(8))});  // a future only fetched at the end
   ASSERT_TRUE(fut.ok());
   auto pool3 = rt_->resource_pool({3});
-  auto consumer = WorkerGroup::spawn(*rt_, "c3", *pool3, {{"", "dp_worker", "{}"}},
-                                     WorkerGroupOptions{true, {}});
+  WorkerGroupOptions padding;
+  padding.auto_padding = true;
+  auto consumer = WorkerGroup::spawn(*rt_, "c3", *pool3, {{"", "dp_worker", "{}"}}, padding);
   ASSERT_TRUE(consumer.ok());
   auto fut4 = wg().call_async("tag", {Value(rows(7, true))});
   auto out = (*consumer)->call("tag", {make_future(*fut4)});  // 7 rows over 3: padded to 9
