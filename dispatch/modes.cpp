@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include "dispatch/internal/row_plan.hpp"
 
@@ -101,6 +102,21 @@ Result<SplitResult> split_dp_compute(const Args& args, const SplitContext& ctx) 
   return scatter_lists(args, ctx.world_size);
 }
 
+// Note [Auto-padding] for DataProto argument `i`: nullopt when it is not padded, else the rows
+// of padding it gets. `padded_length` is the length of the arguments padded so far (-1: none),
+// which must all be equal.
+Result<std::optional<int64_t>> argument_pad(const proto::DataProto& data, size_t i, bool allow_padding,
+                                            const SplitContext& ctx, int64_t chunks, const char* mode,
+                                            int64_t& padded_length) {
+  if (!allow_padding || !(ctx.auto_padding || data.is_padding_enabled())) return std::optional<int64_t>();
+  if (padded_length >= 0 && padded_length != data.size())
+    return make_error(ErrorCode::invalid_argument,
+                      "{}: padded arguments must have equal lengths, argument {} has {} rows, "
+                      "an earlier one {}", mode, i, data.size(), padded_length);
+  padded_length = data.size();
+  return std::optional<int64_t>(pad_size_for(data.size(), chunks));
+}
+
 // Chunks every DataProto / future argument into `chunks` pieces; piece_of_rank[r] selects which
 // piece rank r receives. Non-data arguments are an error unless `passthrough_first` (the
 // function name of DP_COMPUTE_PROTO_WITH_FUNC).
@@ -142,16 +158,11 @@ Result<SplitResult> split_protos(const Args& args, const SplitContext& ctx, cons
       return make_error(ErrorCode::invalid_argument, "{}: argument {} must be a DataProto, got {}",
                         spec.mode, i, kind(arg));
     const proto::DataProto& data = arg.proto();
-    int64_t pad = 0;
-    if (spec.allow_padding && (ctx.auto_padding || data.is_padding_enabled())) {
-      if (padded_length >= 0 && padded_length != data.size())
-        return make_error(ErrorCode::invalid_argument,
-                          "{}: padded arguments must have equal lengths, argument {} has {} rows, "
-                          "an earlier one {}", spec.mode, i, data.size(), padded_length);
-      padded_length = data.size();
-      pad = pad_size_for(data.size(), spec.chunks);
-      out.pad = pad;
-    }
+    TESSERA_ASSIGN_OR_RETURN(std::optional<int64_t> padding,
+                             argument_pad(data, i, spec.allow_padding, ctx, spec.chunks, spec.mode,
+                                          padded_length));
+    const int64_t pad = padding.value_or(0);
+    if (padding) out.pad = pad;
     auto pieces = chunk_proto(data, pad, static_cast<int32_t>(spec.chunks));
     if (!pieces.ok()) return pieces.status().with_context(fmt::format("{}: argument {}", spec.mode, i));
     // A piece goes to every rank that takes it (TP/SP peers share one): moved into the last.
@@ -261,20 +272,20 @@ std::optional<RowPlan> plan_rows_per_rank(const Args& args, const SplitContext& 
   plan.sources.reserve(args.size());
   plan.rows_per_rank.reserve(args.size());
   int64_t padded_length = -1;
-  for (const Value& arg : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Value& arg = args[i];
     if (!arg.is_proto()) return std::nullopt;  // futures and non-data arguments: the split's
     const proto::DataProto& data = arg.proto();
     for (const auto& kv : data.batch()) {
       // Views of a tensor requiring grad are autograd ops: the caller's thread makes them.
       if (kv.second.requires_grad()) return std::nullopt;
     }
-    int64_t pad = 0;
-    if (ctx.auto_padding || data.is_padding_enabled()) {
-      if (padded_length >= 0 && padded_length != data.size()) return std::nullopt;
-      padded_length = data.size();
-      pad = pad_size_for(data.size(), world);
-      plan.pad = pad;
-    }
+    // The split's own rule (both modes allow padding); its error is the split's to report.
+    Result<std::optional<int64_t>> padding =
+        argument_pad(data, i, /*allow_padding=*/true, ctx, world, "", padded_length);
+    if (!padding.ok()) return std::nullopt;
+    const int64_t pad = padding->value_or(0);
+    if (*padding) plan.pad = pad;
     std::shared_ptr<const proto::DataProto> source;
     if (pad == 0) {
       if (data.size() % world != 0) return std::nullopt;
