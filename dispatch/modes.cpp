@@ -4,6 +4,7 @@
 #include <cctype>
 #include <optional>
 
+#include "dispatch/internal/concat_collect.hpp"
 #include "dispatch/internal/row_plan.hpp"
 
 namespace tessera::dispatch {
@@ -256,6 +257,15 @@ Result<const MeshDispatchInfo*> mesh_info_for(const std::map<std::string, MeshDi
 }  // namespace
 
 namespace internal {
+
+std::optional<int64_t> concat_collect_pad(const DispatchMode& mode, const CollectContext& ctx) {
+  using Collect = Result<Value> (*)(const ValueList&, const CollectContext&);
+  const Collect* fn = mode.collect.target<Collect>();
+  if (fn == nullptr) return std::nullopt;
+  if (*fn == &collect_dp_proto) return ctx.pad;
+  if (*fn == &collect_dp_proto_with_func) return 0;
+  return std::nullopt;
+}
 
 bool splits_rows_per_rank(const DispatchMode& mode) {
   using Split = Result<SplitResult> (*)(const Args&, const SplitContext&);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "dispatch/futures.hpp"
+#include "dispatch/internal/concat_collect.hpp"
 #include "dispatch/internal/row_plan.hpp"
 #include "runtime/wire.hpp"
 
@@ -262,6 +263,24 @@ Result<Value> collect_state(FutureState& s, const MethodSpec& spec, bool consume
                             const DispatchMode* mode = nullptr) {
   const auto& results = resolve(s);
   if (!results.ok()) return results.status();
+  if (mode != nullptr && spec.execute_mode == ExecuteMode::all) {
+    // Note [Replies joined in place] (dispatch/internal/concat_collect.hpp).
+    if (std::optional<int64_t> pad = internal::concat_collect_pad(*mode, s.collect)) {
+      std::vector<const proto::DataProto*> parts;
+      parts.reserve(results->size());
+      for (const runtime::WireValue& w : *results) {
+        if (w.kind != static_cast<uint8_t>(runtime::WireKind::proto_local) || !w.local ||
+            !w.slices.empty()) {
+          break;
+        }
+        parts.push_back(w.local.get());
+      }
+      if (parts.size() == results->size() && !parts.empty()) {
+        TESSERA_ASSIGN_OR_RETURN(proto::DataProto joined, concat_and_unpad(parts, *pad));
+        return Value(std::move(joined));
+      }
+    }
+  }
   TESSERA_ASSIGN_OR_RETURN(std::vector<Value> outputs,
                            runtime::from_wire_many(*results, s.rt->data_plane(), consume));
   if (mode != nullptr && spec.execute_mode == ExecuteMode::all) return mode->collect(outputs, s.collect);

@@ -90,10 +90,27 @@ Result<json> merge_meta(const std::vector<const DataProto*>& data) {
   return merged;
 }
 
-/// Every input must hold exactly the keys of input 0.
+/// Whether every input holds input 0's keys in input 0's order: the usual case (pieces of one
+/// split, or one method's outputs), where key k of each input is found at position k.
 template <class Dict>
-Status check_same_keys(const std::vector<const DataProto*>& data,
-                       const Dict& (DataProto::*get)() const, const char* kind) {
+bool same_key_order(const std::vector<const DataProto*>& data, const Dict& (DataProto::*get)() const) {
+  const Dict& first = (data[0]->*get)();
+  for (size_t i = 1; i < data.size(); ++i) {
+    const Dict& d = (data[i]->*get)();
+    if (d.size() != first.size()) return false;
+    auto a = first.begin();
+    for (auto b = d.begin(); a != first.end(); ++a, ++b) {
+      if (a->first != b->first) return false;
+    }
+  }
+  return true;
+}
+
+/// Every input must hold exactly the keys of input 0. Returns whether they are in its order.
+template <class Dict>
+Result<bool> check_same_keys(const std::vector<const DataProto*>& data,
+                             const Dict& (DataProto::*get)() const, const char* kind) {
+  if (same_key_order(data, get)) return true;
   const Dict& first = (data[0]->*get)();
   for (size_t i = 1; i < data.size(); ++i) {
     const Dict& d = (data[i]->*get)();
@@ -110,13 +127,20 @@ Status check_same_keys(const std::vector<const DataProto*>& data,
       }
     }
   }
-  return Status();
+  return false;
 }
 
-Result<at::Tensor> concat_tensors(const std::vector<const DataProto*>& data, const std::string& key) {
+/// Input i's value for `key`, which is at `position` when the inputs' keys are in one order.
+template <class Dict>
+const auto& value_of(const Dict& d, const std::string& key, size_t position, bool in_order) {
+  return in_order ? (d.begin() + static_cast<std::ptrdiff_t>(position))->second : *d.find(key);
+}
+
+Result<at::Tensor> concat_tensors(const std::vector<const DataProto*>& data, const std::string& key,
+                                  size_t position, bool in_order) {
   std::vector<at::Tensor> parts;
   parts.reserve(data.size());
-  for (const DataProto* d : data) parts.push_back(*d->batch().find(key));
+  for (const DataProto* d : data) parts.push_back(value_of(d->batch(), key, position, in_order));
   if (at::Tensor joined = internal::try_join_adjacent(parts); joined.defined()) return joined;
   std::string what = "concat: batch key '" + key + "'";
   return internal::guard(what.c_str(), [&]() -> Result<at::Tensor> { return at::cat(parts, 0); });
@@ -206,17 +230,24 @@ Result<DataProto> DataProto::concat(const std::vector<DataProto>& data) {
 
 Result<DataProto> DataProto::concat(const std::vector<const DataProto*>& data) {
   if (data.empty()) return make_error(ErrorCode::invalid_argument, "concat: no DataProto to concatenate");
-  TESSERA_RETURN_IF_ERROR(check_same_keys(data, &DataProto::batch, "batch"));
-  TESSERA_RETURN_IF_ERROR(check_same_keys(data, &DataProto::non_tensor_batch, "non_tensor_batch"));
+  TESSERA_ASSIGN_OR_RETURN(bool tensors_in_order, check_same_keys(data, &DataProto::batch, "batch"));
+  TESSERA_ASSIGN_OR_RETURN(bool columns_in_order,
+                           check_same_keys(data, &DataProto::non_tensor_batch, "non_tensor_batch"));
   TensorDict batch;
+  size_t position = 0;
   for (const auto& kv : data[0]->batch()) {
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor t, concat_tensors(data, kv.first));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor t, concat_tensors(data, kv.first, position++, tensors_in_order));
     batch.insert_or_assign(kv.first, std::move(t));
   }
   NonTensorBatch columns;
+  position = 0;
   for (const auto& kv : data[0]->non_tensor_batch()) {
     std::vector<Column> parts;
-    for (const DataProto* d : data) parts.push_back(*d->non_tensor_batch().find(kv.first));
+    parts.reserve(data.size());
+    for (const DataProto* d : data) {
+      parts.push_back(value_of(d->non_tensor_batch(), kv.first, position, columns_in_order));
+    }
+    ++position;
     auto joined = Column::concat(parts);
     if (!joined.ok()) return joined.status().with_context("concat: non_tensor_batch key '" + kv.first + "'");
     columns.insert_or_assign(kv.first, std::move(joined).value());

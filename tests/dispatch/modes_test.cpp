@@ -2,6 +2,7 @@
 // Expected rows are computed independently from row ids, not with the functions under test.
 #include <gtest/gtest.h>
 
+#include "dispatch/internal/concat_collect.hpp"
 #include "dispatch/internal/row_plan.hpp"
 #include "dispatch/modes.hpp"
 #include "tests/dispatch/test_util.hpp"
@@ -354,6 +355,30 @@ TEST(RowPlan, NoPlanWhereTheSplitDoesSomethingElse) {
                        [inner = builtin.split](const Args& a, const SplitContext& c) { return inner(a, c); },
                        builtin.collect};
   EXPECT_FALSE(internal::splits_rows_per_rank(wrapped));
+}
+
+// Note [Replies joined in place]: only the built-in concatenating collects are recognised, with
+// the padding each of them strips.
+TEST(ConcatCollect, OnlyTheBuiltInConcatenations) {
+  CollectContext c;
+  c.world_size = 4;
+  c.pad = 3;
+  auto mode = [](const char* name) { return *DispatchRegistry::global().find(name); };
+  EXPECT_EQ(internal::concat_collect_pad(mode(Dispatch::DP_COMPUTE_PROTO), c), std::optional<int64_t>(3));
+  EXPECT_EQ(internal::concat_collect_pad(mode(Dispatch::DP_COMPUTE_PROTO_WITH_FUNC), c),
+            std::optional<int64_t>(0));
+  for (const char* other : {Dispatch::ONE_TO_ALL, Dispatch::ALL_TO_ALL, Dispatch::DP_COMPUTE,
+                            Dispatch::DP_COMPUTE_METRIC}) {
+    EXPECT_FALSE(internal::concat_collect_pad(mode(other), c).has_value()) << other;
+  }
+  EXPECT_FALSE(internal::concat_collect_pad(make_nd_compute_dataproto_dispatch("tp"), c).has_value());
+  // DP_COMPUTE_PROTO's collect replaced by update_mode, even by a wrapper of the built-in one.
+  DispatchMode builtin = mode(Dispatch::DP_COMPUTE_PROTO);
+  DispatchMode wrapped{builtin.name, builtin.split,
+                       [inner = builtin.collect](const ValueList& v, const CollectContext& x) {
+                         return inner(v, x);
+                       }};
+  EXPECT_FALSE(internal::concat_collect_pad(wrapped, c).has_value());
 }
 
 }  // namespace

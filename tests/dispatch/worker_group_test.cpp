@@ -67,6 +67,20 @@ TEST_F(WorkerGroupTest, InProcessRanksGetViewsOfTheCallersTensorsWhoeverCutsThem
   }
 }
 
+// Note [Replies joined in place]: in process, the ranks' outputs are concatenated where they lie;
+// a rank that returns something else than a DataProto still gets the collect's own error.
+TEST_F(WorkerGroupTest, DpComputeProtoNamesTheRankThatReturnedNoDataProto) {
+  auto out = wg().call("tag_but_rank_1", {Value(rows(8))});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), ErrorCode::invalid_argument);
+  EXPECT_NE(out.status().message().find("DP_COMPUTE_PROTO: rank 1 returned json, expected a DataProto"),
+            std::string::npos)
+      << out.status().to_string();
+  auto fine = wg().call("tag", {Value(rows(8))});
+  ASSERT_TRUE(fine.ok()) << fine.status().to_string();
+  EXPECT_EQ(rank_column(fine->proto()), (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+}
+
 TEST_F(WorkerGroupTest, DpComputeProtoPadsAndUnpads) {
   auto out = wg().call("tag", {Value(rows(10, /*auto_padding=*/true))});
   ASSERT_TRUE(out.ok()) << out.status().to_string();

@@ -54,6 +54,10 @@ class DpWorker : public WorkerBase {
     });
     (void)m.add(MethodSpec{"leader", Dispatch::ONE_TO_ALL, ExecuteMode::rank_zero, true},
                 [r](const Args&) -> Result<Value> { return Value(nlohmann::json{{"rank", r}}); });
+    (void)m.add("tag_but_rank_1", Dispatch::DP_COMPUTE_PROTO, [r](const Args& a) -> Result<Value> {
+      if (r == 1) return Value(nlohmann::json{{"rank", r}});
+      return tag(r, a);
+    });
     (void)m.add("nd_tag", "nd:tp", [r](const Args& a) { return tag(r, a); });
     register_dispatch_collect_info("tp", r / 2, r % 2 == 0);
   }

@@ -2,6 +2,7 @@
 //
 //   tag        DP_COMPUTE_PROTO   y *= 2, adds int64 column "rank" (who processed each row)
 //   tag_async  DP_COMPUTE_PROTO, non-blocking (same body)
+//   tag_but_rank_1  DP_COMPUTE_PROTO  like tag, but rank 1 returns JSON {"rank": 1}
 //   info       ONE_TO_ALL         {"rank", "rows": rows of arg 0 or -1, "nargs"}
 //   info_all   ALL_TO_ALL         {"rank", "arg": arg 0}
 //   scale      DP_COMPUTE         arg * 10 + rank

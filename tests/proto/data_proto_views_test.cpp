@@ -222,6 +222,33 @@ TEST(DataProtoConcat, OverPointersMatchesOverValues) {
   }
 }
 
+// Inputs holding the same keys inserted in another order are joined key by key, and the
+// output keeps input 0's order.
+TEST(DataProtoConcat, KeysInAnotherOrderAreMatchedByName) {
+  DataProto a = make_proto(2);
+  DataProto b = make_proto(3);
+  TensorDict reversed_batch;
+  for (auto it = b.batch().end(); it != b.batch().begin();) {
+    --it;
+    reversed_batch.insert_or_assign(it->first, it->second);
+  }
+  NonTensorBatch reversed_columns;
+  for (auto it = b.non_tensor_batch().end(); it != b.non_tensor_batch().begin();) {
+    --it;
+    reversed_columns.insert_or_assign(it->first, it->second);
+  }
+  DataProto c = unwrap(DataProto::from_dict(reversed_batch, reversed_columns, b.meta_info()));
+  ASSERT_NE(c.batch().keys(), a.batch().keys());
+  ASSERT_NE(c.non_tensor_batch().keys(), a.non_tensor_batch().keys());
+  DataProto joined = unwrap(DataProto::concat({a, c}));
+  EXPECT_EQ(joined.batch().keys(), a.batch().keys());
+  EXPECT_EQ(joined.non_tensor_batch().keys(), a.non_tensor_batch().keys());
+  DataProto expected = unwrap(DataProto::concat({a, b}));
+  for (const auto& [key, t] : expected.batch()) EXPECT_TRUE(joined.batch().find(key)->equal(t)) << key;
+  EXPECT_EQ(uids(joined), expected_uids({0, 1, 0, 1, 2}));
+  EXPECT_EQ(joined.non_tensor_batch().find("score")->size(), 5);
+}
+
 TEST(DataProtoConcat, NonAdjacentInputsAreCopied) {
   DataProto d = make_proto(6);
   auto chunks = unwrap(d.chunk(3));
