@@ -29,7 +29,15 @@ void LocalLane::took_mailed() {
   if (mailed_ > 0) --mailed_;
 }
 
+void LocalLane::hold(std::shared_ptr<const void> reply) { held_.push_back(std::move(reply)); }
+
 void LocalLane::poll(const std::function<void(LocalCall&)>& handle) {
+  // Note [Replies freed by their worker]: on every return, outside the lock (declared first,
+  // destroyed last), the held replies are let go of.
+  struct LetGo {
+    std::vector<std::shared_ptr<const void>>& held;
+    ~LetGo() { held.clear(); }
+  } let_go{held_};
   if (idle_poll_.count() <= 0 || !polling_allowed()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -41,6 +49,11 @@ void LocalLane::poll(const std::function<void(LocalCall&)>& handle) {
   std::vector<std::shared_ptr<LocalCall>> taken;
   for (;;) {
     if (queued_.load(std::memory_order_acquire) == 0) {
+      // The replies whose callers are done: the last reference is this thread's, and dropping
+      // it (an acq_rel decrement) orders the destruction after the caller's use.
+      held_.erase(std::remove_if(held_.begin(), held_.end(),
+                                 [](const std::shared_ptr<const void>& r) { return r.use_count() == 1; }),
+                  held_.end());
       if (Clock::now() < deadline && !closed_.load(std::memory_order_acquire) && poll_yield()) {
         continue;
       }

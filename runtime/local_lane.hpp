@@ -24,7 +24,22 @@
 // channels' readers) stops polling altogether while such a thread keeps the CPU (Note [Polling
 // under contention] below). idle_poll = 0 disables polling (always mailed).
 //
-// Thread-safety: every member may be called from any thread; poll() from the worker's only.
+//
+// Note [Replies freed by their worker]
+// An in-process reply is a DataProto the worker made (its TensorImpls, vectors, strings, all
+// allocated on the worker's thread); the caller concatenates the replies where they lie (Note
+// [Replies joined in place], dispatch/) and then drops them. Destroying eight of them cost the
+// caller ~5k instructions per 8-rank call, on its serial path, on memory other cores wrote. So
+// the worker keeps a reference to each reply it sends (hold()) and its poll loop, idle anyway,
+// destroys the reply once its own reference is the last; the caller's part is one atomic
+// decrement. Nothing is kept longer than it would be otherwise plus one poll period: poll()
+// lets go of every reply it still holds when it returns, and a worker that does not poll never
+// holds one. The price: a caller that decodes such a reply into a Value (any collect but the
+// built-in concatenations) finds two references and copies the DataProto (tensors by
+// reference) instead of moving it.
+//
+// Thread-safety: every member may be called from any thread; poll() and hold() from the
+// worker's only.
 #pragma once
 
 #include <atomic>
@@ -34,6 +49,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <caf/actor_addr.hpp>
 
@@ -58,6 +74,11 @@ class LocalLane {
   /// none, then returns (the worker goes back to its mailbox). Returns at once when calls are
   /// still in the mailbox or polling is disabled.
   void poll(const std::function<void(LocalCall&)>& handle);
+  /// Worker, while answering a call: keeps a reference to `reply`, an in-process result that
+  /// the caller reads where it lies, so that this thread destroys it once the caller has let go
+  /// (Note [Replies freed by their worker]). poll() lets go of each as soon as the caller has, and
+  /// of all of them when it returns. REQUIRES: poll()'s thread.
+  void hold(std::shared_ptr<const void> reply);
   /// Worker, terminating: refuses further calls; destroys (so fails) the ones still queued.
   void close();
   /// True while the worker polls (calls handed off now skip the mailbox).
@@ -71,6 +92,7 @@ class LocalLane {
   size_t mailed_ = 0;              // mailed, not yet taken
   bool polling_ = false;
   std::atomic<bool> closed_{false};  // written under mutex_, polled without it
+  std::vector<std::shared_ptr<const void>> held_;  // poll()'s thread only: hold()
 };
 
 /// Process-wide lane of each in-process worker actor, by address (registered by the worker

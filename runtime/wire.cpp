@@ -127,7 +127,8 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
       if (!w.slices.empty()) return local_rows(w);
       // The consuming receiver holding the only reference takes the DataProto itself (the
       // object was created non-const: proto_to_wire); otherwise, e.g. a sender still holding
-      // its reference, it takes a copy (tensors by reference either way).
+      // its reference or a worker holding its reply (Note [Replies freed by their worker],
+      // runtime/local_lane.hpp), it takes a copy (tensors by reference either way).
       if (consume && w.local.use_count() == 1) {
         return Value(std::move(const_cast<proto::DataProto&>(*w.local)));
       }

@@ -108,9 +108,13 @@ void answer(DataPlane& dp, ReplySlot& slot, WireValue result) {
   for (const PayloadHandle& h : handles) (void)dp.release(h);
 }
 
-void run_local_call(WorkerActor self, LocalCall& call) {
+// `lane`: the worker's own, which holds in-process replies (Note [Replies freed by their worker]).
+void run_local_call(WorkerActor self, LocalCall& call, internal::LocalLane* lane) {
   Result<CallReply> r = invoke(self->state, call.request, call.caller_remote);
-  if (r.ok()) return answer(*self->state.env.data_plane, call.slot, std::move(r->result));
+  if (r.ok()) {
+    if (lane != nullptr && r->result.local) lane->hold(r->result.local);
+    return answer(*self->state.env.data_plane, call.slot, std::move(r->result));
+  }
   (void)call.slot.set(r.status().with_context(fmt::format(
       "{}, method '{}'", describe_worker(self->state.request.context), call.request.method)));
 }
@@ -133,8 +137,8 @@ caf::behavior worker_behavior(WorkerActor self, SpawnRequest request, WorkerHost
       },
       [=](call_atom, const std::shared_ptr<LocalCall>& call) {
         if (lane) lane->took_mailed();
-        run_local_call(self, *call);
-        if (lane) lane->poll([self](LocalCall& next) { run_local_call(self, next); });
+        run_local_call(self, *call, lane.get());
+        if (lane) lane->poll([self, l = lane.get()](LocalCall& next) { run_local_call(self, next, l); });
       },
       [=](call_atom, const CallRequest& req) -> caf::result<CallReply> {
         const auto& sender = self->current_sender();

@@ -143,11 +143,56 @@ TEST_F(LocalLane_, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
   }
 }
 
+// Note [Replies freed by their worker]: a held reply is destroyed on the polling thread once
+// the caller has dropped its reference, and a reply the caller keeps is let go of (not kept
+// alive by the lane) when polling ends.
+TEST_F(LocalLane_, HeldRepliesAreFreedByThePollingThreadOnceTheCallerLetsGo) {
+  LocalLane lane(microseconds(100000));
+  auto batch = make_batch(2);
+  std::atomic<std::thread::id> freed_on{};
+  std::atomic<bool> freed{false};
+  std::shared_ptr<const int> first;  // the caller's references
+  std::shared_ptr<const int> second;
+  std::thread::id worker_id;
+  std::thread worker([&] {
+    worker_id = std::this_thread::get_id();
+    lane.poll([&](LocalCall& c) {
+      auto reply = c.request.method == "0"
+                       ? std::shared_ptr<const int>(new int(0),
+                                                    [&](const int* p) {
+                                                      freed_on = std::this_thread::get_id();
+                                                      freed = true;
+                                                      delete p;
+                                                    })
+                       : std::make_shared<const int>(1);
+      (c.request.method == "0" ? first : second) = reply;  // the "caller" reads it after set()
+      lane.hold(reply);
+      EXPECT_TRUE(c.slot.set(WireValue{}));
+    });
+  });
+  await_polling(lane);
+  auto call = make_call(batch, 0);
+  ASSERT_TRUE(lane.try_hand_off(call));
+  auto other = make_call(batch, 1);
+  ASSERT_TRUE(lane.try_hand_off(other));
+  std::vector<Result<WireValue>> results = batch->wait();  // both answered
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  ASSERT_TRUE(first && second);
+  first.reset();  // done with the first reply: the worker destroys it while it polls
+  while (!freed) std::this_thread::yield();
+  EXPECT_EQ(freed_on.load(), worker_id);
+  worker.join();  // 100 ms without calls: polling ends
+  EXPECT_EQ(second.use_count(), 1) << "the lane let go of the reply the caller kept";
+}
+
 TEST_F(LocalLane_, DisabledPollingNeverTakesTheLane) {
   LocalLane lane(microseconds(0));
   int handled = 0;
+  auto reply = std::make_shared<const int>(7);
+  lane.hold(reply);  // as a worker answering a mailed call does before it polls
   lane.poll([&](LocalCall&) { ++handled; });
   EXPECT_FALSE(lane.polling());
+  EXPECT_EQ(reply.use_count(), 1) << "a lane that does not poll holds nothing";
   auto batch = make_batch(1);
   auto call = make_call(batch, 0);
   EXPECT_FALSE(lane.try_hand_off(call));
