@@ -335,7 +335,9 @@ DispatchMode make_nd_compute_dataproto_dispatch(const std::string& mesh_name) {
 }
 
 DispatchRegistry::DispatchRegistry() {
-  auto add = [this](const char* n, SplitFn s, CollectFn c) { modes_[n] = DispatchMode{n, std::move(s), std::move(c)}; };
+  auto add = [this](const char* n, SplitFn s, CollectFn c) {
+    modes_[n] = std::make_shared<const DispatchMode>(DispatchMode{n, std::move(s), std::move(c)});
+  };
   add(Dispatch::ONE_TO_ALL, split_one_to_all, collect_list);
   add(Dispatch::ALL_TO_ALL, split_all_to_all, collect_list);
   add(Dispatch::DP_COMPUTE, split_dp_compute, collect_dp_compute);
@@ -359,7 +361,8 @@ Status DispatchRegistry::register_mode(DispatchMode mode) {
   std::lock_guard<std::mutex> lock(mu_);
   if (modes_.count(mode.name))
     return make_error(ErrorCode::already_exists, "dispatch mode '{}' is already registered", mode.name);
-  modes_[mode.name] = std::move(mode);
+  std::string name = mode.name;
+  modes_[name] = std::make_shared<const DispatchMode>(std::move(mode));
   return Status();
 }
 
@@ -370,12 +373,19 @@ Status DispatchRegistry::update_mode(DispatchMode mode) {
   auto it = modes_.find(mode.name);
   if (it == modes_.end())
     return make_error(ErrorCode::not_found, "cannot update unknown dispatch mode '{}'", mode.name);
-  it->second = std::move(mode);
+  it->second = std::make_shared<const DispatchMode>(std::move(mode));
   return Status();
 }
 
 Result<DispatchMode> DispatchRegistry::find(const std::string& name) const {
-  if (name.rfind("nd:", 0) == 0 && name.size() > 3) return make_nd_compute_dataproto_dispatch(name.substr(3));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const DispatchMode> mode, find_shared(name));
+  return *mode;
+}
+
+Result<std::shared_ptr<const DispatchMode>> DispatchRegistry::find_shared(const std::string& name) const {
+  if (name.rfind("nd:", 0) == 0 && name.size() > 3) {
+    return std::make_shared<const DispatchMode>(make_nd_compute_dataproto_dispatch(name.substr(3)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = modes_.find(name);
   if (it != modes_.end()) return it->second;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -128,6 +129,9 @@ class DispatchRegistry {
   /// The mode called `name`; "nd:<mesh>" names are created on first use. Error lists the
   /// known names.
   Result<DispatchMode> find(const std::string& name) const;
+  /// As find(), without copying the mode's functions (a reference count instead): the mode as
+  /// it was when looked up, still valid after update_mode replaces it.
+  Result<std::shared_ptr<const DispatchMode>> find_shared(const std::string& name) const;
   /// Whether `name` resolves (built-in, registered, or an nd: name).
   bool contains(const std::string& name) const;
   /// Registered names, sorted.
@@ -135,7 +139,7 @@ class DispatchRegistry {
 
  private:
   mutable std::mutex mu_;
-  std::map<std::string, DispatchMode> modes_;
+  std::map<std::string, std::shared_ptr<const DispatchMode>> modes_;
 };
 
 /// Convenience: look up `mode` in `registry`, split `args`.

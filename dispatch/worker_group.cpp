@@ -270,7 +270,7 @@ Result<Value> collect_state(FutureState& s, const MethodSpec& spec, bool consume
       parts.reserve(results->size());
       for (const runtime::WireValue& w : *results) {
         if (w.kind != static_cast<uint8_t>(runtime::WireKind::proto_local) || !w.local ||
-            !w.slices.empty()) {
+            w.local_end >= 0) {
           break;
         }
         parts.push_back(w.local.get());
@@ -366,7 +366,9 @@ Result<MeshDispatchInfo> WorkerGroup::mesh_info(const std::string& mesh) {
 
 Result<Value> WorkerGroup::invoke(const MethodSpec& spec, const Args& args, bool blocking) {
   auto where = [&] { return fmt::format("{}.{}", name_, spec.name); };  // errors only
-  TESSERA_ASSIGN_OR_RETURN(DispatchMode mode, DispatchRegistry::global().find(spec.dispatch_mode));
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const DispatchMode> found,
+                           DispatchRegistry::global().find_shared(spec.dispatch_mode));
+  const DispatchMode& mode = *found;
   SplitContext sctx;
   sctx.world_size = world_size();
   sctx.auto_padding = options_.auto_padding;

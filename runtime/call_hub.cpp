@@ -255,7 +255,7 @@ std::string call_label(const WorkerContext& c, const std::string& method) {
 
 // A message to a terminated actor is dropped (and destroyed): the slot's destructor then fails
 // the target, as it does for an invalid handle, whose LocalCall is destroyed right here.
-void send_local_call(const caf::actor& worker, CallRequest request, bool caller_remote,
+void send_local_call(const caf::actor& worker, CallRequest&& request, bool caller_remote,
                      const std::shared_ptr<CallBatch>& batch, size_t index) {
   auto call = std::make_shared<LocalCall>(std::move(request), caller_remote, batch, index);
   if (std::shared_ptr<internal::LocalLane> lane = internal::find_lane(worker.address())) {

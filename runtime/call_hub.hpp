@@ -147,7 +147,7 @@ class ReplySlot {
 
 /// A call to an in-process worker (Note [Call paths]); a local-only message.
 struct LocalCall {
-  LocalCall(CallRequest r, bool remote, const std::shared_ptr<CallBatch>& batch, size_t index)
+  LocalCall(CallRequest&& r, bool remote, const std::shared_ptr<CallBatch>& batch, size_t index)
       : request(std::move(r)), caller_remote(remote), slot(batch, index) {}
   CallRequest request;
   bool caller_remote = false;  ///< The result goes to another process (inline small ones).
@@ -176,7 +176,7 @@ std::string call_label(const WorkerContext& context, const std::string& method);
 /// Sends `request` to the in-process `worker` as a LocalCall answering target `index` of
 /// `batch` (failed at once if `worker` is invalid or already gone).
 /// REQUIRES: index < batch->size().
-void send_local_call(const caf::actor& worker, CallRequest request, bool caller_remote,
+void send_local_call(const caf::actor& worker, CallRequest&& request, bool caller_remote,
                      const std::shared_ptr<CallBatch>& batch, size_t index);
 
 /// The driver-side call router (one per process).

@@ -65,6 +65,10 @@ struct WireValue {
   std::vector<PayloadSlice> slices;
   std::vector<WireValue> items;
   std::shared_ptr<const proto::DataProto> local;  ///< proto_local only; not serialised.
+  /// proto_local only, not serialised: the receiver takes rows [local_begin, local_end) of
+  /// *local (Note [Chunks cut by the receiver], runtime/wire.hpp); local_end < 0: all of it.
+  int64_t local_begin = 0;
+  int64_t local_end = -1;
 };
 
 /// What a worker knows about its place in its group (verl's WORLD_SIZE, RANK, LOCAL_RANK,

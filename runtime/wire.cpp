@@ -86,12 +86,11 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
 // view. The whole stays shared (other ranks cut theirs from it), so it is never moved from.
 Result<Value> local_rows(const WireValue& w) {
   const int64_t rows = w.local->size();
-  const PayloadSlice& s = w.slices.front();
-  if (w.slices.size() != 1 || s.row_begin < 0 || s.row_begin > s.row_end || s.row_end > rows) {
-    return make_error(ErrorCode::corrupt_data, "an in-process row range [{}, {}) ({} slices) of a "
-                      "DataProto of {} rows", s.row_begin, s.row_end, w.slices.size(), rows);
+  if (w.local_begin < 0 || w.local_begin > w.local_end || w.local_end > rows) {
+    return make_error(ErrorCode::corrupt_data, "an in-process row range [{}, {}) of a DataProto "
+                      "of {} rows", w.local_begin, w.local_end, rows);
   }
-  TESSERA_ASSIGN_OR_RETURN(proto::DataProto piece, w.local->slice(s.row_begin, s.row_end));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto piece, w.local->slice(w.local_begin, w.local_end));
   return Value(std::move(piece));
 }
 
@@ -124,7 +123,7 @@ Result<Value> decode(const WireValue& w, DataPlane& dp, bool consume, Prefetched
         return make_error(ErrorCode::corrupt_data, "an in-process payload reference arrived "
                           "from another process");
       }
-      if (!w.slices.empty()) return local_rows(w);
+      if (w.local_end >= 0) return local_rows(w);
       // The consuming receiver holding the only reference takes the DataProto itself (the
       // object was created non-const: proto_to_wire); otherwise, e.g. a sender still holding
       // its reference or a worker holding its reply (Note [Replies freed by their worker],
@@ -154,7 +153,8 @@ WireValue local_rows_wire(std::shared_ptr<const proto::DataProto> whole, int64_t
   WireValue w;
   w.kind = static_cast<uint8_t>(WireKind::proto_local);
   w.local = std::move(whole);
-  w.slices.push_back(PayloadSlice{{}, begin, end});
+  w.local_begin = begin;
+  w.local_end = end;
   return w;
 }
 

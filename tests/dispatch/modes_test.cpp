@@ -263,10 +263,16 @@ TEST(Registry, CustomModesCanBeAddedAndUpdated) {
   auto s = split_args(reg, "REVERSE", {}, ctx(3));
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->per_rank[0][0].json(), 2);
+  auto before = reg.find_shared("REVERSE");  // what a call in flight looked up
+  ASSERT_TRUE(before.ok());
   reverse.collect = [](const ValueList& o, const CollectContext&) -> Result<Value> { return Value(o.front()); };
   ASSERT_TRUE(reg.update_mode(reverse).ok());
   CollectContext cc;
   EXPECT_EQ(collect_outputs(reg, "REVERSE", ExecuteMode::all, {Value(1), Value(2)}, cc)->json(), 1);
+  EXPECT_EQ((*before)->collect({Value(1), Value(2)}, cc)->json(), 2) << "the mode as looked up";
+  EXPECT_EQ((*reg.find_shared("REVERSE"))->collect({Value(1), Value(2)}, cc)->json(), 1);
+  EXPECT_EQ((*reg.find_shared("nd:tp"))->name, "nd:tp");
+  EXPECT_EQ(reg.find_shared("MISSING").status().code(), ErrorCode::not_found);
   DispatchMode unknown = reverse;
   unknown.name = "NOPE";
   EXPECT_EQ(reg.update_mode(unknown).code(), ErrorCode::not_found);

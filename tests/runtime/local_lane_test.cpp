@@ -482,6 +482,25 @@ TEST(InProcessValues, AReferenceArrivingFromAnotherProcessIsRefused) {
   EXPECT_NE(v.status().message().find("another process"), std::string::npos);
 }
 
+// Note [Chunks cut by the receiver]: an in-process value with a row range decodes to a view of
+// those rows; a range outside the DataProto is refused (corrupt data), not cut.
+TEST(InProcessValues, ARowRangeDecodesToAViewOfThoseRows) {
+  RuntimeConfig cfg;
+  auto rt = Runtime::start(cfg, testing::test_registry());
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  at::Tensor x = torch::arange(12, torch::kFloat32).view({6, 2});
+  auto whole = std::make_shared<const proto::DataProto>(*proto::DataProto::from_dict({{"x", x}}));
+  Result<Value> v = from_wire(local_rows_wire(whole, 2, 5), (*rt)->data_plane(), true);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(torch::equal(*v->proto().batch().find("x"), x.slice(0, 2, 5)));
+  EXPECT_EQ(v->proto().batch().find("x")->data_ptr<float>(), x.data_ptr<float>() + 4);
+  EXPECT_EQ(whole->size(), 6) << "the shared DataProto is left whole";
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{4, 7}, {-1, 2}, {3, 2}}) {
+    Result<Value> bad = from_wire(local_rows_wire(whole, begin, end), (*rt)->data_plane(), true);
+    EXPECT_EQ(bad.status().code(), ErrorCode::corrupt_data) << begin << ".." << end;
+  }
+}
+
 // to_wire(Value&&) moves the DataProto into an in-process wire value (the caller's tensors, by
 // reference). A decode that does not consume, or one while someone else still holds the
 // reference (a sender that kept it), copies the DataProto (tensors still by reference) and
