@@ -2,6 +2,7 @@
 #include "runtime/call_hub.hpp"
 
 #include <algorithm>
+#include <thread>
 #include <unordered_map>
 
 #include <caf/actor_clock.hpp>
@@ -171,43 +172,49 @@ CallBatch::CallBatch(CallLabels labels,
                      std::chrono::steady_clock::time_point deadline,
                      std::chrono::microseconds idle_poll)
     : labels_(std::move(labels)), deadline_(deadline), idle_poll_(idle_poll),
-      results_(labels_.size()) {
+      slots_(labels_.size()) {
   live_batches.fetch_add(1);
 }
 
 CallBatch::~CallBatch() { live_batches.fetch_sub(1); }
 
 std::vector<Result<WireValue>> CallBatch::wait() {
-  auto complete = [&] { return done_.load(std::memory_order_acquire) == results_.size(); };
+  auto complete = [&] { return done_.load(std::memory_order_acquire) == slots_.size(); };
   (void)internal::poll_until(complete, idle_poll_);  // Note [Local lanes]
   std::unique_lock<std::mutex> lock(mutex_);
   if (deadline_ == std::chrono::steady_clock::time_point::max()) {
     cv_.wait(lock, complete);  // wait_until(max) can overflow into "timed out" at once
   } else if (!cv_.wait_until(lock, deadline_, complete)) {
     lock.unlock();
-    for (size_t i = 0; i < results_.size(); ++i) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
       set(i, make_error(ErrorCode::timeout, "{}: no answer before the call's deadline",
                         labels_[i]));
     }
+    // A target claimed just before the deadline is being written: it is counted in a moment.
+    while (!complete()) std::this_thread::yield();
     lock.lock();
   }
   std::vector<Result<WireValue>> out;
-  out.reserve(results_.size());
-  for (auto& r : results_) out.push_back(std::move(*r));
+  out.reserve(slots_.size());
+  for (Slot& slot : slots_) out.push_back(std::move(*slot.value));
   return out;
 }
 
 bool CallBatch::ready() const {
-  return done_.load(std::memory_order_acquire) == results_.size();
+  return done_.load(std::memory_order_acquire) == slots_.size();
 }
 
+// Note [Lock-free outcomes] (call_hub.hpp).
 bool CallBatch::set(size_t i, Result<WireValue> result) {
+  Slot& slot = slots_[i];
+  if (slot.claimed.exchange(true, std::memory_order_acq_rel)) return false;
+  slot.value = std::move(result);
+  if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 < slots_.size()) return true;
   std::function<void()> callback;
   {
+    // The last outcome. Under the lock, so that a wait() about to sleep sees done_ complete or
+    // gets this notification, and on_complete() either sees it or hands its callback over.
     std::lock_guard<std::mutex> lock(mutex_);
-    if (results_[i].has_value()) return false;
-    results_[i] = std::move(result);
-    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 < results_.size()) return true;
     callback = std::move(on_complete_);
     cv_.notify_all();
   }
@@ -218,7 +225,7 @@ bool CallBatch::set(size_t i, Result<WireValue> result) {
 void CallBatch::on_complete(std::function<void()> f) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (done_ < results_.size()) {
+    if (done_.load(std::memory_order_acquire) < slots_.size()) {
       on_complete_ = std::move(f);
       return;
     }

@@ -117,13 +117,21 @@ class CallBatch {
   std::string label(size_t i) const { return labels_[i]; }
 
  private:
-  mutable std::mutex mutex_;
+  // Note [Lock-free outcomes]: set() claims its target's slot with one atomic exchange and
+  // counts it in done_; only the last outcome takes mutex_ (to wake a sleeping wait() and take
+  // on_complete_). So ranks answering at once do not queue on a lock, and a polling wait()
+  // reads done_ alone.
+  struct Slot {
+    std::atomic<bool> claimed{false};        // the first set() for this target takes it
+    std::optional<Result<WireValue>> value;  // written by that set(), read once done_ counts it
+  };
+  mutable std::mutex mutex_;  // cv_, on_complete_
   std::condition_variable cv_;
   CallLabels labels_;
   std::chrono::steady_clock::time_point deadline_;
   std::chrono::microseconds idle_poll_;
-  std::vector<std::optional<Result<WireValue>>> results_;
-  std::atomic<size_t> done_{0};  // written under mutex_, polled without it
+  std::vector<Slot> slots_;
+  std::atomic<size_t> done_{0};  // outcomes written (a release per set(), acquired by readers)
   std::function<void()> on_complete_;
 };
 

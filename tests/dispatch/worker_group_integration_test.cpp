@@ -44,7 +44,9 @@ class WorkerGroupCluster : public testing::DpGroupSuite<WorkerGroupCluster> {
     stop_suite();
     for (auto*& a : agents_) {
       if (a != nullptr) a->signal(SIGTERM);
-      if (a != nullptr) EXPECT_TRUE(a->wait(std::chrono::seconds(10)).ok());
+      if (a != nullptr) {
+        EXPECT_TRUE(a->wait(std::chrono::seconds(10)).ok());
+      }
       delete a;
       a = nullptr;
     }
@@ -62,7 +64,9 @@ TEST_F(WorkerGroupCluster, DpComputeProtoWithAndWithoutPadding) {
       EXPECT_EQ(ids(out->proto()), iota(n));
       EXPECT_EQ(rank_column(out->proto()), owners(n, 4));
       EXPECT_TRUE(torch::equal(*out->proto().tensor("y"), *in.tensor("y") * 2));
-      if (wide) EXPECT_TRUE(torch::equal(*out->proto().tensor("wide"), *in.tensor("wide")));
+      if (wide) {
+        EXPECT_TRUE(torch::equal(*out->proto().tensor("wide"), *in.tensor("wide")));
+      }
     }
   }
   EXPECT_FALSE(wg().call("tag", {Value(rows(10))}).ok());  // 10 rows, 4 ranks, no padding

@@ -185,6 +185,58 @@ TEST_F(LocalLane_, HeldRepliesAreFreedByThePollingThreadOnceTheCallerLetsGo) {
   EXPECT_EQ(second.use_count(), 1) << "the lane let go of the reply the caller kept";
 }
 
+// Note [Lock-free outcomes]: outcomes set from many threads at once, two per target, keep the
+// first per target only, and the batch completes exactly once.
+TEST(CallBatchOutcomes, ManyThreadsAtOnceFirstOutcomePerTargetWins) {
+  constexpr size_t kTargets = 8;
+  for (int round = 0; round < 50; ++round) {
+    auto batch = make_batch(kTargets);
+    std::atomic<int> completions{0};
+    batch->on_complete([&] { ++completions; });
+    std::atomic<int> accepted{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < kTargets; ++t) {
+      threads.emplace_back([&, t] {
+        while (!go.load()) std::this_thread::yield();
+        // Target t gets "own"; the next target gets a competing "other".
+        if (batch->set(t, json_wire(nlohmann::json{{"from", t}, {"own", true}}))) ++accepted;
+        if (batch->set((t + 1) % kTargets, json_wire(nlohmann::json{{"from", t}, {"own", false}}))) {
+          ++accepted;
+        }
+      });
+    }
+    go = true;
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(accepted.load(), static_cast<int>(kTargets));
+    EXPECT_TRUE(batch->ready());
+    EXPECT_EQ(completions.load(), 1);
+    std::vector<Result<WireValue>> results = batch->wait();
+    ASSERT_EQ(results.size(), kTargets);
+    for (size_t i = 0; i < kTargets; ++i) {
+      ASSERT_TRUE(results[i].ok());
+      nlohmann::json j = nlohmann::json::parse(results[i]->json);
+      const size_t from = j.at("from").get<size_t>();
+      EXPECT_EQ(j.at("own").get<bool>() ? from : (from + 1) % kTargets, i) << "round " << round;
+    }
+    EXPECT_FALSE(batch->set(0, json_wire(nlohmann::json(1)))) << "complete: later outcomes ignored";
+  }
+}
+
+// A deadline that passes fails the unanswered targets with timeout and keeps the answered ones.
+TEST(CallBatchOutcomes, TheDeadlineFailsOnlyTheUnansweredTargets) {
+  auto batch = std::make_shared<CallBatch>(CallLabels(std::vector<std::string>{"a", "b", "c"}),
+                                           std::chrono::steady_clock::now());
+  ASSERT_TRUE(batch->set(1, json_wire(nlohmann::json(7))));
+  std::vector<Result<WireValue>> results = batch->wait();
+  EXPECT_EQ(results[0].status().code(), ErrorCode::timeout);
+  EXPECT_NE(results[0].status().message().find("a: no answer"), std::string::npos);
+  ASSERT_TRUE(results[1].ok());
+  EXPECT_EQ(results[1]->json, "7");
+  EXPECT_EQ(results[2].status().code(), ErrorCode::timeout);
+  EXPECT_FALSE(batch->set(2, json_wire(nlohmann::json(8)))) << "too late";
+}
+
 TEST_F(LocalLane_, DisabledPollingNeverTakesTheLane) {
   LocalLane lane(microseconds(0));
   int handled = 0;

@@ -58,7 +58,7 @@ class WorkerActorTest : public ::testing::Test {
                                 SpawnRequest{ctx, std::move(roles)});
     sched().run();
     Result<WorkerRef> out = Status(ErrorCode::internal, "no reply");
-    handle.receive([&](caf::actor& a) { out = WorkerRef{a, ctx, true}; },
+    handle.receive([&](caf::actor& a) { out = WorkerRef{a, ctx, true, {}, nullptr}; },
                    [&](caf::error& e) { out = to_status(e); });
     return out;
   }
@@ -178,7 +178,7 @@ TEST_F(WorkerActorTest, ADeadAgentFailsAllItsPendingCallsAtOnce) {
   caf::actor hole = sys_->system().spawn(silent_agent);
   hub_->watch_agent(hole, "node-b:7700");
   WorkerContext ctx{"actor", 3, 4, 1, 2, "cpu:1", "node-b", "", 0};
-  WorkerRef ref{hole, ctx, false, hole};
+  WorkerRef ref{hole, ctx, false, hole, nullptr};
   hub_->watch_worker(ref);
   CallRequest req;
   req.method = "update_actor";
@@ -204,7 +204,7 @@ TEST_F(WorkerActorTest, ADeadAgentFailsAllItsPendingCallsAtOnce) {
 TEST_F(WorkerActorTest, EveryRemoteRequestHasAFiniteTimeout) {
   caf::actor hole = sys_->system().spawn(silent_agent);
   hub_->watch_agent(hole, "node-a:7700");
-  WorkerRef ref{hole, WorkerContext{"g", 0, 1, 0, 1, "cpu:0", "node-a", "", 0}, false, hole};
+  WorkerRef ref{hole, WorkerContext{"g", 0, 1, 0, 1, "cpu:0", "node-a", "", 0}, false, hole, nullptr};
   CallRequest req;
   req.method = "generate_sequences";
   auto batch = hub_->call({ref}, {req}, Millis(50));
@@ -281,7 +281,7 @@ TEST_F(WorkerActorTest, AnAgentCallsOnlyWorkersItHostsForThatDriver) {
   hub_->watch_agent(agent_, "test-agent");
   caf::actor stranger = sys_->system().spawn(silent_agent);  // not spawned by the agent
   WorkerRef ref{stranger, WorkerContext{"g", 4, 5, 0, 1, "cpu:0", "test-host", "", 0}, false,
-                agent_};
+                agent_, nullptr};
   CallRequest req;
   req.method = "rank_info";
   auto batch = hub_->call({ref}, {req});
@@ -332,7 +332,7 @@ TEST_F(WorkerActorTest, AHungRemoteWorkersCallReleasesEverythingAtItsDeadline) {
   auto log = std::make_shared<HungAgentLog>();
   caf::actor agent = sys_->system().spawn(hung_agent, log);
   hub_->watch_agent(agent, "node-h:7700");
-  WorkerRef ref{agent, WorkerContext{"g", 2, 4, 0, 1, "cpu:0", "node-h", "", 0}, false, agent};
+  WorkerRef ref{agent, WorkerContext{"g", 2, 4, 0, 1, "cpu:0", "node-h", "", 0}, false, agent, nullptr};
   CallCounters before = call_counters();
   CallRequest req;
   req.method = "compute_log_prob";
@@ -369,7 +369,7 @@ TEST_F(WorkerActorTest, AMalformedAgentReplyIsAnErrorNotAnOverRead) {
   for (const AgentCallReply& reply : {no_answers, unknown_code}) {
     caf::actor fake = sys_->system().spawn(scripted_agent, reply);
     hub_->watch_agent(fake, "node-c:7700");
-    WorkerRef ref{fake, WorkerContext{"g", 5, 6, 1, 2, "cpu:1", "node-c", "", 0}, false, fake};
+    WorkerRef ref{fake, WorkerContext{"g", 5, 6, 1, 2, "cpu:1", "node-c", "", 0}, false, fake, nullptr};
     CallRequest req;
     req.method = "compute_values";
     auto batch = hub_->call({ref}, {req});
