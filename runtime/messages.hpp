@@ -50,10 +50,9 @@ enum class WireKind : uint8_t {
   proto_slices = 2,  ///< `slices` are fetched and concatenated in order into one DataProto.
   list = 3,          ///< `items` is a list of values.
   /// `local` points at the DataProto itself: sender and receiver share this process (Note
-  /// [In-process values] in runtime/wire.hpp). With one entry in `slices`, the value is rows
-  /// [row_begin, row_end) of *local, cut by the receiver (Note [Chunks cut by the receiver]; the
-  /// entry's handle is unused). Never serialised: arriving from another process, it is refused
-  /// as corrupt.
+  /// [In-process values] in runtime/wire.hpp). With local_end >= 0, the value is rows
+  /// [local_begin, local_end) of *local, cut by the receiver (Note [Chunks cut by the receiver]).
+  /// Never serialised: arriving from another process, it is refused as corrupt.
   proto_local = 4,
 };
 
