@@ -24,7 +24,6 @@
 // channels' readers) stops polling altogether while such a thread keeps the CPU (Note [Polling
 // under contention] below). idle_poll = 0 disables polling (always mailed).
 //
-//
 // Note [Replies freed by their worker]
 // An in-process reply is a DataProto the worker made (its TensorImpls, vectors, strings, all
 // allocated on the worker's thread); the caller concatenates the replies where they lie (Note
