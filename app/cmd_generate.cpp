@@ -2,15 +2,17 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "app/commands.hpp"
-#include "workers/models/chat_template.hpp"
+#include "proto/device.hpp"
+#include "workers/tokenizer/chat_template.hpp"
 #include "workers/models/model_io.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 #include "workers/rollout/kv_engine.hpp"
 
 namespace tessera::app {
@@ -23,7 +25,18 @@ struct GenerateArgs {
   int64_t max_new_tokens = 64;
   double temperature = 0.0;  // 0: greedy
   uint64_t seed = 0;
+  std::string device = "cpu";
+  std::string dtype = "auto";  // auto: the checkpoint's
 };
+
+// --dtype: auto (the checkpoint's), float32, bfloat16 or float16.
+Result<std::optional<c10::ScalarType>> parse_dtype(const std::string& name) {
+  if (name == "auto") return std::optional<c10::ScalarType>();
+  if (name == "float32" || name == "fp32") return std::optional<c10::ScalarType>(c10::ScalarType::Float);
+  if (name == "bfloat16" || name == "bf16") return std::optional<c10::ScalarType>(c10::ScalarType::BFloat16);
+  if (name == "float16" || name == "fp16") return std::optional<c10::ScalarType>(c10::ScalarType::Half);
+  return make_error(ErrorCode::invalid_argument, "--dtype {}: expected auto, float32, bfloat16 or float16", name);
+}
 
 // Left-padded prompt batch with the rollout contract's meta_info.
 Result<proto::DataProto> prompt_batch(const std::vector<std::vector<int32_t>>& ids, int64_t pad, int64_t eos) {
@@ -44,12 +57,12 @@ Result<proto::DataProto> prompt_batch(const std::vector<std::vector<int32_t>>& i
   return d;
 }
 
-Result<std::vector<std::vector<int32_t>>> encode_prompts(const models::Tokenizer& tok, const GenerateArgs& a) {
+Result<std::vector<std::vector<int32_t>>> encode_prompts(const tokenizer::Tokenizer& tok, const GenerateArgs& a) {
   std::vector<std::vector<int32_t>> out;
   for (const auto& p : a.prompts) {
     std::string text = p;
     if (a.chat) {
-      TESSERA_ASSIGN_OR_RETURN(auto tmpl, models::ChatTemplate::from_name("auto", tok.config()));
+      TESSERA_ASSIGN_OR_RETURN(auto tmpl, tokenizer::ChatTemplate::from_name("auto", tok.config()));
       TESSERA_ASSIGN_OR_RETURN(text, tmpl.render({{"user", p}}, /*add_generation_prompt=*/true));
     }
     TESSERA_ASSIGN_OR_RETURN(auto ids, tok.encode(text));
@@ -60,8 +73,14 @@ Result<std::vector<std::vector<int32_t>>> encode_prompts(const models::Tokenizer
 }
 
 Status generate(const GenerateArgs& a) {
-  TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(a.model));
-  TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(a.model));
+  models::LoadOptions load;
+  TESSERA_ASSIGN_OR_RETURN(load.dtype, parse_dtype(a.dtype));
+  TESSERA_ASSIGN_OR_RETURN(c10::Device device, proto::parse_device(a.device));
+  TESSERA_RETURN_IF_ERROR(proto::require_device(device).with_context("--device"));
+  load.device = device;
+  proto::DeviceScope on_device(device);
+  TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(a.model, load));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(a.model));
   const auto eos = tok.eos_token_id();
   if (!eos) return make_error(ErrorCode::invalid_argument, "{}: the tokenizer has no eos_token", a.model);
   const int64_t pad = tok.pad_token_id().value_or(*eos);
@@ -76,8 +95,10 @@ Status generate(const GenerateArgs& a) {
   rc.do_sample = a.temperature > 0;
   TESSERA_ASSIGN_OR_RETURN(auto engine, rollout::KVCacheEngine::create(model, rc, rollout::EngineOptions{a.seed}));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, prompt_batch(ids, pad, *eos));
+  TESSERA_RETURN_IF_ERROR(batch.to(device));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, engine->generate_sequences(batch));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, out.tensor("responses"));
+  responses = responses.to(at::kCPU);
   for (size_t i = 0; i < a.prompts.size(); ++i) {
     std::vector<int32_t> row;
     for (int64_t j = 0; j < responses.size(1); ++j) {
@@ -102,6 +123,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new-tokens", args.max_new_tokens, "response length limit")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temperature", args.temperature, "0 (default): greedy; > 0: sampling")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", args.seed, "sampling seed");
+  cmd->add_option("--device", args.device, "where the model runs: cpu (default) or cuda[:I]");
+  cmd->add_option("--dtype", args.dtype, "parameter dtype: auto (the checkpoint's, default), float32, bfloat16, float16");
   cmd->callback([] {
     Status st = generate(args);
     if (!st.ok()) std::fprintf(stderr, "tessera generate: %s\n", st.to_string().c_str());

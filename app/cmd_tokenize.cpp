@@ -1,4 +1,4 @@
-// cmd_tokenize.cpp: `tessera tokenize`, a thin shell over tessera::models::Tokenizer.
+// cmd_tokenize.cpp: `tessera tokenize`, a thin shell over tessera::tokenizer::Tokenizer.
 //
 //   tessera tokenize --tokenizer DIR [--chat [--chat-template auto|chatml|plain]] TEXT
 //       prints the ids of TEXT as a JSON list (with --chat, TEXT is one user message rendered
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "app/commands.hpp"
-#include "workers/models/chat_template.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/chat_template.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::app {
 namespace {
@@ -74,22 +74,22 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
-Status run_decode(const models::Tokenizer& tok, const TokenizeOptions& o) {
+Status run_decode(const tokenizer::Tokenizer& tok, const TokenizeOptions& o) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_ids(o.decode_ids));
-  models::DecodeOptions options;
+  tokenizer::DecodeOptions options;
   options.skip_special_tokens = o.skip_special_tokens;
   TESSERA_ASSIGN_OR_RETURN(std::string text, tok.decode(ids, options));
   std::cout << text << "\n";
   return Status();
 }
 
-Status run_encode(const models::Tokenizer& tok, const TokenizeOptions& o) {
+Status run_encode(const tokenizer::Tokenizer& tok, const TokenizeOptions& o) {
   std::string text = o.text;
   if (o.chat) {
-    TESSERA_ASSIGN_OR_RETURN(auto tmpl, models::ChatTemplate::from_name(o.chat_template, tok.config()));
-    TESSERA_ASSIGN_OR_RETURN(text, tmpl.render({models::ChatMessage{"user", o.text}}, /*add_generation_prompt=*/true));
+    TESSERA_ASSIGN_OR_RETURN(auto tmpl, tokenizer::ChatTemplate::from_name(o.chat_template, tok.config()));
+    TESSERA_ASSIGN_OR_RETURN(text, tmpl.render({tokenizer::ChatMessage{"user", o.text}}, /*add_generation_prompt=*/true));
   }
-  models::EncodeOptions options;
+  tokenizer::EncodeOptions options;
   options.add_special_tokens = o.add_special_tokens;
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(text, options));
   std::cout << nlohmann::json(ids).dump() << "\n";
@@ -97,7 +97,7 @@ Status run_encode(const models::Tokenizer& tok, const TokenizeOptions& o) {
 }
 
 Status run_tokenize(const TokenizeOptions& o) {
-  TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(o.dir));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(o.dir));
   if (!o.decode_ids.empty()) {
     if (!o.text.empty() || o.chat) return make_error(ErrorCode::invalid_argument, "--decode takes no TEXT and no --chat");
     return run_decode(tok, o);

@@ -12,7 +12,7 @@
 #include "app/worker_types.hpp"
 #include "driver/config.hpp"
 #include "driver/data.hpp"
-#include "workers/models/chat_template.hpp"
+#include "workers/tokenizer/chat_template.hpp"
 
 namespace tessera::app {
 namespace {
@@ -318,8 +318,8 @@ Status Repl::cmd_generate(const std::vector<std::string>& w) {
   TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> custom,
                            driver::config_get_or<std::optional<std::string>>(
                                trainer_->config(), "actor_rollout_ref.model.custom_chat_template", std::nullopt));
-  TESSERA_ASSIGN_OR_RETURN(models::ChatTemplate ct,
-                           models::ChatTemplate::from_name(custom.value_or("auto"), trainer_->tokenizer().config()));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate ct,
+                           tokenizer::ChatTemplate::from_name(custom.value_or("auto"), trainer_->tokenizer().config()));
   TESSERA_ASSIGN_OR_RETURN(std::string text, ct.render({{"user", w[1]}}, /*add_generation_prompt=*/true));
   TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, trainer_->tokenizer().encode(text));
   const int64_t n = g->world_size(), len = static_cast<int64_t>(ids.size());

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "workers/registry.hpp"
-#include "workers/sft_worker.hpp"
+#include "workers/roles/registry.hpp"
+#include "workers/roles/sft_worker.hpp"
 
 namespace tessera::app {
 

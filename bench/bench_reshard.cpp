@@ -22,9 +22,9 @@
 
 #include "dispatch/worker_group.hpp"
 #include "runtime/runtime.hpp"
-#include "workers/actor_rollout_ref_worker.hpp"
+#include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/models/init_model.hpp"
-#include "workers/registry.hpp"
+#include "workers/roles/registry.hpp"
 
 namespace {
 

@@ -5,8 +5,8 @@
 #   tessera_add_test(<name> SOURCES <src>... [DEPS <target>...] LABELS <label>...)
 #       -> executable bin/<name>, registered as one ctest entry with the labels
 #          (unit | integration | slow | gpu) and the environment TESSERA_SOURCE_DIR,
-#          TESSERA_SHARED_DIR (golden fixtures), TESSERA_BIN_DIR, OMP_NUM_THREADS=1 and
-#          TESSERA_MALLOC (the configured allocator).
+#          TESSERA_SHARED_DIR (golden fixtures), TESSERA_BIN_DIR, OMP_NUM_THREADS=1,
+#          TESSERA_MALLOC (the configured allocator) and TESSERA_PYTHON (reference Python).
 #   tessera_add_bench(<name> SOURCES <src>... [DEPS <target>...])
 #       -> Google Benchmark executable bin/<name>, run by bench/run.
 # Executables also link tessera_malloc (Note [Allocator] in the top CMakeLists.txt).
@@ -15,6 +15,24 @@
 # header (LibTorch + CAF). Identical flags everywhere are what make REUSE_FROM valid.
 
 set(TESSERA_SHARED_DIR "${CMAKE_SOURCE_DIR}/../shared" CACHE PATH "The shared/ folder (golden fixtures)")
+set(TESSERA_PYTHON "python3" CACHE STRING "Python with torch and transformers, for the reference tests")
+
+# LibTorch 2.x ships fmt headers of its own (fmt 12) in its include dir, which precedes
+# /usr/include; Tessera and Debian's spdlog are built against Debian's fmt (libfmt.so.9). A link
+# to the system fmt headers, searched as -I (before any -isystem dir), keeps one fmt.
+function(_tessera_pin_fmt_headers)
+  get_target_property(fmt_dirs fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  set(fmt_dir "")
+  foreach(d IN LISTS fmt_dirs ITEMS /usr/include)
+    if(NOT fmt_dir AND EXISTS "${d}/fmt/format.h")
+      set(fmt_dir "${d}")
+    endif()
+  endforeach()
+  set(link_root ${CMAKE_BINARY_DIR}/fmt-include)
+  file(MAKE_DIRECTORY ${link_root})
+  file(CREATE_LINK "${fmt_dir}/fmt" "${link_root}/fmt" SYMBOLIC)
+  target_include_directories(tessera_deps BEFORE INTERFACE ${link_root})
+endfunction()
 
 function(tessera_setup_pch)
   add_library(tessera_deps INTERFACE)
@@ -23,6 +41,7 @@ function(tessera_setup_pch)
     nlohmann_json::nlohmann_json yaml-cpp spdlog::spdlog fmt::fmt CLI11::CLI11
     PkgConfig::PCRE2 PNG::PNG ${READLINE_LIBRARY} Threads::Threads)
   target_include_directories(tessera_deps INTERFACE ${CMAKE_SOURCE_DIR})
+  _tessera_pin_fmt_headers()
   target_compile_options(tessera_deps INTERFACE -fPIC -Wall -Wextra -Wno-unused-parameter -Winvalid-pch)
   if(TESSERA_WITH_CUDA)
     target_link_libraries(tessera_deps INTERFACE tessera::nccl)
@@ -42,9 +61,36 @@ function(tessera_setup_pch)
     <torch/torch.h> <caf/all.hpp> <caf/io/all.hpp> <nlohmann/json.hpp> <fmt/format.h>)
 endfunction()
 
+# Note [Shared PCH]: the precompiled header holds <torch/torch.h> (LibTorch 2.x: ~0.8 GB). A TU
+# that includes <torch/torch.h> itself compiles in ~20 s with it instead of ~40 s without; a TU
+# that does not (headers keep <torch/torch.h> out, tests/layering checks it) compiles in ~10 s
+# without it and ~20 s with it, the load of the header being most of that. So the sources whose
+# own text includes <torch/torch.h> use the PCH, and the others skip it and get the PCH's other
+# headers (CAF, JSON, fmt) by -include instead, so both kinds see the same declarations. A file
+# that changes its includes only compiles faster or slower until the next configure.
 function(_tessera_target_common tgt)
   target_link_libraries(${tgt} PUBLIC tessera_deps)
   target_precompile_headers(${tgt} REUSE_FROM tessera_pch)
+  get_target_property(sources ${tgt} SOURCES)
+  foreach(src IN LISTS sources)
+    if(NOT src MATCHES "\\.(cpp|cc|cxx)$")
+      continue()
+    endif()
+    if(IS_ABSOLUTE "${src}")
+      set(path "${src}")
+    else()
+      get_target_property(dir ${tgt} SOURCE_DIR)
+      set(path "${dir}/${src}")
+    endif()
+    if(NOT EXISTS "${path}")
+      continue()  # generated later (capnp, config defaults): no LibTorch in them
+    endif()
+    file(STRINGS "${path}" torch_includes REGEX "#include <torch/torch.h>")
+    if(NOT torch_includes)
+      set_source_files_properties("${path}" TARGET_DIRECTORY ${tgt} PROPERTIES SKIP_PRECOMPILE_HEADERS ON
+        COMPILE_OPTIONS "-include;caf/all.hpp;-include;caf/io/all.hpp;-include;nlohmann/json.hpp;-include;fmt/format.h")
+    endif()
+  endforeach()
 endfunction()
 
 function(tessera_add_component name)
@@ -76,7 +122,7 @@ function(tessera_add_test name)
   set_tests_properties(${name} PROPERTIES
     LABELS "${ARG_LABELS}"
     TIMEOUT ${ARG_TIMEOUT}
-    ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;OMP_NUM_THREADS=1;TESSERA_MALLOC=${TESSERA_MALLOC}")
+    ENVIRONMENT "TESSERA_SOURCE_DIR=${CMAKE_SOURCE_DIR};TESSERA_SHARED_DIR=${TESSERA_SHARED_DIR};TESSERA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;OMP_NUM_THREADS=1;TESSERA_MALLOC=${TESSERA_MALLOC};TESSERA_PYTHON=${TESSERA_PYTHON}")
 endfunction()
 
 function(tessera_add_bench name)

@@ -73,12 +73,13 @@ case "${1:-}" in
     unpack
     export_env
     site="$(python_site)"
-    cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DTESSERA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_PREFIX_PATH="$PREFIX/usr;$site/torch/share/cmake" \
       -DNCCL_LIBRARY="$site/nvidia/nccl/lib/libnccl.so.2" \
       -DNCCL_INCLUDE_DIR="$site/nvidia/nccl/include" \
       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_CXX_FLAGS="-I$PREFIX/fmt/include" \
+      -DTESSERA_PYTHON="$(command -v python3)" \
       ${TESSERA_SHARED_DIR:+-DTESSERA_SHARED_DIR="$TESSERA_SHARED_DIR"}
     ;;
   build)

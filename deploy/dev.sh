@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
 # Tessera developer entry point.
 #
-#   deploy/dev.sh demo   install Debian packages, build into build/, run `tessera demo`
-#   deploy/dev.sh test   install Debian packages, build into build/, run ctest (not slow, not gpu)
-#   deploy/dev.sh deps   install Debian packages only
+#   deploy/dev.sh demo   install dependencies, build into build/, run `tessera demo`
+#   deploy/dev.sh test   install dependencies, build into build/, run ctest (not slow, not gpu)
+#   deploy/dev.sh deps   install dependencies only (Debian packages, and .venv from PyPI)
 #   deploy/dev.sh build  configure and build only
 #
 # Works from a fresh Debian 12 machine as root (or with sudo). Every step is idempotent.
+# LibTorch is the one inside PyPI's CUDA-enabled torch wheel, installed into $TESSERA_VENV
+# (default .venv) with the Python packages the tests compare against (Note [One LibTorch] in
+# CMakeLists.txt). CUDA is compiled in whenever /usr/local/cuda (or nvcc on PATH) is there.
+#
+# Note [Build cache]: a cold build takes ~40 minutes on 2 cores. ccache keeps it warm across
+# clones: CMakeLists.txt runs it with CCACHE_BASEDIR=<source dir> and CCACHE_NOHASHDIR, so a
+# fresh clone in another folder (CI) compiles the same relative command lines and hits the
+# entries an earlier build of the same sources left in ~/.cache/ccache.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${TESSERA_BUILD_DIR:-$ROOT/build}"
+VENV="${TESSERA_VENV:-$ROOT/.venv}"
 JOBS="${TESSERA_JOBS:-$(nproc)}"
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgloo-dev
-  libtorch-dev libopenblas0-pthread
   libcaf-dev libssl-dev
   libcapnp-dev capnproto
   libboost-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libreadline-dev libpcre2-dev libpng-dev libjemalloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3
+  python3 python3-venv
 )
+# PyPI, into $VENV. torch is pinned to the GPU image's version (deploy/cuda-image.sh), so both
+# builds compile against one LibTorch; the rest are the references the tests compare against.
+PY_PACKAGES=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6)
 # Optional: clang + libFuzzer runtime for tests/fuzz. Installed when available.
 OPTIONAL_PACKAGES=(clang-14 libclang-rt-14-dev)
 
@@ -57,17 +68,26 @@ install_deps() {
         || say "optional packages unavailable (${opt_missing[*]}); fuzz targets will be skipped"
     fi
   fi
-  # libtorch must use OpenBLAS, not netlib's reference BLAS (~30x slower for fp32).
-  local blas
-  blas="$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')"
-  if [[ -n "$blas" && "$blas" != *openblas* ]]; then
-    local candidate
-    candidate="$(update-alternatives --list libblas.so.3-x86_64-linux-gnu | grep openblas | head -n1 || true)"
-    if [[ -n "$candidate" ]]; then
-      say "pointing libblas.so.3 at OpenBLAS ($candidate)"
-      as_root update-alternatives --set libblas.so.3-x86_64-linux-gnu "$candidate"
-    fi
+}
+
+python_site() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
+install_python() {
+  local stamp="$VENV/.tessera-packages" want="${PY_PACKAGES[*]}"
+  if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    say "Python packages already installed in $VENV"
+    return
   fi
+  say "installing into $VENV: $want"
+  # The interpreter on PATH (Debian's, or a pyenv one) makes the venv; Debian's needs python3-venv.
+  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  printf '%s' "$want" > "$stamp"
+}
+
+cuda_args() {
+  # CUDA is compiled in when a toolkit is present (CMake's TESSERA_WITH_CUDA=AUTO finds it).
+  if [[ -d /usr/local/cuda/bin ]]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 }
 
 configure_and_build() {
@@ -76,8 +96,13 @@ configure_and_build() {
   local extra=()
   if command -v clang++-14 >/dev/null 2>&1; then extra+=(-DTESSERA_FUZZ_CLANG=clang++-14); fi
   say "configuring into $BUILD_DIR"
+  cuda_args
+  local site
+  site="$(python_site)"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja \
-    -DCMAKE_BUILD_TYPE="${TESSERA_BUILD_TYPE:-RelWithDebInfo}" \
+    -DCMAKE_BUILD_TYPE="${TESSERA_BUILD_TYPE:-Release}" \
+    -DCMAKE_PREFIX_PATH="$site/torch/share/cmake" \
+    -DTESSERA_PYTHON="$VENV/bin/python" \
     "${extra[@]}" ${TESSERA_CMAKE_ARGS:-}
   say "building with $JOBS jobs"
   cmake --build "$BUILD_DIR" -j "$JOBS"
@@ -91,9 +116,9 @@ run_tests() {
 
 mode="${1:-}"
 case "$mode" in
-  deps)  install_deps ;;
+  deps)  install_deps; install_python ;;
   build) configure_and_build ;;
-  test)  install_deps; configure_and_build; run_tests ;;
-  demo)  install_deps; configure_and_build; say "running tessera demo"; shift; "$BUILD_DIR/bin/tessera" demo "$@" ;;
+  test)  install_deps; install_python; configure_and_build; run_tests ;;
+  demo)  install_deps; install_python; configure_and_build; say "running tessera demo"; shift; "$BUILD_DIR/bin/tessera" demo "$@" ;;
   *) echo "usage: deploy/dev.sh demo|test|deps|build" >&2; exit 2 ;;
 esac

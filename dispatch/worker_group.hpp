@@ -32,6 +32,7 @@
 #include "dispatch/methods.hpp"
 #include "dispatch/modes.hpp"
 #include "dispatch/value.hpp"
+#include "proto/device.hpp"
 #include "proto/status.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/worker.hpp"
@@ -43,11 +44,18 @@ namespace tessera::dispatch {
 /// Base class of worker classes whose methods carry MethodSpecs (verl's Worker + @register).
 class WorkerBase {
  public:
-  explicit WorkerBase(runtime::WorkerContext context) : context_(std::move(context)) {}
+  /// REQUIRES: context.device parses (proto::parse_device). The worker shell refuses a device it
+  /// cannot parse or reach before any factory runs, so the CPU default below is never taken for one.
+  explicit WorkerBase(runtime::WorkerContext context)
+      : context_(std::move(context)),
+        device_(parsed_device(context_.device)) {}
   virtual ~WorkerBase() = default;
 
   /// Rank, world size, device and rendezvous of this worker.
   const runtime::WorkerContext& context() const { return context_; }
+  /// The device everything this worker owns lives on (context().device, parsed). The worker
+  /// shell makes it current on the actor's thread for every call.
+  const c10::Device& device() const { return device_; }
   /// The methods; register them in the constructor.
   MethodTable& methods() { return methods_; }
   const MethodTable& methods() const { return methods_; }
@@ -59,7 +67,13 @@ class WorkerBase {
   Result<std::pair<int64_t, bool>> dispatch_collect_info(const std::string& mesh) const;
 
  private:
+  static c10::Device parsed_device(const std::string& name) {
+    Result<c10::Device> d = proto::parse_device(name);
+    return d.ok() ? *d : c10::Device(c10::DeviceType::CPU);
+  }
+
   runtime::WorkerContext context_;
+  c10::Device device_;
   MethodTable methods_;
   std::map<std::string, std::pair<int64_t, bool>> mesh_info_;
 };

@@ -7,12 +7,12 @@
 namespace tessera::driver {
 namespace {
 
-Result<std::vector<models::ChatMessage>> parse_messages(const nlohmann::json& prompt, const std::string& key,
+Result<std::vector<tokenizer::ChatMessage>> parse_messages(const nlohmann::json& prompt, const std::string& key,
                                                         const std::string& where) {
   if (!prompt.is_array() || prompt.empty()) {
     return make_error(ErrorCode::corrupt_data, "{}: '{}' must be a non-empty list of chat messages", where, key);
   }
-  std::vector<models::ChatMessage> out;
+  std::vector<tokenizer::ChatMessage> out;
   for (size_t i = 0; i < prompt.size(); ++i) {
     const auto& m = prompt[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
@@ -115,7 +115,7 @@ Result<std::vector<std::filesystem::path>> optional_data_files(const nlohmann::j
   return data_files(cfg, key);
 }
 
-Result<int32_t> dataset_pad_id(const models::Tokenizer& tokenizer) {
+Result<int32_t> dataset_pad_id(const tokenizer::Tokenizer& tokenizer) {
   if (auto pad = tokenizer.pad_token_id()) return *pad;
   if (auto eos = tokenizer.eos_token_id()) return *eos;
   return make_error(ErrorCode::invalid_argument, "tokenizer {} has neither a pad nor an eos token", tokenizer.source());
@@ -138,12 +138,12 @@ Result<RLHFDatasetOptions> RLHFDatasetOptions::from_config(const nlohmann::json&
 }
 
 Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& files,
-                                      const models::Tokenizer& tokenizer, const RLHFDatasetOptions& options) {
+                                      const tokenizer::Tokenizer& tokenizer, const RLHFDatasetOptions& options) {
   RLHFDataset ds;
   ds.options_ = options;
   TESSERA_ASSIGN_OR_RETURN(ds.pad_id_, dataset_pad_id(tokenizer));
-  TESSERA_ASSIGN_OR_RETURN(models::ChatTemplate tmpl,
-                           models::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl,
+                           tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
   for (const auto& file : files) {
     TESSERA_RETURN_IF_ERROR(internal::for_each_jsonl(file, [&](const nlohmann::json& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(RLHFRow r, parse_row(row, where, options));

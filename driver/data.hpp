@@ -40,8 +40,8 @@
 
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
-#include "workers/models/chat_template.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/chat_template.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver {
 
@@ -68,7 +68,7 @@ Result<std::vector<std::filesystem::path>> data_files(const nlohmann::json& cfg,
 Result<std::vector<std::filesystem::path>> optional_data_files(const nlohmann::json& cfg, const std::string& key);
 
 /// The pad id a dataset uses: the tokenizer's pad token, else its EOS (verl's hf_tokenizer).
-Result<int32_t> dataset_pad_id(const models::Tokenizer& tokenizer);
+Result<int32_t> dataset_pad_id(const tokenizer::Tokenizer& tokenizer);
 
 /// Options of RLHFDataset (verl's data.* keys).
 struct RLHFDatasetOptions {
@@ -98,7 +98,7 @@ struct RLHFRow {
 class RLHFDataset {
  public:
   /// Loads, renders and tokenises every row of `files` in order.
-  static Result<RLHFDataset> load(const std::vector<std::filesystem::path>& files, const models::Tokenizer& tokenizer,
+  static Result<RLHFDataset> load(const std::vector<std::filesystem::path>& files, const tokenizer::Tokenizer& tokenizer,
                                   const RLHFDatasetOptions& options);
 
   /// Rows kept (after filter_overlong_prompts).
@@ -146,7 +146,7 @@ class SFTDataset {
  public:
   /// Loads and tokenises every row. A row longer than max_length with truncation=error fails
   /// here, naming FILE:LINE.
-  static Result<SFTDataset> load(const std::vector<std::filesystem::path>& files, const models::Tokenizer& tokenizer,
+  static Result<SFTDataset> load(const std::vector<std::filesystem::path>& files, const tokenizer::Tokenizer& tokenizer,
                                  const SFTDatasetOptions& options);
 
   int64_t size() const { return static_cast<int64_t>(examples_.size()); }
@@ -166,7 +166,7 @@ class SFTDataset {
 /// Loads `Dataset` (RLHFDataset, SFTDataset) from data.train_files into `train` and, when
 /// data.val_files is set (optional_data_files), into `val`. Errors as data_files and Dataset::load.
 template <class Dataset, class Options>
-Status load_train_and_val(const nlohmann::json& cfg, const models::Tokenizer& tokenizer, const Options& options,
+Status load_train_and_val(const nlohmann::json& cfg, const tokenizer::Tokenizer& tokenizer, const Options& options,
                           std::optional<Dataset>& train, std::optional<Dataset>& val) {
   TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
   TESSERA_ASSIGN_OR_RETURN(Dataset train_set, Dataset::load(train_files, tokenizer, options));

@@ -43,7 +43,7 @@ Result<SFTDatasetOptions> SFTDatasetOptions::from_config(const nlohmann::json& c
 }
 
 Result<SFTDataset> SFTDataset::load(const std::vector<std::filesystem::path>& files,
-                                    const models::Tokenizer& tokenizer, const SFTDatasetOptions& options) {
+                                    const tokenizer::Tokenizer& tokenizer, const SFTDatasetOptions& options) {
   if (options.truncation == Truncation::middle) {
     return make_error(ErrorCode::unimplemented, "SFTDataset: truncation 'middle' is not supported");
   }
@@ -54,8 +54,8 @@ Result<SFTDataset> SFTDataset::load(const std::vector<std::filesystem::path>& fi
     return make_error(ErrorCode::invalid_argument, "SFTDataset: tokenizer {} has no eos_token", tokenizer.source());
   }
   const std::string eos = *tokenizer.config().eos_token;
-  TESSERA_ASSIGN_OR_RETURN(models::ChatTemplate tmpl,
-                           models::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl,
+                           tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
   for (const auto& file : files) {
     TESSERA_RETURN_IF_ERROR(internal::for_each_jsonl(file, [&](const nlohmann::json& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(std::string prompt, string_field(row, options.prompt_key, where));

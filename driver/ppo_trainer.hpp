@@ -81,7 +81,7 @@ class RayPPOTrainer {
   /// The role views in use, by verl role name ("actor_rollout", "critic", "ref", "rm").
   std::vector<std::pair<std::string, dispatch::WorkerGroup*>> worker_groups() const;
   /// The tokenizer the datasets use (data.tokenizer, else actor_rollout_ref.model.path).
-  const models::Tokenizer& tokenizer() const;
+  const tokenizer::Tokenizer& tokenizer() const;
   /// The training dataset (data.train_files) the dataloader draws from.
   const RLHFDataset& train_dataset() const;
   /// verl's _validate(): val-core/... and val-aux/... metrics over the whole validation set.
@@ -129,10 +129,6 @@ class RayPPOTrainer {
   std::vector<std::pair<int64_t, Metrics>> history_;
 };
 
-/// The runtime of a trainer config: the agents of cluster.agents (token from cluster.token_file),
-/// or the embedded devices "cpu:N" / "cuda:0-(N-1)" for trainer.device with N =
-/// trainer.n_gpus_per_node (embedded runs need trainer.nnodes == 1). Errors name the key.
-Result<runtime::RuntimeConfig> trainer_runtime_config(const nlohmann::json& cfg);
 
 // ---- The driver-side steps (ppo_trainer_steps.cpp), exposed for tests ---------------------------
 

@@ -47,7 +47,7 @@ Status read_flags(const json& cfg, State& s) {
 Status load_data(const json& cfg, State& s) {
   TESSERA_ASSIGN_OR_RETURN(auto tok_path, config_get<std::optional<std::string>>(cfg, "data.tokenizer"));
   TESSERA_ASSIGN_OR_RETURN(std::string model_path, config_get<std::string>(cfg, "actor_rollout_ref.model.path"));
-  TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(tok_path.value_or(model_path)));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(tok_path.value_or(model_path)));
   TESSERA_ASSIGN_OR_RETURN(int32_t pad, dataset_pad_id(tok));
   const auto eos = tok.eos_token_id();
   if (!eos) return make_error(ErrorCode::invalid_argument, "{}: the tokenizer has no eos_token", tok.source());

@@ -45,7 +45,7 @@ std::vector<std::pair<std::string, dispatch::WorkerGroup*>> RayPPOTrainer::worke
   return out;
 }
 
-const models::Tokenizer& RayPPOTrainer::tokenizer() const { return *state_->tokenizer; }
+const tokenizer::Tokenizer& RayPPOTrainer::tokenizer() const { return *state_->tokenizer; }
 
 const RLHFDataset& RayPPOTrainer::train_dataset() const { return *state_->train_dataset; }
 

@@ -36,7 +36,7 @@
 
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver {
 
@@ -109,7 +109,7 @@ struct RewardManagerOptions {
 /// verl's NaiveRewardManager.
 class NaiveRewardManager {
  public:
-  NaiveRewardManager(models::Tokenizer tokenizer, ScorerRegistry scorers, RewardManagerOptions options = {});
+  NaiveRewardManager(tokenizer::Tokenizer tokenizer, ScorerRegistry scorers, RewardManagerOptions options = {});
 
   /// Scores `data`, which needs tensors prompts [B,P], responses [B,R], attention_mask [B,P+R]
   /// and columns <reward_fn_key> (strings) and reward_model (JSON with ground_truth); extra_info
@@ -117,7 +117,7 @@ class NaiveRewardManager {
   Result<RewardOutput> operator()(const proto::DataProto& data) const;
 
  private:
-  models::Tokenizer tokenizer_;
+  tokenizer::Tokenizer tokenizer_;
   ScorerRegistry scorers_;
   RewardManagerOptions options_;
 };

@@ -15,7 +15,7 @@ std::vector<int32_t> row_ids(const at::Tensor& t, int64_t i, int64_t begin, int6
 
 }  // namespace
 
-NaiveRewardManager::NaiveRewardManager(models::Tokenizer tokenizer, ScorerRegistry scorers, RewardManagerOptions options)
+NaiveRewardManager::NaiveRewardManager(tokenizer::Tokenizer tokenizer, ScorerRegistry scorers, RewardManagerOptions options)
     : tokenizer_(std::move(tokenizer)), scorers_(std::move(scorers)), options_(std::move(options)) {}
 
 Result<RewardOutput> NaiveRewardManager::operator()(const proto::DataProto& data) const {

@@ -7,8 +7,8 @@
 #include "driver/config.hpp"
 #include "driver/data.hpp"
 #include "driver/logger.hpp"
-#include "driver/ppo_trainer.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "driver/runtime_config.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver {
 
@@ -28,7 +28,7 @@ namespace {
 
 Status load_datasets(const json& cfg, FSDPSFTTrainer::State& s) {
   TESSERA_ASSIGN_OR_RETURN(std::string model_path, config_get<std::string>(cfg, "model.partial_pretrain"));
-  TESSERA_ASSIGN_OR_RETURN(models::Tokenizer tok, models::Tokenizer::from_dir(model_path));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(model_path));
   TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(cfg));
   TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   DataLoaderOptions lo;

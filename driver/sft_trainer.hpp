@@ -1,5 +1,5 @@
 // sft_trainer.hpp: verl's FSDPSFTTrainer (verl/trainer/fsdp_sft_trainer.py, v0.5.0) as a driver
-// loop over the "sft" worker group (workers/sft_worker.hpp).
+// loop over the "sft" worker group (workers/roles/sft_worker.hpp).
 //
 // create() validates the config (validate_sft_config), loads the tokenizer of
 // model.partial_pretrain and the SFT datasets, starts the runtime (embedded or cluster.agents) and

@@ -218,8 +218,10 @@ class DataProto {
 
   // ---- Devices and files -----------------------------------------------------------------------
   /// Moves every tensor to `device`, in place (verl's to). Error (naming the key) if the device
-  /// is not available; on error *this is unchanged.
-  Status to(const c10::Device& device);
+  /// is not available; on error *this is unchanged. With `non_blocking`, copies to a GPU are
+  /// queued on the current stream, and copies from a GPU land in pinned host memory with one
+  /// synchronisation at the end (Note [Crossing the worker boundary] in proto/device.hpp).
+  Status to(const c10::Device& device, bool non_blocking = false);
   /// Writes the wire format (proto/codec.hpp) to `path` atomically: a temporary sibling file is
   /// written, fsync'ed and renamed over `path`. Errors name the path.
   Status save(const std::string& path) const;

@@ -1,5 +1,6 @@
 // data_proto_shape.cpp: fold/unfold of the batch dim, make_iterator and to(device).
 #include "proto/data_proto.hpp"
+#include "proto/device.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -133,17 +134,28 @@ std::optional<DataProto> DataProtoIterator::next() {
   return std::move(batch).value();
 }
 
-Status DataProto::to(const c10::Device& device) {
+Status DataProto::to(const c10::Device& device, bool non_blocking) {
   TensorDict moved;
+  std::optional<c10::Device> synchronize_on;  // a GPU whose copies to pinned memory are in flight
   for (const auto& kv : batch_) {
     const std::string& key = kv.first;
     const at::Tensor& t = kv.second;  // not a structured binding: the lambda captures it (C++17)
     std::string what = "to(" + device.str() + "): batch key '" + key + "'";
     TESSERA_RETURN_IF_ERROR(internal::guard(what.c_str(), [&]() -> Status {
-      moved.insert_or_assign(key, t.to(device));
+      if (t.device() == device) {
+        moved.insert_or_assign(key, t);
+      } else if (non_blocking && device.is_cpu() && t.is_cuda()) {
+        at::Tensor host = at::empty(t.sizes(), t.options().device(device).pinned_memory(true));
+        host.copy_(t, /*non_blocking=*/true);
+        synchronize_on = t.device();
+        moved.insert_or_assign(key, std::move(host));
+      } else {
+        moved.insert_or_assign(key, t.to(device, /*non_blocking=*/non_blocking && device.is_cuda()));
+      }
       return Status();
     }));
   }
+  if (synchronize_on) synchronize(*synchronize_on);
   batch_ = std::move(moved);
   return Status();
 }

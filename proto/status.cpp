@@ -16,6 +16,7 @@ const char* to_string(ErrorCode code) {
     case ErrorCode::permission_denied: return "permission_denied";
     case ErrorCode::unimplemented: return "unimplemented";
     case ErrorCode::internal: return "internal";
+    case ErrorCode::resource_exhausted: return "resource_exhausted";
   }
   return "unknown";
 }

@@ -30,6 +30,7 @@ enum class ErrorCode : uint8_t {
   permission_denied, ///< Authentication failed or a file has unsafe permissions.
   unimplemented,     ///< The feature is not built (fails loudly instead of pretending).
   internal,          ///< An invariant broke inside Tessera, or a library threw unexpectedly.
+  resource_exhausted,///< Memory (a device's, or the host's) ran out.
 };
 
 /// Human-readable name of an ErrorCode ("invalid_argument", ...).

@@ -342,7 +342,7 @@ void deliver(internal::RemoteJob& job, AgentCallReply& reply) {
     uint8_t code = reply.codes[k];
     if (code == 0) {
       job.batch->set(i, std::move(reply.results[k]));
-    } else if (code > static_cast<uint8_t>(ErrorCode::internal)) {
+    } else if (code > static_cast<uint8_t>(ErrorCode::resource_exhausted)) {
       job.batch->set(i, make_error(ErrorCode::corrupt_data, "{}: the agent answered with "
                                    "unknown error code {}", job.batch->label(i), code));
     } else {

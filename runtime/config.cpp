@@ -9,6 +9,8 @@
 #include <map>
 #include <sstream>
 
+#include "proto/device.hpp"
+
 namespace tessera::runtime {
 namespace {
 
@@ -224,15 +226,10 @@ Result<std::string> read_token_file(const std::string& path) {
 namespace tessera::runtime {
 
 Status check_devices_supported(const std::vector<std::string>& devices) {
-#ifndef TESSERA_WITH_CUDA
   for (const auto& d : devices) {
-    if (d.rfind("cuda:", 0) == 0) {
-      return make_error(ErrorCode::unimplemented,
-                        "device '{}' needs a CUDA build (configure with -DTESSERA_WITH_CUDA=ON)",
-                        d);
-    }
+    TESSERA_ASSIGN_OR_RETURN(c10::Device device, proto::parse_device(d));
+    TESSERA_RETURN_IF_ERROR(proto::require_device(device));
   }
-#endif
   return Status();
 }
 

@@ -99,7 +99,8 @@ Result<std::string> read_token_file(const std::string& path);
 
 namespace tessera::runtime {
 
-/// Error (unimplemented) if `devices` names a CUDA device in a build without CUDA.
+/// Error if a device does not parse or this process cannot reach it (proto::require_device: a cuda
+/// device needs a CUDA build that sees it). The error names the device.
 Status check_devices_supported(const std::vector<std::string>& devices);
 
 }  // namespace tessera::runtime

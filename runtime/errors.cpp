@@ -22,6 +22,7 @@ TESSERA_SAME_CODE(unavailable);
 TESSERA_SAME_CODE(permission_denied);
 TESSERA_SAME_CODE(unimplemented);
 TESSERA_SAME_CODE(internal);
+TESSERA_SAME_CODE(resource_exhausted);
 #undef TESSERA_SAME_CODE
 static_assert(static_cast<uint8_t>(errc::none) == static_cast<uint8_t>(ErrorCode::ok));
 

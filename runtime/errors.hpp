@@ -35,6 +35,7 @@ enum class errc : uint8_t {
   permission_denied,
   unimplemented,
   internal,
+  resource_exhausted,
 };
 
 /// Name of an errc value ("invalid_argument", ...); used by CAF's error renderer.

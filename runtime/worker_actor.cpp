@@ -7,6 +7,7 @@
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 
+#include "proto/device.hpp"
 #include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/local_lane.hpp"
@@ -18,6 +19,7 @@ namespace {
 struct WorkerState {
   SpawnRequest request;
   WorkerHostEnv env;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);  // request.context.device, checked by init_roles
   std::vector<std::unique_ptr<Worker>> roles;
   std::map<std::string, const MethodEntry*> table;  // qualified name -> entry
   bool ready = false;
@@ -33,11 +35,15 @@ std::string one_line(std::string text) {
   return text;
 }
 
-// Runs `f`, turning any exception into a Status naming `what`.
+// Runs `f`, turning any exception into a Status naming `what`. A device running out of memory is
+// one line with the sizes (resource_exhausted), never an abort; the caller adds rank and method.
 template <class F>
 auto guarded(const std::string& what, F&& f) -> decltype(f()) {
   try {
     return f();
+  } catch (const c10::OutOfMemoryError& e) {
+    return make_error(ErrorCode::resource_exhausted, "{} ran out of device memory: {}", what,
+                      one_line(proto::out_of_memory_summary(e)));
   } catch (const c10::Error& e) {
     return make_error(ErrorCode::internal, "{} threw c10::Error: {}", what,
                       one_line(e.what_without_backtrace()));
@@ -68,6 +74,9 @@ std::vector<MethodInfo> method_infos(const WorkerState& st) {
 Status init_roles(WorkerState& st) {
   if (st.ready) return Status();
   if (st.request.roles.empty()) return make_error(ErrorCode::invalid_argument, "no roles given");
+  TESSERA_ASSIGN_OR_RETURN(st.device, proto::parse_device(st.request.context.device));
+  TESSERA_RETURN_IF_ERROR(proto::require_device(st.device));
+  proto::DeviceScope on_device(st.device);  // the roles build their state on the worker's device
   for (const RoleSpec& role : st.request.roles) {
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, build_role(st, role));
     for (const auto& [name, entry] : w->methods()) {
@@ -91,6 +100,7 @@ Result<CallReply> invoke(WorkerState& st, const CallRequest& req, bool caller_re
   if (!resolved.ok()) return resolved.status().with_context("resolving the arguments");
   std::vector<Value> args = std::move(resolved).value();
   const MethodEntry* entry = it->second;
+  proto::DeviceScope on_device(st.device);
   Result<Value> out = guarded("the method", [&] { return entry->fn(args); });
   if (!out.ok()) return out.status();
   bool keep = req.result_mode == static_cast<uint8_t>(ResultMode::keep);

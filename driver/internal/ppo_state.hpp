@@ -16,12 +16,12 @@
 #include "driver/ppo_trainer.hpp"
 #include "driver/reward.hpp"
 #include "workers/algos/kl.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver {
 
 struct RayPPOTrainer::State {
-  std::optional<models::Tokenizer> tokenizer;
+  std::optional<tokenizer::Tokenizer> tokenizer;
   std::optional<RLHFDataset> train_dataset;
   std::optional<RLHFDataset> val_dataset;  ///< Unset when data.val_files is null / empty.
   std::optional<StatefulDataLoader> train_loader;

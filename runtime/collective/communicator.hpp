@@ -55,7 +55,7 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout{300000};  ///< Rendezvous timeout and default per-call timeout.
   std::string group_name = "world";     ///< Shown in every error message.
   std::string gloo_hostname;            ///< Address Gloo binds; empty: resolve this host's name.
-  int cuda_device = -1;                 ///< NCCL: CUDA ordinal; -1: rank % device count.
+  int cuda_device = -1;                 ///< NCCL: CUDA ordinal; -1: the thread's current device.
   std::string inproc_key;               ///< inproc: rendezvous id; empty: "master_addr:master_port".
 };
 
@@ -134,6 +134,13 @@ class Communicator {
   virtual Result<std::shared_ptr<Communicator>> do_new_subgroup(
       const std::vector<int>& members, int sub_rank, const std::string& name,
       std::chrono::milliseconds timeout) = 0;
+  /// all_to_all_v's exchange with the peers, after its checks and the self copy (exchange.hpp).
+  /// The default is the pairwise schedule of send/recv (Note [Pairwise exchange schedule]); a
+  /// backend with grouped point-to-point calls overrides it.
+  virtual Status do_all_to_all_v(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv,
+                                 std::chrono::milliseconds timeout);
+  friend Status all_to_all_v(Communicator& comm, const std::vector<at::Tensor>& send,
+                             const std::vector<at::Tensor>& recv, const CollectiveOptions& opts);
 
  private:
   std::chrono::milliseconds resolve(const CollectiveOptions& opts) const;

@@ -21,8 +21,16 @@ Status all_to_all_v(Communicator& comm, const std::vector<at::Tensor>& send, con
   } catch (const std::exception& e) {
     return make_error(ErrorCode::invalid_argument, "all_to_all_v self copy (rank {}): {}", me, e.what());
   }
-  auto send_to = [&](int peer) { return send[peer].numel() > 0 ? comm.send(send[peer], peer, opts) : Status(); };
-  auto recv_from = [&](int peer) { return recv[peer].numel() > 0 ? comm.recv(recv[peer], peer, opts) : Status(); };
+  return comm.do_all_to_all_v(send, recv, opts.timeout.count() > 0 ? opts.timeout : comm.default_timeout());
+}
+
+Status Communicator::do_all_to_all_v(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv,
+                                     std::chrono::milliseconds timeout) {
+  const int n = size(), me = rank();
+  CollectiveOptions opts;
+  opts.timeout = timeout;
+  auto send_to = [&](int peer) { return send[peer].numel() > 0 ? this->send(send[peer], peer, opts) : Status(); };
+  auto recv_from = [&](int peer) { return recv[peer].numel() > 0 ? this->recv(recv[peer], peer, opts) : Status(); };
   for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n; ++j) {
       if (me == i) {

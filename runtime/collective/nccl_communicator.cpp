@@ -7,19 +7,37 @@
 // * Every CUDA/NCCL call goes through TESSERA_GPU_CHECK, the one checking wrapper: it turns a
 //   failure into a Status naming the call and the library's message (plus ncclGetLastError).
 // * Communicators are non-blocking (ncclConfig_t.blocking = 0), so a call never hangs past its
-//   timeout: after enqueueing, we poll ncclCommGetAsyncError and cudaStreamQuery until the
-//   stream drains or the deadline passes; then the communicator is aborted (ncclCommAbort) and
-//   reported broken, as NCCL requires after a timeout.
-// * The Debian LibTorch is CPU-only, so tensors usually live on the host: they are staged
-//   through device scratch buffers (H2D, collective, D2H on one stream). A tensor whose device
-//   is CUDA (a CUDA LibTorch, or at::from_blob on device memory) is used in place.
+//   timeout; a communicator that timed out is aborted (ncclCommAbort) and reported broken, as
+//   NCCL requires.
+// * The device is the worker's (CommunicatorOptions::cuda_device, else the thread's current
+//   device, which the worker shell sets), never a guess from the rank.
+//
+// Note [NCCL on device tensors]
+// * A CUDA tensor is used in place. The collective runs on the communicator's stream after the
+//   work already queued on the caller's current stream (an event the communicator's stream waits
+//   on), and the caller's stream waits on the collective in turn, so the kernel that next reads
+//   the result is ordered after it with no host wait. Each tensor is recorded on the
+//   communicator's stream (recordStream), so the caching allocator does not hand its memory out
+//   again while the collective may still use it.
+// * The host does not poll per call: a watchdog thread per communicator checks the completion
+//   event of every call in flight. One that passes its deadline, or an asynchronous NCCL error,
+//   aborts the communicator; the next call reports it, naming the operation.
+// * Host tensors (small control values: a flag, a count, the norm of a CPU run) are staged
+//   through device scratch buffers (H2D, collective, D2H on the communicator's stream) and waited
+//   for, bounded, before the call returns, as the host reads them next.
+// * all_to_all_v is one ncclGroupStart/End of sends and receives (do_all_to_all_v).
 #ifdef TESSERA_WITH_CUDA
 
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "runtime/collective/communicator.hpp"
@@ -82,22 +100,36 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-/// Owns one NCCL communicator, its stream and its device scratch buffers.
+/// Owns one NCCL communicator, its stream, its device scratch buffers and the watchdog of its
+/// calls in flight (Note [NCCL on device tensors]).
 class NcclComm {
  public:
   NcclComm(int device, ncclComm_t comm, cudaStream_t stream)
-      : device_(device), comm_(comm), stream_(stream) {}
+      : device_(device), comm_(comm), stream_(stream) {
+    if (comm_) watchdog_ = std::thread([this] { watch_loop(); });
+  }
   ~NcclComm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     cudaSetDevice(device_);
+    for (auto& call : in_flight_) cudaEventDestroy(call.done);
     for (void* p : scratch_) if (p) cudaFree(p);
-    if (comm_ && aborted_) ncclCommAbort(comm_);
-    if (comm_ && !aborted_) ncclCommDestroy(comm_);
+    if (comm_ && !aborted_) ncclCommDestroy(comm_);  // abort() already released an aborted one
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   int device() const { return device_; }
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
+
+  /// The communicator's stream as LibTorch sees it (for recordStream).
+  c10::cuda::CUDAStream torch_stream() const {
+    return c10::cuda::getStreamFromExternal(stream_, static_cast<c10::DeviceIndex>(device_));
+  }
 
   /// Device buffer `slot` (0 or 1) of at least `bytes`, reused across calls.
   Result<void*> scratch(int slot, size_t bytes) {
@@ -111,9 +143,26 @@ class NcclComm {
     return scratch_[slot];
   }
 
-  /// Polls until the stream drains; aborts the communicator at the deadline.
+  /// The failure the watchdog saw (a timed-out call, an asynchronous NCCL error), or OK.
+  Status failure() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+  /// Hands the completion event of a call on stream() to the watchdog, which owns it from now on.
+  void watch(cudaEvent_t done, Clock::time_point deadline, std::chrono::milliseconds timeout, std::string who) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.push_back(InFlight{done, deadline, timeout, std::move(who)});
+    }
+    cv_.notify_all();
+  }
+
+  /// Polls until the stream drains; aborts the communicator at the deadline. For staged (host)
+  /// tensors, whose bytes the host reads right after.
   Status wait(Clock::time_point deadline, std::chrono::milliseconds timeout, const std::string& who) {
     for (;;) {
+      TESSERA_RETURN_IF_ERROR(failure());
       ncclResult_t async = ncclSuccess;
       TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm_, &async));
       TESSERA_GPU_CHECK(async);
@@ -121,21 +170,78 @@ class NcclComm {
       if (q == cudaSuccess && async == ncclSuccess) return Status();
       if (q != cudaErrorNotReady) TESSERA_GPU_CHECK(q);
       if (Clock::now() >= deadline) {
-        aborted_ = true;
-        return make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted)",
-                          who, timeout.count());
+        abort(make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted)", who, timeout.count()));
+        return failure();
       }
       std::this_thread::yield();
     }
   }
 
  private:
+  struct InFlight {
+    cudaEvent_t done;
+    Clock::time_point deadline;
+    std::chrono::milliseconds timeout;
+    std::string who;
+  };
+
+  // Records the first failure and aborts the communicator (once).
+  void abort(Status why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = std::move(why);
+    if (!aborted_) {
+      aborted_ = true;
+      ncclCommAbort(comm_);
+    }
+  }
+
+  // The watchdog: every millisecond while calls are in flight, retires the finished ones and
+  // aborts on a passed deadline or an asynchronous error.
+  void watch_loop() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (in_flight_.empty()) {
+        cv_.wait(lock, [this] { return stopping_ || !in_flight_.empty(); });
+        continue;
+      }
+      while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done) == cudaSuccess) {
+        cudaEventDestroy(in_flight_.front().done);
+        in_flight_.pop_front();
+      }
+      if (!in_flight_.empty() && !aborted_) {
+        const InFlight& oldest = in_flight_.front();
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm_, &async);
+        Status why;
+        if (async != ncclSuccess && async != ncclInProgress) {
+          why = gpu_status(async, "NCCL (asynchronous error)").with_context(oldest.who);
+        } else if (Clock::now() >= oldest.deadline) {
+          why = make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted by the watchdog)",
+                           oldest.who, oldest.timeout.count());
+        }
+        if (!why.ok()) {
+          lock.unlock();
+          abort(std::move(why));
+          lock.lock();
+        }
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+  }
+
   int device_;
   ncclComm_t comm_;
   cudaStream_t stream_;
   void* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<InFlight> in_flight_;
+  Status failure_;
   bool aborted_ = false;
+  bool stopping_ = false;
+  std::thread watchdog_;
 };
 
 // Initialises a non-blocking communicator and waits (bounded) for it to become ready.
@@ -267,6 +373,45 @@ class NcclCommunicator final : public Communicator {
                         "ncclRecv");
     });
   }
+  Status do_all_to_all_v(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv,
+                         std::chrono::milliseconds t) override {
+    // One group of sends and receives. Device tensors only: a staged exchange would need a
+    // scratch buffer per peer; host tensors take the pairwise schedule of the base class.
+    for (size_t p = 0; p < send.size(); ++p) {
+      if ((send[p].numel() > 0 && !send[p].is_cuda()) || (recv[p].numel() > 0 && !recv[p].is_cuda())) {
+        return Communicator::do_all_to_all_v(send, recv, t);
+      }
+    }
+    TESSERA_RETURN_IF_ERROR(comm_->failure());
+    const auto deadline = Clock::now() + t;
+    TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
+    const auto device = static_cast<c10::DeviceIndex>(comm_->device());
+    cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device).stream();
+    TESSERA_RETURN_IF_ERROR(order_after(caller, comm_->stream()));
+    TESSERA_GPU_CHECK(ncclGroupStart());
+    Status queued;
+    for (int peer = 0; peer < size() && queued.ok(); ++peer) {
+      if (peer == rank()) continue;
+      if (send[peer].numel() > 0) {
+        auto dt = nccl_dtype(send[peer].scalar_type());
+        queued = dt.ok() ? gpu_status(ncclSend(send[peer].data_ptr(), send[peer].numel(), *dt, peer, comm_->comm(),
+                                               comm_->stream()), "ncclSend")
+                         : dt.status();
+      }
+      if (queued.ok() && recv[peer].numel() > 0) {
+        auto dt = nccl_dtype(recv[peer].scalar_type());
+        queued = dt.ok() ? gpu_status(ncclRecv(recv[peer].data_ptr(), recv[peer].numel(), *dt, peer, comm_->comm(),
+                                               comm_->stream()), "ncclRecv")
+                         : dt.status();
+      }
+    }
+    TESSERA_GPU_CHECK(ncclGroupEnd());
+    TESSERA_RETURN_IF_ERROR(queued);
+    std::vector<at::Tensor> used(send);
+    used.insert(used.end(), recv.begin(), recv.end());
+    return finish_in_place(used, caller, deadline, t, -1);
+  }
+
   Result<std::shared_ptr<Communicator>> do_new_subgroup(const std::vector<int>& members,
                                                         int sub_rank, const std::string& name,
                                                         std::chrono::milliseconds t) override {
@@ -292,12 +437,17 @@ class NcclCommunicator final : public Communicator {
     return DeviceView{p, true};
   }
 
-  // Stages `in`/`out`, enqueues `op(src, dst)`, copies the result back and waits, bounded.
+  // Enqueues `op(src, dst)` on the communicator's stream. Device tensors are used in place and
+  // the call returns once it is queued (Note [NCCL on device tensors]); host tensors are staged
+  // and the call waits, bounded, for their bytes.
   template <class Op>
   Status run(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t, int peer,
              Op op) {
+    TESSERA_RETURN_IF_ERROR(comm_->failure());
     auto deadline = Clock::now() + t;
     TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
+    const bool on_device = (!in.defined() || in.is_cuda()) && (!out.defined() || out.is_cuda());
+    if (on_device) return run_in_place(in, out, t, deadline, peer, op);
     bool in_place = in.defined() && out.defined() && in.data_ptr() == out.data_ptr();
     TESSERA_ASSIGN_OR_RETURN(DeviceView src, to_device(in, 0, /*copy_in=*/true));
     DeviceView dst = src;
@@ -310,6 +460,52 @@ class NcclCommunicator final : public Communicator {
                                         cudaMemcpyDeviceToHost, comm_->stream()));
     }
     return comm_->wait(deadline, t, peer_text(peer));
+  }
+
+  template <class Op>
+  Status run_in_place(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t,
+                      Clock::time_point deadline, int peer, Op op) {
+    const auto device = static_cast<c10::DeviceIndex>(comm_->device());
+    for (const at::Tensor* x : {&in, &out}) {
+      if (x->defined() && x->device().index() != device) {
+        return make_error(ErrorCode::invalid_argument, "tensor on {} but the communicator is on cuda:{}",
+                          x->device().str(), comm_->device());
+      }
+    }
+    cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device).stream();
+    TESSERA_RETURN_IF_ERROR(order_after(caller, comm_->stream()));  // after the producers
+    TESSERA_RETURN_IF_ERROR(op(in.defined() ? in.data_ptr() : nullptr, out.defined() ? out.data_ptr() : nullptr));
+    return finish_in_place({in, out}, caller, deadline, t, peer);
+  }
+
+  // The tail of every in-place call: the caller's stream waits for the collective, the buffers
+  // are recorded on the communicator's stream, and the watchdog takes the completion event.
+  Status finish_in_place(const std::vector<at::Tensor>& used, cudaStream_t caller, Clock::time_point deadline,
+                         std::chrono::milliseconds t, int peer) {
+    cudaEvent_t done = nullptr;
+    TESSERA_GPU_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    Status recorded = gpu_status(cudaEventRecord(done, comm_->stream()), "cudaEventRecord");
+    if (recorded.ok()) recorded = gpu_status(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent");
+    if (!recorded.ok()) {
+      cudaEventDestroy(done);
+      return recorded;
+    }
+    const c10::cuda::CUDAStream comm_stream = comm_->torch_stream();
+    for (const at::Tensor& x : used) {
+      if (x.defined() && x.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(x.storage().data_ptr(), comm_stream);
+    }
+    comm_->watch(done, deadline, t, peer_text(peer));
+    return Status();
+  }
+
+  // Makes `waiter` wait for the work queued on `producer` so far.
+  static Status order_after(cudaStream_t producer, cudaStream_t waiter) {
+    cudaEvent_t ready = nullptr;
+    TESSERA_GPU_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    Status st = gpu_status(cudaEventRecord(ready, producer), "cudaEventRecord");
+    if (st.ok()) st = gpu_status(cudaStreamWaitEvent(waiter, ready, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(ready);  // released once the wait is satisfied; the wait stays queued
+    return st;
   }
 
   std::string peer_text(int peer) const {
@@ -325,11 +521,14 @@ class NcclCommunicator final : public Communicator {
   int subgroup_seq_ = 0;
 };
 
+// The worker's device: the one named in the options, else the calling thread's current device
+// (the worker shell makes the worker's device current for every call).
 Result<int> pick_device(const CommunicatorOptions& o) {
   int count = 0;
   TESSERA_GPU_CHECK(cudaGetDeviceCount(&count));
   if (count == 0) return make_error(ErrorCode::unavailable, "no CUDA device is visible");
-  int device = o.cuda_device >= 0 ? o.cuda_device : o.rank % count;
+  int device = o.cuda_device;
+  if (device < 0) TESSERA_GPU_CHECK(cudaGetDevice(&device));
   if (device >= count) {
     return make_error(ErrorCode::out_of_range, "cuda_device {} but only {} devices are visible",
                       device, count);

@@ -7,6 +7,7 @@
 
 #include "driver/config.hpp"
 #include "driver/ppo_trainer.hpp"
+#include "driver/runtime_config.hpp"
 
 namespace tessera::driver {
 namespace {

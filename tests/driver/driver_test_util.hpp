@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver::testing {
 
@@ -41,11 +41,11 @@ class TempDir {
 };
 
 /// $TESSERA_SHARED_DIR/golden/qwen3-tokenizer, loaded once.
-inline const models::Tokenizer& qwen3_tokenizer() {
-  static const models::Tokenizer tok = [] {
+inline const tokenizer::Tokenizer& qwen3_tokenizer() {
+  static const tokenizer::Tokenizer tok = [] {
     const char* shared = std::getenv("TESSERA_SHARED_DIR");
     std::filesystem::path dir = std::filesystem::path(shared ? shared : "/work/shared") / "golden" / "qwen3-tokenizer";
-    auto t = models::Tokenizer::from_dir(dir);
+    auto t = tokenizer::Tokenizer::from_dir(dir);
     if (!t.ok()) {
       ADD_FAILURE() << t.status().to_string();
       std::abort();

@@ -8,7 +8,7 @@
 #include "driver/sft_trainer.hpp"
 #include "tests/driver/trainer_test_util.hpp"
 #include "workers/models/model_io.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -49,7 +49,7 @@ TEST(SftTrainer, TrainsSavesAndValidatesLikeAReference) {
   ASSERT_TRUE((*t)->last_hf_dir().has_value());
   auto model = models::load_causal_lm((*t)->last_hf_dir()->string());
   ASSERT_TRUE(model.ok()) << model.status().to_string();
-  auto tok = models::Tokenizer::from_dir((*t)->last_hf_dir()->string());
+  auto tok = tokenizer::Tokenizer::from_dir((*t)->last_hf_dir()->string());
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   auto opts = SFTDatasetOptions::from_config(cfg_copy);
   ASSERT_TRUE(opts.ok());

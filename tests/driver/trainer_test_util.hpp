@@ -16,8 +16,8 @@
 #include "runtime/worker.hpp"
 #include "tests/driver/driver_test_util.hpp"
 #include "workers/models/init_model.hpp"
-#include "workers/registry.hpp"
-#include "workers/sft_worker.hpp"
+#include "workers/roles/registry.hpp"
+#include "workers/roles/sft_worker.hpp"
 
 namespace tessera::driver::testing {
 

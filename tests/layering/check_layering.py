@@ -21,10 +21,12 @@ FOLDERS = {
     "dispatch": "dispatch",
     "workers_api": "workers/api",
     "algos": "workers/algos",
+    "tokenizer": "workers/tokenizer",
     "models": "workers/models",
     "fsdp": "workers/fsdp",
     "rollout": "workers/rollout",
-    "workers": "workers",
+    "ppo": "workers/ppo",
+    "workers": "workers/roles",
     "driver": "driver",
     "app": "app",
 }
@@ -37,13 +39,15 @@ ALLOWED = {
     "dispatch": {"proto", "runtime", "collective"},
     "workers_api": {"proto", "runtime", "collective", "dispatch"},
     "algos": {"proto"},
-    "models": {"proto"},
+    "tokenizer": {"proto"},
+    "models": {"proto", "tokenizer"},
     "fsdp": {"proto", "collective", "models"},
-    "rollout": {"proto", "collective", "runtime", "dispatch", "workers_api", "models", "fsdp"},
-    "workers": {"proto", "collective", "runtime", "dispatch", "workers_api", "algos", "models",
-                "fsdp", "rollout"},
-    # The driver sits on workers_api; it must never reach FSDP, rollout or the collectives.
-    "driver": {"proto", "runtime", "dispatch", "workers_api", "algos", "models"},
+    "rollout": {"proto", "collective", "runtime", "dispatch", "workers_api", "tokenizer", "models", "fsdp"},
+    "ppo": {"proto", "collective", "algos", "models", "fsdp"},
+    "workers": {"proto", "collective", "runtime", "dispatch", "workers_api", "algos", "tokenizer", "models",
+                "fsdp", "rollout", "ppo"},
+    # The driver sits on workers_api; it must never reach FSDP, rollout, PPO or the collectives.
+    "driver": {"proto", "runtime", "dispatch", "workers_api", "algos", "tokenizer", "models"},
     "app": set(FOLDERS) - {"app"},
 }
 

@@ -18,7 +18,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         root = pathlib.Path(d)
         write(root, "proto/a.hpp", '#include "proto/b.hpp"\n')
-        write(root, "driver/ok.cpp", '#include "workers/api/x.hpp"\n#include "workers/models/tokenizer.hpp"\n')
+        write(root, "driver/ok.cpp", '#include "workers/api/x.hpp"\n#include "workers/tokenizer/tokenizer.hpp"\n')
         files, problems = check_layering.check(root)
         assert files == 2 and problems == [], problems
         write(root, "driver/bad.cpp", '#include "workers/fsdp/flat.hpp"\n')

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "proto/device.hpp"
 #include "runtime/config.hpp"
 
 namespace tessera::runtime {
@@ -28,13 +29,16 @@ TEST(Config, DevicesExpand) {
   }
 }
 
-TEST(Config, CudaDevicesNeedACudaBuild) {
-#ifndef TESSERA_WITH_CUDA
-  Status st = check_devices_supported({"cpu:0", "cuda:1"});
-  EXPECT_EQ(st.code(), ErrorCode::unimplemented);
-  EXPECT_NE(st.message().find("cuda:1"), std::string::npos);
-#endif
+TEST(Config, CudaDevicesMustExistInThisProcess) {
+  // A cuda device this process cannot reach (no CUDA build, no GPU, or too few) is refused up
+  // front with one line naming it: nothing falls back to the CPU.
+  const std::string beyond = "cuda:" + std::to_string(proto::cuda_device_count());
+  Status st = check_devices_supported({"cpu:0", beyond});
+  EXPECT_EQ(st.code(), ErrorCode::unavailable) << st.to_string();
+  EXPECT_NE(st.message().find(beyond), std::string::npos) << st.to_string();
   EXPECT_TRUE(check_devices_supported({"cpu:0"}).ok());
+  EXPECT_EQ(check_devices_supported({"tpu:0"}).code(), ErrorCode::invalid_argument);
+  if (proto::cuda_device_count() > 0) EXPECT_TRUE(check_devices_supported({"cuda:0"}).ok());
 }
 
 TEST(Config, TokenFileMustBePrivate) {

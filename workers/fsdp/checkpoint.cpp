@@ -161,6 +161,14 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
       TESSERA_ASSIGN_OR_RETURN(s.adam.exp_avg, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg", e.options().model_dtype));
       TESSERA_ASSIGN_OR_RETURN(s.adam.exp_avg_sq, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg_sq", e.options().model_dtype));
     }
+    // The files are read on the host; the state lives on the engine's device.
+    for (size_t u = 0; u < old_layouts.size(); ++u) {
+      auto& s = e.unit_state(static_cast<int>(u));
+      s.shard = s.shard.to(e.device());
+      if (e.frozen()) continue;
+      s.adam.exp_avg = s.adam.exp_avg.to(e.device());
+      s.adam.exp_avg_sq = s.adam.exp_avg_sq.to(e.device());
+    }
   } catch (const std::exception& ex) {
     return make_error(ErrorCode::internal, "{}: {}", what, ex.what());
   }

@@ -22,7 +22,26 @@ Status from_exception(const char* where, const std::exception& e) {
   return make_error(ErrorCode::internal, "{}: {}", where, msg);
 }
 
-at::Tensor empty_param(c10::ScalarType dtype) { return at::empty({0}, at::TensorOptions(dtype)); }
+at::Tensor empty_param(c10::ScalarType dtype, const c10::Device& device) {
+  return at::empty({0}, at::TensorOptions(dtype).device(device));
+}
+
+// Note [FSDP on the module's device]: the engine lives where the wrapped module's parameters are.
+// Every buffer it makes (flat shards, AdamW moments, gathered units, gradients) takes that device,
+// so a module moved to cuda:i before wrap() trains wholly there, and a CPU module on the CPU.
+// Parameters on two devices are refused: there is no silent mix.
+Result<c10::Device> module_device(torch::nn::Module& module) {
+  std::optional<c10::Device> device;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const c10::Device d = item.value().device();
+    if (!device) device = d;
+    if (d != *device) {
+      return make_error(ErrorCode::invalid_argument, "FSDP wrap: parameter '{}' is on {} but the others are on {}",
+                        item.key(), d.str(), device->str());
+    }
+  }
+  return device.value_or(c10::Device(c10::DeviceType::CPU));
+}
 
 Status check_mesh(ShardingStrategy s, const collective::DeviceMesh& mesh) {
   bool two_d = mesh.ndim() == 2 && mesh.has_dim("ddp") && mesh.has_dim("fsdp");
@@ -72,6 +91,7 @@ Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::
   TESSERA_RETURN_IF_ERROR(check_mesh(options.strategy, mesh).with_context("FSDP wrap"));
   std::unique_ptr<FsdpModule> m(new FsdpModule(std::move(mesh)));
   m->module_ = std::move(module);
+  TESSERA_ASSIGN_OR_RETURN(m->device_, module_device(*m->module_));
   m->options_ = options;
   m->optim_ = optim;
   m->scheduler_ = LrScheduler(optim.adamw.lr, optim.schedule);
@@ -158,7 +178,7 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
 // Flattens the unit (world rank 0's values when syncing), keeps this rank's shard, allocates the
 // AdamW moments (unless frozen) and frees the module's parameter storage.
 Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
-  at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype));
+  at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype).device(device_));
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto& e = layout.params[i];
     flat.narrow(0, e.offset, e.numel).copy_(state.params[i].detach().reshape(-1));
@@ -172,8 +192,40 @@ Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
     state.adam.exp_avg = at::zeros_like(state.shard);
     state.adam.exp_avg_sq = at::zeros_like(state.shard);
   }
-  state.anchor = at::empty({0}, at::TensorOptions(at::kFloat)).requires_grad_(true);
-  for (auto& p : state.params) p.set_data(empty_param(options_.mixed_precision.param_dtype));
+  state.anchor = at::empty({0}, at::TensorOptions(at::kFloat).device(device_)).requires_grad_(true);
+  for (auto& p : state.params) p.set_data(empty_param(options_.mixed_precision.param_dtype, device_));
+  return Status();
+}
+
+Status FsdpModule::check_device(const c10::Device& device) const {
+  const std::string name = options_.name.empty() ? "<unnamed>" : options_.name;
+  auto check = [&](const at::Tensor& t, const std::string& unit, const char* what) -> Status {
+    if (!t.defined() || t.device() == device) return Status();
+    return make_error(ErrorCode::internal, "FSDP module '{}': {} of unit '{}' is on {}, not on {}", name, what, unit,
+                      t.device().str(), device.str());
+  };
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitState& s = *units_[u];
+    const std::string& unit = layouts_[u].unit;
+    TESSERA_RETURN_IF_ERROR(check(s.shard, unit, "the shard"));
+    TESSERA_RETURN_IF_ERROR(check(s.shard_grad, unit, "the shard gradient"));
+    TESSERA_RETURN_IF_ERROR(check(s.adam.exp_avg, unit, "AdamW exp_avg"));
+    TESSERA_RETURN_IF_ERROR(check(s.adam.exp_avg_sq, unit, "AdamW exp_avg_sq"));
+    TESSERA_RETURN_IF_ERROR(check(s.full, unit, "the gathered parameters"));
+    TESSERA_RETURN_IF_ERROR(check(s.full_grad, unit, "the gathered gradient"));
+  }
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (item.value().device() != device) {
+      return make_error(ErrorCode::internal, "FSDP module '{}': parameter '{}' is on {}, not on {}", name, item.key(),
+                        item.value().device().str(), device.str());
+    }
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+    if (item.value().defined() && item.value().device() != device) {
+      return make_error(ErrorCode::internal, "FSDP module '{}': buffer '{}' is on {}, not on {}", name, item.key(),
+                        item.value().device().str(), device.str());
+    }
+  }
   return Status();
 }
 
@@ -214,7 +266,7 @@ Status FsdpModule::gather_unit(int u, bool train) {
   const FlatLayout& layout = layouts_[u];
   const auto param_dtype = options_.mixed_precision.param_dtype;
   at::Tensor local = s.shard.to(param_dtype);
-  s.full = at::empty({layout.padded_numel}, at::TensorOptions(param_dtype));
+  s.full = at::empty({layout.padded_numel}, at::TensorOptions(param_dtype).device(device_));
   if (shard_group_) {
     Status st = shard_group_->all_gather(local, s.full, options_.comm);
     if (!st.ok()) return st.with_context("FSDP gather of unit '" + layout.unit + "'");
@@ -222,7 +274,7 @@ Status FsdpModule::gather_unit(int u, bool train) {
     s.full.copy_(local);
   }
   bool with_grad = train && s.trainable;
-  if (with_grad) s.full_grad = at::zeros({layout.padded_numel}, at::TensorOptions(param_dtype));
+  if (with_grad) s.full_grad = at::zeros({layout.padded_numel}, at::TensorOptions(param_dtype).device(device_));
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto& e = layout.params[i];
     s.params[i].set_data(s.full.narrow(0, e.offset, e.numel).view(e.shape));
@@ -260,7 +312,7 @@ Status FsdpModule::reduce_unit(int u) {
 void FsdpModule::release_unit(int u) {
   UnitState& s = *units_[u];
   for (auto& p : s.params) {
-    p.set_data(empty_param(options_.mixed_precision.param_dtype));
+    p.set_data(empty_param(options_.mixed_precision.param_dtype, device_));
     p.mutable_grad() = at::Tensor();
   }
   s.full = at::Tensor();

@@ -181,6 +181,13 @@ class FsdpModule {
   int shard_count() const { return shard_count_; }
   int shard_index() const { return shard_index_; }
   torch::nn::Module& module() const { return *module_; }
+  /// The device of the wrapped module's parameters, where shards, gradients, AdamW moments and
+  /// gathered units live (Note [FSDP on the module's device] in fsdp_module.cpp).
+  const c10::Device& device() const { return device_; }
+  /// OK if every working tensor (shards, shard gradients, AdamW moments, gathered units, the
+  /// module's parameters and buffers) is on `device`; offload buffers are on the host by design.
+  /// The error names the module, the unit or parameter and the tensor's device.
+  Status check_device(const c10::Device& device) const;
   int64_t optimizer_steps() const { return optimizer_steps_; }
 
   // ---- used by checkpoint.cpp -------------------------------------------------------------
@@ -206,6 +213,7 @@ class FsdpModule {
 
   std::shared_ptr<torch::nn::Module> module_;
   collective::DeviceMesh mesh_;
+  c10::Device device_ = c10::Device(c10::DeviceType::CPU);
   FsdpOptions options_;
   OptimizerOptions optim_;
   LrScheduler scheduler_{0.0, {}};

@@ -17,7 +17,8 @@ at::Tensor host_buffer_like(const at::Tensor& t) {
   return at::empty(t.sizes(), options);
 }
 
-// Copies `src` into the (reused) host buffer `dst`.
+// Copies `src` into the (reused) host buffer `dst`. The copy is synchronous: the working copy is
+// freed right after, and the host buffer must hold the bytes before anything reads it.
 void offload_into(at::Tensor& dst, const at::Tensor& src) {
   if (!dst.defined() || dst.sizes() != src.sizes() || dst.scalar_type() != src.scalar_type()) {
     dst = host_buffer_like(src);
@@ -25,25 +26,30 @@ void offload_into(at::Tensor& dst, const at::Tensor& src) {
   dst.copy_(src);
 }
 
-// A fresh working copy of `host`.
-at::Tensor load_from(const at::Tensor& host) { return host.clone(at::MemoryFormat::Contiguous); }
+// A fresh working copy of `host` on `device` (bitwise). From pinned memory the copy is queued on
+// the current stream, ahead of every kernel that reads it; the host buffer is kept for the next
+// offload, so it outlives the copy.
+at::Tensor load_from(const at::Tensor& host, const c10::Device& device) {
+  at::Tensor working = at::empty(host.sizes(), host.options().device(device).pinned_memory(false));
+  working.copy_(host, /*non_blocking=*/host.is_pinned());
+  return working;
+}
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
 }  // namespace
 
 Result<double> FsdpModule::global_grad_norm() {
-  double local = 0.0;
+  // Summed on the device, one host read at the end (the step needs the norm to clip or skip).
+  at::Tensor total = at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
   for (auto& s : units_) {
-    if (s->shard_grad.defined()) local += s->shard_grad.to(at::kDouble).pow(2).sum().item<double>();
+    if (s->shard_grad.defined()) total.add_(s->shard_grad.to(at::kDouble).pow(2).sum());
   }
   if (shard_group_) {
-    at::Tensor t = at::tensor({local}, at::kDouble);
-    Status st = shard_group_->all_reduce(t, collective::ReduceOp::sum, options_.comm);
+    Status st = shard_group_->all_reduce(total, collective::ReduceOp::sum, options_.comm);
     if (!st.ok()) return st.with_context("FSDP grad norm");
-    local = t.item<double>();
   }
-  return std::sqrt(local);
+  return std::sqrt(total.item<double>());
 }
 
 Result<StepResult> FsdpModule::step() {
@@ -99,7 +105,7 @@ Status FsdpModule::offload_params() {
 
 Status FsdpModule::load_params() {
   if (!params_offloaded_) return Status();
-  for (auto& s : units_) s->shard = load_from(s->offload_shard);
+  for (auto& s : units_) s->shard = load_from(s->offload_shard, device_);
   params_offloaded_ = false;
   return Status();
 }
@@ -118,8 +124,8 @@ Status FsdpModule::offload_optimizer() {
 Status FsdpModule::load_optimizer() {
   if (!optimizer_offloaded_) return Status();  // also a frozen module (never offloaded)
   for (auto& s : units_) {
-    s->adam.exp_avg = load_from(s->offload_adam.exp_avg);
-    s->adam.exp_avg_sq = load_from(s->offload_adam.exp_avg_sq);
+    s->adam.exp_avg = load_from(s->offload_adam.exp_avg, device_);
+    s->adam.exp_avg_sq = load_from(s->offload_adam.exp_avg_sq, device_);
   }
   optimizer_offloaded_ = false;
   return Status();

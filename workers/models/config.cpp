@@ -6,7 +6,7 @@
 #include <fstream>
 #include <functional>
 
-#include "workers/models/internal/atomic_file.hpp"
+#include "proto/atomic_file.hpp"
 
 namespace tessera::models {
 namespace {
@@ -289,7 +289,7 @@ json model_config_to_json(const ModelConfig& c) {
 
 Status save_model_config(const ModelConfig& config, const std::string& dir) {
   std::string text = model_config_to_json(config).dump(2) + "\n";
-  return internal::write_file_atomic((fs::path(dir) / "config.json").string(), text);
+  return proto::write_file_atomic((fs::path(dir) / "config.json").string(), text);
 }
 
 Result<std::string> architecture_name(const std::string& model_type, HeadKind head) {

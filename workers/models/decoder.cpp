@@ -63,11 +63,17 @@ at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, i
 
 namespace {
 
-// HF repeat_kv: [B, kv, S, D] -> [B, kv * groups, S, D].
-at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
-  if (groups == 1) return x;
-  auto s = x.sizes();
-  return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
+// Note [No fully masked query]: every query also sees its own key. A left-padding position, or a
+// finished slot of the rollout cache, has all of its keys masked; attention over nothing is NaN
+// in most SDPA kernels, and a NaN that reaches a cached value poisons every later read of that
+// cache (a masked key still costs 0 x NaN). Those positions' outputs are never read, so letting
+// them see themselves changes no result and keeps every value finite. `visible` is
+// [B or 1, 1, T, S], the queries being the last T keys.
+at::Tensor with_self_visible(const at::Tensor& visible, int64_t T, int64_t S) {
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(visible.device());
+  at::Tensor own_key = at::arange(S - T, S, long_opts).unsqueeze(1);  // [T, 1]
+  at::Tensor key = at::arange(0, S, long_opts).unsqueeze(0);          // [1, S]
+  return visible.logical_or(key.eq(own_key).view({1, 1, T, S}));
 }
 
 // [B, T, heads * D] -> [B, heads, T, D]
@@ -97,15 +103,13 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
     k = cache->key.narrow(2, 0, cache->past + T);
     v = cache->value.narrow(2, 0, cache->past + T);
   }
-  const int64_t groups = num_heads_ / num_kv_heads_;
-  k = repeat_kv(k, groups);
-  v = repeat_kv(v, groups);
+  // LibTorch's fused attention (flash / memory-efficient on a GPU, the flash CPU kernel on the
+  // host); grouped-query heads share their K/V without repeat_kv copies.
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(scaling).to(at::kFloat);
-  scores = scores.masked_fill(visible.logical_not(), std::numeric_limits<float>::lowest());
-  at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
-  at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({B, T, num_heads_ * head_dim_});
-  return o_proj->forward(out);
+  const at::Tensor mask = with_self_visible(visible, T, k.size(2));  // Note [No fully masked query]
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false, scaling,
+                                                    /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  return o_proj->forward(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
 }
 
 MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) {

@@ -5,12 +5,12 @@
 //   RMSNorm     y = weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)
 //   RoPE        inv_freq = 1 / theta^(arange(0, D, 2) / D); emb = cat(freqs, freqs);
 //               x' = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
-//   attention   softmax_f32(q k^T * D^-0.5, masked) v, with repeat_kv for GQA
+//   attention   softmax(q k^T * D^-0.5, masked) v through at::scaled_dot_product_attention, as
+//               HF's sdpa path; GQA heads share K/V (enable_gqa) instead of repeat_kv copies
 //   MLP         down(silu(gate(x)) * up(x))
 // Masking: query t (cache column past + t) sees key column s iff s <= past + t and the key's
-// attention-mask bit is 1. Masked scores are set to the lowest finite float, not -inf, so a
-// query row with nothing visible (a left-padding position) gets a uniform, finite distribution
-// instead of NaN; its output is meaningless but harmless, exactly as in HF's eager path.
+// attention-mask bit is 1. A query also always sees its own key (Note [No fully masked query] in
+// decoder.cpp), so a left-padding position gets a finite, meaningless output instead of NaN.
 //
 // Parameters are created uninitialised (at::empty) in the requested dtype; a loader or
 // initialize_weights() fills them. Every module holds its parameter tensors as the same TensorImpl

@@ -4,10 +4,10 @@
 #include <filesystem>
 
 #include "workers/models/config.hpp"
-#include "workers/models/internal/atomic_file.hpp"
+#include "proto/atomic_file.hpp"
 #include "workers/models/model.hpp"
 #include "workers/models/model_io.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::models {
 namespace {
@@ -35,22 +35,22 @@ Status copy_tokenizer(const std::string& src, const fs::path& dst) {
 }
 
 Status stage_tokenizer(const InitModelOptions& o, const fs::path& dir) {
-  TokenizerSpec spec;
+  tokenizer::TokenizerSpec spec;
   spec.model_max_length = o.max_position;
   if (o.tokenizer == "bytes") {
-    spec.kind = TokenizerSpec::Kind::byte;
+    spec.kind = tokenizer::TokenizerSpec::Kind::byte;
   } else if (o.tokenizer.rfind("chars:", 0) == 0) {
-    spec.kind = TokenizerSpec::Kind::chars;
+    spec.kind = tokenizer::TokenizerSpec::Kind::chars;
     spec.alphabet = o.tokenizer.substr(6);
   } else {
     return copy_tokenizer(o.tokenizer, dir);
   }
-  return write_tokenizer_files(spec, dir);
+  return tokenizer::write_tokenizer_files(spec, dir);
 }
 
 int64_t default_intermediate(int64_t hidden) { return ((8 * hidden / 3) + 63) / 64 * 64; }
 
-Result<ModelConfig> make_config(const InitModelOptions& o, const Tokenizer& tok) {
+Result<ModelConfig> make_config(const InitModelOptions& o, const tokenizer::Tokenizer& tok) {
   ModelConfig c;
   c.model_type = o.arch;
   c.hidden_size = o.hidden;
@@ -83,7 +83,7 @@ Result<ModelConfig> make_config(const InitModelOptions& o, const Tokenizer& tok)
 
 Status build_into(const InitModelOptions& o, const fs::path& staging) {
   TESSERA_RETURN_IF_ERROR(stage_tokenizer(o, staging));
-  TESSERA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_dir(staging));
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(staging));
   TESSERA_ASSIGN_OR_RETURN(ModelConfig config, make_config(o, tok));
   TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, parse_torch_dtype(o.dtype));
   TESSERA_ASSIGN_OR_RETURN(auto model, CausalLM::create(config, ModelInit{dtype, o.seed}));

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "proto/device.hpp"
+
 namespace tessera::models {
 namespace {
 
@@ -36,7 +38,15 @@ Result<std::shared_ptr<Model>> load_into(Loaded& loaded, const std::string& dir,
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Model> model, Model::create(loaded.config, init));
   try {
     TESSERA_RETURN_IF_ERROR(loaded.entry.load(loaded.checkpoint, dir, *model, options));
+    if (options.device && *options.device != c10::Device(c10::DeviceType::CPU)) {
+      TESSERA_RETURN_IF_ERROR(proto::require_device(*options.device).with_context(dir));
+      model->to(*options.device);
+    }
   } catch (const std::exception& e) {
+    if (proto::is_out_of_memory(e)) {
+      return make_error(ErrorCode::resource_exhausted, "{}: out of memory moving the model to {}: {}", dir,
+                        options.device->str(), proto::out_of_memory_summary(e));
+    }
     return make_error(ErrorCode::internal, "{}: loading weights failed: {}", dir, e.what());
   }
   return model;

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "workers/models/internal/atomic_file.hpp"
+#include "proto/atomic_file.hpp"
 
 namespace tessera::models {
 namespace {
@@ -280,7 +280,7 @@ Status write_safetensors(const std::string& path, const TensorMap& tensors,
   }
   std::string header = build_header(items, metadata);
   uint64_t n = header.size();
-  internal::AtomicFileWriter w;
+  proto::AtomicFileWriter w;
   TESSERA_RETURN_IF_ERROR(w.open(path));
   TESSERA_RETURN_IF_ERROR(w.write(&n, 8));
   TESSERA_RETURN_IF_ERROR(w.write(header.data(), header.size()));

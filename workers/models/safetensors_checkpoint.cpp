@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "workers/models/internal/atomic_file.hpp"
+#include "proto/atomic_file.hpp"
 #include "workers/models/safetensors.hpp"
 
 namespace tessera::models {
@@ -110,7 +110,7 @@ Status write_safetensors_checkpoint(const std::string& dir, const TensorMap& ten
     }
   }
   json j = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  TESSERA_RETURN_IF_ERROR(internal::write_file_atomic(index.string(), j.dump(2) + "\n"));
+  TESSERA_RETURN_IF_ERROR(proto::write_file_atomic(index.string(), j.dump(2) + "\n"));
   remove_if_exists(single);
   return Status();
 }

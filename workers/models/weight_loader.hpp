@@ -32,6 +32,8 @@ struct LoadOptions {
   std::optional<c10::ScalarType> dtype;
   /// Seed for a value head that the checkpoint lacks (critic initialised from an actor checkpoint).
   uint64_t score_seed = 0;
+  /// Where the parameters end up (read on the host, then moved once). Unset: the host.
+  std::optional<c10::Device> device;
 };
 
 /// Moves `checkpoint` (read from `source`) into `model`; every parameter must end up set.

@@ -47,14 +47,13 @@ at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
 at::Tensor inverse_cdf(const at::Tensor& filtered_logits, const std::vector<double>& uniforms) {
   const int64_t n = filtered_logits.size(0);
   at::Tensor cdf = at::softmax(filtered_logits, 1, at::kFloat).cumsum(1);
-  at::Tensor total = cdf.narrow(1, cdf.size(1) - 1, 1).contiguous();
-  at::Tensor target = at::empty({n, 1}, at::kFloat);
-  const float* tot = total.data_ptr<float>();
-  float* t = target.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = static_cast<float>(uniforms[static_cast<size_t>(i)] * static_cast<double>(tot[i]));
-    t[i] = std::min(x, std::nextafter(tot[i], 0.0f));
-  }
+  at::Tensor total = cdf.narrow(1, cdf.size(1) - 1, 1);
+  // On the logits' device, with the host's rounding: float(u * double(total)), kept strictly
+  // below the total. The uniforms come from the host's per-row generators, so a GPU draws the
+  // same tokens as the CPU from the same seed.
+  at::Tensor u = at::tensor(uniforms, at::kDouble).view({n, 1}).to(cdf.device(), /*non_blocking=*/true);
+  at::Tensor scaled = (u * total.to(at::kDouble)).to(at::kFloat);
+  at::Tensor target = at::minimum(scaled, at::nextafter(total, at::zeros_like(total)));
   at::Tensor idx = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true);
   return idx.squeeze(1).clamp_max(filtered_logits.size(1) - 1);
 }

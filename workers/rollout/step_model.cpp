@@ -70,6 +70,8 @@ CausalLMStepModel::CausalLMStepModel(std::shared_ptr<models::CausalLM> model, Pa
 
 c10::ScalarType CausalLMStepModel::dtype() const { return model_->lm_head_weight().scalar_type(); }
 
+c10::Device CausalLMStepModel::device() const { return model_->lm_head_weight().device(); }
+
 at::Tensor CausalLMStepModel::partial_sum(at::Tensor t) const {
   if (all_reduce_) all_reduce_(t);
   return t;

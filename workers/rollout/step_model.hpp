@@ -42,6 +42,8 @@ class StepModel {
   virtual const models::ModelConfig& cache_config() const = 0;
   /// The compute dtype: parameters and KV cache.
   virtual c10::ScalarType dtype() const = 0;
+  /// The device of the weights: the KV cache, the step inputs and sampling live there.
+  virtual c10::Device device() const = 0;
   /// Appends T tokens per row to `cache` (kv_cache.hpp contract) and returns their final hidden
   /// states [B, T, hidden]. Runs without autograd.
   virtual at::Tensor forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids,
@@ -71,6 +73,7 @@ class CausalLMStepModel final : public StepModel {
 
   const models::ModelConfig& cache_config() const override { return model_->config(); }
   c10::ScalarType dtype() const override;
+  c10::Device device() const override;
   at::Tensor forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, models::KVCache& cache,
                           const at::Tensor& cache_mask) override;
   at::Tensor logits(const at::Tensor& hidden) override;

@@ -2,6 +2,11 @@
 // GPU; world 2 (threads as ranks, one device each) needs two. Without devices the tests skip.
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+
 #include "runtime/collective/communicator.hpp"
 #include "tests/runtime/collective/collective_test_util.hpp"
 
@@ -55,6 +60,40 @@ TEST(Nccl, MatchesInprocWhereDevicesExist) {
       EXPECT_TRUE(at::equal(nccl[r][2], inproc[r][2])) << "all_reduce max " << r;
       EXPECT_TRUE(at::equal(nccl[r][3], inproc[r][3])) << "broadcast " << r;
     }
+  }
+}
+
+// Note [NCCL on device tensors]: a collective on a tensor that a long kernel is still writing must
+// wait for that kernel (the communicator's stream waits on the caller's), and the kernel that reads
+// the result must wait for the collective (the caller's stream waits on the communicator's). No
+// host synchronisation in between: a missing event wait reads a half-written or stale buffer.
+TEST(Nccl, InPlaceDeviceTensorsAreOrderedAfterTheirProducer) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const int world = 2;
+  int port = testing::free_port();
+  std::string key = testing::fresh_key("nccl_in_place");
+  std::vector<at::Tensor> results(world), expected(world);
+  testing::run_ranks(world, [&](int rank) {
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(rank));
+    c10::cuda::CUDAGuard guard(device);
+    auto o = testing::world_options("nccl", rank, world, port, key);
+    o.cuda_device = rank;
+    auto c = make_communicator(o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    // A long chain of kernels on the current stream produces the tensor (hundreds of ms).
+    at::Tensor w = at::eye(2048, at::TensorOptions(at::kFloat).device(device)) * 1.0001;
+    at::Tensor x = at::full({2048, 2048}, static_cast<float>(rank + 1), at::TensorOptions(at::kFloat).device(device));
+    for (int i = 0; i < 200; ++i) x = at::matmul(x, w);
+    at::Tensor flat = x.view(-1);
+    ASSERT_TRUE((*c)->all_reduce(flat, ReduceOp::sum).ok());
+    at::Tensor doubled = flat * 2;  // read on the caller's stream right after the call
+    results[rank] = doubled.to(at::kCPU);
+    expected[rank] = (at::full({2048 * 2048}, 3.0f) * std::pow(1.0001f, 200.0f) * 2).to(at::kFloat);
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(results[r].defined());
+    EXPECT_TRUE(at::allclose(results[r], expected[r], 1e-4, 1e-4)) << "rank " << r;
   }
 }
 

@@ -1,4 +1,4 @@
-// build_fsdp_module (workers/worker_support.hpp) as the workers call it, on the HF decoder at
+// build_fsdp_module (workers/roles/worker_support.hpp) as the workers call it, on the HF decoder at
 // world 2: a null optim block gives a frozen engine (0 optimizer bytes, step() refused naming the
 // config path) whose eval outputs equal a trainable build's; FULL_SHARD (verl's default) frees
 // each decoder layer after its forward (only the root unit is gathered when forward returns) and
@@ -11,7 +11,7 @@
 #include "runtime/collective/communicator.hpp"
 #include "tests/runtime/collective/collective_test_util.hpp"
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
-#include "workers/worker_support.hpp"
+#include "workers/roles/worker_support.hpp"
 
 namespace tessera::workers {
 namespace {

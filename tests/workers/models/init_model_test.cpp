@@ -11,7 +11,7 @@
 #include "tests/workers/models/model_test_util.hpp"
 #include "workers/models/init_model.hpp"
 #include "workers/models/model_io.hpp"
-#include "workers/models/tokenizer.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::models {
 namespace {

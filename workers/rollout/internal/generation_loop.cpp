@@ -90,7 +90,8 @@ class GenerationLoop {
     const int64_t need = longest_prompt_ + options_.response_length;
     const int64_t capacity = continuous() ? need + need / 2 : need;
     const int64_t slots = std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
-    TESSERA_ASSIGN_OR_RETURN(SlotCache cache, SlotCache::create(model_.cache_config(), model_.dtype(), slots, capacity));
+    TESSERA_ASSIGN_OR_RETURN(SlotCache cache, SlotCache::create(model_.cache_config(), model_.dtype(), slots, capacity,
+                                                                model_.device()));
     cache_.emplace(std::move(cache));
     slot_row_.assign(static_cast<size_t>(slots), -1);
     return Status();
@@ -142,10 +143,12 @@ class GenerationLoop {
     int64_t W = 0;
     std::vector<int64_t> taken = take_admissions(free.size(), W);
     const int64_t k = static_cast<int64_t>(taken.size());
-    auto [ids, mask] = left_padded(taken, W);
+    auto [host_ids, host_mask] = left_padded(taken, W);
+    const c10::Device device = model_.device();
+    at::Tensor ids = host_ids.to(device, /*non_blocking=*/true), mask = host_mask.to(device, /*non_blocking=*/true);
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
-                                                                          {k, W, model_.dtype(), c10::Device(c10::DeviceType::CPU)}));
+                                                                          {k, W, model_.dtype(), device}));
     at::Tensor hidden = model_.forward_step(ids, pos, tmp, mask);
     at::Tensor logits = model_.logits(hidden.select(1, W - 1));
     std::vector<int64_t> slots(free.begin(), free.begin() + k);
@@ -206,9 +209,14 @@ class GenerationLoop {
       lv[s] = true;
       live_slots.push_back(s);
     }
-    cache_->open_column(live);
-    at::Tensor hidden = model_.forward_step(ids, pos, cache_->kv(), cache_->mask()).select(1, 0);
-    if (static_cast<int64_t>(live_slots.size()) < S) hidden = hidden.index_select(0, at::tensor(live_slots, at::kLong));
+    // The step's inputs are made on the host and copied up in one go each (no device reads).
+    const c10::Device device = model_.device();
+    cache_->open_column(live.to(device, /*non_blocking=*/true));
+    at::Tensor hidden = model_.forward_step(ids.to(device, /*non_blocking=*/true), pos.to(device, /*non_blocking=*/true),
+                                            cache_->kv(), cache_->mask()).select(1, 0);
+    if (static_cast<int64_t>(live_slots.size()) < S) {
+      hidden = hidden.index_select(0, at::tensor(live_slots, at::kLong).to(device, /*non_blocking=*/true));
+    }
     sample_and_record(model_.logits(hidden), live_slots);
     stats_.decode_steps += 1;
     stats_.decode_row_steps += S;
@@ -223,14 +231,19 @@ class GenerationLoop {
       for (int64_t s : slots) uniforms.push_back(rngs_[static_cast<size_t>(slot_row_[static_cast<size_t>(s)])]->next_uniform());
     }
     SampledTokens picked = sample_tokens(logits, options_.sampling, uniforms, options_.want_logprobs);
-    at::Tensor tokens = picked.tokens.contiguous();
-    at::Tensor lps = options_.want_logprobs ? picked.logprobs.to(at::kFloat).contiguous() : at::Tensor();
-    for (size_t i = 0; i < slots.size(); ++i) {
+    // The step's one device-to-host copy: the tokens, and the log-probs beside them (a float and
+    // a token id below 2^53 are both exact as doubles).
+    at::Tensor drawn = picked.tokens.to(at::kDouble);
+    if (options_.want_logprobs) drawn = at::cat({drawn, picked.logprobs.to(at::kFloat).to(at::kDouble)});
+    drawn = drawn.to(at::kCPU).contiguous();
+    const double* values = drawn.data_ptr<double>();
+    const size_t n = slots.size();
+    for (size_t i = 0; i < n; ++i) {
       const int64_t slot = slots[i];
       GeneratedRow& row = rows_[static_cast<size_t>(slot_row_[static_cast<size_t>(slot)])];
-      const int64_t token = tokens.data_ptr<int64_t>()[i];
+      const auto token = static_cast<int64_t>(values[i]);
       row.tokens.push_back(token);
-      if (options_.want_logprobs) row.logprobs.push_back(lps.data_ptr<float>()[i]);
+      if (options_.want_logprobs) row.logprobs.push_back(static_cast<float>(values[n + i]));
       stats_.generated_tokens += 1;
       if (finished(row, token)) {
         slot_row_[static_cast<size_t>(slot)] = -1;

@@ -11,10 +11,9 @@ SlotCache::SlotCache(models::ModelConfig config, models::KVCache kv, at::Tensor 
     : config_(std::move(config)), kv_(std::move(kv)), mask_(std::move(mask)) {}
 
 Result<SlotCache> SlotCache::create(const models::ModelConfig& config, c10::ScalarType dtype, int64_t slots,
-                                    int64_t capacity) {
-  TESSERA_ASSIGN_OR_RETURN(models::KVCache kv,
-                           models::KVCache::create(config, {slots, capacity, dtype, c10::Device(c10::DeviceType::CPU)}));
-  return SlotCache(config, std::move(kv), at::zeros({slots, capacity}, at::kBool));
+                                    int64_t capacity, c10::Device device) {
+  TESSERA_ASSIGN_OR_RETURN(models::KVCache kv, models::KVCache::create(config, {slots, capacity, dtype, device}));
+  return SlotCache(config, std::move(kv), at::zeros({slots, capacity}, at::TensorOptions(at::kBool).device(device)));
 }
 
 int64_t SlotCache::visible(int64_t slot) const { return mask_[slot].sum().item<int64_t>(); }
@@ -24,7 +23,7 @@ void SlotCache::insert(const models::KVCache& prefilled, const at::Tensor& prefi
   const int64_t width = prefilled.capacity();
   if (kv_.length() < width) kv_.advance(width - kv_.length());  // new columns stay hidden for all
   const int64_t start = kv_.length() - width;
-  at::Tensor slots = at::tensor(slot_ids, at::kLong);
+  at::Tensor slots = at::tensor(slot_ids, at::kLong).to(mask_.device());
   at::NoGradGuard no_grad;
   for (int64_t l = 0; l < kv_.num_layers(); ++l) {
     kv_.key(l).narrow(2, start, width).index_copy_(0, slots, prefilled.key(l));
@@ -40,8 +39,10 @@ void SlotCache::clear(int64_t slot) { mask_[slot].fill_(false); }
 
 Result<SlotCache> SlotCache::repack(const std::vector<int64_t>& keep) const {
   const int64_t K = static_cast<int64_t>(keep.size()), len = kv_.length();
-  at::Tensor rows = at::tensor(keep, at::kLong);
-  at::Tensor old_mask = mask_.narrow(1, 0, len).index_select(0, rows).contiguous();
+  const c10::Device device = mask_.device();
+  at::Tensor rows = at::tensor(keep, at::kLong).to(device);
+  // The column plan is made on the host: one copy of the kept rows' mask (a repack is rare).
+  at::Tensor old_mask = mask_.narrow(1, 0, len).index_select(0, rows).to(at::kCPU).contiguous();
   auto m = old_mask.accessor<bool, 2>();
   std::vector<std::vector<int64_t>> columns(static_cast<size_t>(K));
   int64_t width = 1;
@@ -51,10 +52,11 @@ Result<SlotCache> SlotCache::repack(const std::vector<int64_t>& keep) const {
     }
     width = std::max<int64_t>(width, static_cast<int64_t>(columns[static_cast<size_t>(i)].size()));
   }
-  TESSERA_ASSIGN_OR_RETURN(SlotCache out, create(config_, kv_.dtype(), K, kv_.capacity()));
+  TESSERA_ASSIGN_OR_RETURN(SlotCache out, create(config_, kv_.dtype(), K, kv_.capacity(), device));
   at::Tensor gather = at::zeros({K, width}, at::kLong);  // hidden padding reads column 0
+  at::Tensor new_mask = at::zeros({K, out.capacity()}, at::kBool);
   auto g = gather.accessor<int64_t, 2>();
-  auto nm = out.mask_.accessor<bool, 2>();
+  auto nm = new_mask.accessor<bool, 2>();
   for (int64_t i = 0; i < K; ++i) {
     const auto& cols = columns[static_cast<size_t>(i)];
     const int64_t offset = width - static_cast<int64_t>(cols.size());
@@ -63,6 +65,8 @@ Result<SlotCache> SlotCache::repack(const std::vector<int64_t>& keep) const {
       nm[i][offset + static_cast<int64_t>(j)] = true;
     }
   }
+  out.mask_.copy_(new_mask);
+  gather = gather.to(device);
   at::NoGradGuard no_grad;
   at::Tensor row_index = rows.unsqueeze(1);  // [K, 1] broadcasts against gather [K, width]
   for (int64_t l = 0; l < kv_.num_layers(); ++l) {

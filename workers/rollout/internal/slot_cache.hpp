@@ -30,9 +30,10 @@ namespace tessera::rollout::internal {
 /// A slot-addressed KV cache. See Note [Slot cache layout].
 class SlotCache {
  public:
-  /// A cache of `slots` rows and `capacity` columns in `dtype`, all columns hidden.
+  /// A cache of `slots` rows and `capacity` columns in `dtype` on `device` (keys, values and the
+  /// visibility mask), all columns hidden.
   static Result<SlotCache> create(const models::ModelConfig& config, c10::ScalarType dtype, int64_t slots,
-                                  int64_t capacity);
+                                  int64_t capacity, c10::Device device = c10::Device(c10::DeviceType::CPU));
 
   int64_t slots() const { return kv_.batch_size(); }
   int64_t length() const { return kv_.length(); }
@@ -40,7 +41,7 @@ class SlotCache {
   models::KVCache& kv() { return kv_; }
   /// Visibility [slots, capacity] (bool); columns >= length() are always hidden.
   const at::Tensor& mask() const { return mask_; }
-  /// Number of visible columns of `slot`.
+  /// Number of visible columns of `slot` (reads the mask on the host: tests and diagnostics only).
   int64_t visible(int64_t slot) const;
 
   /// Copies the k rows of `prefilled` (capacity W, fully written) into `slot_ids`, at columns

@@ -1,0 +1,190 @@
+// tokenizer_errors_test.cpp: malformed tokenizer files fail with one line naming file and field.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "workers/tokenizer/tokenizer.hpp"
+
+namespace tessera::tokenizer {
+namespace {
+
+using nlohmann::json;
+
+class TokenizerErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("tessera_tok_err_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+    return (dir_ / name).string();
+  }
+
+  // Loads `text` as tokenizer.json and returns the error, checking it is one line naming the file.
+  Status load_error(const std::string& text) {
+    const std::string file = write("tokenizer.json", text);
+    auto tok = Tokenizer::from_dir(dir_);
+    EXPECT_FALSE(tok.ok());
+    if (tok.ok()) return Status();
+    const std::string msg = tok.status().message();
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    return tok.status();
+  }
+
+  std::filesystem::path dir_;
+};
+
+json valid_json() {
+  return {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}}};
+}
+
+void expect_mentions(const Status& st, const std::string& what) {
+  EXPECT_NE(st.message().find(what), std::string::npos) << st.message();
+}
+
+TEST_F(TokenizerErrors, ValidBaselineLoads) {
+  write("tokenizer.json", valid_json().dump());
+  EXPECT_TRUE(Tokenizer::from_dir(dir_).ok());
+}
+
+TEST_F(TokenizerErrors, MissingFile) {
+  auto tok = Tokenizer::from_dir(dir_);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), ErrorCode::not_found);
+  expect_mentions(tok.status(), (dir_ / "tokenizer.json").string());
+}
+
+TEST_F(TokenizerErrors, NotJsonAndTruncated) {
+  EXPECT_EQ(load_error("this is not json").code(), ErrorCode::corrupt_data);
+  const std::string full = valid_json().dump();
+  const Status truncated = load_error(full.substr(0, full.size() / 2));
+  EXPECT_EQ(truncated.code(), ErrorCode::corrupt_data);
+  expect_mentions(truncated, "not valid JSON");
+  EXPECT_EQ(load_error("[1, 2]").code(), ErrorCode::corrupt_data);
+}
+
+TEST_F(TokenizerErrors, MissingModelAndUnknownModelType) {
+  expect_mentions(load_error(R"({"added_tokens": []})"), "'model'");
+  json j = valid_json();
+  j["model"]["type"] = "WordPiece";
+  const Status st = load_error(j.dump());
+  EXPECT_EQ(st.code(), ErrorCode::unimplemented);
+  expect_mentions(st, "model.type");
+  expect_mentions(st, "WordPiece");
+}
+
+TEST_F(TokenizerErrors, BadMergesEntries) {
+  for (const json& bad : {json("a b c"), json("ab"), json(7), json::array({"a"}), json::array({"a", 1})}) {
+    json j = valid_json();
+    j["model"]["merges"] = json::array({"a b", bad});
+    expect_mentions(load_error(j.dump()), "model.merges[1]");
+  }
+  json j = valid_json();
+  j["model"]["merges"] = {"a z"};
+  const Status st = load_error(j.dump());
+  expect_mentions(st, "model.merges[0]");
+  expect_mentions(st, "'z'");
+  j["model"]["merges"] = {"b a"};  // "ba" is not in the vocab
+  expect_mentions(load_error(j.dump()), "'ba'");
+}
+
+TEST_F(TokenizerErrors, BadVocabAndUnkToken) {
+  json j = valid_json();
+  j["model"]["vocab"]["c"] = "three";
+  expect_mentions(load_error(j.dump()), "model.vocab.c");
+  j = valid_json();
+  j["model"]["vocab"]["c"] = 1;
+  expect_mentions(load_error(j.dump()), "id 1 is used by both");
+  j = valid_json();
+  j["model"]["unk_token"] = "<unk>";
+  expect_mentions(load_error(j.dump()), "model.unk_token");
+}
+
+TEST_F(TokenizerErrors, BadRegexNamesTheField) {
+  json j = valid_json();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "(\\p{L}+"}}},
+                                            {"behavior", "Isolated"}, {"invert", false}}}}};
+  const Status st = load_error(j.dump());
+  expect_mentions(st, "pre_tokenizer.pretokenizers[0].pattern.Regex");
+  expect_mentions(st, "offset");
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "a"}};
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways";
+  expect_mentions(load_error(j.dump()), "pre_tokenizer.pretokenizers[0].behavior");
+}
+
+TEST_F(TokenizerErrors, UnsupportedStagesAreRefusedNotIgnored) {
+  const std::pair<const char*, json> cases[] = {
+      {"normalizer.type", {{"type", "NFKC"}}},
+      {"pre_tokenizer.type", {{"type", "Metaspace"}}},
+      {"decoder.type", {{"type", "WordPiece"}}},
+      {"post_processor.type", {{"type", "BertProcessing"}}},
+  };
+  for (const auto& [field, value] : cases) {
+    json j = valid_json();
+    j[std::string(field).substr(0, std::string(field).find('.'))] = value;
+    const Status st = load_error(j.dump());
+    EXPECT_EQ(st.code(), ErrorCode::unimplemented) << st.message();
+    expect_mentions(st, field);
+  }
+  json j = valid_json();
+  j["model"]["byte_fallback"] = true;
+  expect_mentions(load_error(j.dump()), "model.byte_fallback");
+  j = valid_json();
+  j["truncation"] = {{"max_length", 8}};
+  expect_mentions(load_error(j.dump()), "truncation");
+}
+
+TEST_F(TokenizerErrors, BadAddedTokens) {
+  json j = valid_json();
+  j["added_tokens"] = {{{"id", 5}, {"content", ""}}};
+  expect_mentions(load_error(j.dump()), "added_tokens[0].content");
+  j["added_tokens"] = {{{"content", "<s>"}}};
+  expect_mentions(load_error(j.dump()), "added_tokens[0].id");
+}
+
+TEST_F(TokenizerErrors, ConfigTokensMustExistAndConfigMustParse) {
+  write("tokenizer.json", valid_json().dump());
+  const std::string config = write("tokenizer_config.json", R"({"eos_token": "</s>"})");
+  auto tok = Tokenizer::from_dir(dir_);
+  ASSERT_FALSE(tok.ok());
+  expect_mentions(tok.status(), config);
+  expect_mentions(tok.status(), "eos_token '</s>'");
+
+  write("tokenizer_config.json", R"({"eos_token": {"content": "ab"}, "pad_token": 5})");
+  tok = Tokenizer::from_dir(dir_);
+  ASSERT_FALSE(tok.ok());
+  expect_mentions(tok.status(), "pad_token");
+
+  write("tokenizer_config.json", R"({"eos_token": {"content": "ab"}, "chat_template": 3})");
+  tok = Tokenizer::from_dir(dir_);
+  ASSERT_FALSE(tok.ok());
+  expect_mentions(tok.status(), "chat_template");
+
+  write("tokenizer_config.json", R"({"eos_token": {"content": "ab"}, "model_max_length": 1e30,
+                                     "chat_template": [{"name": "default", "template": "T"}]})");
+  tok = Tokenizer::from_dir(dir_);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  EXPECT_EQ(tok->eos_token_id(), 2);
+  EXPECT_EQ(tok->config().chat_template, "T");
+  EXPECT_EQ(tok->config().model_max_length, INT64_MAX);
+
+  write("tokenizer_config.json", "{");
+  tok = Tokenizer::from_dir(dir_);
+  ASSERT_FALSE(tok.ok());
+  expect_mentions(tok.status(), (dir_ / "tokenizer_config.json").string());
+}
+
+}  // namespace
+}  // namespace tessera::tokenizer

@@ -1,0 +1,252 @@
+// dp_actor.cpp: LocalTrainableModule and DataParallelPPOActor (see dp_actor.hpp).
+#include "workers/ppo/dp_actor.hpp"
+
+#include <cmath>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "workers/algos/kl.hpp"
+#include "workers/algos/losses.hpp"
+#include "workers/algos/torch_functional.hpp"
+#include "workers/ppo/ppo_inputs.hpp"
+#include "workers/ppo/ppo_update.hpp"
+
+namespace tessera::ppo {
+
+// ---- LocalTrainableModule -----------------------------------------------------------------------
+
+namespace {
+
+Result<std::unique_ptr<torch::optim::Optimizer>> make_optimizer(const std::vector<at::Tensor>& params,
+                                                                const LocalOptimizerOptions& o) {
+  if (!(o.lr >= 0)) return make_error(ErrorCode::invalid_argument, "optim.lr = {} must be >= 0", o.lr);
+  if (o.optimizer == "adamw") {
+    auto opts = torch::optim::AdamWOptions(o.lr)
+                    .betas(std::make_tuple(o.beta1, o.beta2))
+                    .eps(o.eps)
+                    .weight_decay(o.weight_decay);
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::AdamW>(params, opts));
+  }
+  if (o.optimizer == "sgd") {
+    auto opts = torch::optim::SGDOptions(o.lr).weight_decay(o.weight_decay);
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(params, opts));
+  }
+  return make_error(ErrorCode::invalid_argument, "optim.optimizer = '{}' is not one of: adamw, sgd", o.optimizer);
+}
+
+}  // namespace
+
+LocalTrainableModule::LocalTrainableModule(std::shared_ptr<models::PretrainedModel> model,
+                                           std::unique_ptr<torch::optim::Optimizer> optim, double lr)
+    : model_(std::move(model)), optimizer_(std::move(optim)), lr_(lr) {}
+
+LocalTrainableModule::~LocalTrainableModule() = default;
+
+Result<std::shared_ptr<LocalTrainableModule>> LocalTrainableModule::create(
+    std::shared_ptr<models::PretrainedModel> model, std::optional<LocalOptimizerOptions> optimizer) {
+  if (!model) return make_error(ErrorCode::invalid_argument, "LocalTrainableModule: null model");
+  std::unique_ptr<torch::optim::Optimizer> optim;
+  double lr = 0.0;
+  if (optimizer) {
+    TESSERA_ASSIGN_OR_RETURN(optim, make_optimizer(model->parameters(), *optimizer));
+    lr = optimizer->lr;
+  }
+  return std::shared_ptr<LocalTrainableModule>(new LocalTrainableModule(std::move(model), std::move(optim), lr));
+}
+
+Result<at::Tensor> LocalTrainableModule::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                 const at::Tensor& position_ids, ForwardMode mode) {
+  try {
+    model_->train(mode == ForwardMode::train);
+    return model_->forward(input_ids, attention_mask, position_ids);
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::forward");
+  }
+}
+
+Status LocalTrainableModule::backward(const at::Tensor& loss) {
+  try {
+    loss.backward();
+    return Status();
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::backward");
+  }
+}
+
+Result<StepOutcome> LocalTrainableModule::clip_and_step(double max_norm) {
+  if (!optimizer_) {
+    return make_error(ErrorCode::invalid_argument,
+                      "LocalTrainableModule: no optimizer (a frozen reference module cannot be updated)");
+  }
+  try {
+    StepOutcome out;
+    out.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+    if (!std::isfinite(out.grad_norm)) {  // verl: skip the update, drop the gradients
+      out.skipped = true;
+      zero_grad();
+      return out;
+    }
+    optimizer_->step();
+    return out;
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::clip_and_step");
+  }
+}
+
+void LocalTrainableModule::zero_grad() {
+  for (auto& p : model_->parameters()) p.mutable_grad() = at::Tensor();  // set_to_none, as torch 2.x
+}
+
+double LocalTrainableModule::lr() const { return optimizer_ ? lr_ : 0.0; }
+
+// ---- Forward helpers ----------------------------------------------------------------------------
+
+Result<LogProbOutput> response_log_probs(const at::Tensor& logits, const at::Tensor& responses, double temperature,
+                                         bool calculate_entropy) {
+  if (logits.dim() != 3 || responses.dim() != 2 || logits.size(0) != responses.size(0) ||
+      responses.size(1) >= logits.size(1)) {
+    return make_error(ErrorCode::invalid_argument,
+                      "response_log_probs: logits [B, T, V] and responses [B, R < T] expected, got {}-D and {}-D",
+                      logits.dim(), responses.dim());
+  }
+  if (!(temperature > 0)) {
+    return make_error(ErrorCode::invalid_argument, "meta_info.temperature = {} must be > 0", temperature);
+  }
+  const int64_t T = logits.size(1), R = responses.size(1);
+  at::Tensor sliced = logits.narrow(1, T - R - 1, R) / temperature;
+  LogProbOutput out;
+  TESSERA_ASSIGN_OR_RETURN(out.log_probs, algos::logprobs_from_logits(sliced, responses));
+  if (calculate_entropy) {
+    TESSERA_ASSIGN_OR_RETURN(out.entropys, algos::entropy_from_logits(sliced));
+  }
+  return out;
+}
+
+namespace {
+
+Result<double> read_temperature(const proto::DataProto& data) {
+  TESSERA_ASSIGN_OR_RETURN(double t, meta_number(data.meta_info(), "temperature"));
+  if (!(t > 0)) return make_error(ErrorCode::invalid_argument, "meta_info.temperature = {} must be > 0", t);
+  return t;
+}
+
+// The loss of one micro-batch and its metrics, from the policy's logits (verl's update_policy body).
+Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::PolicyLossFn& loss_fn,
+                                   const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits,
+                                   double temperature) {
+  const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy;
+  TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor old_log_prob, mb.tensor("old_log_probs"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor advantages, mb.tensor("advantages"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
+  const std::string& mode = config.loss_agg_mode;
+  TESSERA_ASSIGN_OR_RETURN(auto pg, loss_fn(old_log_prob, out.log_probs, advantages, mask, mode,
+                                            config.policy_loss_config()));
+  MicroLoss r;
+  at::Tensor policy_loss = pg.pg_loss;
+  if (calculate_entropy) {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor entropy, algos::agg_loss(out.entropys, mask, mode));
+    if (config.entropy_coeff != 0) policy_loss = policy_loss - entropy * config.entropy_coeff;
+    r.metrics["actor/entropy"] = entropy.item<double>();
+  }
+  if (config.use_kl_loss) {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_log_prob, mb.tensor("ref_log_prob"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor kld, algos::kl_penalty(out.log_probs, ref_log_prob, config.kl_loss_type));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor kl_loss, algos::agg_loss(kld, mask, mode));
+    policy_loss = policy_loss + kl_loss * config.kl_loss_coef;
+    r.metrics["actor/kl_loss"] = kl_loss.item<double>();
+    r.metrics["actor/kl_coef"] = config.kl_loss_coef;
+  }
+  r.loss = policy_loss;
+  r.metrics["actor/pg_loss"] = pg.pg_loss.item<double>();
+  r.metrics["actor/pg_clipfrac"] = pg.pg_clipfrac.item<double>();
+  r.metrics["actor/ppo_kl"] = pg.ppo_kl.item<double>();
+  r.metrics["actor/pg_clipfrac_lower"] = pg.pg_clipfrac_lower.item<double>();
+  return r;
+}
+
+}  // namespace
+
+// ---- DataParallelPPOActor -----------------------------------------------------------------------
+
+DataParallelPPOActor::DataParallelPPOActor(ActorConfig config, std::shared_ptr<PolicyModule> module,
+                                           MicroBatchCountSync sync, algos::PolicyLossFn loss_fn)
+    : config_(std::move(config)), module_(std::move(module)), sync_(std::move(sync)), loss_fn_(std::move(loss_fn)) {}
+
+Result<std::unique_ptr<DataParallelPPOActor>> DataParallelPPOActor::create(ActorConfig config,
+                                                                           std::shared_ptr<PolicyModule> module,
+                                                                           MicroBatchCountSync sync) {
+  if (!module) return make_error(ErrorCode::invalid_argument, "DataParallelPPOActor: null module");
+  TESSERA_RETURN_IF_ERROR(validate_actor_config(config, "actor"));
+  if (config.ppo_micro_batch_size) {
+    return make_error(ErrorCode::invalid_argument,
+                      "DataParallelPPOActor: actor.ppo_micro_batch_size is set; run normalize_actor_config first");
+  }
+  TESSERA_RETURN_IF_ERROR(check_fixed_micro_batch("actor", config.ppo_mini_batch_size,
+                                                  config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz));
+  TESSERA_ASSIGN_OR_RETURN(auto loss_fn, algos::get_policy_loss_fn(config.policy_loss.loss_mode));
+  return std::unique_ptr<DataParallelPPOActor>(
+      new DataParallelPPOActor(std::move(config), std::move(module), std::move(sync), std::move(loss_fn)));
+}
+
+Result<LogProbOutput> DataParallelPPOActor::compute_log_prob(const proto::DataProto& data, bool calculate_entropy) {
+  return guarded_call("compute_log_prob", [&] { return compute_log_prob_impl(data, calculate_entropy); });
+}
+
+Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::DataProto& data,
+                                                                   bool calculate_entropy) {
+  TESSERA_RETURN_IF_ERROR(check_text_only(data));
+  if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "compute_log_prob: empty batch");
+  TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
+  TESSERA_ASSIGN_OR_RETURN(bool use_dynamic_bsz, meta_bool(data.meta_info(), "use_dynamic_bsz"));
+  TESSERA_RETURN_IF_ERROR(read_sequence_batch(data).status());
+  TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kPpoForwardKeys, std::vector<std::string>{}));
+  MicroBatches micro;
+  if (use_dynamic_bsz) {
+    TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, meta_positive_int(data.meta_info(), "max_token_len"));
+    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len, "meta_info.max_token_len", sync_));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(int64_t mbs, meta_positive_int(data.meta_info(), "micro_batch_size"));
+    TESSERA_ASSIGN_OR_RETURN(micro, split_micro_batches(selected, mbs, "meta_info.micro_batch_size"));
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> log_probs, entropys;
+  for (const auto& mb : micro.batches) {
+    TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(mb));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits,
+                             module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::eval));
+    TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
+    log_probs.push_back(out.log_probs);
+    if (calculate_entropy) entropys.push_back(out.entropys);
+  }
+  LogProbOutput out;
+  out.log_probs = at::cat(log_probs, 0);
+  if (calculate_entropy) out.entropys = at::cat(entropys, 0);
+  if (use_dynamic_bsz) {
+    TESSERA_ASSIGN_OR_RETURN(out.log_probs, restore_dynamic_batch(out.log_probs, micro.indices));
+    if (calculate_entropy) {
+      TESSERA_ASSIGN_OR_RETURN(out.entropys, restore_dynamic_batch(out.entropys, micro.indices));
+    }
+  }
+  return out;
+}
+
+Result<Metrics> DataParallelPPOActor::update_policy(const proto::DataProto& data) {
+  return guarded_update(*module_, "update_policy", [&] { return update_policy_impl(data); });
+}
+
+Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(check_text_only(data));
+  if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_policy: empty batch");
+  TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
+  std::vector<std::string> response_keys = {"old_log_probs", "advantages"};
+  if (config_.use_kl_loss) response_keys.emplace_back("ref_log_prob");
+  TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, response_keys));
+  return run_ppo_update(*module_, selected, update_schedule("actor", config_), sync_,
+                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits) {
+                          return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature);
+                        });
+}
+
+}  // namespace tessera::ppo

@@ -1,0 +1,78 @@
+// ppo_update.cpp: the actor / critic update loop (see ppo_update.hpp).
+#include "workers/ppo/ppo_update.hpp"
+
+namespace tessera::ppo {
+
+Result<proto::DataProto> select_update_inputs(const proto::DataProto& data,
+                                              const std::vector<std::string>& response_keys) {
+  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(data));
+  std::vector<std::string> keys = kPpoForwardKeys;
+  for (const auto& key : response_keys) {
+    TESSERA_RETURN_IF_ERROR(read_response_tensor(data, key, seq).status());
+    keys.push_back(key);
+  }
+  TESSERA_RETURN_IF_ERROR(read_response_mask(data, seq).status());
+  if (data.batch().contains("response_mask")) keys.emplace_back("response_mask");
+  return data.select(keys, std::vector<std::string>{});
+}
+
+namespace {
+
+Result<MicroBatches> micro_batches_for_update(const proto::DataProto& mini_batch, const UpdateSchedule& s,
+                                              const MicroBatchCountSync& sync) {
+  if (s.use_dynamic_bsz) {
+    return rearrange_micro_batches(mini_batch, s.max_token_len, s.role + ".ppo_max_token_len_per_gpu", sync);
+  }
+  return split_micro_batches(mini_batch, *s.ppo_micro_batch_size_per_gpu, s.role + ".ppo_micro_batch_size_per_gpu");
+}
+
+Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro_batch, double loss_scale,
+                          const MicroLossFn& micro_loss, Metrics& metrics) {
+  TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor head,
+                           module.forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::train));
+  auto loss = micro_loss(micro_batch, seq, head);
+  if (!loss.ok()) {
+    (void)module.end_forward();
+    return loss.status();
+  }
+  TESSERA_RETURN_IF_ERROR(module.backward(loss->loss * loss_scale));
+  append_to_dict(metrics, loss->metrics);
+  return Status();
+}
+
+Status update_mini_batch(TrainableModule& module, const proto::DataProto& mini_batch, const UpdateSchedule& s,
+                         const MicroBatchCountSync& sync, const MicroLossFn& micro_loss, Metrics& metrics) {
+  TESSERA_ASSIGN_OR_RETURN(auto micro, micro_batches_for_update(mini_batch, s, sync));
+  module.zero_grad();
+  for (const auto& micro_batch : micro.batches) {
+    // verl v0.5.0's scaling: token share of the configured mini-batch (dynamic) or 1/grad_accum.
+    const double scale = s.use_dynamic_bsz
+                             ? static_cast<double>(micro_batch.size()) / static_cast<double>(s.ppo_mini_batch_size)
+                             : 1.0 / static_cast<double>(s.ppo_mini_batch_size / *s.ppo_micro_batch_size_per_gpu);
+    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, micro_loss, metrics));
+  }
+  TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module.clip_and_step(s.grad_clip));
+  append_to_dict(metrics, {{s.role + "/grad_norm", step.grad_norm}});
+  return Status();
+}
+
+}  // namespace
+
+Result<Metrics> run_ppo_update(TrainableModule& module, const proto::DataProto& selected,
+                               const UpdateSchedule& schedule, const MicroBatchCountSync& sync,
+                               const MicroLossFn& micro_loss) {
+  // verl v0.5.0: sequential mini-batches, no shuffle (Note in dp_actor.hpp).
+  TESSERA_ASSIGN_OR_RETURN(auto mini_batches, selected.split(schedule.ppo_mini_batch_size));
+  Metrics metrics;
+  for (int64_t epoch = 0; epoch < schedule.ppo_epochs; ++epoch) {
+    for (const auto& mini_batch : mini_batches) {
+      TESSERA_RETURN_IF_ERROR(update_mini_batch(module, mini_batch, schedule, sync, micro_loss, metrics));
+    }
+  }
+  module.zero_grad();
+  append_to_dict(metrics, {{schedule.role + "/lr", module.lr()}});
+  return metrics;
+}
+
+}  // namespace tessera::ppo

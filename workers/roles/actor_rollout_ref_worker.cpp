@@ -1,0 +1,306 @@
+// actor_rollout_ref_worker.cpp: ActorRolloutRefWorker (see actor_rollout_ref_worker.hpp).
+#include "workers/roles/actor_rollout_ref_worker.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "runtime/collective/device_mesh.hpp"
+#include "workers/models/model_io.hpp"
+#include "workers/ppo/flops_counter.hpp"
+#include "workers/ppo/ppo_inputs.hpp"
+#include "workers/rollout/tensor_parallel.hpp"
+
+namespace tessera::workers {
+
+using json = nlohmann::json;
+using dispatch::Args;
+namespace Dispatch = dispatch::Dispatch;
+using dispatch::Value;
+
+ActorRolloutRefWorker::ActorRolloutRefWorker(runtime::WorkerContext context, json init_config, std::string role)
+    : WorkerBase(std::move(context)), init_config_(std::move(init_config)), role_(std::move(role)) {}
+
+Result<std::unique_ptr<ActorRolloutRefWorker>> ActorRolloutRefWorker::create(const runtime::WorkerContext& context,
+                                                                             const json& init_config) {
+  // Only the role is checked here; the rest is parsed (and refused) by init_model.
+  const json role = init_config.is_object() ? init_config.value("role", json()) : json();
+  const auto& roles = actor_rollout_ref_roles();
+  if (!role.is_string() || std::find(roles.begin(), roles.end(), role.get<std::string>()) == roles.end()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref init config: role {} is not one of actor, rollout, ref, actor_rollout, "
+                      "actor_rollout_ref",
+                      role.dump());
+  }
+  std::unique_ptr<ActorRolloutRefWorker> w(new ActorRolloutRefWorker(context, init_config, role.get<std::string>()));
+  w->register_methods();
+  return w;
+}
+
+void ActorRolloutRefWorker::register_methods() {
+  auto proto_method = [this](const char* name, Result<proto::DataProto> (ActorRolloutRefWorker::*fn)(const proto::DataProto&)) {
+    Status st = methods().add(name, Dispatch::DP_COMPUTE_PROTO, [this, name, fn](const Args& args) -> Result<Value> {
+      return run_on_device(device(), args, name, [this, fn](const proto::DataProto& data) { return (this->*fn)(data); });
+    });
+    if (!st.ok()) spdlog::error("ActorRolloutRefWorker: {}", st.to_string());
+  };
+  (void)methods().add("init_model", Dispatch::ONE_TO_ALL, [this](const Args&) -> Result<Value> {
+    TESSERA_RETURN_IF_ERROR(init_model());
+    return Value(json());
+  });
+  proto_method("generate_sequences", &ActorRolloutRefWorker::generate_sequences);
+  proto_method("compute_log_prob", &ActorRolloutRefWorker::compute_log_prob);
+  proto_method("compute_ref_log_prob", &ActorRolloutRefWorker::compute_ref_log_prob);
+  proto_method("update_actor", &ActorRolloutRefWorker::update_actor);
+  register_split_methods();
+  register_checkpoint_methods(*this);
+}
+
+Status ActorRolloutRefWorker::require(bool has, const char* method, const char* what) const {
+  if (!initialized_) {
+    return make_error(ErrorCode::invalid_argument, "{}: init_model has not run on rank {}", method, context().rank);
+  }
+  if (has) return Status();
+  return make_error(ErrorCode::invalid_argument, "{}: role '{}' has no {}", method, role_, what);
+}
+
+// ---- init_model ---------------------------------------------------------------------------------
+
+Status ActorRolloutRefWorker::init_model() {
+  if (initialized_) return make_error(ErrorCode::invalid_argument, "init_model: already initialised");
+  TESSERA_ASSIGN_OR_RETURN(config_, parse_actor_rollout_ref_config(init_config_, context().world_size));
+  const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
+  TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
+  TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path));
+  TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, model_config_));
+  const bool split_rollout = config_.is_rollout && !config_.is_actor && config_.rollout.placement == "split";
+  if (split_rollout) {
+    TESSERA_RETURN_IF_ERROR(build_split_rollout());
+  } else if (config_.is_actor || config_.is_rollout) {
+    TESSERA_RETURN_IF_ERROR(build_actor_rollout());
+  }
+  if (config_.is_ref) TESSERA_RETURN_IF_ERROR(build_ref());
+  if (actor_module_) TESSERA_RETURN_IF_ERROR(check_on_device(actor_module_->engine(), device(), context().rank));
+  if (ref_module_) TESSERA_RETURN_IF_ERROR(check_on_device(ref_module_->engine(), device(), context().rank));
+  initialized_ = true;
+  return Status();
+}
+
+Status ActorRolloutRefWorker::build_actor_rollout() {
+  const std::string fsdp_path = "actor_rollout_ref.actor.fsdp_config";
+  TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.actor_fsdp_config, fsdp_path));
+  models::LoadOptions load;
+  load.dtype = dtype;
+  load.device = device();
+  TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
+  FsdpBuildOptions b;
+  b.fsdp_config = config_.actor_fsdp_config;
+  b.fsdp_config_path = fsdp_path;
+  b.optim = config_.is_actor ? config_.actor_optim : json();  // a standalone rollout has no optimizer
+  b.optim_path = "actor_rollout_ref.actor.optim";
+  b.gradient_checkpointing = config_.model.gradient_checkpointing;
+  b.grad_clip = config_.actor.grad_clip;
+  TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
+  if (config_.is_actor) {
+    TESSERA_ASSIGN_OR_RETURN(actor_, ppo::DataParallelPPOActor::create(config_.actor, actor_module_, ppo::make_dp_count_sync(world_)));
+  }
+  if (config_.is_rollout) {
+    // verl: the rollout mesh is (dp, infer_tp) over the world; the engine samples with a per-dp-rank
+    // seed so TP peers agree; the generation RNG of the sharding manager is seeded with dp_rank + 1000.
+    const int64_t tp = config_.rollout.tensor_model_parallel_size;
+    const uint64_t dp_rank = static_cast<uint64_t>(context().rank / tp);
+    rollout::ShardingManagerOptions o;
+    if (tp > 1) {
+      const int world = world_->size();
+      TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::create(world_, {"dp", "infer_tp"},
+                                                                         {world / static_cast<int>(tp), static_cast<int>(tp)}));
+      TESSERA_ASSIGN_OR_RETURN(rollout_tp_, mesh.group("infer_tp"));
+      o.tp_group = rollout_tp_;
+    }
+    o.config = config_.rollout;
+    o.engine = engine_options(dp_rank);
+    o.generation_seed = dp_rank + 1000;
+    TESSERA_ASSIGN_OR_RETURN(sharding_, rollout::FsdpShardingManager::create(actor_module_->engine(), model_config_, o));
+  }
+  return Status();
+}
+
+// verl: the engine samples with a per-dp-rank seed (dp_rank + 1000, plus rollout.seed or the
+// trainer seed), so TP peers agree and the colocated and split rollouts draw alike.
+rollout::EngineOptions ActorRolloutRefWorker::engine_options(uint64_t dp_rank) const {
+  rollout::EngineOptions eo;
+  eo.seed = dp_rank + 1000 + config_.rollout.seed.value_or(config_.seed);
+  return eo;
+}
+
+Status ActorRolloutRefWorker::build_ref() {
+  const std::string fsdp_path = "actor_rollout_ref.ref.fsdp_config";
+  TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.ref.fsdp_config, fsdp_path));
+  models::LoadOptions load;
+  load.dtype = dtype;
+  load.device = device();
+  TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
+  FsdpBuildOptions b;
+  b.fsdp_config = config_.ref.fsdp_config;
+  b.fsdp_config_path = fsdp_path;
+  b.force_param_offload = true;  // verl: the reference policy is always CPU-offloaded
+  TESSERA_ASSIGN_OR_RETURN(ref_module_, build_fsdp_module(model, world_, b));
+  // The reference runs only compute_log_prob, whose batching comes from meta_info; its actor
+  // config only has to be valid.
+  ppo::ActorConfig ref_config;
+  ref_config.use_dynamic_bsz = true;
+  ref_config.ppo_mini_batch_size = 1;
+  TESSERA_ASSIGN_OR_RETURN(ref_policy_, ppo::DataParallelPPOActor::create(ref_config, ref_module_, ppo::make_dp_count_sync(world_)));
+  return Status();
+}
+
+// ---- Log-prob passes ----------------------------------------------------------------------------
+
+Result<ppo::LogProbOutput> ActorRolloutRefWorker::log_probs(ppo::DataParallelPPOActor& actor, const proto::DataProto& data,
+                                                       const std::optional<int64_t>& micro_batch_size,
+                                                       bool use_dynamic_bsz, int64_t max_token_len,
+                                                       bool calculate_entropy) {
+  proto::DataProto d = data;  // shares the tensors; only meta_info changes
+  json& meta = d.meta_info();
+  if (micro_batch_size) meta["micro_batch_size"] = *micro_batch_size;
+  meta["max_token_len"] = max_token_len;
+  meta["use_dynamic_bsz"] = use_dynamic_bsz;
+  meta["temperature"] = config_.rollout.temperature;  // verl: always the rollout temperature
+  return actor.compute_log_prob(d, calculate_entropy);
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::compute_log_prob(const proto::DataProto& data) {
+  Stopwatch timer;
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, old_log_probs(data));
+  record_call_metrics(out, "compute_log_prob", timer.seconds());
+  return out;
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "compute_log_prob", "actor"));
+  if (data.meta_info().value("is_lora", false)) {
+    return make_error(ErrorCode::unimplemented, "compute_log_prob: meta_info.is_lora (LoRA reference) is not implemented");
+  }
+  const auto& fc = actor_module_->engine().options();
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(actor_module_->engine(), fc.param_offload, false));
+  const auto& r = config_.rollout;
+  TESSERA_ASSIGN_OR_RETURN(ppo::LogProbOutput lp, log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu,
+                                                       r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
+                                                       /*calculate_entropy=*/true));
+  TESSERA_RETURN_IF_ERROR(scope->exit());
+  proto::TensorDict t;
+  t.insert_or_assign("old_log_probs", lp.log_probs);
+  t.insert_or_assign("entropys", lp.entropys);
+  return proto::DataProto::from_dict(std::move(t), {}, json{{"temperature", r.temperature}});
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(require(ref_policy_ != nullptr, "compute_ref_log_prob", "reference model"));
+  Stopwatch timer;
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(ref_module_->engine(), true, false));
+  const auto& ref = config_.ref;
+  TESSERA_ASSIGN_OR_RETURN(ppo::LogProbOutput lp, log_probs(*ref_policy_, data, ref.log_prob_micro_batch_size_per_gpu,
+                                                       ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
+                                                       /*calculate_entropy=*/false));
+  TESSERA_RETURN_IF_ERROR(scope->exit());
+  proto::TensorDict t;
+  t.insert_or_assign("ref_log_prob", lp.log_probs);
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
+  record_call_metrics(out, "compute_ref_log_prob", timer.seconds());
+  return out;
+}
+
+// ---- update_actor -------------------------------------------------------------------------------
+
+Result<proto::DataProto> ActorRolloutRefWorker::update_actor(const proto::DataProto& data) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "update_actor", "actor"));
+  fsdp::FsdpModule& engine = actor_module_->engine();
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(engine, engine.options().param_offload,
+                                                           engine.options().optimizer_offload));
+  Stopwatch timer;
+  TESSERA_ASSIGN_OR_RETURN(ppo::Metrics metrics, actor_->update_policy(data));
+  const double seconds = timer.seconds();
+  const double lr = engine.current_lr();
+  engine.lr_scheduler_step();  // verl: once per update_actor call
+  TESSERA_RETURN_IF_ERROR(scope->exit());
+  json m = ppo::metrics_to_json(metrics);
+  m["actor/lr"] = lr;
+  m["perf/mfu/actor"] = ppo::model_flops_utilization(model_config_, data.meta_info(), config_.actor.ppo_epochs,
+                                                     seconds, device(), context().world_size);
+  add_device_memory_metrics(m, device());
+  m["perf/cpu_memory_used_gb"] = cpu_memory_used_gb();
+  m["timing_s/update_policy"] = seconds;
+  return metrics_proto(std::move(m));
+}
+
+// ---- generate_sequences -------------------------------------------------------------------------
+
+// With rollout TP, verl's preprocess/postprocess: the TP peers all-gather their prompts, each
+// generates the whole group's batch (identically: same weights after the all-reduces, same seed),
+// and keeps its own rows.
+Result<proto::DataProto> ActorRolloutRefWorker::generate_with_sharding(const proto::DataProto& prompts,
+                                                                       double& reshard_seconds) {
+  proto::DataProto in = prompts;
+  std::vector<int64_t> offsets;
+  if (rollout_tp_) {
+    TESSERA_ASSIGN_OR_RETURN(in, rollout::all_gather_data_proto(*rollout_tp_, prompts, offsets));
+  }
+  TESSERA_RETURN_IF_ERROR(sharding_->enter());
+  reshard_seconds = sharding_->last_reshard().reshard_seconds;
+  Result<proto::DataProto> out = sharding_->engine().generate_sequences(in);
+  Status exited = sharding_->exit();
+  if (!out.ok()) return out.status();
+  if (!exited.ok()) return exited;
+  if (!rollout_tp_) return out;
+  const auto r = static_cast<size_t>(rollout_tp_->rank());
+  return out->slice(offsets[r], offsets[r + 1]);
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::DataProto& prompts) {
+  TESSERA_RETURN_IF_ERROR(require(sharding_ != nullptr || split_engine_ != nullptr, "generate_sequences", "rollout"));
+  proto::DataProto in = prompts;
+  in.meta_info()["eos_token_id"] = tokens_.eos_token_ids;
+  in.meta_info()["pad_token_id"] = tokens_.pad_token_id;
+  Stopwatch timer;
+  double reshard = 0;  // split placement: the trainer times the weight sync itself
+  proto::DataProto out;
+  if (split_engine_) {
+    if (importer_->version() < 0) {
+      return make_error(ErrorCode::invalid_argument, "generate_sequences: the split-placement rollout on rank {} has no "
+                        "weights yet (load_rollout_weights runs first)", context().rank);
+    }
+    TESSERA_ASSIGN_OR_RETURN(out, split_engine_->generate_sequences(in));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(out, generate_with_sharding(in, reshard));
+  }
+  const double generate_seconds = timer.seconds();
+  const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
+  if (actor_ && out.size() > 0 && !(recompute.is_boolean() && !recompute.get<bool>())) {
+    // The seed: "the actor model will recompute the old log prob for the generated response".
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto lp, old_log_probs(out));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor old, lp.tensor("old_log_probs"));
+    TESSERA_RETURN_IF_ERROR(out.set_tensor("old_log_probs", old));
+    out.meta_info()["temperature"] = config_.rollout.temperature;  // as compute_log_prob's output
+  }
+  out.meta_info()["metrics"] = json{{"timing_s/reshard", reshard},
+                                    {"timing_s/generate_sequences", generate_seconds},
+                                    {"perf/cpu_memory_used_gb", cpu_memory_used_gb()}};
+  return out;
+}
+
+// ---- Checkpoints --------------------------------------------------------------------------------
+
+Status ActorRolloutRefWorker::save_checkpoint(const SaveCheckpointArgs& args) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "save_checkpoint", "actor"));
+  return save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_, context().rank,
+                                rotation_);
+}
+
+Status ActorRolloutRefWorker::load_checkpoint(const LoadCheckpointArgs& args) {
+  TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "load_checkpoint", "actor"));
+  return load_worker_checkpoint(actor_module_->engine(), args, context().rank, *world_);
+}
+
+}  // namespace tessera::workers
