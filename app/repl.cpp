@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 
+#include <torch/torch.h>
+
 #include "app/worker_types.hpp"
 #include "driver/config.hpp"
 #include "driver/data.hpp"

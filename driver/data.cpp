@@ -1,6 +1,8 @@
 // RLHFDataset, truncation helpers and data config readers (driver/data.hpp).
 #include "driver/data.hpp"
 
+#include <torch/torch.h>
+
 #include "driver/config.hpp"
 #include "driver/internal/jsonl.hpp"
 

@@ -1,5 +1,7 @@
 // SFTDataset (driver/data.hpp), after verl/utils/dataset/sft_dataset.py.
 #include "driver/config.hpp"
+#include <torch/torch.h>
+
 #include "driver/data.hpp"
 #include "driver/internal/jsonl.hpp"
 

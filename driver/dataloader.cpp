@@ -3,6 +3,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <torch/torch.h>
+
 namespace tessera::driver {
 
 Result<StatefulDataLoader> StatefulDataLoader::create(int64_t dataset_size, const DataLoaderOptions& options) {

@@ -2,6 +2,8 @@
 #include <cmath>
 #include <limits>
 
+#include <torch/torch.h>
+
 #include "driver/metrics.hpp"
 
 namespace tessera::driver {

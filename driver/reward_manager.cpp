@@ -1,6 +1,8 @@
 // NaiveRewardManager (driver/reward.hpp), after verl/workers/reward_manager/naive.py.
 #include <cstdio>
 
+#include <torch/torch.h>
+
 #include "driver/reward.hpp"
 
 namespace tessera::driver {

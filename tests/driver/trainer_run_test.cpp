@@ -10,6 +10,7 @@
 
 #include "driver/plot.hpp"
 #include "driver/ppo_trainer.hpp"
+#include "proto/device.hpp"
 #include "tests/driver/trainer_test_util.hpp"
 
 namespace tessera::driver {
@@ -93,6 +94,28 @@ TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {
   auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr, {}});
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message().find('\n'), std::string::npos);
+}
+
+TEST(TrainerRun, CudaWithoutThatGpuIsRefusedInOneLine) {
+  // trainer.device=cuda must run on the GPU or stop: never compute on the CPU instead.
+  TempDir dir("grpo_no_gpu");
+  testing::make_tiny_run(dir.path());
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  for (auto& o : overrides) {
+    if (o.rfind("trainer.n_gpus_per_node=", 0) == 0) o = "trainer.n_gpus_per_node=" + std::to_string(proto::cuda_device_count() + 1);
+    if (o.rfind("trainer.device=", 0) == 0) o = "trainer.device=cuda";
+  }
+  auto cfg = load_config(ConfigKind::ppo, "", overrides);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  PpoTrainerOptions o;
+  o.console = nullptr;
+  o.progress = nullptr;
+  auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), o);
+  Status st = t.ok() ? (*t)->init_workers() : t.status();
+  ASSERT_FALSE(st.ok()) << "a cuda run must not fall back to the CPU";
+  EXPECT_NE(st.message().find("cuda:" + std::to_string(proto::cuda_device_count())), std::string::npos)
+      << st.to_string();
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.to_string();
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ Status init_model(const InitModelOptions& o) {
     return make_error(ErrorCode::already_exists, "init-model: {} already exists and is not an empty directory", out.string());
   }
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path(), ec);
-  fs::path staging = internal::unique_temp_path(out.string());
+  fs::path staging = proto::unique_temp_path(out.string());
   Status st;
   try {
     st = build_into(o, staging);

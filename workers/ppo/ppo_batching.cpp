@@ -7,6 +7,8 @@
 #include <numeric>
 #include <utility>
 
+#include <torch/torch.h>
+
 namespace tessera::ppo {
 
 // ---- Metrics ------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ Result<RefConfig> parse_ref(const json& j) {
 Status normalize_log_prob_micro(std::optional<int64_t>& global, std::optional<int64_t>& per_gpu, bool dynamic,
                                 int64_t dp, const std::string& prefix) {
   if (global) {
-    TESSERA_ASSIGN_OR_RETURN(int64_t v, normalize_global_micro_batch_size(*global, dp, prefix + "log_prob_micro_batch_size"));
+    TESSERA_ASSIGN_OR_RETURN(int64_t v, ppo::normalize_global_micro_batch_size(*global, dp, prefix + "log_prob_micro_batch_size"));
     per_gpu = v;
     global.reset();
   }

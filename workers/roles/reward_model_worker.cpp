@@ -54,7 +54,7 @@ Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world
                       *c.model.input_tokenizer, c.model.path);
   }
   if (c.micro_batch_size) {
-    TESSERA_ASSIGN_OR_RETURN(int64_t per_gpu, normalize_global_micro_batch_size(*c.micro_batch_size, world_size,
+    TESSERA_ASSIGN_OR_RETURN(int64_t per_gpu, ppo::normalize_global_micro_batch_size(*c.micro_batch_size, world_size,
                                                                                 "reward_model.micro_batch_size"));
     c.micro_batch_size_per_gpu = per_gpu;
     c.micro_batch_size.reset();

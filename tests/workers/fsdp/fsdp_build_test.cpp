@@ -26,7 +26,7 @@ json fsdp_config(const std::string& strategy) {
           {"sharding_strategy", strategy}};
 }
 
-std::shared_ptr<FsdpTrainableModule> build(Communicator& w, const std::string& strategy, bool trainable,
+std::shared_ptr<ppo::FsdpTrainableModule> build(Communicator& w, const std::string& strategy, bool trainable,
                                            bool gradient_checkpointing = true) {
   FsdpBuildOptions b;
   b.gradient_checkpointing = gradient_checkpointing;
@@ -71,8 +71,8 @@ TEST(BuildFsdpModule, NullOptimGivesAFrozenEngineWithoutOptimizerState) {
               std::string::npos)
         << step.status().message();
     Inputs in = inputs(rank);
-    auto want = actor->forward(in.ids, in.mask, in.pos, ForwardMode::eval);
-    auto got = ref->forward(in.ids, in.mask, in.pos, ForwardMode::eval);
+    auto want = actor->forward(in.ids, in.mask, in.pos, ppo::ForwardMode::eval);
+    auto got = ref->forward(in.ids, in.mask, in.pos, ppo::ForwardMode::eval);
     ASSERT_TRUE(want.ok() && got.ok());
     EXPECT_TRUE(at::equal(*got, *want));
     EXPECT_TRUE(ref->engine().gathered_units().empty());
@@ -89,7 +89,7 @@ TEST(BuildFsdpModule, FullShardFreesEachDecoderLayerAfterItsForward) {
       ASSERT_EQ(m->engine().layouts().size(), 4u);  // 3 layers + root
       ASSERT_TRUE(m->model().backbone().layer_runner());
       Inputs in = inputs(rank);
-      auto logits = m->forward(in.ids, in.mask, in.pos, ForwardMode::train);
+      auto logits = m->forward(in.ids, in.mask, in.pos, ppo::ForwardMode::train);
       ASSERT_TRUE(logits.ok()) << logits.status().to_string();
       EXPECT_EQ(m->engine().gathered_units(), strategy == "FULL_SHARD" ? V({3}) : V({0, 1, 2, 3})) << strategy;
       ASSERT_TRUE(m->backward(logits->pow(2).mean()).ok());
@@ -114,7 +114,7 @@ TEST(BuildFsdpModule, WithoutGradientCheckpointingFullShardKeepsLayersUntilBackw
     ASSERT_TRUE(m);
     EXPECT_FALSE(m->model().backbone().layer_runner());
     Inputs in = inputs(rank);
-    auto logits = m->forward(in.ids, in.mask, in.pos, ForwardMode::train);
+    auto logits = m->forward(in.ids, in.mask, in.pos, ppo::ForwardMode::train);
     ASSERT_TRUE(logits.ok()) << logits.status().to_string();
     EXPECT_EQ(m->engine().gathered_units(), V({0, 1, 2, 3}));
     ASSERT_TRUE(m->backward(logits->pow(2).mean()).ok());

@@ -45,7 +45,7 @@ TEST(InitModel, WritesACompleteHfDirectory) {
   for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
     EXPECT_TRUE(fs::exists(fs::path(tmp / "m") / f)) << f;
   }
-  auto tok = Tokenizer::from_dir(tmp / "m");
+  auto tok = tokenizer::Tokenizer::from_dir(tmp / "m");
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   auto cfg = load_model_config(tmp / "m");
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
