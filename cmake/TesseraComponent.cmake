@@ -93,6 +93,15 @@ function(_tessera_target_common tgt)
   endforeach()
 endfunction()
 
+# Note [libstdc++ first]: PyPI's libtorch.so exports its own copies of libstdc++'s
+# std::filesystem functions, built against another libstdc++; a binary that resolves
+# std::filesystem::remove_all to that copy jumps to a null pointer. The dynamic linker takes the
+# first definition in DT_NEEDED order, and the compiler appends libstdc++ after every library, so
+# every executable names libstdc++ first.
+function(_tessera_executable_link tgt)
+  target_link_options(${tgt} BEFORE PRIVATE "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+endfunction()
+
 function(tessera_add_component name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   set(tgt tessera_${name})
@@ -114,6 +123,7 @@ function(tessera_add_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   _tessera_target_common(${name})
+  _tessera_executable_link(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock tessera_malloc)
   # One ctest entry per binary: every process start loads LibTorch (~0.5 s of CPU), so one
   # process per GoogleTest case would cost more than most of our tests. ctest -j runs binaries
@@ -129,5 +139,6 @@ function(tessera_add_bench name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   _tessera_target_common(${name})
+  _tessera_executable_link(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark tessera_malloc)
 endfunction()

@@ -18,6 +18,8 @@
 // * Sub-groups share the parent's TCPStore and Gloo device, under the prefix
 //   "<parent>/<seq>:<name>[members]"; <seq> counts new_subgroup calls, which all ranks make in
 //   the same order, so re-creating a mesh never reads stale keys.
+#include <cstdlib>
+
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -28,6 +30,14 @@
 
 namespace tessera::collective::internal {
 namespace {
+
+// Note [Flight recorder off]: LibTorch 2.x's ProcessGroupGloo records every collective in c10d's
+// process-wide FlightRecorder, whose bookkeeping is not safe when several process groups of one
+// process enqueue at once, which in-process ranks (threads) do: a map insert inside
+// FlightRecorder::record crashed 1 run in 5 of a 2-rank trainer test. Tessera reports
+// collective failures itself (rank, peers, op), so the recorder is switched off, at load time,
+// before any thread exists, unless the user set TORCH_FR_BUFFER_SIZE.
+[[maybe_unused]] const bool kFlightRecorderOff = [] { return ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0) == 0; }();
 
 using GlooDevice = std::shared_ptr<::gloo::transport::Device>;
 

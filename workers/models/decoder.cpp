@@ -63,17 +63,18 @@ at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, i
 
 namespace {
 
-// Note [No fully masked query]: every query also sees its own key. A left-padding position, or a
-// finished slot of the rollout cache, has all of its keys masked; attention over nothing is NaN
-// in most SDPA kernels, and a NaN that reaches a cached value poisons every later read of that
-// cache (a masked key still costs 0 x NaN). Those positions' outputs are never read, so letting
-// them see themselves changes no result and keeps every value finite. `visible` is
-// [B or 1, 1, T, S], the queries being the last T keys.
+// Note [No fully masked query]: a query that sees no key at all sees its own. A left-padding
+// position, or a finished slot of the rollout cache, has all of its keys masked; attention over
+// nothing is NaN in most SDPA kernels, and a NaN that reaches a cached value poisons every later
+// read of that cache (a masked key still costs 0 x NaN). Those positions' outputs are never read,
+// so letting them see themselves changes no result and keeps every value finite; every other
+// query keeps its mask exactly. `visible` is [B or 1, 1, T, S], the queries being the last T keys.
 at::Tensor with_self_visible(const at::Tensor& visible, int64_t T, int64_t S) {
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(visible.device());
   at::Tensor own_key = at::arange(S - T, S, long_opts).unsqueeze(1);  // [T, 1]
   at::Tensor key = at::arange(0, S, long_opts).unsqueeze(0);          // [1, S]
-  return visible.logical_or(key.eq(own_key).view({1, 1, T, S}));
+  at::Tensor blind = visible.any(-1, /*keepdim=*/true).logical_not();  // [B or 1, 1, T, 1]
+  return visible.logical_or(blind.logical_and(key.eq(own_key).view({1, 1, T, S})));
 }
 
 // [B, T, heads * D] -> [B, heads, T, D]

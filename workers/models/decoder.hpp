@@ -9,8 +9,8 @@
 //               HF's sdpa path; GQA heads share K/V (enable_gqa) instead of repeat_kv copies
 //   MLP         down(silu(gate(x)) * up(x))
 // Masking: query t (cache column past + t) sees key column s iff s <= past + t and the key's
-// attention-mask bit is 1. A query also always sees its own key (Note [No fully masked query] in
-// decoder.cpp), so a left-padding position gets a finite, meaningless output instead of NaN.
+// attention-mask bit is 1. A query that would see nothing sees its own key (Note [No fully masked
+// query] in decoder.cpp), so a left-padding position gets a finite, meaningless output, not NaN.
 //
 // Parameters are created uninitialised (at::empty) in the requested dtype; a loader or
 // initialize_weights() fills them. Every module holds its parameter tensors as the same TensorImpl
