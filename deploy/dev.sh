@@ -11,10 +11,13 @@
 # (default .venv) with the Python packages the tests compare against (Note [One LibTorch] in
 # CMakeLists.txt). CUDA is compiled in whenever /usr/local/cuda (or nvcc on PATH) is there.
 #
-# Note [Build cache]: a cold build takes ~40 minutes on 2 cores. ccache keeps it warm across
+# Note [Build cache]: a cold build takes ~50 minutes on 2 cores. ccache keeps it warm across
 # clones: CMakeLists.txt runs it with CCACHE_BASEDIR=<source dir> and CCACHE_NOHASHDIR, so a
 # fresh clone in another folder (CI) compiles the same relative command lines and hits the
-# entries an earlier build of the same sources left in ~/.cache/ccache.
+# entries an earlier build of the same sources left in ~/.cache/ccache. GCC's precompiled header
+# is not byte-reproducible, so the units that use it hit only when the header's own creation
+# hits, and that creation hashes differently in a build folder that already holds one: the
+# first fresh clone of a change recompiles them, later fresh clones hit.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
