@@ -98,7 +98,7 @@ Status generate(const GenerateArgs& a) {
   TESSERA_RETURN_IF_ERROR(batch.to(device));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, engine->generate_sequences(batch));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, out.tensor("responses"));
-  responses = responses.to(at::kCPU);
+  responses = responses.to(at::kCPU);  // read token by token below, to print them
   for (size_t i = 0; i < a.prompts.size(); ++i) {
     std::vector<int32_t> row;
     for (int64_t j = 0; j < responses.size(1); ++j) {

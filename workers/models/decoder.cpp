@@ -51,6 +51,12 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
   return x * tables.cos + rotated * tables.sin;
 }
 
+// Note [No fully masked query]: a query that sees no key at all sees its own. A left-padding
+// position, or a finished slot of the rollout cache, has all of its keys masked; attention over
+// nothing is NaN in most SDPA kernels, and a NaN that reaches a cached value poisons every later
+// read of that cache (a masked key still costs 0 x NaN). Those positions' outputs are never read,
+// so letting them see themselves changes no result and keeps every value finite; every other
+// query keeps its mask exactly. Done once per forward here, not per layer.
 at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len) {
   int64_t total = past_len + query_len;
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(key_mask.device());
@@ -58,24 +64,12 @@ at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, i
   at::Tensor key_col = at::arange(0, total, long_opts).unsqueeze(0);           // [1, S]
   at::Tensor causal = key_col.le(query_col);                                   // [T, S]
   at::Tensor keys = key_mask.ne(0).view({key_mask.size(0), 1, 1, total});     // [B, 1, 1, S]
-  return causal.view({1, 1, query_len, total}).logical_and(keys);
+  at::Tensor visible = causal.view({1, 1, query_len, total}).logical_and(keys);  // [B, 1, T, S]
+  at::Tensor blind = visible.any(-1, /*keepdim=*/true).logical_not();          // [B, 1, T, 1]
+  return visible.logical_or(blind.logical_and(key_col.eq(query_col).view({1, 1, query_len, total})));
 }
 
 namespace {
-
-// Note [No fully masked query]: a query that sees no key at all sees its own. A left-padding
-// position, or a finished slot of the rollout cache, has all of its keys masked; attention over
-// nothing is NaN in most SDPA kernels, and a NaN that reaches a cached value poisons every later
-// read of that cache (a masked key still costs 0 x NaN). Those positions' outputs are never read,
-// so letting them see themselves changes no result and keeps every value finite; every other
-// query keeps its mask exactly. `visible` is [B or 1, 1, T, S], the queries being the last T keys.
-at::Tensor with_self_visible(const at::Tensor& visible, int64_t T, int64_t S) {
-  auto long_opts = at::TensorOptions().dtype(at::kLong).device(visible.device());
-  at::Tensor own_key = at::arange(S - T, S, long_opts).unsqueeze(1);  // [T, 1]
-  at::Tensor key = at::arange(0, S, long_opts).unsqueeze(0);          // [1, S]
-  at::Tensor blind = visible.any(-1, /*keepdim=*/true).logical_not();  // [B or 1, 1, T, 1]
-  return visible.logical_or(blind.logical_and(key.eq(own_key).view({1, 1, T, S})));
-}
 
 // [B, T, heads * D] -> [B, heads, T, D]
 at::Tensor split_heads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
@@ -107,8 +101,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
   // LibTorch's fused attention (flash / memory-efficient on a GPU, the flash CPU kernel on the
   // host); grouped-query heads share their K/V without repeat_kv copies.
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  const at::Tensor mask = with_self_visible(visible, T, k.size(2));  // Note [No fully masked query]
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false, scaling,
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false, scaling,
                                                     /*enable_gqa=*/num_heads_ != num_kv_heads_);
   return o_proj->forward(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
 }

@@ -73,7 +73,8 @@ RotaryTables make_rotary_tables(const at::Tensor& position_ids, int64_t head_dim
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
 
 /// Visibility [B, 1, T, past + T] (bool): key column s visible to query t iff s <= past + t and
-/// key_mask[b, s] != 0. REQUIRES: key_mask is [B, past + T].
+/// key_mask[b, s] != 0; a query that sees no key sees its own (Note [No fully masked query]).
+/// REQUIRES: key_mask is [B, past + T].
 at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len);
 
 /// Where one layer reads and writes its keys/values during incremental decoding.

@@ -77,14 +77,12 @@ TEST_P(OnDevice, RolloutMatchesTheCpuTokenForToken) {
 TEST_P(OnDevice, FullShardAdamWStepOnTwoRanksMatchesTheCpu) {
   proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 21, kVocab);
   batch.meta_info()["temperature"] = 1.0;
-  auto chunks = batch.chunk(2);
-  ASSERT_TRUE(chunks.ok());
   // old_log_probs from the untrained model on the CPU: on-policy but for noise, as in verl.
   auto probe = make_worker(context(0, 1, next_port()), "actor", arr_config(4, 1));
   auto lp = probe->compute_log_prob(batch);
   ASSERT_TRUE(lp.ok()) << lp.status().to_string();
   ASSERT_TRUE(batch.set_tensor("old_log_probs", *lp->tensor("old_log_probs") - 0.1).ok());
-  chunks = batch.chunk(2);
+  auto chunks = batch.chunk(2);
   ASSERT_TRUE(chunks.ok());
   auto run = [&](bool on_device) {
     std::vector<std::map<std::string, at::Tensor>> states(2);
