@@ -39,7 +39,7 @@ function(tessera_setup_pch)
   target_link_libraries(tessera_deps INTERFACE
     ${TORCH_LIBRARIES} CAF::core CAF::io CapnProto::capnp CapnProto::kj Boost::headers
     nlohmann_json::nlohmann_json yaml-cpp spdlog::spdlog fmt::fmt CLI11::CLI11
-    PkgConfig::PCRE2 PNG::PNG ${READLINE_LIBRARY} Threads::Threads)
+    PkgConfig::PCRE2 ${READLINE_LIBRARY} Threads::Threads)
   target_include_directories(tessera_deps INTERFACE ${CMAKE_SOURCE_DIR})
   _tessera_pin_fmt_headers()
   target_compile_options(tessera_deps INTERFACE -fPIC -Wall -Wextra -Wno-unused-parameter -Winvalid-pch)
@@ -141,4 +141,12 @@ function(tessera_add_bench name)
   _tessera_target_common(${name})
   _tessera_executable_link(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark tessera_malloc)
+endfunction()
+
+# Note [Include-free libraries] (CMakeLists.txt): `dir` goes on `tgt`'s include path only where it
+# is not one the compiler searches anyway (a private prefix, as on the GPU image).
+function(tessera_private_include tgt dir)
+  if(NOT dir IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
+    target_include_directories(${tgt} SYSTEM PRIVATE ${dir})
+  endif()
 endfunction()

@@ -9,7 +9,7 @@
 #
 # The image is Ubuntu 24.04 with CUDA 13 in /usr/local/cuda and PyTorch (a CUDA LibTorch, C++11
 # ABI) plus its NCCL in a Python venv; it has Boost, GTest, benchmark, fmt, spdlog, yaml-cpp,
-# CLI11, nlohmann-json and libpng, but no CAF, Cap'n Proto, jemalloc, PCRE2 or readline headers, and
+# CLI11 and nlohmann-json, but no CAF, Cap'n Proto, jemalloc, PCRE2, readline, cairo or utf8proc, and
 # nothing can be fetched there. So those come as Debian 12 .debs (`fetch`, copied along), unpacked
 # with dpkg -x under $TESSERA_DEPS_PREFIX (never over /: the image's /lib is a symlink). Tessera
 # links the venv's LibTorch and the venv's NCCL (the one LibTorch itself loads: one libnccl.so.2
@@ -28,7 +28,10 @@ PREFIX="${TESSERA_DEPS_PREFIX:-/opt/tessera-deps}"
 LIBDIR="$PREFIX/usr/lib/x86_64-linux-gnu"
 PACKAGES=(libcaf-dev libcaf-core0.17 libcaf-io0.17 libcaf-openssl0.17 capnproto libcapnp-0.9.2
           libcapnp-dev libjemalloc-dev libjemalloc2 libpcre2-dev libpcre2-8-0 libreadline-dev
-          libreadline8 libgloo-dev)
+          libreadline8 libgloo-dev libutf8proc-dev libutf8proc2
+          libcairo2-dev libcairo2 libpixman-1-0 libfontconfig1 libfreetype6 libpng16-16 libx11-6
+          libxcb1 libxcb-render0 libxcb-shm0 libxext6 libxrender1 libxau6 libxdmcp6 libbsd0
+          libmd0 libbrotli1 libexpat1)
 
 say() { printf '[cuda-image] %s\n' "$*"; }
 

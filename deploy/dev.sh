@@ -32,7 +32,7 @@ PACKAGES=(
   libcapnp-dev capnproto
   libboost-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
-  libreadline-dev libpcre2-dev libpng-dev libjemalloc-dev
+  libreadline-dev libpcre2-dev libjemalloc-dev libcairo2-dev fonts-dejavu-core libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
 )

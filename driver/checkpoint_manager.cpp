@@ -1,9 +1,6 @@
 // Checkpoint bookkeeping (driver/checkpoint_manager.hpp).
 #include "driver/checkpoint_manager.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <iterator>
@@ -12,6 +9,7 @@
 #include <system_error>
 
 #include "driver/config.hpp"
+#include "proto/atomic_file.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -22,15 +20,6 @@ constexpr const char* kMarker = "latest_checkpointed_iteration.txt";
 constexpr const char* kDataState = "data.json";
 constexpr const char* kTrainerState = "trainer_state.json";
 constexpr const char* kStepPrefix = "global_step_";
-
-Status fsync_path(const fs::path& path, int flags) {
-  int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return make_error(ErrorCode::io_error, "cannot open {} to fsync", path.string());
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return make_error(ErrorCode::io_error, "fsync of {} failed", path.string());
-  return Status();
-}
 
 Result<nlohmann::json> read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -52,23 +41,6 @@ Status remove_tree(const fs::path& path) {
 }
 
 }  // namespace
-
-Status write_file_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return make_error(ErrorCode::io_error, "cannot create {}", tmp.string());
-    out << text;
-    out.flush();
-    if (!out) return make_error(ErrorCode::io_error, "write to {} failed", tmp.string());
-  }
-  TESSERA_RETURN_IF_ERROR(fsync_path(tmp, O_RDONLY));
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return make_error(ErrorCode::io_error, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
-  return fsync_path(path.has_parent_path() ? path.parent_path() : fs::path("."), O_RDONLY | O_DIRECTORY);
-}
 
 Result<int64_t> parse_global_step(const fs::path& dir) {
   std::string name = (dir.has_filename() ? dir : dir.parent_path()).filename().string();
@@ -129,8 +101,8 @@ Status CheckpointManager::write_driver_state(int64_t step, const nlohmann::json&
   if (!fs::is_directory(dir, ec)) {
     return make_error(ErrorCode::not_found, "{} does not exist (call begin_save first)", dir.string());
   }
-  TESSERA_RETURN_IF_ERROR(write_file_atomic(dir / kDataState, dataloader_state.dump(2) + "\n"));
-  return write_file_atomic(dir / kTrainerState, trainer_state.dump(2) + "\n");
+  TESSERA_RETURN_IF_ERROR(proto::write_file_atomic((dir / kDataState).string(), dataloader_state.dump(2) + "\n"));
+  return proto::write_file_atomic((dir / kTrainerState).string(), trainer_state.dump(2) + "\n");
 }
 
 Status CheckpointManager::commit(int64_t step) {
@@ -139,7 +111,7 @@ Status CheckpointManager::commit(int64_t step) {
   if (!fs::exists(state, ec)) {
     return make_error(ErrorCode::invalid_argument, "cannot commit step {}: {} is missing", step, state.string());
   }
-  TESSERA_RETURN_IF_ERROR(write_file_atomic(marker_path(), std::to_string(step)));
+  TESSERA_RETURN_IF_ERROR(proto::write_file_atomic(marker_path().string(), std::to_string(step)));
   return prune();
 }
 

@@ -93,8 +93,4 @@ class CheckpointManager {
 /// N from a path whose last component is "global_step_N"; errors name the path.
 Result<int64_t> parse_global_step(const std::filesystem::path& dir);
 
-/// Writes `text` to `path` atomically: a sibling temporary file, fsync, rename, fsync of the
-/// directory. Errors name the path.
-Status write_file_atomic(const std::filesystem::path& path, const std::string& text);
-
 }  // namespace tessera::driver

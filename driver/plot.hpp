@@ -1,19 +1,22 @@
-// plot.hpp: `tessera plot RUN_DIR`: charts of metrics.jsonl as SVG and PNG.
+// plot.hpp: `tessera plot RUN_DIR...`: charts of metrics.jsonl as PNG and SVG, drawn by cairo.
 //
-// plot_run reads RUN_DIR/metrics.jsonl (one JSON object per step, from JsonlLogger) and writes
-// into RUN_DIR/plots/:
-//   reward.{svg,png}   critic/score/mean, critic/rewards/mean and every val-core/*/mean@*,
-//                      val-core/*/best@*, val-core/*/maj@* metric
-//   kl.{svg,png}       actor/ppo_kl, actor/kl_loss, actor/reward_kl_penalty, critic/kl
-//   entropy.{svg,png}  actor/entropy
-//   lengths.{svg,png}  response_length/{mean,max,min}, prompt_length/mean
-//   timing.{svg,png}   timing_s/* except step, as stacked areas (the step-time breakdown)
-// A chart whose metrics are all absent is skipped with a note; that is not an error. The SVG is
-// written by hand; the PNG comes from Tessera's own small rasteriser (lines, rectangles, a 5x7
-// bitmap font) encoded with libpng. Files are written through a temporary name and renamed.
+// plot_runs reads each RUN_DIR/metrics.jsonl (one JSON object per step, from JsonlLogger) and
+// writes one PNG and one SVG per chart. Without --metrics the charts are:
+//   reward    critic/score/mean, critic/rewards/mean and every val-core/*/{mean,best,maj}@* metric
+//   kl        actor/ppo_kl, actor/kl_loss, actor/reward_kl_penalty, critic/kl
+//   entropy   actor/entropy
+//   lengths   response_length/{mean,max,min}, prompt_length/mean
+//   timing    timing_s/* except step, as stacked areas (one run), or timing_s/step (several runs)
+// With --metrics, one chart per metric that matches one of the patterns (shell globs: `*`, `?`,
+// `[...]`), named after the metric with '/' as '_'. Several runs overlay in every chart, each
+// series named "RUN: metric". Smoothing is TensorBoard's: a debiased exponential moving average
+// with weight w in [0, 1); the raw series stays behind it, faint.
+//
+// A chart whose metrics are all absent is skipped with a note; that is not an error. A pattern
+// that matches nothing is an error naming it. Files are written through a temporary name and
+// renamed, so a reader never sees half a chart.
 #pragma once
 
-#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -38,38 +41,51 @@ struct Chart {
   std::string y_label;
   std::vector<Series> series;
   bool stacked = false;
+  double smoothing = 0.0;  ///< EMA weight in [0, 1); 0 draws the raw series only.
 };
 
-/// An RGB image (row-major, 3 bytes per pixel).
-struct Image {
-  int width = 0;
-  int height = 0;
-  std::vector<uint8_t> rgb;
-};
+enum class ImageFormat { png, svg };
 
-/// The SVG document of `chart` at `width` x `height` pixels.
-std::string render_svg(const Chart& chart, int width = 800, int height = 450);
-/// The raster of `chart`.
-Image render_png_image(const Chart& chart, int width = 800, int height = 450);
-/// Encodes `image` as an 8-bit RGB PNG at `path` (temp + rename). Errors name the path.
-Status write_png(const Image& image, const std::filesystem::path& path);
+/// The encoded image of `chart` (PNG bytes, or an SVG document) at `width` x `height` pixels.
+/// Errors: cairo could not draw or encode (out of memory).
+Result<std::string> render_chart(const Chart& chart, ImageFormat format, int width = 800, int height = 450);
+
+/// TensorBoard's smoothing of `y` with weight `w` (gaps stay gaps, the EMA is debiased).
+std::vector<double> smooth(const std::vector<double>& y, double w);
 
 /// Reads metrics.jsonl: one object per line (blank lines skipped). Errors: "FILE:LINE: why".
 Result<std::vector<nlohmann::json>> read_metrics_jsonl(const std::filesystem::path& path);
 
-/// The charts plot_run draws from `rows` (charts with no data are left out; `notes` gets one
-/// line per skipped chart).
-std::vector<std::pair<std::string, Chart>> build_charts(const std::vector<nlohmann::json>& rows,
-                                                        std::vector<std::string>& notes);
+/// One run's rows and the label its series carry when runs are overlaid.
+struct RunMetrics {
+  std::string label;
+  std::vector<nlohmann::json> rows;
+};
 
-/// What plot_run did.
+/// What to draw.
+struct PlotOptions {
+  std::vector<std::string> metrics;  ///< Glob patterns; empty = the standard charts above.
+  double smoothing = 0.0;            ///< In [0, 1).
+  std::filesystem::path out_dir;     ///< Empty = RUN_DIR/plots for one run; required for several.
+};
+
+/// The charts of `runs` keyed by file stem (charts with no data are left out; `notes` gets one
+/// line per skipped chart). Errors: a metric pattern that matches nothing, naming it.
+Result<std::vector<std::pair<std::string, Chart>>> build_charts(const std::vector<RunMetrics>& runs,
+                                                                const PlotOptions& options,
+                                                                std::vector<std::string>& notes);
+
+/// What plot_runs did.
 struct PlotReport {
   std::vector<std::filesystem::path> written;  ///< Files written.
   std::vector<std::string> notes;              ///< One line per skipped chart.
 };
 
-/// Reads RUN_DIR/metrics.jsonl and writes the charts into RUN_DIR/plots/. Errors: the file is
-/// missing or malformed (naming FILE:LINE), or a file cannot be written.
+/// Reads each RUN_DIR/metrics.jsonl and writes the charts. Errors (one line each): a missing or
+/// malformed log (FILE:LINE), a bad option (naming it), or a file that cannot be written.
+Result<PlotReport> plot_runs(const std::vector<std::filesystem::path>& run_dirs, const PlotOptions& options);
+
+/// plot_runs({run_dir}, {}): the standard charts into RUN_DIR/plots.
 Result<PlotReport> plot_run(const std::filesystem::path& run_dir);
 
 }  // namespace tessera::driver

@@ -1,5 +1,6 @@
 #include "proto/atomic_file.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +49,14 @@ Status AtomicFileWriter::commit() {
     std::remove(temp_.c_str());
     return make_error(ErrorCode::io_error, "{}: cannot commit: {}", path_, std::strerror(err));
   }
+  // The rename is durable once the directory entry is: fsync the directory too.
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return make_error(ErrorCode::io_error, "{}: cannot open its directory: {}", path_, std::strerror(errno));
+  const bool synced = ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!synced) return make_error(ErrorCode::io_error, "{}: cannot sync its directory: {}", path_, std::strerror(err));
   return Status();
 }
 

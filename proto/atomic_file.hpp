@@ -1,7 +1,7 @@
 // atomic_file.hpp (tessera::proto): files that appear whole or not at all.
 //
-// A writer streams into `<path>.tmp-<pid>-<n>` in the same directory, fsyncs, and renames over
-// `path` on commit(). If it is destroyed without commit() the temp file is removed, so a crash
+// A writer streams into `<path>.tmp-<pid>-<n>` beside it, fsyncs, renames over `path` and fsyncs
+// the directory on commit(). If it is destroyed without commit() the temp file is removed, so a crash
 // or an error never leaves a half-written file under the final name.
 // Thread-safety: one writer per thread; distinct writers may target distinct paths concurrently.
 #pragma once

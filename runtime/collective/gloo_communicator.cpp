@@ -1,13 +1,13 @@
 // gloo_communicator.cpp: the c10d ProcessGroupGloo backend (CPU, between threads or processes).
 //
-// Note [Gloo in libtorch 1.13]
+// Note [Gloo backend]
 // * Rendezvous: rank 0 serves a TCPStore at master_addr:master_port. Before the process group
 //   is built, every rank sets "<prefix>/join/<rank>" and waits for all of them, so a rank that
 //   never shows up is named in the error instead of Gloo's anonymous connect timeout.
-// * Gloo 1.13 has no reduce_scatter and no _allgather_base. reduce_scatter is alltoall_base of
-//   the raw bytes followed by a local reduction in rank order (accumulating half/bfloat16 in
-//   fp32), which moves the same bytes as a real reduce-scatter and gives exactly the
-//   in-process backend's numbers. all_gather uses the list form over views of the output.
+// * reduce_scatter is alltoall_base of the raw bytes followed by a local reduction in rank order
+//   (accumulating half/bfloat16 in fp32): it moves the same bytes as Gloo's own reduce-scatter
+//   and gives exactly the in-process backend's numbers, whatever Gloo's reduction order.
+//   all_gather uses the list form over views of the output.
 // * Pure data movement (all_gather, broadcast, send/recv, the alltoall) is done on byte views,
 //   so every dtype works whether or not Gloo has a kernel for it.
 // * Timeouts: each call waits on its Work with the call's timeout. Gloo's own context timeout

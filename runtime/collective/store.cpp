@@ -21,8 +21,8 @@ Result<c10::intrusive_ptr<c10d::Store>> connect_tcp_store(const CommunicatorOpti
     so.port = static_cast<std::uint16_t>(o.master_port);
     so.isServer = o.rank == 0;
     so.waitWorkers = false;  // wait_for_joins names absent ranks; TCPStore's own wait would not
-    // libtorch 1.13's socket connect truncates its deadline to whole seconds, so a sub-second
-    // timeout fails even against a live server; the join wait below applies the real timeout.
+    // TCPStore's connect is not meant for sub-second deadlines (it can fail against a live
+    // server): it gets at least 5 s, and the join wait below applies the real timeout.
     so.timeout = std::max(o.timeout, std::chrono::milliseconds(5000));
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(o.master_addr, so));
   } catch (const std::exception& e) {

@@ -1,29 +1,21 @@
-// unicode.cpp: UTF-8 decoding and NFC. NFC follows UAX #15 literally: full canonical
-// decomposition, canonical ordering of non-starter runs, then canonical composition, with the
-// Hangul syllable arithmetic of Unicode §3.12. The tables are in unicode_tables.cpp.
+// unicode.cpp: UTF-8 decoding (the maximal-subpart rule of Unicode §3.9, which utf8proc does not
+// expose), and the Unicode Character Database through utf8proc: NFC, combining classes and the
+// White_Space property.
 #include "workers/tokenizer/unicode.hpp"
 
-#include <algorithm>
-#include <utility>
-#include <vector>
+#include <utf8proc.h>
 
-#include "workers/tokenizer/unicode_tables.hpp"
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <utility>
 
 namespace tessera::tokenizer::unicode {
 namespace {
 
-namespace tables = unicode_tables;
-
-// Ill-formed bytes travel through NFC as these out-of-range "code points".
-constexpr uint32_t kRawByteBase = 0x110000;
-
-constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
-constexpr uint32_t kLCount = 19, kVCount = 21, kTCount = 28;
-constexpr uint32_t kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
-
 bool in(uint8_t b, uint8_t lo, uint8_t hi) { return b >= lo && b <= hi; }
 
-// Allowed range of the second byte after lead byte `lead` (Unicode 14 Table 3-7).
+// Allowed range of the second byte after lead byte `lead` (Unicode §3.9, Table 3-7).
 std::pair<uint8_t, uint8_t> second_byte_range(uint8_t lead) {
   if (lead == 0xE0) return {0xA0, 0xBF};
   if (lead == 0xED) return {0x80, 0x9F};
@@ -32,97 +24,19 @@ std::pair<uint8_t, uint8_t> second_byte_range(uint8_t lead) {
   return {0x80, 0xBF};
 }
 
-const tables::CanonicalDecomposition* find_decomposition(uint32_t cp) {
-  const auto* begin = tables::kCanonicalDecompositions;
-  const auto* end = begin + tables::kCanonicalDecompositionCount;
-  const auto* it = std::lower_bound(begin, end, cp, [](const auto& d, uint32_t c) { return d.cp < c; });
-  return (it != end && it->cp == cp) ? it : nullptr;
-}
-
-void decompose_into(uint32_t cp, std::vector<uint32_t>& out) {
-  if (cp >= kSBase && cp < kSBase + kSCount) {
-    const uint32_t s = cp - kSBase;
-    out.push_back(kLBase + s / kNCount);
-    out.push_back(kVBase + (s % kNCount) / kTCount);
-    if (s % kTCount != 0) out.push_back(kTBase + s % kTCount);
-    return;
+// NFC of well-formed `s` through utf8proc.
+void append_nfc(std::string_view s, std::string& out) {
+  if (s.empty()) return;
+  utf8proc_uint8_t* mapped = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                   &mapped, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) {  // only on allocation failure: the input is well-formed by construction
+    std::free(mapped);
+    throw std::bad_alloc();
   }
-  const auto* d = cp < 0xC0 ? nullptr : find_decomposition(cp);
-  if (d == nullptr) {
-    out.push_back(cp);
-    return;
-  }
-  decompose_into(d->first, out);
-  if (d->second != 0) decompose_into(d->second, out);
-}
-
-// Sorted (first << 32 | second) -> composite, for primary composites only.
-const std::vector<std::pair<uint64_t, uint32_t>>& composition_table() {
-  static const std::vector<std::pair<uint64_t, uint32_t>> table = [] {
-    std::vector<std::pair<uint64_t, uint32_t>> t;
-    for (size_t i = 0; i < tables::kCanonicalDecompositionCount; ++i) {
-      const auto& d = tables::kCanonicalDecompositions[i];
-      if (d.composes) t.emplace_back((uint64_t{d.first} << 32) | d.second, d.cp);
-    }
-    std::sort(t.begin(), t.end());
-    return t;
-  }();
-  return table;
-}
-
-// The primary composite of (a, b), or 0 when there is none.
-uint32_t compose_pair(uint32_t a, uint32_t b) {
-  if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount) {
-    return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
-  }
-  if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase &&
-      b < kTBase + kTCount) {
-    return a + (b - kTBase);
-  }
-  const auto& t = composition_table();
-  const uint64_t key = (uint64_t{a} << 32) | b;
-  auto it = std::lower_bound(t.begin(), t.end(), key, [](const auto& e, uint64_t k) { return e.first < k; });
-  return (it != t.end() && it->first == key) ? it->second : 0;
-}
-
-uint8_t ccc_of(uint32_t cp) { return cp >= kRawByteBase ? 0 : combining_class(cp); }
-
-// Canonical ordering: stable-sort each run of non-starters by combining class.
-void canonical_order(std::vector<uint32_t>& cps) {
-  size_t i = 0;
-  while (i < cps.size()) {
-    if (ccc_of(cps[i]) == 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < cps.size() && ccc_of(cps[j]) != 0) ++j;
-    std::stable_sort(cps.begin() + i, cps.begin() + j,
-                     [](uint32_t a, uint32_t b) { return ccc_of(a) < ccc_of(b); });
-    i = j;
-  }
-}
-
-// Canonical composition (UAX #15 §1.3, the reference algorithm), in place.
-void canonical_compose(std::vector<uint32_t>& cps) {
-  if (cps.empty()) return;
-  size_t starter = 0;
-  int last_class = ccc_of(cps[0]) == 0 ? 0 : 256;
-  size_t out = 1;
-  for (size_t i = 1; i < cps.size(); ++i) {
-    const uint32_t c = cps[i];
-    const int cls = ccc_of(c);
-    const uint32_t composite =
-        (cps[starter] < kRawByteBase && c < kRawByteBase) ? compose_pair(cps[starter], c) : 0;
-    if (composite != 0 && (last_class < cls || last_class == 0)) {
-      cps[starter] = composite;
-      continue;
-    }
-    if (cls == 0) starter = out;
-    last_class = cls;
-    cps[out++] = c;
-  }
-  cps.resize(out);
+  out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
+  std::free(mapped);
 }
 
 }  // namespace
@@ -190,55 +104,40 @@ std::string to_valid_utf8_lossy(std::string_view s) {
 }
 
 bool is_white_space(uint32_t cp) {
-  if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
-  switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
-    case 0x3000:
-      return true;
-    default:
-      return cp >= 0x2000 && cp <= 0x200A;
-  }
+  // White_Space is exactly the separators (Zs, Zl, Zp) plus the controls TAB..CR and NEL.
+  if (cp <= 0x20 || cp == 0x85) return cp == 0x20 || cp == 0x85 || (cp >= 0x09 && cp <= 0x0D);
+  if (cp > 0x10FFFF) return false;
+  const utf8proc_category_t cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL || cat == UTF8PROC_CATEGORY_ZP;
 }
 
 uint8_t combining_class(uint32_t cp) {
-  if (cp < 0x300) return 0;
-  const auto* begin = tables::kCombiningClassRuns;
-  const auto* end = begin + tables::kCombiningClassRunCount;
-  const auto* it = std::upper_bound(begin, end, cp, [](uint32_t c, const auto& r) { return c < r.first; });
-  if (it == begin) return 0;
-  --it;
-  return cp <= it->last ? it->ccc : 0;
+  if (cp > 0x10FFFF) return 0;
+  return static_cast<uint8_t>(utf8proc_get_property(static_cast<utf8proc_int32_t>(cp))->combining_class);
 }
 
 std::string nfc(std::string_view s) {
   if (std::all_of(s.begin(), s.end(), [](char ch) { return static_cast<uint8_t>(ch) < 0x80; })) {
     return std::string(s);
   }
-  std::vector<uint32_t> cps;
-  cps.reserve(s.size());
+  // Ill-formed bytes are starters that never compose, so the well-formed runs between them
+  // normalise independently and the bytes are copied as they are.
+  std::string out;
+  out.reserve(s.size());
+  size_t run = 0;
   for (size_t pos = 0; pos < s.size();) {
     const Utf8Char c = decode_utf8(s, pos);
-    if (c.valid) {
-      decompose_into(c.cp, cps);
-    } else {
-      for (uint32_t k = 0; k < c.len; ++k) cps.push_back(kRawByteBase + static_cast<uint8_t>(s[pos + k]));
+    if (!c.valid) {
+      append_nfc(s.substr(run, pos - run), out);
+      out.append(s.substr(pos, c.len));
+      run = pos + c.len;
     }
     pos += c.len;
   }
-  canonical_order(cps);
-  canonical_compose(cps);
-  std::string out;
-  out.reserve(s.size());
-  for (uint32_t cp : cps) {
-    if (cp >= kRawByteBase) {
-      out.push_back(static_cast<char>(cp - kRawByteBase));
-    } else {
-      append_utf8(cp, out);
-    }
-  }
+  append_nfc(s.substr(run), out);
   return out;
 }
 
-const char* unicode_version() { return tables::kUnicodeVersion; }
+const char* unicode_version() { return utf8proc_unicode_version(); }
 
 }  // namespace tessera::tokenizer::unicode

@@ -1,9 +1,10 @@
 // unicode.hpp: the small amount of Unicode the tokenizer needs: lenient UTF-8 decoding, lossy
 // repair, White_Space, and NFC normalisation (Qwen2/Qwen3's tokenizer.json declares an NFC
-// normalizer). Pure functions; safe from any thread.
+// normalizer). The character data comes from utf8proc (Debian's libutf8proc). Pure functions;
+// safe from any thread.
 //
 // Bytes that are not well-formed UTF-8 are never an error here: decode_utf8 reports them as
-// invalid "characters" one maximal ill-formed subpart long (Unicode 14 §3.9, the same unit as
+// invalid "characters" one maximal ill-formed subpart long (Unicode §3.9, the same unit as
 // U+FFFD substitution), and nfc() passes them through unchanged, so a byte-level tokenizer can
 // round-trip arbitrary bytes.
 #pragma once
@@ -44,7 +45,7 @@ uint8_t combining_class(uint32_t cp);
 /// act as starters that never compose.
 std::string nfc(std::string_view s);
 
-/// The Unicode version of the normalisation tables ("14.0.0").
+/// The Unicode version of utf8proc's character data (Debian 12: "15.0.0").
 const char* unicode_version();
 
 }  // namespace tessera::tokenizer::unicode
