@@ -1,4 +1,4 @@
-// `tessera sft CONFIG [overrides]`: verl's FSDP SFT trainer over the "sft" worker group.
+// `tessera sft [CONFIG] [overrides]`: verl's FSDP SFT trainer over the "sft" worker group.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -12,8 +12,10 @@
 
 namespace tessera::app {
 
-int run_sft(const std::string& config, const std::vector<std::string>& overrides) {
-  auto cfg = driver::load_config(driver::ConfigKind::sft, config, overrides);
+int run_sft(const std::vector<std::string>& args, const std::string& config_path, const std::string& config_name) {
+  auto split = driver::split_config_args(args, config_path, config_name);
+  auto cfg = split.ok() ? driver::load_config(driver::ConfigKind::sft, split->file, split->overrides)
+                        : Result<nlohmann::json>(split.status());
   if (!cfg.ok()) {
     std::fprintf(stderr, "tessera sft: %s\n", cfg.status().to_string().c_str());
     return 2;
@@ -29,12 +31,15 @@ int run_sft(const std::string& config, const std::vector<std::string>& overrides
 }
 
 void add_sft_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("sft", "Supervised fine-tuning (verl's fsdp_sft_trainer) from a YAML config");
-  static std::string config;
-  static std::vector<std::string> overrides;
-  cmd->add_option("config", config, "YAML file merged over examples/config/sft_trainer.yaml")->required();
-  cmd->add_option("overrides", overrides, "Hydra-style overrides: a.b.c=value, +a.b=value, ++a.b=value, ~a.b");
-  cmd->callback([] { exit_code() = run_sft(config, overrides); });
+  auto* cmd = app.add_subcommand("sft", "Supervised fine-tuning (verl's fsdp_sft_trainer): [CONFIG.yaml] [a.b=value ...]");
+  static std::vector<std::string> args;
+  static std::string config_path, config_name;
+  cmd->add_option("args", args,
+                  "an optional YAML file merged over the built-in sft_trainer.yaml, then Hydra-style overrides: "
+                  "a.b.c=value, +a.b=value, ++a.b=value, ~a.b");
+  cmd->add_option("--config-path", config_path, "Hydra's config directory (with --config-name)");
+  cmd->add_option("--config-name", config_name, "Hydra's config name: CONFIG_PATH/NAME.yaml is the config file");
+  cmd->callback([] { exit_code() = run_sft(args, config_path, config_name); });
 }
 
 }  // namespace tessera::app

@@ -1,4 +1,4 @@
-// `tessera train CONFIG [overrides]`: verl's main_ppo over RayPPOTrainer.
+// `tessera train [CONFIG] [overrides]`: verl's main_ppo over RayPPOTrainer.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -12,8 +12,10 @@
 
 namespace tessera::app {
 
-int run_train(const std::string& config, const std::vector<std::string>& overrides) {
-  auto cfg = driver::load_config(driver::ConfigKind::ppo, config, overrides);
+int run_train(const std::vector<std::string>& args, const std::string& config_path, const std::string& config_name) {
+  auto split = driver::split_config_args(args, config_path, config_name);
+  auto cfg = split.ok() ? driver::load_config(driver::ConfigKind::ppo, split->file, split->overrides)
+                        : Result<nlohmann::json>(split.status());
   if (!cfg.ok()) {
     std::fprintf(stderr, "tessera train: %s\n", cfg.status().to_string().c_str());
     return 2;
@@ -29,12 +31,15 @@ int run_train(const std::string& config, const std::vector<std::string>& overrid
 }
 
 void add_train_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "PPO / GRPO training (verl's main_ppo) from a YAML config");
-  static std::string config;
-  static std::vector<std::string> overrides;
-  cmd->add_option("config", config, "YAML file merged over examples/config/ppo_trainer.yaml")->required();
-  cmd->add_option("overrides", overrides, "Hydra-style overrides: a.b.c=value, +a.b=value, ++a.b=value, ~a.b");
-  cmd->callback([] { exit_code() = run_train(config, overrides); });
+  auto* cmd = app.add_subcommand("train", "PPO / GRPO training (verl's main_ppo): [CONFIG.yaml] [a.b=value ...]");
+  static std::vector<std::string> args;
+  static std::string config_path, config_name;
+  cmd->add_option("args", args,
+                  "an optional YAML file merged over the built-in ppo_trainer.yaml, then Hydra-style overrides: "
+                  "a.b.c=value, +a.b=value, ++a.b=value, ~a.b");
+  cmd->add_option("--config-path", config_path, "Hydra's config directory (with --config-name)");
+  cmd->add_option("--config-name", config_name, "Hydra's config name: CONFIG_PATH/NAME.yaml is the config file");
+  cmd->callback([] { exit_code() = run_train(args, config_path, config_name); });
 }
 
 }  // namespace tessera::app

@@ -16,10 +16,10 @@ int& exit_code();
 /// `tessera train`, `sft`, `demo`, `generate` (app/cmd_driver.cpp calls the four below).
 void add_driver_commands(CLI::App& app);
 
-/// `tessera train CONFIG [overrides]` (app/cmd_train.cpp).
+/// `tessera train [CONFIG] [overrides]` (app/cmd_train.cpp).
 void add_train_command(CLI::App& app);
 
-/// `tessera sft CONFIG [overrides]` (app/cmd_sft.cpp).
+/// `tessera sft [CONFIG] [overrides]` (app/cmd_sft.cpp).
 void add_sft_command(CLI::App& app);
 
 /// `tessera demo [overrides]` (app/cmd_demo.cpp).
@@ -45,5 +45,8 @@ void add_repl_command(CLI::App& app);
 
 /// `tessera plot RUN_DIR` (app/cmd_plot.cpp): charts of metrics.jsonl.
 void add_plot_commands(CLI::App& app);
+
+/// `tessera config train|sft [CONFIG] [overrides]` (app/cmd_config.cpp): the resolved config.
+void add_config_command(CLI::App& app);
 
 }  // namespace tessera::app

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   tessera::app::add_export_commands(app);
   tessera::app::add_agent_commands(app);
   tessera::app::add_plot_commands(app);
+  tessera::app::add_config_command(app);
   tessera::app::add_repl_command(app);
   try {
     app.parse(argc, argv);

@@ -37,8 +37,13 @@ PACKAGES=(
   python3 python3-venv
 )
 # PyPI, into $VENV. torch is pinned to the GPU image's version (deploy/cuda-image.sh), so both
-# builds compile against one LibTorch; the rest are the references the tests compare against.
-PY_PACKAGES=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6)
+# builds compile against one LibTorch; pyarrow's Arrow C++ reads parquet datasets (Note [Arrow from
+# pyarrow] in CMakeLists.txt); the rest are the references the tests compare against.
+PY_PACKAGES=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 pyarrow==26.0.1 pandas==3.1.1 tensorboard==2.21.0)
+# verl v0.5.0 itself, the reference the parity tests run (its protocol, core_algos and reward
+# scorers): without its dependency list (it pins numpy<2 and pulls Ray, vLLM...); these are the
+# few its protocol and core_algos import (tests/workers/algos/verl_parity.py stubs Ray).
+PY_NODEPS_PACKAGES=(verl==0.5.0 tensordict==0.9.1 pyvers==0.1.0 cloudpickle==3.1.3 omegaconf==2.4.0)
 # Optional: clang + libFuzzer runtime for tests/fuzz. Installed when available.
 OPTIONAL_PACKAGES=(clang-14 libclang-rt-14-dev)
 
@@ -76,7 +81,7 @@ install_deps() {
 python_site() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 
 install_python() {
-  local stamp="$VENV/.tessera-packages" want="${PY_PACKAGES[*]}"
+  local stamp="$VENV/.tessera-packages" want="${PY_PACKAGES[*]} ${PY_NODEPS_PACKAGES[*]}"
   if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     say "Python packages already installed in $VENV"
     return
@@ -85,6 +90,7 @@ install_python() {
   # The interpreter on PATH (Debian's, or a pyenv one) makes the venv; Debian's needs python3-venv.
   [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "${PY_NODEPS_PACKAGES[@]}"
   printf '%s' "$want" > "$stamp"
 }
 

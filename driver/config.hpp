@@ -13,7 +13,9 @@
 // JSON type differs from the default's (after the defaults' own interpolations are resolved)
 // is refused naming the key, the expected and the given type. A float key accepts integers; a
 // key whose default is null accepts anything; an empty-object default (`override_config: {}`)
-// is free-form; list elements are not checked. Hydra's `_target_` keys are accepted and dropped.
+// is free-form; list elements are not checked; a string where the default is a list becomes a
+// one-element list (verl's str-or-list keys: trainer.logger=console). Hydra's `_target_` keys
+// are accepted and dropped.
 // Scalars are typed like Hydra's override grammar: integers, floats (1e-6, .5, inf, nan),
 // true/false (any case), null / ~, everything else a string; quoted scalars stay strings.
 //
@@ -51,6 +53,25 @@ Result<nlohmann::json> yaml_to_json(std::string_view text, const std::string& so
 
 /// Reads and parses a YAML file; errors name the path.
 Result<nlohmann::json> read_yaml_file(const std::filesystem::path& path);
+
+/// A command line's config file and overrides.
+struct ConfigArgs {
+  std::filesystem::path file;          ///< Empty: the built-in defaults are the base.
+  std::vector<std::string> overrides;
+};
+
+/// Splits `tessera train|sft|config` arguments the way verl runs are written: an optional YAML
+/// file first (an argument that is not an override), then Hydra overrides (`a.b=c`, `+a.b=c`,
+/// `++a.b=c`, `~a.b`). Hydra's `--config-path DIR --config-name NAME` name the file instead
+/// (`NAME` gets `.yaml` when it has no extension); then every argument is an override. Errors:
+/// an argument after the first that is not an override, naming it.
+Result<ConfigArgs> split_config_args(const std::vector<std::string>& args, const std::string& config_path = "",
+                                     const std::string& config_name = "");
+
+/// `cfg` as YAML that yaml_to_json reads back to the same JSON (strings are quoted where the
+/// scalar typing would change them). `tessera config` prints it; trainers write it to
+/// <trainer.default_local_dir>/config.yaml.
+std::string config_to_yaml(const nlohmann::json& cfg);
 
 /// Parses one override's value ("3", "1e-6", "[a,b]", "null", "'quoted'") with Hydra's typing.
 Result<nlohmann::json> parse_override_value(std::string_view text);

@@ -3,6 +3,8 @@
 
 #include "driver/config.hpp"
 #include "driver/internal/config_util.hpp"
+#include "driver/logger.hpp"
+#include "driver/reward.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -119,7 +121,13 @@ Result<int64_t> gpu_count(const nlohmann::json& cfg) {
   return per_node * nodes;
 }
 
+Status check_loggers(const nlohmann::json& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(auto backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
+  return check_logger_backends(backends);
+}
+
 Status check_common(const nlohmann::json& cfg) {
+  TESSERA_RETURN_IF_ERROR(check_loggers(cfg));
   TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "data.truncation", {"error", "left", "right", "middle"}));
   TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "trainer.resume_mode", {"auto", "resume_path", "disable"}));
   TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "trainer.device", {"cpu", "cuda"}));
@@ -138,6 +146,67 @@ Status check_resolved_types(const nlohmann::json& value, const nlohmann::json& s
     auto it = schema.find(name);
     if (it == schema.end()) continue;
     TESSERA_RETURN_IF_ERROR(check_resolved_types(child, *it, key.empty() ? name : key + "." + name));
+  }
+  return Status();
+}
+
+// verl reads some list keys as "a string or a list" (trainer.logger=console): a string given
+// where the default is a list becomes a one-element list.
+void listify_strings(nlohmann::json& value, const nlohmann::json& schema) {
+  if (!value.is_object() || !schema.is_object()) return;
+  for (auto& [name, child] : value.items()) {
+    auto it = schema.find(name);
+    if (it == schema.end()) continue;
+    if (it->is_array() && child.is_string()) {
+      child = nlohmann::json::array({child});
+    } else {
+      listify_strings(child, *it);
+    }
+  }
+}
+
+// A key Tessera accepts only at its default: anything else is refused, naming the key and why.
+struct Refusal {
+  const char* key;
+  const char* why;
+};
+
+bool at_default(const nlohmann::json* v) {
+  return v == nullptr || v->is_null() || (v->is_boolean() && !v->get<bool>()) || (v->is_object() && v->empty()) ||
+         (v->is_array() && v->empty());
+}
+
+Status check_refusals(const nlohmann::json& cfg, std::initializer_list<Refusal> refusals) {
+  for (const auto& r : refusals) {
+    const nlohmann::json* v = config_find(cfg, r.key);
+    if (at_default(v)) continue;
+    return Status(ErrorCode::unimplemented, fmt::format("{} = {}: {}", r.key, detail::json_brief(*v), r.why));
+  }
+  return Status();
+}
+
+// checkpoint.save_contents / load_contents: Tessera's checkpoints always hold the model, the
+// optimizer and the extra state; `hf_model` (save only) adds an HF directory (`allow_hf`).
+Status check_contents(const nlohmann::json& cfg, const std::string& section, bool allow_hf) {
+  for (const char* which : {"save_contents", "load_contents"}) {
+    const std::string key = section + ".checkpoint." + which;
+    const nlohmann::json* v = config_find(cfg, key);
+    if (v == nullptr) continue;
+    for (const auto& item : *v) {
+      const std::string name = item.is_string() ? item.get<std::string>() : item.dump();
+      if (name == "model" || name == "optimizer" || name == "extra") continue;
+      if (name == "hf_model" && allow_hf) continue;  // loading reads the shards either way
+      return Status(ErrorCode::unimplemented,
+                    fmt::format("{} lists '{}': Tessera's checkpoints hold model, optimizer and extra{}", key, name,
+                                allow_hf ? ", plus hf_model when saving" : "; `tessera export CKPT OUT` writes an HF model"));
+    }
+    for (const char* needed : {"model", "optimizer", "extra"}) {
+      if (std::find(v->begin(), v->end(), needed) == v->end()) {
+        return Status(ErrorCode::unimplemented,
+                      fmt::format("{} leaves out '{}': Tessera always saves and loads model, optimizer and extra", key,
+                                  needed));
+      }
+    }
   }
   return Status();
 }
@@ -163,7 +232,42 @@ Result<nlohmann::json> load_config(ConfigKind kind, const std::filesystem::path&
   for (const auto& o : overrides) TESSERA_RETURN_IF_ERROR(apply_override(cfg, o, schema));
   TESSERA_RETURN_IF_ERROR(resolve_interpolations(cfg));
   TESSERA_RETURN_IF_ERROR(check_resolved_types(cfg, schema, ""));
+  listify_strings(cfg, schema);
   return cfg;
+}
+
+namespace {
+
+bool is_override(const std::string& arg) {
+  return !arg.empty() && (arg[0] == '~' || arg[0] == '+' || arg.find('=') != std::string::npos);
+}
+
+}  // namespace
+
+Result<ConfigArgs> split_config_args(const std::vector<std::string>& args, const std::string& config_path,
+                                     const std::string& config_name) {
+  ConfigArgs out;
+  size_t first = 0;
+  if (!config_name.empty()) {
+    std::filesystem::path name(config_name);
+    if (!name.has_extension()) name += ".yaml";
+    out.file = config_path.empty() ? name : std::filesystem::path(config_path) / name;
+  } else if (!config_path.empty()) {
+    return make_error(ErrorCode::invalid_argument, "--config-path {} needs --config-name NAME", config_path);
+  } else if (!args.empty() && !is_override(args[0])) {
+    out.file = args[0];
+    first = 1;
+  }
+  for (size_t i = first; i < args.size(); ++i) {
+    if (!is_override(args[i])) {
+      return make_error(ErrorCode::invalid_argument,
+                        "'{}' is not an override (a.b=value, +a.b=value, ~a.b); only the first argument may be a "
+                        "config file",
+                        args[i]);
+    }
+    out.overrides.push_back(args[i]);
+  }
+  return out;
 }
 
 bool need_critic(const nlohmann::json& cfg) {
@@ -177,8 +281,30 @@ bool need_reference_policy(const nlohmann::json& cfg) {
   return (in_reward.ok() && *in_reward) || (kl_loss.ok() && *kl_loss);
 }
 
+namespace {
+
+// What verl offers and Tessera does not (yet): refused before anything else is checked.
+Status check_ppo_support(const nlohmann::json& cfg) {
+  TESSERA_RETURN_IF_ERROR(check_refusals(cfg, {
+      {"data.custom_cls.path", "custom dataset classes are Python; Tessera reads verl's parquet/JSONL columns itself"},
+      {"data.sampler.class_path", "custom samplers are Python; Tessera's dataloader is verl's default (shuffle, seed)"},
+      {"data.datagen.path", "dynamic data generation is Python and is not supported"},
+      {"data.apply_chat_template_kwargs", "Jinja chat templates with extra arguments are not supported yet"},
+      {"algorithm.use_pf_ppo", "PF-PPO reweighting is not supported yet"},
+      {"trainer.profile_steps", "the profiler is not supported; time steps with timing_s/* instead"},
+      {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
+  }));
+  TESSERA_RETURN_IF_ERROR(reward_manager_options(cfg).status());
+  TESSERA_RETURN_IF_ERROR(check_contents(cfg, "actor_rollout_ref.actor", /*allow_hf=*/true));
+  TESSERA_RETURN_IF_ERROR(check_contents(cfg, "critic", /*allow_hf=*/false));
+  return Status();
+}
+
+}  // namespace
+
 Status validate_ppo_config(const nlohmann::json& cfg) {
   TESSERA_RETURN_IF_ERROR(check_common(cfg));
+  TESSERA_RETURN_IF_ERROR(check_ppo_support(cfg));
   TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "algorithm.adv_estimator",
                                        {"gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
                                         "rloo", "opo", "grpo_passk", "gpg"}));
@@ -226,7 +352,18 @@ Status validate_sft_config(const nlohmann::json& cfg) {
   }
   TESSERA_ASSIGN_OR_RETURN(int64_t max_length, config_get<int64_t>(cfg, "data.max_length"));
   if (max_length < 2) return invalid(fmt::format("data.max_length = {} must be >= 2", max_length));
-  return Status();
+  TESSERA_RETURN_IF_ERROR(check_refusals(cfg, {
+      {"data.custom_cls.path", "custom dataset classes are Python; Tessera reads verl's parquet/JSONL columns itself"},
+      {"data.balance_dp_token", "token-balanced data-parallel loss is not supported yet"},
+      {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
+  }));
+  TESSERA_ASSIGN_OR_RETURN(int64_t sp, config_get_or<int64_t>(cfg, "ulysses_sequence_parallel_size", 1));
+  if (sp != 1) {
+    return Status(ErrorCode::unimplemented,
+                  fmt::format("ulysses_sequence_parallel_size = {}: sequence parallelism is not supported yet", sp));
+  }
+  // Every SFT checkpoint holds an HF directory already.
+  return check_contents(cfg, "trainer", /*allow_hf=*/true);
 }
 
 }  // namespace tessera::driver

@@ -160,6 +160,58 @@ Result<nlohmann::json> parse_override_value(std::string_view text) {
   return internal::type_plain_scalar(text);
 }
 
+namespace {
+
+void emit(YAML::Emitter& out, const nlohmann::json& v) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::object:
+      out << YAML::BeginMap;
+      for (const auto& [k, child] : v.items()) {
+        out << YAML::Key << k << YAML::Value;
+        emit(out, child);
+      }
+      out << YAML::EndMap;
+      break;
+    case nlohmann::json::value_t::array:
+      out << YAML::Flow << YAML::BeginSeq;
+      for (const auto& child : v) emit(out, child);
+      out << YAML::EndSeq;
+      break;
+    case nlohmann::json::value_t::string: {
+      // Quoted wherever reading it back would type it otherwise ("1e-6", "true", "null", "").
+      const auto& s = v.get_ref<const std::string&>();
+      const nlohmann::json typed = internal::type_plain_scalar(s);
+      if (!typed.is_string() || typed.get_ref<const std::string&>() != s) out << YAML::DoubleQuoted;
+      out << s;
+      break;
+    }
+    case nlohmann::json::value_t::null:
+      out << YAML::Null;
+      break;
+    case nlohmann::json::value_t::boolean:
+      out << (v.get<bool>() ? "true" : "false");
+      break;
+    case nlohmann::json::value_t::number_float: {
+      const double d = v.get<double>();
+      std::string text = std::isnan(d) ? "nan" : std::isinf(d) ? (d > 0 ? "inf" : "-inf") : fmt::format("{}", d);
+      // A float that prints like an integer ("1") must read back as a float.
+      if (std::isfinite(d) && text.find_first_of(".eE") == std::string::npos) text += ".0";
+      out << text;
+      break;
+    }
+    default:
+      out << v.dump();
+  }
+}
+
+}  // namespace
+
+std::string config_to_yaml(const nlohmann::json& cfg) {
+  YAML::Emitter out;
+  emit(out, cfg);
+  return std::string(out.c_str()) + "\n";
+}
+
 std::string_view default_config_yaml(ConfigKind kind) {
   return kind == ConfigKind::ppo ? internal::ppo_trainer_yaml() : internal::sft_trainer_yaml();
 }

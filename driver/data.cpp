@@ -147,7 +147,7 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
   TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl,
                            tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
   for (const auto& file : files) {
-    TESSERA_RETURN_IF_ERROR(internal::for_each_jsonl(file, [&](const nlohmann::json& row, const std::string& where) {
+    TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const nlohmann::json& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(RLHFRow r, parse_row(row, where, options));
       TESSERA_ASSIGN_OR_RETURN(auto messages, parse_messages(r.prompt, options.prompt_key, where));
       auto text = tmpl.render(messages, /*add_generation_prompt=*/true);

@@ -1,4 +1,4 @@
-// data.hpp: verl's datasets over JSONL files and a seeded, resumable dataloader.
+// data.hpp: verl's datasets over parquet or JSONL files and a seeded, resumable dataloader.
 //
 // RLHFDataset (verl/utils/dataset/rl_dataset.py): one JSON object per line with verl's row fields
 //   data_source   string (chooses the reward scorer)
@@ -23,8 +23,9 @@
 // follows verl: 1 over the response positions shifted by one (the positions whose next token is
 // a response token), 0 on the prompt, the last valid token and padding.
 //
-// Parquet files are refused with a one-line error (convert them to JSONL). A malformed line is an
-// error "FILE:LINE: why". Thread-safety: datasets are immutable after load; the dataloader is not
+// Files ending in .parquet are read as parquet (verl's format: the same columns, nested messages
+// and structs), anything else as JSONL. A malformed row is an error "FILE:LINE: why" (JSONL) or
+// "FILE:row N: why" (parquet, N from 0). Thread-safety: datasets are immutable after load; the dataloader is not
 // synchronised.
 #pragma once
 
@@ -94,7 +95,7 @@ struct RLHFRow {
   std::string source;           ///< "FILE:LINE" for messages.
 };
 
-/// verl's RLHFDataset over JSONL files.
+/// verl's RLHFDataset over parquet / JSONL files.
 class RLHFDataset {
  public:
   /// Loads, renders and tokenises every row of `files` in order.
@@ -128,9 +129,12 @@ struct SFTDatasetOptions {
   int64_t max_length = 1024;
   Truncation truncation = Truncation::error;  ///< middle is refused (verl: NotImplementedError).
   std::string chat_template = "auto";
+  /// verl's prompt_dict_keys / response_dict_keys: the value at prompt_key (response_key) is a
+  /// mapping, read through these keys in turn (gsm8k: prompt_key=extra_info, ['question']).
+  std::vector<std::string> prompt_dict_keys, response_dict_keys;
 
-  /// data.{prompt_key,response_key,max_length,truncation,chat_template} from a loaded SFT config.
-  /// prompt_dict_keys / response_dict_keys / multiturn.enable are refused as unimplemented.
+  /// data.{prompt_key,response_key,prompt_dict_keys,response_dict_keys,max_length,truncation,
+  /// chat_template} from a loaded SFT config. multiturn.enable is refused as unimplemented.
   static Result<SFTDatasetOptions> from_config(const nlohmann::json& cfg);
 };
 
@@ -141,7 +145,7 @@ struct SFTExample {
   std::string source;                 ///< "FILE:LINE"
 };
 
-/// verl's SFTDataset over JSONL files.
+/// verl's SFTDataset over parquet / JSONL files.
 class SFTDataset {
  public:
   /// Loads and tokenises every row. A row longer than max_length with truncation=error fails

@@ -8,12 +8,23 @@
 namespace tessera::driver {
 namespace {
 
-Result<std::string> string_field(const nlohmann::json& row, const std::string& key, const std::string& where) {
+// row[key][dict_keys[0]][dict_keys[1]]... as a string.
+Result<std::string> string_field(const nlohmann::json& row, const std::string& key,
+                                 const std::vector<std::string>& dict_keys, const std::string& where) {
   auto it = row.find(key);
   if (it == row.end()) return make_error(ErrorCode::corrupt_data, "{}: missing '{}'", where, key);
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_number()) return it->dump();  // verl's dataframes stringify numbers too
-  return make_error(ErrorCode::corrupt_data, "{}: '{}' must be a string", where, key);
+  const nlohmann::json* v = &*it;
+  std::string path = key;
+  for (const auto& k : dict_keys) {
+    if (!v->is_object() || !v->contains(k)) {
+      return make_error(ErrorCode::corrupt_data, "{}: '{}' has no key '{}'", where, path, k);
+    }
+    v = &(*v)[k];
+    path += "." + k;
+  }
+  if (v->is_string()) return v->get<std::string>();
+  if (v->is_number()) return v->dump();  // verl's dataframes stringify numbers too
+  return make_error(ErrorCode::corrupt_data, "{}: '{}' must be a string", where, path);
 }
 
 Status refuse_if_set(const nlohmann::json& cfg, const char* key) {
@@ -34,8 +45,11 @@ Result<SFTDatasetOptions> SFTDatasetOptions::from_config(const nlohmann::json& c
   TESSERA_ASSIGN_OR_RETURN(o.truncation, parse_truncation(trunc));
   TESSERA_ASSIGN_OR_RETURN(auto tmpl, config_get_or<std::optional<std::string>>(cfg, "data.chat_template", std::nullopt));
   o.chat_template = tmpl.value_or("auto");
-  TESSERA_RETURN_IF_ERROR(refuse_if_set(cfg, "data.prompt_dict_keys"));
-  TESSERA_RETURN_IF_ERROR(refuse_if_set(cfg, "data.response_dict_keys"));
+  for (auto [key, out] : {std::pair{"data.prompt_dict_keys", &o.prompt_dict_keys},
+                          std::pair{"data.response_dict_keys", &o.response_dict_keys}}) {
+    TESSERA_ASSIGN_OR_RETURN(auto keys, config_get_or<std::optional<std::vector<std::string>>>(cfg, key, std::nullopt));
+    *out = keys.value_or(std::vector<std::string>{});
+  }
   TESSERA_RETURN_IF_ERROR(refuse_if_set(cfg, "data.multiturn.enable"));
   if (o.truncation == Truncation::middle) {
     return make_error(ErrorCode::unimplemented, "data.truncation = 'middle' is not supported for SFT (verl neither)");
@@ -59,9 +73,10 @@ Result<SFTDataset> SFTDataset::load(const std::vector<std::filesystem::path>& fi
   TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl,
                            tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
   for (const auto& file : files) {
-    TESSERA_RETURN_IF_ERROR(internal::for_each_jsonl(file, [&](const nlohmann::json& row, const std::string& where) {
-      TESSERA_ASSIGN_OR_RETURN(std::string prompt, string_field(row, options.prompt_key, where));
-      TESSERA_ASSIGN_OR_RETURN(std::string response, string_field(row, options.response_key, where));
+    TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const nlohmann::json& row, const std::string& where) {
+      TESSERA_ASSIGN_OR_RETURN(std::string prompt, string_field(row, options.prompt_key, options.prompt_dict_keys, where));
+      TESSERA_ASSIGN_OR_RETURN(std::string response,
+                               string_field(row, options.response_key, options.response_dict_keys, where));
       auto text = tmpl.render({{"user", prompt}}, /*add_generation_prompt=*/true);
       if (!text.ok()) return text.status().with_context(where);
       SFTExample ex;

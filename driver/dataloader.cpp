@@ -32,7 +32,7 @@ int64_t StatefulDataLoader::size() const {
 // Note [Sampler order]: torch's RandomSampler with a seeded generator (verl's create_rl_sampler)
 // yields randperm(n) and then `randperm(n)[:num_samples % n]`, i.e. it draws TWO permutations per
 // exhausted epoch from one stream, and the DataLoader always exhausts it. So epoch e's order is
-// draw 2e. (Derived from torch's source; not checked against Python torch on this machine.)
+// draw 2e (tests/driver/data_test.cpp checks it against PyTorch's RandomSampler).
 // Replaying the earlier draws is what makes a restored loader continue the exact sequence.
 void StatefulDataLoader::compute_order() {
   order_.resize(static_cast<size_t>(dataset_size_));

@@ -9,6 +9,9 @@
 #include <system_error>
 
 #include "driver/config.hpp"
+#include "driver/internal/jsonl.hpp"
+#include "driver/tensorboard.hpp"
+#include "proto/atomic_file.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -73,35 +76,112 @@ JsonlLogger::~JsonlLogger() {
 Status JsonlLogger::log(const Metrics& metrics, int64_t step) {
   nlohmann::json row = nlohmann::json::object();
   row["step"] = step;
+  if (last_row_ && (*last_row_)["step"] == step) {
+    // The same step again: merge into the row just written and replace it.
+    row = std::move(*last_row_);
+    if (std::fflush(file_) != 0 || ::ftruncate(::fileno(file_), last_offset_) != 0) {
+      return make_error(ErrorCode::io_error, "jsonl logger: cannot rewrite the last row of {}", path_.string());
+    }
+  } else {
+    std::fseek(file_, 0, SEEK_END);
+    last_offset_ = std::ftell(file_);
+  }
   for (const auto& [k, v] : metrics) row[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
   std::string line = row.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
     return make_error(ErrorCode::io_error, "jsonl logger: write to {} failed", path_.string());
   }
+  last_row_ = std::move(row);
+  return Status();
+}
+
+Status JsonlLogger::start_at(int64_t step) {
+  std::string kept;
+  std::optional<nlohmann::json> last;
+  long last_offset = 0;
+  TESSERA_RETURN_IF_ERROR(internal::for_each_jsonl(path_, [&](const nlohmann::json& row, const std::string& where) {
+    auto it = row.find("step");
+    if (it == row.end() || !it->is_number_integer()) {
+      return make_error(ErrorCode::corrupt_data, "{}: no integer \"step\"", where);
+    }
+    if (it->get<int64_t>() > step) return Status();
+    last_offset = static_cast<long>(kept.size());
+    kept += row.dump() + "\n";
+    last = row;
+    return Status();
+  }));
+  TESSERA_RETURN_IF_ERROR(proto::write_file_atomic(path_.string(), kept));
+  // The old handle points at the replaced file: reopen.
+  std::FILE* f = std::fopen(path_.c_str(), "a");
+  if (f == nullptr) return make_error(ErrorCode::io_error, "jsonl logger: cannot reopen {}", path_.string());
+  std::fclose(file_);
+  file_ = f;
+  last_row_ = std::move(last);
+  last_offset_ = last_offset;
+  return Status();
+}
+
+constexpr const char* kSupportedLoggers = "console, jsonl (or file), tensorboard";
+
+Status check_logger_backends(const std::vector<std::string>& backends) {
+  for (const auto& name : backends) {
+    if (name == "console" || name == "jsonl" || name == "file" || name == "tensorboard") continue;
+    if (name == "wandb" || name == "mlflow" || name == "swanlab" || name == "vemlp_wandb" || name == "clearml" ||
+        name == "trackio") {
+      return make_error(ErrorCode::unimplemented, "trainer.logger: '{}' is not supported by Tessera (supported: {})",
+                        name, kSupportedLoggers);
+    }
+    return make_error(ErrorCode::invalid_argument, "trainer.logger: unknown logger '{}' (supported: {})", name,
+                      kSupportedLoggers);
+  }
   return Status();
 }
 
 Result<Tracking> Tracking::create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
-                                  std::FILE* console) {
+                                  std::FILE* console, const std::filesystem::path& tensorboard_dir) {
+  TESSERA_RETURN_IF_ERROR(check_logger_backends(backends));
   Tracking t;
+  bool has_jsonl = false;
   for (const auto& name : backends) {
     if (name == "console") {
       t.add(std::make_unique<ConsoleLogger>(console));
-    } else if (name == "jsonl") {
+    } else if (name == "jsonl" || name == "file") {  // "file" is verl's name for its JSONL backend
+      if (has_jsonl) continue;
+      has_jsonl = true;
       TESSERA_ASSIGN_OR_RETURN(auto logger, JsonlLogger::open(local_dir / "metrics.jsonl"));
       t.add(std::move(logger));
-    } else {
-      return make_error(ErrorCode::invalid_argument, "trainer.logger: unknown logger '{}' (known: console, jsonl)", name);
+    } else if (name == "tensorboard") {
+      TESSERA_ASSIGN_OR_RETURN(auto logger, TensorBoardLogger::open(tensorboard_dir));
+      t.add(std::move(logger));
     }
   }
   return t;
 }
 
 Result<Tracking> Tracking::from_config(const nlohmann::json& cfg, std::FILE* console) {
-  TESSERA_ASSIGN_OR_RETURN(auto backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
+  // A string is one backend (verl: trainer.logger=console); load_config already makes it a list.
+  const nlohmann::json* raw = config_find(cfg, "trainer.logger");
+  std::vector<std::string> backends;
+  if (raw != nullptr && raw->is_string()) {
+    backends.push_back(raw->get<std::string>());
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(backends, config_get<std::vector<std::string>>(cfg, "trainer.logger"));
+  }
   if (console == nullptr) backends.erase(std::remove(backends.begin(), backends.end(), "console"), backends.end());
   TESSERA_ASSIGN_OR_RETURN(std::string dir, config_get<std::string>(cfg, "trainer.default_local_dir"));
-  return create(backends, dir, console ? console : stdout);
+  // The run's record of what it ran with (Hydra's .hydra/config.yaml).
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return make_error(ErrorCode::io_error, "trainer.default_local_dir: cannot create {}: {}", dir, ec.message());
+  TESSERA_RETURN_IF_ERROR(proto::write_file_atomic((std::filesystem::path(dir) / "config.yaml").string(), config_to_yaml(cfg)));
+  TESSERA_ASSIGN_OR_RETURN(std::string project, config_get<std::string>(cfg, "trainer.project_name"));
+  TESSERA_ASSIGN_OR_RETURN(std::string experiment, config_get<std::string>(cfg, "trainer.experiment_name"));
+  return create(backends, dir, console ? console : stdout, tensorboard_dir(project, experiment));
+}
+
+Status Tracking::start_at(int64_t step) {
+  for (auto& l : loggers_) TESSERA_RETURN_IF_ERROR(l->start_at(step));
+  return Status();
 }
 
 Status Tracking::log(const Metrics& metrics, int64_t step) {
@@ -111,6 +191,32 @@ Status Tracking::log(const Metrics& metrics, int64_t step) {
     if (first.ok() && !st.ok()) first = st;
   }
   return first;
+}
+
+std::vector<std::string> run_summary_lines(const RunSummary& s) {
+  std::vector<std::string> lines;
+  std::string groups;
+  for (const auto& [name, ranks] : s.groups) {
+    groups += fmt::format("{}{} ({} rank{})", groups.empty() ? "" : ", ", name, ranks, ranks == 1 ? "" : "s");
+  }
+  lines.push_back(fmt::format("{} on {}{}: {}", s.what, s.device,
+                              s.agents > 0 ? fmt::format(" across {} agents", s.agents) : std::string(" in this process"),
+                              groups));
+  lines.push_back(fmt::format("data: {} training rows, {}; {} steps per epoch x {} epochs -> {} steps", s.train_rows,
+                              s.val_rows < 0 ? std::string("no validation set") : fmt::format("{} validation rows", s.val_rows),
+                              s.steps_per_epoch, s.epochs, s.total_steps));
+  lines.push_back(fmt::format("output: {} (metrics.jsonl, config.yaml; checkpoints {})", s.out_dir,
+                              s.save_freq > 0 ? fmt::format("every {} steps", s.save_freq) : std::string("at the end")));
+  if (s.resumed_step >= s.total_steps) {
+    lines.push_back(fmt::format("nothing left to do: step {} of {} is done (checkpoint global_step_{})", s.resumed_step,
+                                s.total_steps, s.resumed_step));
+  } else if (s.resumed_step > 0) {
+    lines.push_back(fmt::format("resuming after step {} (checkpoint global_step_{}); {} steps to go", s.resumed_step,
+                                s.resumed_step, s.total_steps - s.resumed_step));
+  } else {
+    lines.push_back("starting at step 1");
+  }
+  return lines;
 }
 
 std::string format_duration(double seconds) {
@@ -155,6 +261,13 @@ void ProgressBar::update(int64_t step, const Metrics& metrics) {
     std::fprintf(out_, "%s\n", line.c_str());
   }
   std::fflush(out_);
+}
+
+void ProgressBar::clear() {
+  if (!tty_ || !open_line_) return;
+  std::fputs("\r\033[K", out_);
+  std::fflush(out_);
+  open_line_ = false;
 }
 
 void ProgressBar::finish() {

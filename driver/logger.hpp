@@ -3,9 +3,15 @@
 //   console  one line per step on stdout (or the given FILE*): "step:N - key:value - ..." with
 //            the key metrics (scores, rewards, losses, KL, entropy, lengths, step time, val-core)
 //   jsonl    <trainer.default_local_dir>/metrics.jsonl: one JSON object per step with "step" and
-//            every metric; appended (a resumed run continues the file), flushed after each line.
-//            Non-finite values are written as null (JSON has no NaN).
-// An unknown backend name is an error naming it. The progress bar redraws one line with "\r"
+//            every metric, flushed after each line. Non-finite values are written as null (JSON
+//            has no NaN). The file holds each step once: when a run starts (start_at), rows past
+//            the step it resumes from are dropped (all rows for a fresh run), and a second log of
+//            the step just written (validation before training, at the resumed step) merges
+//            into that row.
+//   file     verl's name for its JSONL backend: the same file as jsonl.
+//   tensorboard  TensorBoard event files (driver/tensorboard.hpp), in verl's directory.
+// wandb, mlflow, swanlab, clearml and trackio are refused naming what is supported, as is an
+// unknown name. The progress bar redraws one line with "\r"
 // when its stream is a TTY, and prints a plain line per update otherwise.
 //
 // Thread-safety: none; the trainer's thread owns its loggers.
@@ -33,6 +39,8 @@ class MetricLogger {
   virtual ~MetricLogger() = default;
   /// Records the metrics of `step`.
   virtual Status log(const Metrics& metrics, int64_t step) = 0;
+  /// The run continues after `step` (a resume), or starts afresh when `step` < 0.
+  virtual Status start_at(int64_t step) { return Status(); }
 };
 
 /// The console backend. `all_metrics` prints every metric instead of the key ones.
@@ -55,27 +63,40 @@ class JsonlLogger final : public MetricLogger {
   static Result<std::unique_ptr<JsonlLogger>> open(const std::filesystem::path& path);
   ~JsonlLogger() override;
   Status log(const Metrics& metrics, int64_t step) override;
+  /// Rewrites the file (atomically) without the rows whose step is past `step`; errors name
+  /// the file and line of a row that does not parse.
+  Status start_at(int64_t step) override;
   const std::filesystem::path& path() const { return path_; }
 
  private:
   JsonlLogger(std::filesystem::path path, std::FILE* file) : path_(std::move(path)), file_(file) {}
   std::filesystem::path path_;
   std::FILE* file_;
+  // The last row written, and the file size before it: a repeated step rewrites it merged.
+  std::optional<nlohmann::json> last_row_;
+  long last_offset_ = 0;
 };
+
+/// OK when every name is a backend Tracking can create; otherwise one line naming the first
+/// that is not and what is supported.
+Status check_logger_backends(const std::vector<std::string>& backends);
 
 /// verl's Tracking: fans each log call out to the configured backends.
 class Tracking {
  public:
-  /// Backends by name ("console", "jsonl"); jsonl writes <local_dir>/metrics.jsonl. Errors:
-  /// an unknown name ("trainer.logger: unknown logger 'wandb' (known: console, jsonl)").
+  /// Backends by name ("console", "jsonl", "file", "tensorboard"); jsonl writes
+  /// <local_dir>/metrics.jsonl. Errors: check_logger_backends's.
   static Result<Tracking> create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
-                                 std::FILE* console = stdout);
+                                 std::FILE* console = stdout,
+                                 const std::filesystem::path& tensorboard_dir = "tensorboard_log");
   /// From trainer.logger and trainer.default_local_dir of a loaded config; a null `console` drops
-  /// the console backend (a quiet run).
+  /// the console backend (a quiet run). Writes the resolved config to <dir>/config.yaml.
   static Result<Tracking> from_config(const nlohmann::json& cfg, std::FILE* console = stdout);
 
   /// Logs to every backend; the first error is returned after all were tried.
   Status log(const Metrics& metrics, int64_t step);
+  /// Tells every backend where the run starts: after `step` when resumed, < 0 when fresh.
+  Status start_at(int64_t step);
   /// Adds a backend (tests, custom sinks).
   void add(std::unique_ptr<MetricLogger> logger) { loggers_.push_back(std::move(logger)); }
 
@@ -96,6 +117,9 @@ class ProgressBar {
   void update(int64_t step, const Metrics& metrics = {});
   /// Ends the bar's line (TTY mode).
   void finish();
+  /// Erases the bar's line (TTY mode) so another line can be printed there; the next update
+  /// redraws it. Console lines call this first, so the two never share a line.
+  void clear();
   /// The text of the bar for `step` at elapsed `seconds` (exposed for tests).
   std::string render(int64_t step, double seconds, const Metrics& metrics) const;
 
@@ -108,6 +132,23 @@ class ProgressBar {
   double start_ = 0;
   bool open_line_ = false;
 };
+
+/// What a run says when it starts (run_summary_lines).
+struct RunSummary {
+  std::string what;                                    ///< "GRPO", "PPO (gae)", "SFT"
+  std::string device;                                  ///< trainer.device
+  size_t agents = 0;                                   ///< cluster.agents (0: in this process)
+  std::vector<std::pair<std::string, int32_t>> groups; ///< Worker group name, ranks.
+  int64_t train_rows = 0, val_rows = 0;                ///< val_rows < 0: no validation set
+  int64_t steps_per_epoch = 0, epochs = 0, total_steps = 0;
+  std::string out_dir;                                 ///< trainer.default_local_dir
+  int64_t save_freq = -1;
+  int64_t resumed_step = 0;                            ///< 0: a fresh start
+};
+
+/// The start-up lines: what runs where, the data and step counts, the output directory, and
+/// one line saying whether the run starts, resumes after step N, or has nothing left to do.
+std::vector<std::string> run_summary_lines(const RunSummary& s);
 
 /// "1:02:03" / "02:03" for a duration in seconds ("--:--" when not finite or negative).
 std::string format_duration(double seconds);

@@ -121,8 +121,40 @@ Status RayPPOTrainer::init_workers() {
   return Status();
 }
 
+void RayPPOTrainer::announce() const {
+  if (options_.console == nullptr) return;
+  const State& s = *state_;
+  RunSummary r;
+  r.what = s.adv_estimator == "gae" ? "PPO (gae)" : fmt::format("PPO with {} advantages", s.adv_estimator);
+  if (s.adv_estimator == "grpo") r.what = "GRPO";
+  auto text = [&](const char* key) {
+    auto v = config_get<std::string>(cfg_, key);
+    return v.ok() ? *v : std::string();
+  };
+  r.device = text("trainer.device");
+  if (const auto* agents = config_find(cfg_, "cluster.agents"); agents != nullptr && agents->is_array()) {
+    r.agents = agents->size();
+  }
+  for (const dispatch::WorkerGroup* wg :
+       {actor_rollout_wg_.get(), rollout_wg_.get(), ref_wg_.get(), critic_wg_.get(), rm_wg_.get()}) {
+    if (wg != nullptr) r.groups.emplace_back(wg->name(), wg->world_size());
+  }
+  r.train_rows = s.train_dataset->size();
+  r.val_rows = s.val_dataset ? s.val_dataset->size() : -1;
+  r.steps_per_epoch = s.train_loader->size();
+  auto epochs = config_get<int64_t>(cfg_, "trainer.total_epochs");
+  r.epochs = epochs.ok() ? *epochs : 1;
+  r.total_steps = total_training_steps_;
+  r.out_dir = text("trainer.default_local_dir");
+  r.save_freq = s.save_freq;
+  r.resumed_step = global_steps_;
+  for (const auto& line : run_summary_lines(r)) std::fprintf(options_.console, "tessera: %s\n", line.c_str());
+  std::fflush(options_.console);
+}
+
 Status RayPPOTrainer::log_step(int64_t step, const Metrics& metrics) {
   history_.emplace_back(step, metrics);
+  if (state_->bar) state_->bar->clear();
   if (state_->tracking) TESSERA_RETURN_IF_ERROR(state_->tracking->log(metrics, step));
   return Status();
 }
@@ -168,6 +200,8 @@ Status RayPPOTrainer::fit() {
   State& s = *state_;
   global_steps_ = 0;
   TESSERA_RETURN_IF_ERROR(load_checkpoint());
+  if (s.tracking) TESSERA_RETURN_IF_ERROR(s.tracking->start_at(global_steps_ > 0 ? global_steps_ : -1));
+  announce();
   TESSERA_ASSIGN_OR_RETURN(bool val_before, config_get<bool>(cfg_, "trainer.val_before_train"));
   TESSERA_ASSIGN_OR_RETURN(bool val_only, config_get<bool>(cfg_, "trainer.val_only"));
   if (val_before && s.val_dataset) {

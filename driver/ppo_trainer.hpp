@@ -107,6 +107,7 @@ class RayPPOTrainer {
   Result<Metrics> train_step(const std::vector<int64_t>& indices, bool is_last_step);
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);
+  void announce() const;  // the start-up summary on the console stream
   Status start_split_rollout(int64_t nnodes, int64_t per_node, int64_t split);
   // generate_sequences on the generating group (colocated: the actor's; split: the rollout group's,
   // after syncing changed weights). Worker metrics go to `metrics` / `timing`.

@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include "driver/config.hpp"
+#include "driver/generations.hpp"
 #include "driver/internal/ppo_state.hpp"
 #include "workers/algos/losses.hpp"
 
@@ -56,13 +57,33 @@ std::vector<std::string> step_uids(int64_t step, int64_t rows) {
 }
 
 // token_level_scores (and reward extra infos as columns) from the rule reward manager.
-Status add_scores(const State& s, proto::DataProto& batch) {
+Status add_scores(State& s, proto::DataProto& batch) {
   TESSERA_ASSIGN_OR_RETURN(RewardOutput r, (*s.reward_fn)(batch));
   TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_scores", r.reward_tensor));
+  s.reward_extra_keys.clear();
   for (auto& [key, values] : r.reward_extra_info) {
     TESSERA_RETURN_IF_ERROR(batch.set_column(key, proto::Column::jsons(values)));
+    s.reward_extra_keys.push_back(key);
   }
   return Status();
+}
+
+std::vector<double> to_doubles(const at::Tensor& t) {
+  at::Tensor c = t.to(torch::kCPU, torch::kFloat64).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+// verl's rollout_data_dir dump of a training step: decoded prompts and responses, scores, ground
+// truths and the reward extra infos.
+Status dump_rollout(const State& s, const proto::DataProto& batch, int64_t step) {
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor scores, batch.tensor("token_level_scores"));
+  TESSERA_ASSIGN_OR_RETURN(Generations g, decode_generations(batch, *s.tokenizer, to_doubles(scores.sum(-1))));
+  for (const auto& key : s.reward_extra_keys) {
+    TESSERA_ASSIGN_OR_RETURN(proto::Column c, batch.column(key));
+    auto& values = g.extra[key];
+    for (int64_t i = 0; i < batch.size(); ++i) values.push_back(c.row_json(i));
+  }
+  return dump_generations(g, step, s.rollout_data_dir);
 }
 
 // verl's gen_max (ReMax): greedy rollouts of the same prompts, scored, as reward_baselines.
@@ -165,6 +186,10 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     }
     TESSERA_RETURN_IF_ERROR(compute_advantage(batch, s.adv_estimator, s.gamma, s.lam, s.norm_adv_by_std_in_grpo));
   }
+  if (!s.rollout_data_dir.empty()) {
+    MarkedTimer t("dump_rollout_generations", timing);
+    TESSERA_RETURN_IF_ERROR(dump_rollout(s, batch, global_steps_));
+  }
   if (critic_wg_) {
     MarkedTimer t("update_critic", timing);
     TESSERA_RETURN_IF_ERROR(call_proto(*critic_wg_, "update_critic", batch, metrics, timing).status());
@@ -230,6 +255,18 @@ Result<Metrics> RayPPOTrainer::validate() {
     // verl groups samples by the decoded prompt text; the prompt ids identify it equally.
     at::Tensor row = prompts[i].contiguous();
     inputs.push_back(std::string(reinterpret_cast<const char*>(row.data_ptr()), row.numel() * row.element_size()));
+  }
+  if (!s.validation_data_dir.empty() || s.log_val_generations > 0) {
+    TESSERA_ASSIGN_OR_RETURN(Generations g, decode_generations(batch, *s.tokenizer, to_doubles(scores)));
+    for (const auto& [key, values] : r.reward_extra_info) g.extra[key] = values;
+    if (!s.validation_data_dir.empty()) TESSERA_RETURN_IF_ERROR(dump_generations(g, global_steps_, s.validation_data_dir));
+    if (options_.console != nullptr) {
+      if (s.bar) s.bar->clear();
+      for (const auto& line : val_generation_lines(g, s.log_val_generations)) {
+        std::fprintf(options_.console, "%s\n", line.c_str());
+      }
+      std::fflush(options_.console);
+    }
   }
   TESSERA_ASSIGN_OR_RETURN(ValidationMetrics vm, process_validation_metrics(data_sources, inputs, infos));
   return validation_metric_dict(vm);

@@ -1,6 +1,7 @@
 // ppo_trainer_state.cpp: make_ppo_state (see internal/ppo_state.hpp).
 #include "driver/config.hpp"
 #include "driver/internal/ppo_state.hpp"
+#include "driver/python_reward.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -29,17 +30,18 @@ Status read_flags(const json& cfg, State& s) {
   TESSERA_ASSIGN_OR_RETURN(s.val_do_sample, config_get<bool>(cfg, "actor_rollout_ref.rollout.val_kwargs.do_sample"));
   TESSERA_ASSIGN_OR_RETURN(s.loss_agg_mode, config_get<std::string>(cfg, "actor_rollout_ref.actor.loss_agg_mode"));
   TESSERA_ASSIGN_OR_RETURN(s.seed, config_get_or<int64_t>(cfg, "data.seed", 1));
+  for (auto [key, out] : {std::pair{"trainer.rollout_data_dir", &s.rollout_data_dir},
+                          std::pair{"trainer.validation_data_dir", &s.validation_data_dir}}) {
+    TESSERA_ASSIGN_OR_RETURN(auto dir, config_get<std::optional<std::string>>(cfg, key));
+    *out = dir.value_or("");
+  }
+  TESSERA_ASSIGN_OR_RETURN(s.log_val_generations, config_get<int64_t>(cfg, "trainer.log_val_generations"));
   s.use_critic = need_critic(cfg);
   s.use_ref = need_reference_policy(cfg);
   if (s.adv_estimator == "remax" && s.n != 1) {
     return make_error(ErrorCode::unimplemented,
                       "algorithm.adv_estimator=remax with actor_rollout_ref.rollout.n={}: only n=1 is supported "
                       "(verl v0.5.0 unions the un-repeated batch with the baseline generation)", s.n);
-  }
-  TESSERA_ASSIGN_OR_RETURN(auto custom_path, config_get<std::optional<std::string>>(cfg, "custom_reward_function.path"));
-  if (custom_path) {
-    return make_error(ErrorCode::unimplemented, "custom_reward_function.path: '{}' (Python reward functions cannot be "
-                      "loaded; use a built-in data_source scorer)", *custom_path);
   }
   return Status();
 }
@@ -62,9 +64,36 @@ Status load_data(const json& cfg, State& s) {
   lo.seed = static_cast<uint64_t>(s.seed);
   TESSERA_ASSIGN_OR_RETURN(StatefulDataLoader loader, StatefulDataLoader::create(s.train_dataset->size(), lo));
   s.train_loader.emplace(std::move(loader));
-  TESSERA_ASSIGN_OR_RETURN(std::string key, config_get<std::string>(cfg, "data.reward_fn_key"));
-  s.reward_fn = std::make_unique<NaiveRewardManager>(tok, ScorerRegistry::with_builtins(), RewardManagerOptions{0, key});
-  s.val_reward_fn = std::make_unique<NaiveRewardManager>(tok, ScorerRegistry::with_builtins(), RewardManagerOptions{0, key});
+  TESSERA_ASSIGN_OR_RETURN(RewardManagerOptions ro, reward_manager_options(cfg));
+  TESSERA_ASSIGN_OR_RETURN(PythonRewardOptions po, python_reward_options(cfg));
+  if (!po.path.empty()) {  // verl's custom_reward_function: every data_source is scored by it
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<PythonRewardPool> pool, PythonRewardPool::start(po));
+    ro.batch_scorer = [pool](const std::vector<ScoreRequest>& rows) { return pool->score(rows); };
+  } else if (!s.use_rm && ro.reward_fn_key == "data_source") {
+    // Every row's data_source needs a scorer, known before the first step: a native one, or
+    // verl's Python one (then verl's own code scores those rows), or the row is named here.
+    const ScorerRegistry builtins = ScorerRegistry::with_builtins();
+    std::string python_source;
+    for (const std::optional<RLHFDataset>* ds : {&s.train_dataset, &s.val_dataset}) {
+      if (!ds->has_value()) continue;
+      for (int64_t i = 0; i < (**ds).size(); ++i) {
+        const RLHFRow& row = (**ds).row(i);
+        if (builtins.find(row.data_source).ok()) continue;
+        if (is_verl_python_source(row.data_source)) {
+          python_source = row.data_source;
+          continue;
+        }
+        return make_error(ErrorCode::not_found, "{}: {}; or score it with custom_reward_function.path", row.source,
+                          builtins.find(row.data_source).status().message());
+      }
+    }
+    if (!python_source.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<PythonRewardPool> pool, start_verl_scorer_pool(po, python_source));
+      ro.fallback_scorer = [pool](const std::vector<ScoreRequest>& rows) { return pool->score(rows); };
+    }
+  }
+  s.reward_fn = std::make_unique<NaiveRewardManager>(tok, ScorerRegistry::with_builtins(), ro);
+  s.val_reward_fn = std::make_unique<NaiveRewardManager>(tok, ScorerRegistry::with_builtins(), ro);
   s.tokenizer.emplace(std::move(tok));
   return Status();
 }

@@ -11,6 +11,15 @@
 //                             numerically (thousands commas allowed, "3.0" == 3)
 //   "tessera/arith"           the built-in demo task: 1.0 when the response's first integer
 //                             equals ground_truth, else 0.0; returns {score, acc, pred}
+//   "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"
+//                             verl's math.compute_score (the last \boxed{} answer, is_equiv)
+//   "math_dapo", "aime*"      verl's math_dapo.compute_score ("Answer:" line, minerva
+//                             normalisation); returns {score (+1/-1), acc, pred}
+//   "searchR1_nq", ...        verl's search_r1_like_qa_em (exact match in <answer> tags) for the
+//                             seven searchR1_* sources
+// (driver/reward_math.hpp; checked against verl's own Python.) Sources whose verl scorers need
+// sympy or code execution (prime_math, prime_code, sandbox) and geo3k (mathruler) have no
+// native scorer: score them with custom_reward_function (driver/python_reward.hpp).
 // An unknown data_source is an error naming it (never a silent zero).
 //
 // NaiveRewardManager (verl/workers/reward_manager/naive.py): if the batch holds `rm_scores`
@@ -57,6 +66,17 @@ struct ScoreResult {
 /// A scoring function. Errors (e.g. a ground truth of the wrong type) name the sample's fields.
 using ScoreFn = std::function<Result<ScoreResult>(const ScoreInput&)>;
 
+/// One row for a batch scorer (owning copies of ScoreInput's fields).
+struct ScoreRequest {
+  std::string data_source;
+  std::string solution_str;
+  nlohmann::json ground_truth;
+  nlohmann::json extra_info;
+};
+
+/// Scores a whole batch at once (custom_reward_function's Python pool). Errors name the row.
+using BatchScoreFn = std::function<Result<std::vector<ScoreResult>>(const std::vector<ScoreRequest>&)>;
+
 /// data_source -> scorer.
 class ScorerRegistry {
  public:
@@ -100,13 +120,38 @@ struct RewardOutput {
   std::map<std::string, std::vector<nlohmann::json>> reward_extra_info;
 };
 
-/// Options of NaiveRewardManager.
+/// DAPO's overlong buffer (reward_model.reward_kwargs.overlong_buffer_cfg): responses longer
+/// than max_resp_len - len lose up to penalty_factor, linearly over the last `len` tokens.
+struct OverlongBuffer {
+  bool enable = false;
+  int64_t len = 0;
+  double penalty_factor = 1.0;
+  bool log = false;  ///< Adds reward extra infos overlong_reward and overlong.
+};
+
+/// Options of the reward manager (reward_model.reward_manager and reward_kwargs).
 struct RewardManagerOptions {
   int64_t num_examine = 0;                   ///< Rows printed per data source (stderr).
   std::string reward_fn_key = "data_source";  ///< data.reward_fn_key.
+  /// naive | batch | prime (the same scores for Tessera's scorers: verl's batch and prime
+  /// managers differ only in how they call a Python compute_score), or dapo: a plain-float score
+  /// is also reported as extra info "acc", and the overlong buffer applies.
+  std::string kind = "naive";
+  OverlongBuffer overlong;
+  int64_t max_resp_len = 0;  ///< reward_kwargs.max_resp_len (required by the overlong buffer).
+  /// When set (custom_reward_function), it scores every row, one call per batch, instead of the
+  /// data_source scorers.
+  BatchScoreFn batch_scorer;
+  /// When set, the rows whose data_source has no native scorer go to it, one call per batch
+  /// (verl's Python default_compute_score: python_reward.hpp).
+  BatchScoreFn fallback_scorer;
 };
 
-/// verl's NaiveRewardManager.
+/// The options from a loaded PPO config: reward_model.reward_manager, reward_model.reward_kwargs
+/// (max_resp_len, overlong_buffer_cfg) and data.reward_fn_key. Errors name the key.
+Result<RewardManagerOptions> reward_manager_options(const nlohmann::json& cfg);
+
+/// verl's NaiveRewardManager (and its batch, prime and dapo siblings: RewardManagerOptions::kind).
 class NaiveRewardManager {
  public:
   NaiveRewardManager(tokenizer::Tokenizer tokenizer, ScorerRegistry scorers, RewardManagerOptions options = {});

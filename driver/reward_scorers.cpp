@@ -5,11 +5,13 @@
 #include <cstdlib>
 
 #include "driver/reward.hpp"
+#include "driver/reward_math.hpp"
 
 namespace tessera::driver {
 namespace {
 
 constexpr size_t kSolutionClipChars = 300;  // verl gsm8k: only the tail is searched
+constexpr const char* kMathDapo = "math_dapo";
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_number_char(char c) { return is_digit(c) || c == '.' || c == ','; }
@@ -169,6 +171,32 @@ ScorerRegistry ScorerRegistry::with_builtins() {
   r.scorers_["exact_match"] = exact_match;
   r.scorers_["numeric"] = numeric;
   r.scorers_["tessera/arith"] = arith;
+  // verl's default_compute_score sources with a rule scorer (driver/reward_math.hpp).
+  ScoreFn math = [](const ScoreInput& in) -> Result<ScoreResult> {
+    TESSERA_ASSIGN_OR_RETURN(std::string gt, ground_truth_text(in));
+    return ScoreResult{math_compute_score(in.solution_str, gt), nlohmann::json::object()};
+  };
+  for (const char* name : {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"}) {
+    r.scorers_[name] = math;
+  }
+  r.scorers_[kMathDapo] = [](const ScoreInput& in) -> Result<ScoreResult> {
+    TESSERA_ASSIGN_OR_RETURN(std::string gt, ground_truth_text(in));
+    nlohmann::json res = math_dapo_compute_score(in.solution_str, gt);
+    return ScoreResult{res["score"].get<double>(), {{"acc", res["acc"]}, {"pred", res["pred"]}}};
+  };
+  ScoreFn search_r1 = [](const ScoreInput& in) -> Result<ScoreResult> {
+    std::optional<double> score = search_r1_compute_score(in.solution_str, in.ground_truth);
+    if (!score) {
+      return make_error(ErrorCode::invalid_argument,
+                        "data_source '{}': reward_model.ground_truth must be an object whose \"target\" is a string or "
+                        "a list of strings, got {}", in.data_source, in.ground_truth.dump());
+    }
+    return ScoreResult{*score, nlohmann::json::object()};
+  };
+  for (const char* name : {"searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
+                           "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle"}) {
+    r.scorers_[name] = search_r1;
+  }
   return r;
 }
 
@@ -182,6 +210,8 @@ Status ScorerRegistry::add(const std::string& data_source, ScoreFn fn) {
 
 Result<ScoreFn> ScorerRegistry::find(std::string_view data_source) const {
   auto it = scorers_.find(data_source);
+  // verl scores every data_source starting with "aime" as math_dapo.
+  if (it == scorers_.end() && data_source.substr(0, 4) == "aime") it = scorers_.find(std::string_view(kMathDapo));
   if (it == scorers_.end()) {
     return make_error(ErrorCode::not_found, "no reward scorer for data_source '{}' (known: {})", data_source,
                       fmt::join(names(), ", "));

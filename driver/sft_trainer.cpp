@@ -112,7 +112,31 @@ Result<std::unique_ptr<FSDPSFTTrainer>> FSDPSFTTrainer::create(json cfg, const r
 
 Status FSDPSFTTrainer::log_step(int64_t step, const Metrics& metrics) {
   history_.emplace_back(step, metrics);
+  if (bar_) bar_->clear();
   return state_->tracking->log(metrics, step);
+}
+
+void FSDPSFTTrainer::announce() const {
+  if (options_.console == nullptr) return;
+  const State& s = *state_;
+  RunSummary r;
+  r.what = "SFT";
+  auto text = [&](const char* key) {
+    auto v = config_get<std::string>(cfg_, key);
+    return v.ok() ? *v : std::string();
+  };
+  r.device = text("trainer.device");
+  r.groups.emplace_back(wg_->name(), wg_->world_size());
+  r.train_rows = s.train_dataset->size();
+  r.val_rows = s.val_dataset ? s.val_dataset->size() : -1;
+  r.steps_per_epoch = s.loader->size();
+  r.epochs = s.total_epochs;
+  r.total_steps = total_training_steps_;
+  r.out_dir = text("trainer.default_local_dir");
+  r.save_freq = s.save_freq;
+  r.resumed_step = global_step_;
+  for (const auto& line : run_summary_lines(r)) std::fprintf(options_.console, "tessera: %s\n", line.c_str());
+  std::fflush(options_.console);
 }
 
 Result<double> FSDPSFTTrainer::validate() {
@@ -168,8 +192,10 @@ Status FSDPSFTTrainer::load_checkpoint() {
 Status FSDPSFTTrainer::fit() {
   State& s = *state_;
   TESSERA_RETURN_IF_ERROR(load_checkpoint());
+  TESSERA_RETURN_IF_ERROR(s.tracking->start_at(global_step_ > 0 ? global_step_ : -1));
+  announce();
   if (global_step_ >= total_training_steps_) return Status();
-  std::unique_ptr<ProgressBar> bar;
+  std::unique_ptr<ProgressBar>& bar = bar_;
   if (options_.progress) bar = std::make_unique<ProgressBar>(total_training_steps_, options_.progress);
   for (int64_t epoch = s.loader->epoch(); epoch < s.total_epochs || global_step_ < total_training_steps_; ++epoch) {
     while (std::optional<std::vector<int64_t>> idx = s.loader->next()) {

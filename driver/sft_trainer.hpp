@@ -36,6 +36,8 @@
 
 namespace tessera::driver {
 
+class ProgressBar;
+
 /// Knobs of an SFT run that are not part of verl's config.
 struct SftTrainerOptions {
   std::FILE* console = stdout;   ///< Console logger output (null: none).
@@ -69,12 +71,14 @@ class FSDPSFTTrainer {
   Status save_checkpoint();
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);
+  void announce() const;  // the start-up summary on the console stream
 
   nlohmann::json cfg_;
   SftTrainerOptions options_;
   std::unique_ptr<State> state_;
   std::unique_ptr<runtime::Runtime> runtime_;
   std::shared_ptr<dispatch::WorkerGroup> wg_;
+  std::unique_ptr<ProgressBar> bar_;  // during fit()
   int64_t global_step_ = 0;
   int64_t total_training_steps_ = 0;
   std::optional<std::filesystem::path> last_hf_dir_;

@@ -112,11 +112,14 @@ void DataProtoIterator::start_epoch() {
   ++epoch_;
   batch_in_epoch_ = 0;
   if (!shuffle_) return;
-  // torch's DataLoader (1.13) draws its base seed from the generator, then RandomSampler calls
-  // randperm on it; we draw in the same order, aiming at verl's order for the same seed (not
-  // verified against Python here: no Python torch on the build machine).
+  // verl's make_iterator is a torch DataLoader over a RandomSampler with this generator. Per
+  // epoch torch draws: the DataLoader's base seed (one int64), randperm(n) for the order, and a
+  // second randperm(n) whose first num_samples % n (none) entries RandomSampler would yield
+  // after it. The same draws here give verl's order in every epoch
+  // (tests/workers/algos/verl_parity_test.cpp checks it against verl's Python).
   at::empty({}, at::kLong).random_(generator_);
   order_ = at::randperm(data_.size(), generator_, at::kLong);
+  (void)at::randperm(data_.size(), generator_, at::kLong);
 }
 
 std::optional<DataProto> DataProtoIterator::next() {

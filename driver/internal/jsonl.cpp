@@ -2,14 +2,14 @@
 
 #include <fstream>
 
+#if TESSERA_WITH_PARQUET
+#include "driver/internal/parquet.hpp"
+#endif
+
 namespace tessera::driver::internal {
 
 Status for_each_jsonl(const std::filesystem::path& path,
                       const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn) {
-  if (path.extension() == ".parquet") {
-    return make_error(ErrorCode::unimplemented,
-                      "{}: parquet is not supported; convert it to JSONL (one JSON object per line)", path.string());
-  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::not_found, "{}: cannot open the file", path.string());
   std::string line;
@@ -26,6 +26,18 @@ Status for_each_jsonl(const std::filesystem::path& path,
   }
   if (in.bad()) return make_error(ErrorCode::io_error, "{}: read error", path.string());
   return Status();
+}
+
+Status for_each_record(const std::filesystem::path& path,
+                       const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn) {
+  if (path.extension() != ".parquet") return for_each_jsonl(path, fn);
+#if TESSERA_WITH_PARQUET
+  return for_each_parquet_row(path, fn);
+#else
+  return make_error(ErrorCode::unimplemented,
+                    "{}: this build reads no parquet (configured without pyarrow's Arrow; deploy/dev.sh deps installs "
+                    "it): convert the file to JSONL or rebuild", path.string());
+#endif
 }
 
 }  // namespace tessera::driver::internal

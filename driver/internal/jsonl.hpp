@@ -14,8 +14,12 @@ namespace tessera::driver::internal {
 
 /// Calls `fn(row, where)` for each non-blank line of `path`, where `where` is "FILE:LINE".
 /// A line that is not a JSON object is an error "FILE:LINE: why"; errors from `fn` stop the scan.
-/// Parquet files (by extension) are refused with a hint to convert them.
 Status for_each_jsonl(const std::filesystem::path& path,
                       const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn);
+
+/// A dataset's rows: parquet files (by extension: .parquet) through Arrow, where "FILE:row N";
+/// anything else as JSONL. A build without Arrow refuses parquet in one line naming the file.
+Status for_each_record(const std::filesystem::path& path,
+                       const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn);
 
 }  // namespace tessera::driver::internal

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +41,9 @@ struct RayPPOTrainer::State {
   double gamma = 1.0, lam = 1.0, temperature = 1.0;
   int64_t val_n = 1;
   bool val_do_sample = false;
+  std::string rollout_data_dir, validation_data_dir;  ///< Empty: no dumps (generations.hpp).
+  int64_t log_val_generations = 0;
+  std::vector<std::string> reward_extra_keys;  ///< Columns the last add_scores set.
   int64_t eos_token_id = 0, pad_token_id = 0;
 };
 

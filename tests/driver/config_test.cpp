@@ -159,8 +159,6 @@ TEST(Config, WrongTypeNamesTheKey) {
   EXPECT_NE(msg.find("data.train_batch_size"), std::string::npos) << msg;
   msg = load_error({"data.shuffle=3"});
   EXPECT_NE(msg.find("data.shuffle"), std::string::npos) << msg;
-  msg = load_error({"trainer.logger=console"});
-  EXPECT_NE(msg.find("trainer.logger"), std::string::npos) << msg;
   msg = load_error({"algorithm.kl_ctrl=5"});
   EXPECT_NE(msg.find("algorithm.kl_ctrl"), std::string::npos) << msg;
 }
@@ -254,6 +252,73 @@ TEST(Config, ValidateRulesNameKeys) {
   msg = validate_error({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
                         "actor_rollout_ref.actor.ppo_micro_batch_size=1", "trainer.n_gpus_per_node=4"});
   EXPECT_NE(msg.find("GPU count 4"), std::string::npos) << msg;
+}
+
+TEST(Config, RunsWithoutAConfigFileLikeVerlScripts) {
+  auto split = split_config_args({"trainer.logger=console", "+x.y=1", "~a.b"});
+  ASSERT_TRUE(split.ok());
+  EXPECT_TRUE(split->file.empty());
+  EXPECT_EQ(split->overrides.size(), 3u);
+  split = split_config_args({"run.yaml", "a.b=c"});
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->file, "run.yaml");
+  EXPECT_EQ(split->overrides, std::vector<std::string>{"a.b=c"});
+  split = split_config_args({"a.b=c"}, "conf", "ppo");  // Hydra's --config-path / --config-name
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->file, std::filesystem::path("conf/ppo.yaml"));
+  auto bad = split_config_args({"a.b=c", "oops"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'oops' is not an override"), std::string::npos);
+  EXPECT_FALSE(split_config_args({}, "conf", "").ok());
+}
+
+TEST(Config, StringWhereAListIsExpectedIsOneElement) {
+  json cfg = load_ok({"trainer.logger=console", "data.train_files=[a.parquet,b.parquet]", "data.val_files=c.parquet"});
+  EXPECT_EQ(cfg["trainer"]["logger"], json::array({"console"}));
+  EXPECT_EQ(cfg["data"]["train_files"], json::array({"a.parquet", "b.parquet"}));
+  EXPECT_EQ(cfg["data"]["val_files"], "c.parquet");
+  std::string msg = load_error({"trainer.logger=3"});
+  EXPECT_NE(msg.find("trainer.logger"), std::string::npos) << msg;
+}
+
+TEST(Config, ResolvedYamlReadsBackToTheSameConfig) {
+  json cfg = load_ok({"trainer.experiment_name='1e-6'", "trainer.project_name=true_story", "+extra.s=''",
+                      "+extra.t='null'", "actor_rollout_ref.actor.optim.lr=3e-06", "+extra.f=2.0"});
+  auto back = yaml_to_json(config_to_yaml(cfg), "config.yaml");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, cfg);
+  EXPECT_TRUE((*back)["extra"]["f"].is_number_float());
+}
+
+TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
+  for (const auto& [override_text, key] : std::vector<std::pair<std::string, std::string>>{
+           {"data.custom_cls.path=my_dataset.py", "data.custom_cls.path"},
+           {"data.sampler.class_path=pkg.Sampler", "data.sampler.class_path"},
+           {"data.datagen.path=gen.py", "data.datagen.path"},
+           {"+data.apply_chat_template_kwargs.enable_thinking=false", "data.apply_chat_template_kwargs"},
+           {"algorithm.use_pf_ppo=true", "algorithm.use_pf_ppo"},
+           {"trainer.profile_steps=[1,2]", "trainer.profile_steps"},
+           {"trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir"},
+           {"reward_model.reward_manager=fancy", "reward_model.reward_manager"},
+           {"+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs"},
+           {"trainer.logger=[console,wandb]", "trainer.logger"},
+           {"actor_rollout_ref.actor.checkpoint.save_contents=[model,extra]", "save_contents"},
+           {"critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]", "critic.checkpoint.save_contents"},
+       }) {
+    std::string msg = validate_error({override_text});
+    EXPECT_NE(msg.find(key), std::string::npos) << override_text << ": " << msg;
+  }
+  json cfg = load_ok(valid_overrides());
+  cfg["actor_rollout_ref"]["actor"]["checkpoint"]["save_contents"] = {"model", "optimizer", "extra", "hf_model"};
+  cfg["actor_rollout_ref"]["actor"]["checkpoint"]["load_contents"] = {"model", "optimizer", "extra", "hf_model"};
+  EXPECT_TRUE(validate_ppo_config(cfg).ok()) << validate_ppo_config(cfg).to_string();
+
+  auto sft = load_config(ConfigKind::sft, {}, {"data.balance_dp_token=true"});
+  ASSERT_TRUE(sft.ok());
+  EXPECT_NE(validate_sft_config(*sft).message().find("data.balance_dp_token"), std::string::npos);
+  sft = load_config(ConfigKind::sft, {}, {"ulysses_sequence_parallel_size=2"});
+  ASSERT_TRUE(sft.ok());
+  EXPECT_NE(validate_sft_config(*sft).message().find("ulysses_sequence_parallel_size = 2"), std::string::npos);
 }
 
 TEST(Config, GrpoNeedsNoCriticMicroBatch) {

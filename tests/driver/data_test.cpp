@@ -2,6 +2,8 @@
 // lines, and the resumable dataloader.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <set>
 
 #include "driver/data.hpp"
@@ -133,8 +135,90 @@ TEST(RLHFDataset, MalformedLinesNameFileAndLine) {
   }
   auto missing = RLHFDataset::load({dir.path() / "none.jsonl"}, qwen3_tokenizer(), options(64));
   EXPECT_NE(missing.status().message().find("none.jsonl"), std::string::npos);
-  auto parquet = RLHFDataset::load({dir.path() / "x.parquet"}, qwen3_tokenizer(), options(64));
-  EXPECT_NE(parquet.status().message().find("parquet"), std::string::npos);
+}
+
+// verl's parquet files, written by pandas (as examples/data_preprocess/gsm8k.py does) and by
+// pyarrow directly (string columns, several row groups, as HF datasets writes them), read to the
+// same rows as the JSONL form of the same data.
+const char* kWriteParquet = R"(
+import sys, pandas as pd, pyarrow as pa, pyarrow.parquet as pq
+out = sys.argv[1]
+rows = []
+for i, (q, a) in enumerate([("What is 2+3?", "5"), ("Hi there, compute 12*12", "144"), ("Ünïcode: 7-1?", "6")]):
+    rows.append({
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": q}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": a},
+        "extra_info": {"split": "train", "index": i, "answer": "#### " + a, "question": q},
+    })
+pd.DataFrame(rows).to_parquet(out + "/pandas.parquet")
+pq.write_table(pa.Table.from_pylist(rows), out + "/arrow.parquet", row_group_size=2)
+bad = [dict(rows[0]), dict(rows[1])]
+bad[1]["reward_model"] = None
+pd.DataFrame(bad).to_parquet(out + "/bad.parquet")
+open(out + "/text.parquet", "w").write("not parquet\n")
+)";
+
+TEST(RLHFDataset, ReadsVerlParquetFiles) {
+  TempDir dir("parquet");
+  const char* py = std::getenv("TESSERA_PYTHON");
+  if (py == nullptr || *py == '\0') GTEST_SKIP() << "TESSERA_PYTHON (with pandas and pyarrow) is not set";
+  std::ofstream(dir.path() / "write.py") << kWriteParquet;
+  ASSERT_EQ(std::system(fmt::format("{} {} {}", py, (dir.path() / "write.py").string(), dir.path().string()).c_str()), 0);
+  auto jsonl = dir.write("same.jsonl", rl_row("What is 2+3?", "5", 0) + rl_row("Hi there, compute 12*12", "144", 1) +
+                                           rl_row("Ünïcode: 7-1?", "6", 2));
+  auto want = RLHFDataset::load({jsonl}, qwen3_tokenizer(), options(48));
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  for (const char* name : {"pandas.parquet", "arrow.parquet"}) {
+    auto got = RLHFDataset::load({dir.path() / name}, qwen3_tokenizer(), options(48));
+    if (!got.ok() && got.status().message().find("this build reads no parquet") != std::string::npos) {
+      GTEST_SKIP() << got.status().message();
+    }
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status().to_string();
+    ASSERT_EQ(got->size(), 3) << name;
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(got->row(i).prompt_ids, want->row(i).prompt_ids) << name << " row " << i;
+      EXPECT_EQ(got->row(i).prompt, want->row(i).prompt) << name;
+      EXPECT_EQ(got->row(i).data_source, "openai/gsm8k");
+      EXPECT_EQ(got->row(i).reward_model["ground_truth"], want->row(i).reward_model["ground_truth"]);
+      EXPECT_EQ(got->row(i).extra_info["index"], i) << name;
+      EXPECT_EQ(got->row(i).extra_info["answer"], "#### " + want->row(i).reward_model["ground_truth"].get<std::string>());
+    }
+  }
+  auto bad = RLHFDataset::load({dir.path() / "bad.parquet"}, qwen3_tokenizer(), options(48));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.parquet:row 1: 'reward_model'"), std::string::npos) << bad.status().message();
+  auto text = RLHFDataset::load({dir.path() / "text.parquet"}, qwen3_tokenizer(), options(48));
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("text.parquet: "), std::string::npos) << text.status().message();
+  EXPECT_EQ(text.status().message().find('\n'), std::string::npos);
+  auto missing = RLHFDataset::load({dir.path() / "none.parquet"}, qwen3_tokenizer(), options(48));
+  EXPECT_NE(missing.status().message().find("none.parquet: cannot open"), std::string::npos);
+}
+
+// verl's gsm8k SFT recipe: prompt_key=extra_info, prompt_dict_keys=['question'] (and the same
+// for the answer) reads the nested fields.
+TEST(SFTDataset, DictKeysReadNestedFields) {
+  TempDir dir("sft_dict");
+  auto nested = dir.write("n.jsonl", json({{"extra_info", {{"question", "2+2?"}, {"answer", "4"}}}}).dump() + "\n");
+  auto flat = dir.write("f.jsonl", json({{"question", "2+2?"}, {"answer", "4"}}).dump() + "\n");
+  SFTDatasetOptions o;
+  o.max_length = 32;
+  auto want = SFTDataset::load({flat}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  o.prompt_key = o.response_key = "extra_info";
+  o.prompt_dict_keys = {"question"};
+  o.response_dict_keys = {"answer"};
+  auto got = SFTDataset::load({nested}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->example(0).prompt_ids, want->example(0).prompt_ids);
+  EXPECT_EQ(got->example(0).response_ids, want->example(0).response_ids);
+  o.prompt_dict_keys = {"query"};
+  auto bad = SFTDataset::load({nested}, qwen3_tokenizer(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("n.jsonl:1: 'extra_info' has no key 'query'"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(SFTDataset, LossMaskFollowsVerl) {
@@ -210,6 +294,34 @@ TEST(DataLoader, ShuffledEpochsArePermutations) {
   EXPECT_EQ(drain(*again, 3), epoch0);  // same seed, same order
   auto other = StatefulDataLoader::create(10, {3, true, true, 2});
   EXPECT_NE(drain(*other, 3), epoch0);
+}
+
+// The shuffled order is torch's RandomSampler with a seeded generator (verl's create_rl_sampler),
+// epoch after epoch, checked against PyTorch itself.
+TEST(DataLoader, ShuffledOrderIsTorchsRandomSampler) {
+  const char* py = std::getenv("TESSERA_PYTHON");
+  if (py == nullptr || *py == '\0') GTEST_SKIP() << "TESSERA_PYTHON (with torch) is not set";
+  for (auto [n, seed] : {std::pair<int64_t, uint64_t>{10, 1}, {37, 42}, {5, 7}}) {
+    const std::string cmd = fmt::format(
+        "{} -c 'import torch; from torch.utils.data import RandomSampler; g = torch.Generator(); g.manual_seed({}); "
+        "s = RandomSampler(range({}), generator=g); print([i for e in range(3) for i in s])'",
+        py, seed, n);
+    std::string want;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    char buf[4096];
+    while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) want += buf;
+    if (pipe != nullptr) ASSERT_EQ(::pclose(pipe), 0) << cmd;
+    DataLoaderOptions o;
+    o.batch_size = 1;
+    o.seed = seed;
+    auto loader = StatefulDataLoader::create(n, o);
+    ASSERT_TRUE(loader.ok());
+    std::vector<int64_t> got;
+    for (int e = 0; e < 3; ++e) {
+      while (auto batch = loader->next()) got.insert(got.end(), batch->begin(), batch->end());
+    }
+    EXPECT_EQ(fmt::format("[{}]\n", fmt::join(got, ", ")), want) << "n=" << n << " seed=" << seed;
+  }
 }
 
 TEST(DataLoader, SequentialAndKeepLast) {

@@ -65,9 +65,11 @@ TEST(Scorers, ExactMatchNumericAndArith) {
 
 TEST(Scorers, RegistryErrors) {
   auto reg = ScorerRegistry::with_builtins();
-  auto unknown = reg.find("lighteval/MATH");
+  auto unknown = reg.find("prime_code_thing");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("'lighteval/MATH'"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("'prime_code_thing'"), std::string::npos);
+  EXPECT_TRUE(reg.find("lighteval/MATH").ok());
+  EXPECT_TRUE(reg.find("aime2024").ok());  // verl: any aime* source is math_dapo
   EXPECT_EQ(reg.add("gsm8k", [](const ScoreInput&) -> Result<ScoreResult> { return ScoreResult{}; }).code(),
             ErrorCode::already_exists);
   EXPECT_TRUE(reg.add("mine", [](const ScoreInput&) -> Result<ScoreResult> { return ScoreResult{0.5, {}}; }).ok());
@@ -139,6 +141,36 @@ TEST(NaiveRewardManager, ExtraInfoAndErrors) {
   auto rm = manager(batch);
   ASSERT_TRUE(rm.ok());
   EXPECT_TRUE(torch::equal(rm->reward_tensor, torch::ones({1, 8})));
+}
+
+// verl's DAPORewardManager: reward = score + min(-(len - (max_resp_len - buffer)) / buffer * factor, 0),
+// with acc / overlong_reward / overlong as extra infos.
+TEST(NaiveRewardManager, DapoOverlongBuffer) {
+  RewardManagerOptions o;
+  o.kind = "dapo";
+  o.max_resp_len = 8;
+  o.overlong = {/*enable=*/true, /*len=*/4, /*penalty_factor=*/1.0, /*log=*/true};
+  NaiveRewardManager manager(testing::qwen3_tokenizer(), ScorerRegistry::with_builtins(), o);
+  const auto& tok = testing::qwen3_tokenizer();
+  // Response lengths in tokens: "#### 12" is short; the long one runs past max_resp_len - len = 4.
+  const std::string long_text = "#### 12 and so on and";
+  const auto n_long = static_cast<int64_t>(tok.encode(long_text)->size());
+  ASSERT_GT(n_long, 4);
+  ASSERT_LE(n_long, 8);
+  auto out = manager(scored_batch({"#### 12", long_text}, {"gsm8k", "gsm8k"}, {"12", "12"}));
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  const double penalty = std::min(-static_cast<double>(n_long - 4) / 4.0, 0.0);
+  EXPECT_EQ(out->reward_extra_info["acc"], (std::vector<json>{1.0, 1.0}));  // both answer "#### 12"
+  EXPECT_EQ(out->reward_extra_info["overlong"], (std::vector<json>{false, true}));
+  EXPECT_DOUBLE_EQ(out->reward_extra_info["overlong_reward"][1].get<double>(), penalty);
+  EXPECT_FLOAT_EQ(out->reward_tensor[1][n_long - 1].item<float>(), static_cast<float>(1.0 + penalty));
+  EXPECT_LT(penalty, 0.0);
+  // naive with the same scores adds nothing.
+  NaiveRewardManager naive(testing::qwen3_tokenizer(), ScorerRegistry::with_builtins());
+  auto plain = naive(scored_batch({"#### 12", long_text}, {"gsm8k", "gsm8k"}, {"12", "12"}));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->reward_extra_info.empty());
+  EXPECT_FLOAT_EQ(plain->reward_tensor[1][n_long - 1].item<float>(), 1.0f);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include "driver/plot.hpp"
@@ -63,6 +64,82 @@ TEST(TrainerRun, GrpoThreeSteps) {
   EXPECT_EQ(rows->size(), 4u);
 }
 
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// A verl run as verl users write it: parquet data (written by pandas), their Python reward
+// function, trainer.logger as a plain string; and what it writes besides metrics: generation
+// dumps, logged validation samples, an HF model beside the checkpoint (save_contents: hf_model),
+// the resolved config, and the start-up summary.
+TEST(TrainerRun, VerlStyleRunWithParquetAndPythonReward) {
+  const char* py = std::getenv("TESSERA_PYTHON");
+  if (py == nullptr || *py == '\0') GTEST_SKIP() << "TESSERA_PYTHON (with pandas) is not set";
+  TempDir dir("grpo_outputs");
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  std::ofstream(dir.path() / "to_parquet.py") << "import sys, pandas as pd\n"
+                                                 "for name in ('rl_train', 'rl_val'):\n"
+                                                 "    df = pd.read_json(f'{sys.argv[1]}/{name}.jsonl', lines=True)\n"
+                                                 "    df.to_parquet(f'{sys.argv[1]}/{name}.parquet')\n";
+  ASSERT_EQ(std::system(fmt::format("{} {}/to_parquet.py {}/data", py, d, d).c_str()), 0);
+  std::ofstream(dir.path() / "reward.py")
+      << "import re\n"
+         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+         "    m = re.search(r'-?[0-9]+', solution_str)\n"
+         "    ok = m is not None and m.group(0) == str(ground_truth)\n"
+         "    return {'score': float(ok), 'acc': ok}\n";
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+  for (const std::string& o : std::vector<std::string>{"data.train_files=" + d + "/data/rl_train.parquet",
+                        "data.val_files=" + d + "/data/rl_val.parquet",
+                        "custom_reward_function.path=" + d + "/reward.py", "custom_reward_function.processes=2",
+                        "trainer.logger=console", "trainer.rollout_data_dir=" + d + "/rollouts",
+                        "trainer.validation_data_dir=" + d + "/val", "trainer.log_val_generations=3",
+                        "trainer.save_freq=2",
+                        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"}) {
+    overrides.push_back(o);
+  }
+  std::FILE* console = std::tmpfile();
+  auto t = testing::fit_trainer(overrides, console);
+  ASSERT_NE(t, nullptr);
+  std::rewind(console);
+  std::string out;
+  for (int c; (c = std::fgetc(console)) != EOF;) out += static_cast<char>(c);
+  std::fclose(console);
+  EXPECT_NE(out.find("tessera: GRPO on cpu in this process: global_pool/actor_rollout (2 ranks)"), std::string::npos) << out;
+  EXPECT_NE(out.find("tessera: starting at step 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("[validation sample 3]"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[validation sample 4]"), std::string::npos) << out;
+  EXPECT_NE(out.find("step:2 - "), std::string::npos) << out;  // the console backend, from a string
+
+  for (int step : {1, 2}) {  // 4 prompts x n=2 per step
+    auto rows = read_jsonl(dir.path() / "rollouts" / (std::to_string(step) + ".jsonl"));
+    ASSERT_EQ(rows.size(), 8u) << step;
+    for (const auto& r : rows) {
+      EXPECT_EQ(r["step"], step);
+      EXPECT_TRUE(r["input"].is_string() && r["output"].is_string());
+      EXPECT_TRUE(r["score"] == 0.0 || r["score"] == 1.0) << r.dump();
+      EXPECT_TRUE(r["gts"].is_string()) << r.dump();
+      EXPECT_NE(r["input"].get<std::string>().find('='), std::string::npos) << r.dump();  // "3+4=" prompts
+    }
+  }
+  for (int step : {0, 2}) {  // before training and at the last step: the 8 validation prompts
+    auto rows = read_jsonl(dir.path() / "val" / (std::to_string(step) + ".jsonl"));
+    ASSERT_EQ(rows.size(), 8u) << step;
+    EXPECT_TRUE(rows[0].contains("acc")) << rows[0].dump();  // the reward extra info
+  }
+  const auto hf = dir.path() / "run" / "global_step_2" / "actor" / "huggingface";
+  EXPECT_TRUE(std::filesystem::exists(hf / "config.json"));
+  EXPECT_TRUE(std::filesystem::exists(hf / "model.safetensors") || std::filesystem::exists(hf / "model.safetensors.index.json"));
+  auto yaml = read_yaml_file(dir.path() / "run" / "config.yaml");
+  ASSERT_TRUE(yaml.ok()) << yaml.status().to_string();
+  EXPECT_EQ((*yaml)["trainer"]["log_val_generations"], 3);
+  EXPECT_EQ((*yaml)["trainer"]["logger"], nlohmann::json::array({"console"}));
+}
+
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   TempDir dir("ppo");
   testing::make_tiny_run(dir.path());
@@ -94,6 +171,37 @@ TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {
   auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr, {}});
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message().find('\n'), std::string::npos);
+}
+
+// Every row's data_source needs a scorer before the first step: an unknown one is named with its
+// file and line; one that only verl's Python scores needs verl importable by the reward
+// interpreter (here, python3 without verl's dependencies: refused, naming the source).
+TEST(TrainerRun, DataSourcesWithoutAScorerAreRefusedAtStart) {
+  TempDir dir("no_scorer");
+  testing::make_tiny_run(dir.path());
+  for (auto [source, want] : {std::pair<std::string, std::string>{"my/new_task", "no reward scorer for data_source 'my/new_task'"},
+                              {"numina_olympiads", "data_source 'numina_olympiads' is scored by verl's Python"}}) {
+    std::ifstream in(dir.path() / "data" / "rl_val.jsonl");
+    std::string text, line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      auto row = nlohmann::json::parse(line);
+      if (++n == 3) row["data_source"] = source;
+      text += row.dump() + "\n";
+    }
+    std::ofstream(dir.path() / "data" / "odd_val.jsonl") << text;
+    auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+    o.push_back("data.val_files=" + (dir.path() / "data" / "odd_val.jsonl").string());
+    auto cfg = load_config(ConfigKind::ppo, "", o);
+    ASSERT_TRUE(cfg.ok());
+    auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr, {}});
+    ASSERT_FALSE(t.ok()) << source;
+    EXPECT_NE(t.status().message().find(want), std::string::npos) << t.status().message();
+    if (source == "my/new_task") {
+      EXPECT_NE(t.status().message().find("odd_val.jsonl:3"), std::string::npos) << t.status().message();
+    }
+    EXPECT_EQ(t.status().message().find('\n'), std::string::npos);
+  }
 }
 
 TEST(TrainerRun, CudaWithoutThatGpuIsRefusedInOneLine) {

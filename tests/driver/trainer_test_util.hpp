@@ -89,12 +89,13 @@ inline std::vector<std::string> tiny_sft_overrides(const std::filesystem::path& 
 
 /// A quiet trainer over `overrides` (defaults = examples/config/ppo_trainer.yaml), its workers
 /// initialised and fit() run; every failure is a test failure and gives nullptr.
-inline std::unique_ptr<RayPPOTrainer> fit_trainer(const std::vector<std::string>& overrides) {
+inline std::unique_ptr<RayPPOTrainer> fit_trainer(const std::vector<std::string>& overrides,
+                                                  std::FILE* console = nullptr) {
   auto cfg = load_config(ConfigKind::ppo, "", overrides);
   EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
   if (!cfg.ok()) return nullptr;
   PpoTrainerOptions o;
-  o.console = nullptr;
+  o.console = console;
   o.progress = nullptr;
   auto t = RayPPOTrainer::create(std::move(*cfg), trainer_registry(), o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();

@@ -130,6 +130,12 @@ Result<ActorRolloutRefConfig> parse_actor_rollout_ref_config(const json& init, i
                       c.rollout.tensor_model_parallel_size, dp);
   }
   if (c.is_actor || c.is_rollout) TESSERA_RETURN_IF_ERROR(parse_actor(actor, dp, c));
+  // verl's checkpoint.save_contents: `hf_model` adds an HF directory beside the shards (the
+  // driver refuses any other change to the contents).
+  if (actor.is_object() && actor.contains("checkpoint") && actor["checkpoint"].is_object()) {
+    const json& contents = actor["checkpoint"].value("save_contents", json::array());
+    c.save_hf_model = contents.is_array() && std::find(contents.begin(), contents.end(), "hf_model") != contents.end();
+  }
   if (c.is_actor) {
     TESSERA_RETURN_IF_ERROR(normalize_log_prob_micro(c.rollout.log_prob_micro_batch_size,
                                                      c.rollout.log_prob_micro_batch_size_per_gpu,

@@ -2,12 +2,14 @@
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "runtime/collective/device_mesh.hpp"
+#include "workers/fsdp/checkpoint.hpp"
 #include "workers/models/model_io.hpp"
 #include "workers/ppo/flops_counter.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
@@ -294,8 +296,12 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
 
 Status ActorRolloutRefWorker::save_checkpoint(const SaveCheckpointArgs& args) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "save_checkpoint", "actor"));
-  return save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_, context().rank,
-                                rotation_);
+  TESSERA_RETURN_IF_ERROR(save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_,
+                                                 context().rank, rotation_));
+  if (!config_.save_hf_model || context().rank != 0) return Status();
+  // save_contents lists hf_model: a complete HF directory beside the shards (config.json and the
+  // tokenizer files are already there).
+  return fsdp::export_hf(args.local_path, (std::filesystem::path(args.local_path) / "huggingface").string());
 }
 
 Status ActorRolloutRefWorker::load_checkpoint(const LoadCheckpointArgs& args) {

@@ -86,6 +86,7 @@ struct ActorRolloutRefConfig {
   rollout::RolloutConfig rollout;  ///< log_prob_micro_batch_size normalised into *_per_gpu.
   RefConfig ref;                   ///< Normalised likewise.
   uint64_t seed = 0;
+  bool save_hf_model = false;      ///< actor.checkpoint.save_contents lists hf_model.
 };
 
 /// The roles verl's ActorRolloutRefWorker accepts.

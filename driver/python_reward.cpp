@@ -1,0 +1,341 @@
+// custom_reward_function in Python worker processes (driver/python_reward.hpp).
+#include "driver/python_reward.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "driver/config.hpp"
+
+extern char** environ;
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The child: imports the user's file, then answers one JSON line per request line. The user's
+// prints go to stderr so stdout carries only the protocol.
+constexpr const char* kChildScript = R"PY(
+import importlib.util, json, sys, traceback
+proto = sys.stdout
+sys.stdout = sys.stderr
+path, name, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    spec = importlib.util.spec_from_file_location("tessera_custom_reward", path)
+    if spec is None:
+        raise ImportError("not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tessera_custom_reward"] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, name)
+except BaseException as e:
+    proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
+    proto.flush()
+    sys.exit(1)
+proto.write(json.dumps({"ready": True}) + "\n")
+proto.flush()
+def plain(o):
+    return o.item() if hasattr(o, "item") else str(o)
+for line in sys.stdin:
+    results = []
+    for item in json.loads(line):
+        try:
+            r = fn(data_source=item[0], solution_str=item[1], ground_truth=item[2], extra_info=item[3], **kwargs)
+            results.append({"dict": r} if isinstance(r, dict) else {"score": float(r)})
+        except Exception as e:
+            results.append({"error": f"{type(e).__name__}: {e}"})
+    proto.write(json.dumps(results, default=plain) + "\n")
+    proto.flush()
+)PY";
+
+std::string first_line(std::string s) {
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+}  // namespace
+
+struct PythonRewardPool::Process {
+  pid_t pid = -1;
+  int in = -1;   // the child's stdin
+  int out = -1;  // the child's stdout
+  std::string buffer;
+};
+
+Result<PythonRewardOptions> python_reward_options(const json& cfg) {
+  PythonRewardOptions o;
+  TESSERA_ASSIGN_OR_RETURN(auto path, config_get<std::optional<std::string>>(cfg, "custom_reward_function.path"));
+  TESSERA_ASSIGN_OR_RETURN(o.name, config_get<std::string>(cfg, "custom_reward_function.name"));
+  if (const json* kw = config_find(cfg, "custom_reward_function.reward_kwargs"); kw != nullptr && !kw->is_null()) {
+    if (!kw->is_object()) {
+      return make_error(ErrorCode::invalid_argument, "custom_reward_function.reward_kwargs must be a mapping");
+    }
+    o.kwargs = *kw;
+  }
+  TESSERA_ASSIGN_OR_RETURN(int64_t procs, config_get<int64_t>(cfg, "custom_reward_function.processes"));
+  TESSERA_ASSIGN_OR_RETURN(double timeout, config_get<double>(cfg, "custom_reward_function.timeout_s"));
+  TESSERA_ASSIGN_OR_RETURN(std::string on_error, config_get<std::string>(cfg, "custom_reward_function.on_error"));
+  if (procs < 1 || procs > 256) {
+    return make_error(ErrorCode::invalid_argument, "custom_reward_function.processes = {} must be in [1, 256]", procs);
+  }
+  if (!(timeout > 0)) {
+    return make_error(ErrorCode::invalid_argument, "custom_reward_function.timeout_s = {} must be > 0", timeout);
+  }
+  if (on_error != "stop" && on_error != "zero") {
+    return make_error(ErrorCode::invalid_argument, "custom_reward_function.on_error = '{}' is not one of: stop, zero",
+                      on_error);
+  }
+  o.processes = static_cast<int>(procs);
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+  o.errors_score_zero = on_error == "zero";
+  if (!path) return o;
+  o.path = *path;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(o.path, ec)) {
+    return make_error(ErrorCode::not_found, "custom_reward_function.path: '{}' is not a file", o.path);
+  }
+  return o;
+}
+
+PythonRewardPool::PythonRewardPool(PythonRewardOptions options) : options_(std::move(options)) {
+  if (options_.python.empty()) {
+    const char* env = std::getenv("TESSERA_REWARD_PYTHON");
+    options_.python = env != nullptr && *env != '\0' ? env : "python3";
+  }
+}
+
+PythonRewardPool::~PythonRewardPool() {
+  for (size_t i = 0; i < procs_.size(); ++i) stop(i);
+}
+
+void PythonRewardPool::stop(size_t slot) {
+  Process& p = *procs_[slot];
+  if (p.in >= 0) ::close(p.in);
+  if (p.out >= 0) ::close(p.out);
+  if (p.pid > 0) {
+    ::kill(p.pid, SIGKILL);
+    ::waitpid(p.pid, nullptr, 0);
+  }
+  p = Process{};
+}
+
+Status PythonRewardPool::spawn(size_t slot) {
+  int to_child[2], from_child[2];
+  if (::pipe2(to_child, O_CLOEXEC) != 0) return make_error(ErrorCode::io_error, "custom_reward_function: pipe: {}", std::strerror(errno));
+  if (::pipe2(from_child, O_CLOEXEC) != 0) {
+    ::close(to_child[0]), ::close(to_child[1]);
+    return make_error(ErrorCode::io_error, "custom_reward_function: pipe: {}", std::strerror(errno));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
+  const std::string kwargs = options_.kwargs.dump();
+  std::vector<std::string> args = {options_.python, "-u", "-c", kChildScript, options_.path, options_.name, kwargs};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, options_.python.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  if (rc != 0) {
+    ::close(to_child[1]), ::close(from_child[0]);
+    return make_error(ErrorCode::unavailable, "custom_reward_function: cannot start '{}': {}", options_.python,
+                      std::strerror(rc));
+  }
+  Process& p = *procs_[slot];
+  p.pid = pid, p.in = to_child[1], p.out = from_child[0];
+  return Status();
+}
+
+namespace {
+
+// Reads from `fd` into `buffer` until it holds a newline or `deadline` passes. Returns the line
+// (without the newline); timeout or unavailable (EOF) otherwise.
+Result<std::string> read_line(int fd, std::string& buffer, Clock::time_point deadline) {
+  for (;;) {
+    if (auto nl = buffer.find('\n'); nl != std::string::npos) {
+      std::string line = buffer.substr(0, nl);
+      buffer.erase(0, nl + 1);
+      return line;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return Status(ErrorCode::timeout, "timed out");
+    pollfd pfd{fd, POLLIN, 0};
+    const int n = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (n < 0 && errno != EINTR) return Status(ErrorCode::io_error, std::strerror(errno));
+    if (n <= 0) continue;
+    char chunk[65536];
+    const ssize_t got = ::read(fd, chunk, sizeof chunk);
+    if (got == 0) return Status(ErrorCode::unavailable, "the process exited");
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status(ErrorCode::io_error, std::strerror(errno));
+    }
+    buffer.append(chunk, static_cast<size_t>(got));
+  }
+}
+
+Status write_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status(ErrorCode::unavailable, errno == EPIPE ? "the process exited" : std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<PythonRewardPool>> PythonRewardPool::start(const PythonRewardOptions& options) {
+  ::signal(SIGPIPE, SIG_IGN);  // a dead child must be an error on write, not the end of Tessera
+  std::shared_ptr<PythonRewardPool> pool(new PythonRewardPool(options));
+  const auto deadline = Clock::now() + pool->options_.timeout;
+  for (int i = 0; i < pool->options_.processes; ++i) {
+    pool->procs_.push_back(std::make_unique<Process>());
+    TESSERA_RETURN_IF_ERROR(pool->spawn(static_cast<size_t>(i)));
+  }
+  for (auto& p : pool->procs_) {
+    auto line = read_line(p->out, p->buffer, deadline);
+    json ready = line.ok() ? json::parse(*line, nullptr, false) : json();
+    if (ready.is_object() && ready.value("ready", false)) continue;
+    std::string why = !line.ok() ? line.status().message()
+                      : ready.is_object() && ready.contains("fatal") ? ready["fatal"].get<std::string>()
+                                                                     : "unexpected output: " + first_line(*line);
+    return make_error(ErrorCode::invalid_argument, "custom_reward_function: cannot load {}() from {}: {}",
+                      pool->options_.name, pool->options_.path, why);
+  }
+  return pool;
+}
+
+Result<std::vector<ScoreResult>> PythonRewardPool::score(const std::vector<ScoreRequest>& rows) {
+  const size_t n = rows.size(), procs = procs_.size();
+  std::vector<ScoreResult> results(n);
+  if (n == 0) return results;
+  // Contiguous chunks, one per process.
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t k = 0; k < procs; ++k) {
+    const size_t begin = n * k / procs, end = n * (k + 1) / procs;
+    chunks.emplace_back(begin, end);
+  }
+  const auto deadline = Clock::now() + options_.timeout;
+  std::vector<Status> sent(procs);
+  for (size_t k = 0; k < procs; ++k) {
+    auto [begin, end] = chunks[k];
+    if (begin == end) continue;
+    json request = json::array();
+    for (size_t i = begin; i < end; ++i) {
+      request.push_back(json::array({rows[i].data_source, rows[i].solution_str, rows[i].ground_truth, rows[i].extra_info}));
+    }
+    sent[k] = procs_[k]->pid > 0 ? write_all(procs_[k]->in, request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")
+                                 : Status(ErrorCode::unavailable, "the process is not running");
+  }
+  Status first;
+  for (size_t k = 0; k < procs; ++k) {
+    auto [begin, end] = chunks[k];
+    if (begin == end) continue;
+    const std::string span = end - begin == 1 ? fmt::format("row {}", begin) : fmt::format("rows {}..{}", begin, end - 1);
+    Result<std::string> line = sent[k].ok() ? read_line(procs_[k]->out, procs_[k]->buffer, deadline) : sent[k];
+    json answer = line.ok() ? json::parse(*line, nullptr, false) : json();
+    if (!line.ok() || !answer.is_array() || answer.size() != end - begin) {
+      // Replace the process: it timed out, died or broke the protocol.
+      stop(k);
+      Status restarted = spawn(k);
+      if (restarted.ok()) {
+        auto ready = read_line(procs_[k]->out, procs_[k]->buffer, Clock::now() + options_.timeout);
+        if (!ready.ok()) stop(k);
+      }
+      const std::string why = !line.ok() ? (line.status().code() == ErrorCode::timeout
+                                                 ? fmt::format("timed out after {} s", options_.timeout.count() / 1000.0)
+                                                 : line.status().message())
+                                         : "answered something that is not one result per row";
+      if (first.ok()) {
+        first = Status(line.ok() ? ErrorCode::internal : line.status().code(),
+                       fmt::format("custom_reward_function {}: {} (data_source '{}'): {}", options_.name, span,
+                                   rows[begin].data_source, why));
+      }
+      continue;
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const json& r = answer[i - begin];
+      if (r.contains("score") && r["score"].is_number()) {
+        results[i].score = r["score"].get<double>();
+      } else if (r.contains("dict") && r["dict"].is_object() && r["dict"].contains("score") &&
+                 r["dict"]["score"].is_number()) {
+        results[i].score = r["dict"]["score"].get<double>();
+        for (const auto& [key, value] : r["dict"].items()) {
+          if (key != "score") results[i].extra[key] = value;
+        }
+      } else {
+        const std::string why = r.contains("error") ? r["error"].get<std::string>()
+                                : r.contains("dict") ? std::string("returned a dict without a numeric 'score'")
+                                                     : std::string("returned no score");
+        const std::string msg = fmt::format("custom_reward_function {}: row {} (data_source '{}'): {}", options_.name,
+                                            i, rows[i].data_source, first_line(why));
+        if (!options_.errors_score_zero) {
+          if (first.ok()) first = Status(ErrorCode::invalid_argument, msg);
+          continue;
+        }
+        std::fprintf(stderr, "warning: %s; scored 0 (custom_reward_function.on_error=zero)\n", msg.c_str());
+        results[i].score = 0.0;
+      }
+    }
+  }
+  if (!first.ok()) return first;
+  return results;
+}
+
+bool is_verl_python_source(std::string_view ds) {
+  for (const char* name : {"numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+                           "numina_cn_k12", "numina_olympiads", "codecontests", "apps", "codeforces", "taco",
+                           "hiyouga/geometry3k"}) {
+    if (ds == name) return true;
+  }
+  return false;
+}
+
+Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOptions options,
+                                                                 const std::string& data_source) {
+  // A one-line module that re-exports verl's scorer; the pool imports it once at start, so the
+  // temporary directory can go right after.
+  char dir_template[] = "/tmp/tessera-verl-scorer-XXXXXX";
+  if (::mkdtemp(dir_template) == nullptr) {
+    return make_error(ErrorCode::io_error, "cannot create a temporary directory: {}", std::strerror(errno));
+  }
+  const std::filesystem::path dir(dir_template), shim = dir / "verl_default_compute_score.py";
+  {
+    std::ofstream out(shim);
+    out << "from verl.utils.reward_score import default_compute_score as compute_score\n";
+  }
+  options.path = shim.string();
+  options.name = "compute_score";
+  auto pool = PythonRewardPool::start(options);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!pool.ok()) {
+    return make_error(ErrorCode::unimplemented,
+                      "data_source '{}' is scored by verl's Python (sympy, code execution or mathruler), which does not "
+                      "load here ({}): install verl for the reward interpreter ($TESSERA_REWARD_PYTHON, else python3) or "
+                      "set custom_reward_function.path",
+                      data_source, pool.status().message());
+  }
+  return pool;
+}
+
+}  // namespace tessera::driver

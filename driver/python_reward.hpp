@@ -1,0 +1,76 @@
+// python_reward.hpp: verl's custom_reward_function, run in a pool of Python processes.
+//
+// custom_reward_function.path names a Python file and .name a function in it (verl's
+// `compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)`). Tessera
+// starts `processes` Python interpreters (TESSERA_REWARD_PYTHON, else python3) that import the
+// file once, and sends them the rows of a batch in chunks over pipes, one JSON line per chunk
+// and per answer. A function may return a number or a dict with "score" (verl's contract; the
+// other keys become reward extra infos). The user's own prints go to stderr, never into the
+// protocol. This is the one place Python runs, and only when configured.
+//
+// Failures, each one line: the file does not import or has no such function (at start, naming
+// path and name); a call raises (naming the row and its data_source; the run stops, or with
+// on_error=zero the row scores 0 and a warning line is printed); a chunk takes longer than
+// timeout_s or its process dies (naming the rows; the process is replaced, nothing hangs).
+//
+// Thread-safety: one caller at a time.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "driver/reward.hpp"
+#include "proto/status.hpp"
+
+namespace tessera::driver {
+
+struct PythonRewardOptions {
+  std::string python;                     ///< Interpreter; empty: $TESSERA_REWARD_PYTHON, else python3.
+  std::string path;                       ///< custom_reward_function.path
+  std::string name = "compute_score";     ///< custom_reward_function.name
+  nlohmann::json kwargs = nlohmann::json::object();  ///< custom_reward_function.reward_kwargs
+  int processes = 4;                      ///< custom_reward_function.processes
+  std::chrono::milliseconds timeout{60000};  ///< custom_reward_function.timeout_s, per chunk
+  bool errors_score_zero = false;         ///< custom_reward_function.on_error == "zero"
+};
+
+/// The options from a loaded PPO config (`path` empty when custom_reward_function is not set;
+/// the pool settings are read either way: verl's own Python scorers use them too).
+Result<PythonRewardOptions> python_reward_options(const nlohmann::json& cfg);
+
+/// verl's data sources whose scorers are Python only (sympy, code execution, mathruler):
+/// prime_math's numina_* sources, prime_code's codecontests/apps/codeforces/taco, geo3k.
+bool is_verl_python_source(std::string_view data_source);
+
+/// A pool running verl's own default_compute_score (verl must be importable by the pool's
+/// interpreter). Errors name `data_source` (the first source that needs it) and say what to do.
+class PythonRewardPool;
+Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOptions options,
+                                                                       const std::string& data_source);
+
+class PythonRewardPool {
+ public:
+  /// Starts the processes and waits (up to the timeout) until each has imported the function.
+  static Result<std::shared_ptr<PythonRewardPool>> start(const PythonRewardOptions& options);
+  ~PythonRewardPool();
+  PythonRewardPool(const PythonRewardPool&) = delete;
+  PythonRewardPool& operator=(const PythonRewardPool&) = delete;
+
+  /// Scores every row, in order. Errors name the row (its index in `rows`) and data_source.
+  Result<std::vector<ScoreResult>> score(const std::vector<ScoreRequest>& rows);
+
+ private:
+  struct Process;
+  explicit PythonRewardPool(PythonRewardOptions options);
+  Status spawn(size_t slot);
+  void stop(size_t slot);
+  PythonRewardOptions options_;
+  std::vector<std::unique_ptr<Process>> procs_;
+};
+
+}  // namespace tessera::driver

@@ -1,0 +1,126 @@
+// custom_reward_function: a user's Python compute_score in a pool of processes: scores in order
+// with reward_kwargs, dict results as extra infos, a raising call named by row and data_source
+// (or scored 0 on request), a call past the timeout (the process is replaced and the pool keeps
+// working), a file that does not load, and the whole path through NaiveRewardManager.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "driver/config.hpp"
+#include "driver/python_reward.hpp"
+#include "tests/driver/driver_test_util.hpp"
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+
+const char* kRewardFile = R"PY(
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    print("a user's print goes to stderr, not into the protocol")
+    if solution_str == "boom":
+        raise ValueError("cannot parse")
+    if solution_str == "slow":
+        time.sleep(30)
+    if data_source == "dict":
+        return {"score": float(solution_str == ground_truth) + bonus, "acc": solution_str == ground_truth}
+    return float(solution_str == ground_truth) + bonus + (extra_info or {}).get("extra", 0)
+)PY";
+
+PythonRewardOptions options(const std::filesystem::path& file) {
+  PythonRewardOptions o;
+  o.path = file.string();
+  o.processes = 3;
+  o.kwargs = {{"bonus", 0.5}};
+  o.timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+std::vector<ScoreRequest> rows(const std::vector<std::string>& answers, const std::string& source = "math") {
+  std::vector<ScoreRequest> out;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    out.push_back({source, answers[i], std::to_string(i), json(nullptr)});
+  }
+  return out;
+}
+
+TEST(PythonReward, ScoresInOrderAcrossProcesses) {
+  testing::TempDir dir("pyreward");
+  auto file = dir.write("reward.py", kRewardFile);
+  auto pool = PythonRewardPool::start(options(file));
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  auto r = (*pool)->score(rows({"0", "x", "2", "3", "y", "5", "6"}));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::vector<double> got;
+  for (const auto& s : *r) got.push_back(s.score);
+  EXPECT_EQ(got, (std::vector<double>{1.5, 0.5, 1.5, 1.5, 0.5, 1.5, 1.5}));
+  auto d = (*pool)->score(rows({"0", "1", "x"}, "dict"));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ((*d)[2].score, 0.5);
+  EXPECT_EQ((*d)[1].extra, json({{"acc", true}}));
+  auto extra = (*pool)->score({{"math", "0", "0", json({{"extra", 2}})}});
+  ASSERT_TRUE(extra.ok());
+  EXPECT_EQ((*extra)[0].score, 3.5);
+  EXPECT_TRUE((*pool)->score({}).ok());
+}
+
+TEST(PythonReward, ErrorsNameTheRowAndNothingHangs) {
+  testing::TempDir dir("pyreward_err");
+  auto file = dir.write("reward.py", kRewardFile);
+  auto pool = PythonRewardPool::start(options(file));
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  auto boom = (*pool)->score(rows({"0", "1", "2", "boom"}, "gsm8k"));
+  ASSERT_FALSE(boom.ok());
+  EXPECT_EQ(boom.status().message(),
+            "custom_reward_function compute_score: row 3 (data_source 'gsm8k'): ValueError: cannot parse");
+
+  auto lenient = options(file);
+  lenient.errors_score_zero = true;
+  auto zero_pool = PythonRewardPool::start(lenient);
+  ASSERT_TRUE(zero_pool.ok());
+  auto zero = (*zero_pool)->score(rows({"0", "boom"}));
+  ASSERT_TRUE(zero.ok()) << zero.status().to_string();
+  EXPECT_EQ((*zero)[1].score, 0.0);
+
+  auto quick = options(file);
+  quick.processes = 1;
+  quick.timeout = std::chrono::milliseconds(1500);
+  auto slow_pool = PythonRewardPool::start(quick);
+  ASSERT_TRUE(slow_pool.ok());
+  auto slow = (*slow_pool)->score(rows({"0", "slow"}));
+  ASSERT_FALSE(slow.ok());
+  EXPECT_EQ(slow.status().code(), ErrorCode::timeout);
+  EXPECT_NE(slow.status().message().find("rows 0..1 (data_source 'math'): timed out after 1.5 s"), std::string::npos)
+      << slow.status().message();
+  auto after = (*slow_pool)->score(rows({"0"}));  // a fresh process took the slot
+  ASSERT_TRUE(after.ok()) << after.status().to_string();
+  EXPECT_EQ((*after)[0].score, 1.5);
+}
+
+TEST(PythonReward, AFileThatDoesNotLoadIsOneLine) {
+  testing::TempDir dir("pyreward_bad");
+  auto file = dir.write("reward.py", kRewardFile);
+  auto o = options(file);
+  o.name = "nope";
+  auto missing = PythonRewardPool::start(o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("cannot load nope() from " + file.string() + ": AttributeError"),
+            std::string::npos) << missing.status().message();
+  auto broken = PythonRewardPool::start(options(dir.write("broken.py", "def compute_score(:\n")));
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("SyntaxError"), std::string::npos) << broken.status().message();
+  EXPECT_EQ(broken.status().message().find('\n'), std::string::npos);
+
+  auto cfg = load_config(ConfigKind::ppo, {}, {"custom_reward_function.path=" + file.string(),
+                                               "custom_reward_function.on_error=maybe"});
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_NE(python_reward_options(*cfg).status().message().find("custom_reward_function.on_error"), std::string::npos);
+  cfg = load_config(ConfigKind::ppo, {}, {"custom_reward_function.path=/no/such.py"});
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_NE(python_reward_options(*cfg).status().message().find("/no/such.py"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::driver
