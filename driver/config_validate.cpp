@@ -5,6 +5,7 @@
 #include "driver/internal/config_util.hpp"
 #include "driver/logger.hpp"
 #include "driver/reward.hpp"
+#include "workers/algos/kl.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -290,11 +291,20 @@ Status check_ppo_support(const nlohmann::json& cfg) {
       {"data.sampler.class_path", "custom samplers are Python; Tessera's dataloader is verl's default (shuffle, seed)"},
       {"data.datagen.path", "dynamic data generation is Python and is not supported"},
       {"data.apply_chat_template_kwargs", "Jinja chat templates with extra arguments are not supported yet"},
-      {"algorithm.use_pf_ppo", "PF-PPO reweighting is not supported yet"},
       {"trainer.profile_steps", "the profiler is not supported; time steps with timing_s/* instead"},
       {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
   }));
   TESSERA_RETURN_IF_ERROR(reward_manager_options(cfg).status());
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "algorithm.pf_ppo.reweight_method", {"pow", "max_min", "max_random"}));
+  // Tessera is the FSDP backend: megatron (or anything else) would otherwise silently be FSDP.
+  for (const char* key : {"actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy",
+                          "reward_model.strategy"}) {
+    TESSERA_RETURN_IF_ERROR(check_one_of(cfg, key, {"fsdp", "fsdp2"}));
+  }
+  std::vector<std::string> kl_types = algos::kl_penalty_types();
+  kl_types.erase(std::remove(kl_types.begin(), kl_types.end(), "full"), kl_types.end());  // verl raises on it
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "algorithm.kl_penalty", kl_types));
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "actor_rollout_ref.actor.kl_loss_type", kl_types));
   TESSERA_RETURN_IF_ERROR(check_contents(cfg, "actor_rollout_ref.actor", /*allow_hf=*/true));
   TESSERA_RETURN_IF_ERROR(check_contents(cfg, "critic", /*allow_hf=*/false));
   return Status();

@@ -219,6 +219,32 @@ std::vector<std::string> run_summary_lines(const RunSummary& s) {
   return lines;
 }
 
+RunSummary run_summary_from_config(const nlohmann::json& cfg) {
+  RunSummary r;
+  auto text = [&](const char* key) {
+    auto v = config_get<std::string>(cfg, key);
+    return v.ok() ? *v : std::string();
+  };
+  auto number = [&](const char* key, int64_t fallback) {
+    auto v = config_get<int64_t>(cfg, key);
+    return v.ok() ? *v : fallback;
+  };
+  r.device = text("trainer.device");
+  r.out_dir = text("trainer.default_local_dir");
+  r.epochs = number("trainer.total_epochs", 1);
+  r.save_freq = number("trainer.save_freq", -1);
+  if (const auto* agents = config_find(cfg, "cluster.agents"); agents != nullptr && agents->is_array()) {
+    r.agents = agents->size();
+  }
+  return r;
+}
+
+void print_run_summary(std::FILE* out, const RunSummary& s) {
+  if (out == nullptr) return;
+  for (const auto& line : run_summary_lines(s)) std::fprintf(out, "tessera: %s\n", line.c_str());
+  std::fflush(out);
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
   auto s = static_cast<int64_t>(std::llround(seconds));

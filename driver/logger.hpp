@@ -150,6 +150,13 @@ struct RunSummary {
 /// one line saying whether the run starts, resumes after step N, or has nothing left to do.
 std::vector<std::string> run_summary_lines(const RunSummary& s);
 
+/// A RunSummary with the fields a loaded config gives: device, agents, epochs, output
+/// directory and save_freq (trainer.* and cluster.agents).
+RunSummary run_summary_from_config(const nlohmann::json& cfg);
+
+/// Prints run_summary_lines(s) to `out` (each prefixed "tessera: "); nothing when `out` is null.
+void print_run_summary(std::FILE* out, const RunSummary& s);
+
 /// "1:02:03" / "02:03" for a duration in seconds ("--:--" when not finite or negative).
 std::string format_duration(double seconds);
 

@@ -122,19 +122,11 @@ Status RayPPOTrainer::init_workers() {
 }
 
 void RayPPOTrainer::announce() const {
-  if (options_.console == nullptr) return;
   const State& s = *state_;
-  RunSummary r;
-  r.what = s.adv_estimator == "gae" ? "PPO (gae)" : fmt::format("PPO with {} advantages", s.adv_estimator);
-  if (s.adv_estimator == "grpo") r.what = "GRPO";
-  auto text = [&](const char* key) {
-    auto v = config_get<std::string>(cfg_, key);
-    return v.ok() ? *v : std::string();
-  };
-  r.device = text("trainer.device");
-  if (const auto* agents = config_find(cfg_, "cluster.agents"); agents != nullptr && agents->is_array()) {
-    r.agents = agents->size();
-  }
+  RunSummary r = run_summary_from_config(cfg_);
+  r.what = s.adv_estimator == "grpo"  ? "GRPO"
+           : s.adv_estimator == "gae" ? "PPO (gae)"
+                                      : fmt::format("PPO with {} advantages", s.adv_estimator);
   for (const dispatch::WorkerGroup* wg :
        {actor_rollout_wg_.get(), rollout_wg_.get(), ref_wg_.get(), critic_wg_.get(), rm_wg_.get()}) {
     if (wg != nullptr) r.groups.emplace_back(wg->name(), wg->world_size());
@@ -142,14 +134,9 @@ void RayPPOTrainer::announce() const {
   r.train_rows = s.train_dataset->size();
   r.val_rows = s.val_dataset ? s.val_dataset->size() : -1;
   r.steps_per_epoch = s.train_loader->size();
-  auto epochs = config_get<int64_t>(cfg_, "trainer.total_epochs");
-  r.epochs = epochs.ok() ? *epochs : 1;
   r.total_steps = total_training_steps_;
-  r.out_dir = text("trainer.default_local_dir");
-  r.save_freq = s.save_freq;
   r.resumed_step = global_steps_;
-  for (const auto& line : run_summary_lines(r)) std::fprintf(options_.console, "tessera: %s\n", line.c_str());
-  std::fflush(options_.console);
+  print_run_summary(options_.console, r);
 }
 
 Status RayPPOTrainer::log_step(int64_t step, const Metrics& metrics) {

@@ -152,6 +152,13 @@ Result<double> apply_kl_penalty(proto::DataProto& batch, double beta, const std:
 Status compute_advantage(proto::DataProto& batch, const std::string& adv_estimator, double gamma, double lam,
                          bool norm_adv_by_std_in_grpo);
 
+/// verl's compute_pf_ppo_reweight_data (algorithm.use_pf_ppo): resamples the batch's rows with
+/// replacement (torch.multinomial on the default generator), with weights from each row's summed
+/// token_level_scores: `pow` |score|^weight_pow, `max_min` 1 at the batch's max and min score and
+/// 0 elsewhere, `max_random` 0.4 at the max and 0.1 elsewhere (all + 1e-8). meta_info lists of
+/// one value per row are resampled too. Errors name an unknown method.
+Status pf_ppo_reweight(proto::DataProto& batch, const std::string& reweight_method, double weight_pow);
+
 /// verl's compute_response_mask: attention_mask[:, -R:] with R = responses.size(1).
 Result<at::Tensor> compute_response_mask(const proto::DataProto& batch);
 

@@ -185,6 +185,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
       TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_rewards", scores));
     }
     TESSERA_RETURN_IF_ERROR(compute_advantage(batch, s.adv_estimator, s.gamma, s.lam, s.norm_adv_by_std_in_grpo));
+    if (s.use_pf_ppo) TESSERA_RETURN_IF_ERROR(pf_ppo_reweight(batch, s.pf_reweight_method, s.pf_weight_pow));
   }
   if (!s.rollout_data_dir.empty()) {
     MarkedTimer t("dump_rollout_generations", timing);

@@ -186,4 +186,32 @@ Status compute_advantage(proto::DataProto& batch, const std::string& adv_estimat
   return batch.set_tensor("returns", out.returns);
 }
 
+Status pf_ppo_reweight(proto::DataProto& batch, const std::string& reweight_method, double weight_pow) {
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor token_scores, need(batch, "token_level_scores", "pf_ppo"));
+  const at::Tensor scores = token_scores.sum(-1);
+  at::Tensor weights;
+  if (reweight_method == "pow") {
+    weights = scores.abs().pow(weight_pow);
+  } else if (reweight_method == "max_min") {
+    weights = at::where((scores == scores.max()) | (scores == scores.min()), 1.0, 0.0).to(scores.scalar_type());
+  } else if (reweight_method == "max_random") {
+    weights = at::where(scores == scores.max(), 0.4, 0.1).to(scores.scalar_type());
+  } else {
+    return make_error(ErrorCode::invalid_argument,
+                      "algorithm.pf_ppo.reweight_method = '{}' is not one of: pow, max_min, max_random", reweight_method);
+  }
+  weights = (weights + 1e-8).clamp_min(1e-8);
+  const int64_t b = batch.size();
+  const at::Tensor idx = at::multinomial(weights.to(torch::kCPU, torch::kFloat64), b, /*replacement=*/true);
+  TESSERA_RETURN_IF_ERROR(batch.reorder(idx));
+  const at::Tensor picked = idx.to(torch::kInt64).contiguous();
+  for (auto& [key, value] : batch.meta_info().items()) {
+    if (!value.is_array() || static_cast<int64_t>(value.size()) != b) continue;
+    nlohmann::json resampled = nlohmann::json::array();
+    for (int64_t i = 0; i < b; ++i) resampled.push_back(value[static_cast<size_t>(picked.data_ptr<int64_t>()[i])]);
+    value = std::move(resampled);
+  }
+  return Status();
+}
+
 }  // namespace tessera::driver

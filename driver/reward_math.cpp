@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "workers/tokenizer/unicode.hpp"
+
 namespace tessera::driver {
 namespace {
 
@@ -109,40 +111,17 @@ struct Char {
 };
 
 Char decode(std::string_view s, size_t pos) {
-  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char c = b(pos);
-  if (c < 0x80) return {c, 1};
-  const auto cont = [&](size_t i) { return i < s.size() && (b(i) & 0xC0) == 0x80; };
-  if (c >= 0xC2 && c <= 0xDF && cont(pos + 1)) return {(c & 0x1Fu) << 6 | (b(pos + 1) & 0x3Fu), 2};
-  if (c >= 0xE0 && c <= 0xEF && cont(pos + 1) && cont(pos + 2)) {
-    const uint32_t cp = (c & 0x0Fu) << 12 | (b(pos + 1) & 0x3Fu) << 6 | (b(pos + 2) & 0x3Fu);
-    if (cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) return {cp, 3};
-  }
-  if (c >= 0xF0 && c <= 0xF4 && cont(pos + 1) && cont(pos + 2) && cont(pos + 3)) {
-    const uint32_t cp = (c & 0x07u) << 18 | (b(pos + 1) & 0x3Fu) << 12 | (b(pos + 2) & 0x3Fu) << 6 | (b(pos + 3) & 0x3Fu);
-    if (cp >= 0x10000 && cp <= 0x10FFFF) return {cp, 4};
-  }
-  return {kEscapedByte + (c - 0x80u), 1};
+  const tokenizer::unicode::Utf8Char c = tokenizer::unicode::decode_utf8(s, pos);
+  if (c.valid) return {c.cp, c.len};
+  return {kEscapedByte + (static_cast<unsigned char>(s[pos]) - 0x80u), 1};  // one byte at a time
 }
 
 void append_cp(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp >= kEscapedByte && cp < kEscapedByte + 0x80) {
+  if (cp >= kEscapedByte && cp < kEscapedByte + 0x80) {
     out += static_cast<char>(cp - kEscapedByte + 0x80);  // the original byte back
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
+    return;
   }
+  tokenizer::unicode::append_utf8(cp, out);
 }
 
 std::vector<uint32_t> to_code_points(std::string_view s) {

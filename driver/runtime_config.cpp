@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "driver/config.hpp"
+#include "proto/device.hpp"
 
 namespace tessera::driver {
 
@@ -48,9 +49,20 @@ Result<runtime::RuntimeConfig> trainer_runtime_config(const json& cfg) {
   // Split placement: the rollout ranks take devices of their own after the trainer's.
   TESSERA_ASSIGN_OR_RETURN(int64_t split, split_rollout_devices(cfg));
   const int64_t devices = per_node + split;
-  if (device == "cpu") rc.embedded_devices = fmt::format("cpu:{}", devices);
-  else if (device == "cuda") rc.embedded_devices = devices == 1 ? "cuda:0" : fmt::format("cuda:0-{}", devices - 1);
-  else return make_error(ErrorCode::invalid_argument, "trainer.device: '{}' is not cpu or cuda", device);
+  if (device == "cpu") {
+    rc.embedded_devices = fmt::format("cpu:{}", devices);
+  } else if (device == "cuda") {
+    // Never a silent CPU run: too few GPUs stop here, saying how to run on the CPU instead.
+    if (const int visible = proto::cuda_device_count(); visible < devices) {
+      return make_error(ErrorCode::unavailable,
+                        "trainer.device=cuda: {} device(s) needed (trainer.n_gpus_per_node{}) but this process sees {} "
+                        "CUDA device(s); set trainer.device=cpu to run on the CPU",
+                        devices, split > 0 ? " plus the split rollout's" : "", visible);
+    }
+    rc.embedded_devices = devices == 1 ? "cuda:0" : fmt::format("cuda:0-{}", devices - 1);
+  } else {
+    return make_error(ErrorCode::invalid_argument, "trainer.device: '{}' is not cpu or cuda", device);
+  }
   return rc;
 }
 

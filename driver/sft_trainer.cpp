@@ -117,26 +117,16 @@ Status FSDPSFTTrainer::log_step(int64_t step, const Metrics& metrics) {
 }
 
 void FSDPSFTTrainer::announce() const {
-  if (options_.console == nullptr) return;
   const State& s = *state_;
-  RunSummary r;
+  RunSummary r = run_summary_from_config(cfg_);
   r.what = "SFT";
-  auto text = [&](const char* key) {
-    auto v = config_get<std::string>(cfg_, key);
-    return v.ok() ? *v : std::string();
-  };
-  r.device = text("trainer.device");
   r.groups.emplace_back(wg_->name(), wg_->world_size());
   r.train_rows = s.train_dataset->size();
   r.val_rows = s.val_dataset ? s.val_dataset->size() : -1;
   r.steps_per_epoch = s.loader->size();
-  r.epochs = s.total_epochs;
   r.total_steps = total_training_steps_;
-  r.out_dir = text("trainer.default_local_dir");
-  r.save_freq = s.save_freq;
   r.resumed_step = global_step_;
-  for (const auto& line : run_summary_lines(r)) std::fprintf(options_.console, "tessera: %s\n", line.c_str());
-  std::fflush(options_.console);
+  print_run_summary(options_.console, r);
 }
 
 Result<double> FSDPSFTTrainer::validate() {

@@ -43,6 +43,9 @@ struct RayPPOTrainer::State {
   bool val_do_sample = false;
   std::string rollout_data_dir, validation_data_dir;  ///< Empty: no dumps (generations.hpp).
   int64_t log_val_generations = 0;
+  bool use_pf_ppo = false;  ///< algorithm.use_pf_ppo, with pf_ppo.{reweight_method, weight_pow}.
+  std::string pf_reweight_method = "pow";
+  double pf_weight_pow = 2.0;
   std::vector<std::string> reward_extra_keys;  ///< Columns the last add_scores set.
   int64_t eos_token_id = 0, pad_token_id = 0;
 };

@@ -306,11 +306,9 @@ TEST(DataLoader, ShuffledOrderIsTorchsRandomSampler) {
         "{} -c 'import torch; from torch.utils.data import RandomSampler; g = torch.Generator(); g.manual_seed({}); "
         "s = RandomSampler(range({}), generator=g); print([i for e in range(3) for i in s])'",
         py, seed, n);
-    std::string want;
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) want += buf;
-    if (pipe != nullptr) ASSERT_EQ(::pclose(pipe), 0) << cmd;
+    const testing::CommandOutput torch_order = testing::run_command(cmd);
+    ASSERT_EQ(torch_order.status, 0) << cmd;
+    const std::string& want = torch_order.text;
     DataLoaderOptions o;
     o.batch_size = 1;
     o.seed = seed;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,29 @@
 #include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::driver::testing {
+
+/// What a shell command prints on stdout (stderr too when the command redirects it), and its
+/// exit status (pclose's).
+struct CommandOutput {
+  std::string text;
+  int status = -1;
+};
+
+inline CommandOutput run_command(const std::string& cmd) {
+  CommandOutput out;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out.text += buf;
+  out.status = ::pclose(pipe);
+  return out;
+}
+
+/// $TESSERA_PYTHON (the venv deploy/dev.sh installs), or empty when unset.
+inline std::string tessera_python() {
+  const char* py = std::getenv("TESSERA_PYTHON");
+  return py != nullptr ? py : "";
+}
 
 /// A fresh directory under the system temp dir, removed by the destructor.
 class TempDir {

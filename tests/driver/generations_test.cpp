@@ -13,21 +13,12 @@ namespace {
 
 using nlohmann::json;
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
-  if (pipe != nullptr) ::pclose(pipe);
-  return out;
-}
-
 TEST(Generations, ShuffleOrderIsNumpysRandomState) {
-  const char* py = std::getenv("TESSERA_PYTHON");
-  if (py == nullptr || *py == '\0') GTEST_SKIP() << "TESSERA_PYTHON (with numpy) is not set";
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with numpy) is not set";
   for (size_t n : {1, 2, 5, 17, 100, 1000}) {
-    const std::string want = run(fmt::format(
-        "{} -c 'import numpy as np; x = list(range({})); np.random.RandomState(42).shuffle(x); print(x)'", py, n));
+    const std::string want = testing::run_command(fmt::format(
+        "{} -c 'import numpy as np; x = list(range({})); np.random.RandomState(42).shuffle(x); print(x)'", py, n)).text;
     ASSERT_FALSE(want.empty()) << n;
     const auto order = numpy_shuffled_order(n, 42);
     EXPECT_EQ(fmt::format("[{}]\n", fmt::join(order, ", ")), want) << n;

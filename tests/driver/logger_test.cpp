@@ -114,12 +114,8 @@ for e in acc.Scalars("critic/score/mean"):
     print(e.step, e.value)
 print("tags", sorted(acc.Tags()["scalars"]))
 )";
-  const std::string cmd = fmt::format("{} {} {} 2>&1", py, (dir.path() / "read.py").string(), tb.string());
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[512];
-  while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
-  if (pipe != nullptr) ::pclose(pipe);
+  const std::string out =
+      testing::run_command(fmt::format("{} {} {} 2>&1", py, (dir.path() / "read.py").string(), tb.string())).text;
   // (TensorBoard's own log line about the purge may come first.)
   EXPECT_NE(out.find("\n1 0.25\n2 0.5\n3 3.0\ntags ['actor/kl', 'critic/score/mean']\n"), std::string::npos) << out;
 }

@@ -109,13 +109,7 @@ for c in sorted(colours): print(*c)
 )";
   const std::filesystem::path py = svg.parent_path() / "svg_facts.py";
   std::ofstream(py) << script;
-  const std::string cmd = "python3 " + py.string() + " " + svg.string() + " 2>&1";
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[256];
-  while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
-  if (pipe != nullptr) ::pclose(pipe);
-  return out;
+  return testing::run_command("python3 " + py.string() + " " + svg.string() + " 2>&1").text;
 }
 
 std::string colour_line(const int rgb[3]) { return fmt::format("\n{} {} {}\n", rgb[0], rgb[1], rgb[2]); }

@@ -221,8 +221,9 @@ TEST(TrainerRun, CudaWithoutThatGpuIsRefusedInOneLine) {
   auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), o);
   Status st = t.ok() ? (*t)->init_workers() : t.status();
   ASSERT_FALSE(st.ok()) << "a cuda run must not fall back to the CPU";
-  EXPECT_NE(st.message().find("cuda:" + std::to_string(proto::cuda_device_count())), std::string::npos)
-      << st.to_string();
+  EXPECT_NE(st.message().find(fmt::format("trainer.device=cuda: {} device(s) needed", proto::cuda_device_count() + 1)),
+            std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("set trainer.device=cpu"), std::string::npos) << st.to_string();
   EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.to_string();
 }
 

@@ -105,6 +105,27 @@ TEST(ComputeAdvantage, GrpoMatchesGroupFormula) {
   EXPECT_NEAR(adv[2][0].item<double>(), 0.0, 1e-6);
 }
 
+// verl's PF-PPO: rows drawn with replacement by score weight; with one row carrying all the
+// weight, every drawn row is that row (tensors, columns and per-row meta_info alike).
+TEST(PfPpo, ResamplesRowsByScoreWeight) {
+  at::Tensor scores = torch::zeros({4, 3});
+  scores[2][1] = 3.0;  // pow: weights 1e-8, 1e-8, 9, 1e-8
+  auto batch = proto::DataProto::from_dict({{"token_level_scores", scores}, {"row", torch::arange(4)}},
+                                           {{"uid", proto::Column::strings({"a", "b", "c", "d"})}});
+  ASSERT_TRUE(batch.ok());
+  batch->meta_info()["global_token_num"] = {10, 11, 12, 13};
+  batch->meta_info()["temperature"] = 1.0;
+  ASSERT_TRUE(pf_ppo_reweight(*batch, "pow", 2.0).ok());
+  EXPECT_TRUE(torch::equal(*batch->tensor("row"), torch::full({4}, 2, torch::kInt64)));
+  EXPECT_EQ(batch->column("uid")->row_json(3), "c");
+  EXPECT_EQ(batch->meta_info()["global_token_num"], nlohmann::json({12, 12, 12, 12}));
+  EXPECT_EQ(batch->meta_info()["temperature"], 1.0);
+  // max_min: only the max (row 2) and min (rows 0, 1, 3: all 0) carry weight, i.e. everything.
+  EXPECT_TRUE(pf_ppo_reweight(*batch, "max_min", 2.0).ok());
+  auto bad = pf_ppo_reweight(*batch, "softmax", 2.0);
+  EXPECT_NE(bad.message().find("algorithm.pf_ppo.reweight_method = 'softmax'"), std::string::npos);
+}
+
 TEST(ComputeAdvantage, GaeMatchesRecursionBeforeWhitening) {
   at::Tensor rewards = torch::tensor({{0.0, 0.0, 1.0}, {0.0, 0.5, 0.0}});
   at::Tensor values = torch::tensor({{0.1, 0.2, 0.3}, {0.4, 0.5, 0.6}});
