@@ -29,6 +29,8 @@ Result<Generations> decode_generations(const proto::DataProto& batch, const toke
   TESSERA_ASSIGN_OR_RETURN(at::Tensor prompts, batch.tensor("prompts"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, batch.tensor("responses"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, batch.tensor("attention_mask"));
+  // The driver's batch is on the host already (DataProtos cross workers on the host); decoding
+  // to text reads the ids one by one there.
   prompts = prompts.to(torch::kCPU, torch::kInt64).contiguous();
   responses = responses.to(torch::kCPU, torch::kInt64).contiguous();
   mask = mask.to(torch::kCPU, torch::kInt64).contiguous();

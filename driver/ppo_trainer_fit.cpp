@@ -68,6 +68,7 @@ Status add_scores(State& s, proto::DataProto& batch) {
   return Status();
 }
 
+// Per-sample scores as host numbers, for the JSON dumps (the driver's batch lives on the host).
 std::vector<double> to_doubles(const at::Tensor& t) {
   at::Tensor c = t.to(torch::kCPU, torch::kFloat64).contiguous();
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());

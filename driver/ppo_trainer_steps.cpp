@@ -202,6 +202,7 @@ Status pf_ppo_reweight(proto::DataProto& batch, const std::string& reweight_meth
   }
   weights = (weights + 1e-8).clamp_min(1e-8);
   const int64_t b = batch.size();
+  // The driver's batch is on the host (as verl's is); the indices also resample host-side meta_info.
   const at::Tensor idx = at::multinomial(weights.to(torch::kCPU, torch::kFloat64), b, /*replacement=*/true);
   TESSERA_RETURN_IF_ERROR(batch.reorder(idx));
   const at::Tensor picked = idx.to(torch::kInt64).contiguous();

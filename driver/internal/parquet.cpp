@@ -73,7 +73,8 @@ arrow::Result<json> value_at(const arrow::Array& a, int64_t i) {
       return value_at(*d.dictionary(), d.GetValueIndex(i));
     }
     default:
-      return arrow::Status::NotImplemented("type ", a.type()->ToString(), " has no JSON form");
+      // Dates, times, decimals, unions...: not in verl's datasets; named rather than guessed.
+      return arrow::Status::TypeError("values of type ", a.type()->ToString(), " cannot be read as dataset values");
   }
 }
 

@@ -26,6 +26,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "workers/tokenizer/unicode.hpp"
+
 namespace tessera::tokenizer::jinja {
 namespace internal {
 
@@ -45,49 +47,19 @@ struct Error {
 // Decodes the code point at s[i] and advances i. A byte that does not start well-formed UTF-8
 // decodes as U+DC80+byte (Python's surrogateescape) so that encode() gives the byte back.
 uint32_t decode(std::string_view s, size_t& i) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) {
-    ++i;
-    return b0;
+  const unicode::Utf8Char c = unicode::decode_utf8(s, i);
+  if (c.valid) {
+    i += c.len;
+    return c.cp;
   }
-  int n = 0;
-  uint32_t cp = 0;
-  if ((b0 & 0xE0) == 0xC0) n = 1, cp = b0 & 0x1F;
-  else if ((b0 & 0xF0) == 0xE0) n = 2, cp = b0 & 0x0F;
-  else if ((b0 & 0xF8) == 0xF0) n = 3, cp = b0 & 0x07;
-  bool ok = n > 0 && i + n < s.size();
-  for (int k = 1; ok && k <= n; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) ok = false;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-  if (ok && (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
-  if (!ok) {
-    ++i;
-    return 0xDC00 + b0;
-  }
-  i += n + 1;
-  return cp;
+  return 0xDC00 + static_cast<unsigned char>(s[i++]);  // one byte at a time
 }
 
 void encode(uint32_t cp, std::string& out) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) {
-    out.push_back(static_cast<char>(cp - 0xDC00));
-  } else if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    out.push_back(static_cast<char>(cp - 0xDC00));  // the original byte back
   } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    unicode::append_utf8(cp, out);
   }
 }
 
