@@ -72,15 +72,16 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
                       group ? group->size() : 0);
   }
   try {
-    // A model shell in the rollout dtype (TP: one rank's shapes). Its weights are replaced by
-    // references at every enter(); the storage allocated here is released right after the engine
-    // has checked the model.
+    // A model shell in the rollout dtype (TP: one rank's shapes), its parameters one-element
+    // placeholders on the actor's device: enter() replaces them by references to the gathered
+    // units there, and the engine keeps its cache and sampling on the same device.
     models::ModelInit init;
     init.dtype = dtype;
     if (tp > 1) {
       TESSERA_ASSIGN_OR_RETURN(model_config, tp_rank_config(model_config, tp));
     }
     TESSERA_ASSIGN_OR_RETURN(auto model, models::CausalLM::create(std::move(model_config), init));
+    drop_weight_storage(*model, fsdp.device());
     PartialSumHook all_reduce;
     if (tp > 1) {
       all_reduce = [group](at::Tensor& partial) {
@@ -95,7 +96,6 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
     std::unique_ptr<FsdpShardingManager> m(
         new FsdpShardingManager(fsdp, std::move(model), std::move(*engine), dtype, options.generation_seed));
     if (tp > 1) TESSERA_RETURN_IF_ERROR(m->plan_tp(tp, group->rank()));
-    m->free_rollout_weights();
     return m;
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "sharding manager: {}", e.what());
@@ -128,9 +128,11 @@ Status FsdpShardingManager::plan_tp(int64_t tp, int64_t tp_rank) {
   return Status();
 }
 
-void drop_weight_storage(models::CausalLM& model) {
+void drop_weight_storage(models::CausalLM& model, std::optional<c10::Device> device) {
   torch::NoGradGuard no_grad;
-  for (auto& p : model.parameters()) p.set_data(at::zeros({1}, p.options()).expand(p.sizes()));
+  for (auto& p : model.parameters()) {
+    p.set_data(at::zeros({1}, p.options().device(device.value_or(p.device()))).expand(p.sizes()));
+  }
 }
 
 void FsdpShardingManager::free_rollout_weights() { drop_weight_storage(*rollout_model_); }

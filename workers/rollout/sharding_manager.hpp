@@ -43,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -78,8 +79,9 @@ struct ReshardStats {
 };
 
 /// Points every parameter of `model` at a one-element broadcast view (its shape kept, so the next
-/// load_weights_by_reference checks it), releasing the storage it held.
-void drop_weight_storage(models::CausalLM& model);
+/// load_weights_by_reference checks it), releasing the storage it held. With `device`, the views
+/// live there instead of on each parameter's device.
+void drop_weight_storage(models::CausalLM& model, std::optional<c10::Device> device = std::nullopt);
 
 /// verl's FSDPVLLMShardingManager for the KV-cache engine. See Note [Colocated resharding].
 class FsdpShardingManager {
