@@ -2,7 +2,7 @@
 # The GPU benchmark: one GRPO step of the Qwen2.5-0.5B shape (random init, bf16) on one GPU, by
 # Tessera and by HF transformers on the same model directory, in the same run.
 #
-#   bench/gpu_grpo.sh BIN_DIR TOKENIZER_DIR OUT_DIR [STEPS]
+#   bench/gpu_grpo.sh BIN_DIR TOKENIZER_DIR OUT_DIR [STEPS [KEY=VALUE...]]
 #
 # BIN_DIR holds the `tessera` binary of a CUDA build; TOKENIZER_DIR a Qwen tokenizer directory
 # (tokenizer.json + tokenizer_config.json). Workload: 64 prompts x n=8, prompts of ~60 tokens,
@@ -11,6 +11,7 @@
 # step beside HF's phases. Python: the interpreter on PATH, with torch and transformers.
 set -euo pipefail
 BIN="${1:?BIN_DIR}"; TOK="${2:?TOKENIZER_DIR}"; OUT="${3:?OUT_DIR}"; STEPS="${4:-3}"
+shift $(( $# < 4 ? $# : 4 ))  # the rest: overrides for tessera train (e.g. trainer.profile_steps=[3])
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$OUT/data"
 [[ -f "$OUT/model/config.json" ]] || "$BIN/tessera" init-model --arch qwen2 --hidden 896 --layers 24 --heads 14 \
@@ -41,7 +42,7 @@ python3 "$ROOT/bench/hf_grpo_baseline.py" "$OUT/model" --json "$OUT/hf.json"
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32 \
   trainer.device=cuda trainer.n_gpus_per_node=1 trainer.val_before_train=false trainer.test_freq=-1 \
   trainer.save_freq=-1 trainer.total_training_steps="$STEPS" trainer.logger=[console,jsonl] \
-  trainer.default_local_dir="$OUT/run"
+  trainer.default_local_dir="$OUT/run" "$@"
 python3 - "$OUT/run/metrics.jsonl" "$OUT/hf.json" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -108,6 +108,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   State& s = *state_;
   Metrics metrics;
   TimingRaw timing;
+  if (s.profiler) TESSERA_RETURN_IF_ERROR(s.profiler->begin(global_steps_));
   std::optional<MarkedTimer> step_timer(std::in_place, "step", timing);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, s.train_dataset->collate(indices));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen_batch, pop_generation_keys(batch));
@@ -212,6 +213,14 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     TESSERA_RETURN_IF_ERROR(save_checkpoint());
   }
   step_timer.reset();
+  if (s.profiler) {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> digest, s.profiler->end(global_steps_));
+    if (options_.console != nullptr && !digest.empty()) {
+      if (s.bar) s.bar->clear();
+      for (const auto& line : digest) std::fprintf(options_.console, "tessera: %s\n", line.c_str());
+      std::fflush(options_.console);
+    }
+  }
   metrics["training/global_step"] = static_cast<double>(global_steps_);
   TESSERA_ASSIGN_OR_RETURN(Metrics data, compute_data_metrics(batch, critic_wg_ != nullptr));
   TESSERA_ASSIGN_OR_RETURN(Metrics timing_m, compute_timing_metrics(batch, timing));

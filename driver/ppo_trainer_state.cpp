@@ -36,6 +36,7 @@ Status read_flags(const json& cfg, State& s) {
     *out = dir.value_or("");
   }
   TESSERA_ASSIGN_OR_RETURN(s.log_val_generations, config_get<int64_t>(cfg, "trainer.log_val_generations"));
+  TESSERA_ASSIGN_OR_RETURN(s.profiler, StepProfiler::from_config(cfg));
   TESSERA_ASSIGN_OR_RETURN(s.use_pf_ppo, config_get<bool>(cfg, "algorithm.use_pf_ppo"));
   TESSERA_ASSIGN_OR_RETURN(s.pf_reweight_method, config_get<std::string>(cfg, "algorithm.pf_ppo.reweight_method"));
   TESSERA_ASSIGN_OR_RETURN(s.pf_weight_pow, config_get<double>(cfg, "algorithm.pf_ppo.weight_pow"));

@@ -15,6 +15,7 @@
 #include "driver/data.hpp"
 #include "driver/logger.hpp"
 #include "driver/ppo_trainer.hpp"
+#include "driver/profiler.hpp"
 #include "driver/reward.hpp"
 #include "workers/algos/kl.hpp"
 #include "workers/tokenizer/tokenizer.hpp"
@@ -32,6 +33,7 @@ struct RayPPOTrainer::State {
   std::optional<Tracking> tracking;
   std::optional<CheckpointManager> ckpt;
   std::unique_ptr<ProgressBar> bar;
+  std::unique_ptr<StepProfiler> profiler;  ///< trainer.profile_steps; null when none are listed.
 
   bool use_critic = false, use_ref = false, use_rm = false, use_kl_in_reward = false;
   bool balance = true, norm_adv_by_std_in_grpo = true;

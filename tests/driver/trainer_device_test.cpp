@@ -4,7 +4,10 @@
 // was on the GPU). trainer_run_test checks that a cuda run without that GPU is refused.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <ATen/Context.h>
+#include <nlohmann/json.hpp>
 
 #include "proto/device.hpp"
 #include "tests/driver/trainer_test_util.hpp"
@@ -30,7 +33,9 @@ TEST(TrainerDevice, GrpoOnCudaMatchesTheCpu) {
   testing::make_tiny_run(dir.path());
   const auto base = testing::tiny_ppo_overrides(dir.path(), "grpo", 3);
   auto cpu = testing::fit_trainer(on(base, "cpu"));
-  auto gpu = testing::fit_trainer(on(base, "cuda"));
+  auto gpu_overrides = on(base, "cuda");
+  gpu_overrides.push_back("trainer.profile_steps=[3]");  // the trace must hold the GPU's kernels
+  auto gpu = testing::fit_trainer(gpu_overrides);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
   testing::expect_same_history(cpu->history(), gpu->history(), /*tol=*/1e-3);
@@ -38,6 +43,12 @@ TEST(TrainerDevice, GrpoOnCudaMatchesTheCpu) {
   const auto& last = gpu->history().back().second;
   ASSERT_TRUE(last.count("perf/max_memory_allocated_gb"));
   EXPECT_GT(last.at("perf/max_memory_allocated_gb") * 1024 * 1024 * 1024, 4.0 * 32 * 32 * 2);
+  std::ifstream in(dir.path() / "run" / "profile" / "step_3.pt.trace.json");
+  ASSERT_TRUE(in.good()) << "no trace for step 3";
+  const auto trace = nlohmann::json::parse(in);
+  int64_t kernels = 0;
+  for (const auto& e : trace.at("traceEvents")) kernels += e.value("cat", "") == "kernel" ? 1 : 0;
+  EXPECT_GT(kernels, 100) << "the trace of a cuda step has no kernels";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "driver/plot.hpp"
 #include "driver/ppo_trainer.hpp"
+#include "driver/profiler.hpp"
 #include "proto/device.hpp"
 #include "tests/driver/trainer_test_util.hpp"
 
@@ -225,6 +226,51 @@ TEST(TrainerRun, CudaWithoutThatGpuIsRefusedInOneLine) {
             std::string::npos) << st.to_string();
   EXPECT_NE(st.message().find("set trainer.device=cpu"), std::string::npos) << st.to_string();
   EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.to_string();
+}
+
+TEST(TrainerRun, ProfileStepsTraceTheListedStepsOnEveryRank) {
+  TempDir dir("grpo_profile");
+  testing::make_tiny_run(dir.path());
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+  overrides.push_back("trainer.profile_steps=[2]");
+  std::FILE* console = std::tmpfile();
+  ASSERT_NE(console, nullptr);
+  auto t = testing::fit_trainer(overrides, console);
+  ASSERT_NE(t, nullptr);
+  const auto profile = dir.path() / "run" / "profile";
+  EXPECT_FALSE(std::filesystem::exists(profile / "step_1.pt.trace.json"));
+  std::ifstream in(profile / "step_2.pt.trace.json");
+  ASSERT_TRUE(in.good()) << "no trace for step 2";
+  const auto trace = nlohmann::json::parse(in);
+  // The model runs only on the ranks' threads: their ops are in the trace, not just the driver's.
+  int64_t embeddings = 0;
+  for (const auto& e : trace.at("traceEvents")) embeddings += e.value("name", "") == "aten::embedding" ? 1 : 0;
+  EXPECT_GE(embeddings, 2) << "the ranks' forward passes are missing from the trace";
+  std::rewind(console);
+  std::string printed;
+  for (int c; (c = std::fgetc(console)) != EOF;) printed.push_back(static_cast<char>(c));
+  std::fclose(console);
+  EXPECT_NE(printed.find("tessera: step 2 trace: " + (profile / "step_2.pt.trace.json").string()), std::string::npos)
+      << printed;
+  EXPECT_EQ(printed.find("step 1 trace"), std::string::npos) << printed;
+}
+
+TEST(TrainerRun, ProfileStepsAreRefusedWhereTheTraceCannotCoverTheRanks) {
+  nlohmann::json cfg = {{"trainer", {{"profile_steps", {1}}, {"default_local_dir", "run"}, {"device", "cpu"}}},
+                        {"cluster", {{"agents", nlohmann::json::array({nlohmann::json::object()})}}}};
+  auto p = StepProfiler::from_config(cfg);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("trainer.profile_steps"), std::string::npos) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("cluster.agents"), std::string::npos) << p.status().to_string();
+  cfg["cluster"] = nlohmann::json::object();
+  cfg["trainer"]["profile_steps"] = {0};
+  p = StepProfiler::from_config(cfg);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("step 0"), std::string::npos) << p.status().to_string();
+  cfg["trainer"]["profile_steps"] = nullptr;
+  p = StepProfiler::from_config(cfg);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(*p, nullptr);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include <ATen/record_function.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -208,6 +209,7 @@ Result<proto::DataProto> proto_arg(const dispatch::Args& args, const std::string
 
 Result<dispatch::Value> run_on_device(const c10::Device& device, const dispatch::Args& args,
                                       const std::string& method, const DeviceBody& body) {
+  RECORD_USER_SCOPE(method.c_str());  // the method's span in a trainer.profile_steps trace
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto data, proto_arg(args, method));
   TESSERA_RETURN_IF_ERROR(data.to(device, /*non_blocking=*/true).with_context(method + " argument"));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, body(data));
