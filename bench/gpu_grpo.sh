@@ -5,8 +5,10 @@
 #   bench/gpu_grpo.sh BIN_DIR TOKENIZER_DIR OUT_DIR [STEPS [KEY=VALUE...]]
 #
 # BIN_DIR holds the `tessera` binary of a CUDA build; TOKENIZER_DIR a Qwen tokenizer directory
-# (tokenizer.json + tokenizer_config.json). Workload: 64 prompts x n=8, prompts of ~60 tokens,
-# 256-token responses (ignore_eos), GRPO with the KL loss of examples/grpo_gsm8k.yaml. Writes
+# (tokenizer.json + tokenizer_config.json). The model has Qwen2.5-0.5B's padded 151936-row
+# vocabulary whatever the tokenizer's size (an odd row count puts the lm_head on unaligned cuBLAS
+# kernels). Workload: 64 prompts x n=8, prompts of ~60 tokens, 256-token responses (ignore_eos),
+# GRPO with the KL loss of examples/grpo_gsm8k.yaml. Writes
 # OUT_DIR/{model,data,run}, OUT_DIR/hf.json and prints Tessera's timing_s/* and perf/* of each
 # step beside HF's phases. Python: the interpreter on PATH, with torch and transformers.
 set -euo pipefail
@@ -15,7 +17,7 @@ shift $(( $# < 4 ? $# : 4 ))  # the rest: overrides for tessera train (e.g. trai
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$OUT/data"
 [[ -f "$OUT/model/config.json" ]] || "$BIN/tessera" init-model --arch qwen2 --hidden 896 --layers 24 --heads 14 \
-  --kv-heads 2 --intermediate 4864 --tokenizer "$TOK" --seed 1 --dtype bfloat16 --tie-word-embeddings \
+  --kv-heads 2 --intermediate 4864 --vocab-size 151936 --tokenizer "$TOK" --seed 1 --dtype bfloat16 --tie-word-embeddings \
   --max-position 4096 --rope-theta 1000000 --out "$OUT/model"
 python3 - "$OUT/data/train.jsonl" <<'PY'
 import json, random, sys
