@@ -297,7 +297,6 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
            {"data.datagen.path=gen.py", "data.datagen.path"},
            {"+data.apply_chat_template_kwargs.enable_thinking=false", "data.apply_chat_template_kwargs"},
            {"algorithm.pf_ppo.reweight_method=softmax", "algorithm.pf_ppo.reweight_method"},
-           {"trainer.profile_steps=[1,2]", "trainer.profile_steps"},
            {"trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir"},
            {"reward_model.reward_manager=fancy", "reward_model.reward_manager"},
            {"+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs"},
