@@ -18,7 +18,8 @@ using nlohmann::json;
 const char* const kModelledFields[] = {
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-    "rope_theta", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+    "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings",
+    "attention_bias",
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
     "hidden_act"};
 
@@ -79,15 +80,109 @@ Status read_eos(const json& j, const std::string& source, ModelConfig& c) {
   return Status();
 }
 
-// rope_scaling: only absent/null or an explicit "default" type means plain RoPE.
-Status check_rope_scaling(const json& j, const std::string& source) {
-  if (!j.contains("rope_scaling") || j.at("rope_scaling").is_null()) return Status();
-  const json& v = j.at("rope_scaling");
-  std::string type = "?";
-  if (v.is_object()) type = v.value("rope_type", v.value("type", std::string("?")));
+bool is_implemented_rope_type(const std::string& type) {
+  return type == "default" || type == "linear" || type == "dynamic" || type == "llama3";
+}
+
+Status unsupported_rope_type(const std::string& source, const std::string& key, const std::string& type) {
+  return field_error(source, key, "(type '" + type +
+                                      "') is not supported; Tessera implements default, linear, dynamic and llama3 RoPE");
+}
+
+// partial_rotary_factor (top level or in the RoPE dict): transformers 5 applies it to every model's
+// RoPE; only 1 (rotate the whole head) is implemented.
+Status check_partial_rotary(const json& j, const std::string& source, const std::string& key) {
+  if (!j.contains("partial_rotary_factor") || j.at("partial_rotary_factor").is_null()) return Status();
+  const json& v = j.at("partial_rotary_factor");
+  if (v.is_number() && v.get<double>() == 1.0) return Status();
+  const std::string where = key.empty() ? std::string() : " in '" + key + "'";
+  return field_error(source, key.empty() ? "partial_rotary_factor" : key,
+                     "has partial_rotary_factor = " + v.dump() + where + "; only 1 (full-head RoPE) is supported");
+}
+
+// One number of the RoPE dict `key`; `required` ones must be present.
+Status rope_number(const json& v, const std::string& source, const std::string& key, const std::string& type,
+                   const char* name, bool required, double& out) {
+  if (!v.contains(name) || v.at(name).is_null()) {
+    if (!required) return Status();
+    return field_error(source, key, "(type '" + type + "') needs a number '" + name + "'");
+  }
+  if (!v.at(name).is_number()) {
+    return field_error(source, key, std::string("'") + name + "' must be a number, got " + v.at(name).dump());
+  }
+  out = v.at(name).get<double>();
+  return Status();
+}
+
+// RoPE, as transformers 5 reads it (see config.hpp): the dict is rope_scaling when non-empty, else
+// rope_parameters; its rope_theta wins over the top-level one. Unimplemented types are refused
+// naming the key and the type. Needs max_position_embeddings (llama3's default original length).
+Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(read_double(j, source, "rope_theta", c.rope_theta));
+  TESSERA_RETURN_IF_ERROR(check_partial_rotary(j, source, ""));
+  std::string key;
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(k) || j.at(k).is_null()) continue;
+    if (!j.at(k).is_object()) return field_error(source, k, "must be an object or null, got " + j.at(k).dump());
+    if (j.at(k).empty()) continue;
+    key = k;
+    break;
+  }
+  if (key.empty()) return Status();
+  const json& v = j.at(key);
+  for (const auto& [name, value] : v.items()) {
+    if (value.is_object()) {
+      return field_error(source, key, "holds per-layer-type RoPE parameters ('" + name + "'), which are not supported");
+    }
+  }
+  std::string type = "default";
+  for (const char* name : {"rope_type", "type"}) {
+    if (!v.contains(name) || v.at(name).is_null()) continue;
+    if (!v.at(name).is_string()) return field_error(source, key, std::string("'") + name + "' must be a string");
+    type = v.at(name).get<std::string>();
+    break;
+  }
+  if (!is_implemented_rope_type(type)) return unsupported_rope_type(source, key, type);
+  TESSERA_RETURN_IF_ERROR(check_partial_rotary(v, source, key));
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "rope_theta", /*required=*/false, c.rope_theta));
+  RopeScaling& r = c.rope_scaling;
+  r = RopeScaling();
+  r.rope_type = type;
   if (type == "default") return Status();
-  return field_error(source, "rope_scaling",
-                     "(type '" + type + "') is not supported; Tessera implements plain RoPE only");
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "factor", /*required=*/true, r.factor));
+  if (type != "llama3") return Status();
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "low_freq_factor", true, r.low_freq_factor));
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "high_freq_factor", true, r.high_freq_factor));
+  // HF: a top-level original_max_position_embeddings wins, then the dict's, then max_position_embeddings.
+  r.original_max_position_embeddings = c.max_position_embeddings;
+  for (const json* holder : {&v, &j}) {
+    if (!holder->contains("original_max_position_embeddings")) continue;
+    const json& o = holder->at("original_max_position_embeddings");
+    if (o.is_null()) continue;
+    if (!o.is_number_integer()) {
+      return field_error(source, holder == &j ? std::string("original_max_position_embeddings") : key,
+                         "original_max_position_embeddings must be an integer, got " + o.dump());
+    }
+    r.original_max_position_embeddings = o.get<int64_t>();
+  }
+  return Status();
+}
+
+// Qwen2/Qwen3 sliding-window attention is accepted only where it cannot change the maths: switched
+// off (use_sliding_window false or null), no window (sliding_window null), or a window that covers
+// max_position_embeddings. Needs max_position_embeddings.
+Status check_sliding_window(const json& j, const std::string& source, const ModelConfig& c) {
+  if (!j.contains("use_sliding_window") || j.at("use_sliding_window").is_null()) return Status();
+  const json& use = j.at("use_sliding_window");
+  if (!use.is_boolean()) return field_error(source, "use_sliding_window", "must be a boolean, got " + use.dump());
+  if (!use.get<bool>()) return Status();
+  const json window = j.contains("sliding_window") ? j.at("sliding_window") : json(nullptr);
+  if (window.is_null()) return Status();
+  if (window.is_number_integer() && window.get<int64_t>() >= c.max_position_embeddings) return Status();
+  return field_error(source, "use_sliding_window",
+                     fmt::format("= true with sliding_window = {} < max_position_embeddings = {} is not supported "
+                                 "(sliding-window attention)",
+                                 window.dump(), c.max_position_embeddings));
 }
 
 Status require_false(const json& j, const std::string& source, const char* field, const char* why) {
@@ -103,12 +198,14 @@ Status require_zero(const json& j, const std::string& source, const char* field)
                                         " is not supported (Tessera's decoder has no dropout)");
 }
 
-// One row per model family: HF class names and the fields it refuses.
+// One row per model family: HF class names, defaults and the fields it refuses. `specifics` runs
+// after the sizes and scalars are read.
 struct ModelTypeTraits {
   const char* model_type;
   const char* causal_arch;
   const char* value_arch;
   int64_t default_max_positions;
+  int64_t default_head_dim;  ///< 0: hidden_size / num_attention_heads.
   std::function<Status(const json&, const std::string&, ModelConfig&)> specifics;
 };
 
@@ -118,15 +215,22 @@ Status llama_specifics(const json& j, const std::string& source, ModelConfig& c)
 }
 
 Status qwen2_specifics(const json& j, const std::string& source, ModelConfig& c) {
-  TESSERA_RETURN_IF_ERROR(require_false(j, source, "use_sliding_window", "sliding-window attention"));
+  TESSERA_RETURN_IF_ERROR(check_sliding_window(j, source, c));
   c.attention_bias = true;  // Qwen2Attention always has q/k/v biases.
   return Status();
 }
 
+// Qwen3: q_norm/k_norm (ModelConfig::qk_norm), attention_bias read (default false), head_dim 128 by default.
+Status qwen3_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(check_sliding_window(j, source, c));
+  return read_bool(j, source, "attention_bias", c.attention_bias);
+}
+
 const std::vector<ModelTypeTraits>& model_types() {
   static const std::vector<ModelTypeTraits> table = {
-      {"llama", "LlamaForCausalLM", "LlamaForTokenClassification", 2048, llama_specifics},
-      {"qwen2", "Qwen2ForCausalLM", "Qwen2ForTokenClassification", 32768, qwen2_specifics},
+      {"llama", "LlamaForCausalLM", "LlamaForTokenClassification", 2048, 0, llama_specifics},
+      {"qwen2", "Qwen2ForCausalLM", "Qwen2ForTokenClassification", 32768, 0, qwen2_specifics},
+      {"qwen3", "Qwen3ForCausalLM", "Qwen3ForTokenClassification", 32768, 128, qwen3_specifics},
   };
   return table;
 }
@@ -142,7 +246,6 @@ Result<const ModelTypeTraits*> find_model_type(const std::string& model_type, co
 }
 
 Status check_common_refusals(const json& j, const std::string& source) {
-  TESSERA_RETURN_IF_ERROR(check_rope_scaling(j, source));
   TESSERA_RETURN_IF_ERROR(require_zero(j, source, "attention_dropout"));
   if (j.contains("id2label") && j.at("id2label").is_object() && j.at("id2label").size() != 1) {
     return field_error(source, "id2label", "must have exactly one label (num_labels=1 value head)");
@@ -150,7 +253,7 @@ Status check_common_refusals(const json& j, const std::string& source) {
   return Status();
 }
 
-Status read_sizes(const json& j, const std::string& source, ModelConfig& c) {
+Status read_sizes(const json& j, const std::string& source, int64_t default_head_dim, ModelConfig& c) {
   TESSERA_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, source, "vocab_size"));
   TESSERA_ASSIGN_OR_RETURN(c.hidden_size, get_int(j, source, "hidden_size"));
   TESSERA_ASSIGN_OR_RETURN(c.intermediate_size, get_int(j, source, "intermediate_size"));
@@ -159,12 +262,12 @@ Status read_sizes(const json& j, const std::string& source, ModelConfig& c) {
   c.num_key_value_heads = c.num_attention_heads;
   TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_key_value_heads", c.num_key_value_heads));
   if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (default_head_dim > 0) c.head_dim = default_head_dim;
   return read_int(j, source, "head_dim", c.head_dim);
 }
 
 Status read_scalars(const json& j, const std::string& source, ModelConfig& c) {
   TESSERA_RETURN_IF_ERROR(read_double(j, source, "rms_norm_eps", c.rms_norm_eps));
-  TESSERA_RETURN_IF_ERROR(read_double(j, source, "rope_theta", c.rope_theta));
   TESSERA_RETURN_IF_ERROR(read_int(j, source, "max_position_embeddings", c.max_position_embeddings));
   TESSERA_RETURN_IF_ERROR(read_bool(j, source, "tie_word_embeddings", c.tie_word_embeddings));
   TESSERA_RETURN_IF_ERROR(read_double(j, source, "initializer_range", c.initializer_range));
@@ -203,6 +306,40 @@ Status read_architecture(const json& j, const std::string& source, const ModelTy
   return Status();
 }
 
+// The RoPE scaling parameters the decoder's formulas need (config.hpp, RopeScaling).
+Status validate_rope_scaling(const ModelConfig& c, const std::string& source) {
+  const RopeScaling& r = c.rope_scaling;
+  if (r.rope_type == "default") return Status();
+  if (!is_implemented_rope_type(r.rope_type)) return unsupported_rope_type(source, "rope_scaling", r.rope_type);
+  if (!(r.factor > 0.0)) return field_error(source, "rope_scaling", fmt::format("factor = {} must be positive", r.factor));
+  if (r.rope_type == "dynamic" && c.head_dim <= 2) {
+    return field_error(source, "rope_scaling", "(type 'dynamic') needs head_dim > 2");
+  }
+  if (r.rope_type != "llama3") return Status();
+  if (!(r.low_freq_factor > 0.0) || !(r.high_freq_factor > r.low_freq_factor)) {
+    return field_error(source, "rope_scaling",
+                       fmt::format("(type 'llama3') needs 0 < low_freq_factor < high_freq_factor, got {} and {}",
+                                   r.low_freq_factor, r.high_freq_factor));
+  }
+  if (r.original_max_position_embeddings < 0) {
+    return field_error(source, "rope_scaling", "original_max_position_embeddings must not be negative");
+  }
+  return Status();
+}
+
+json rope_scaling_json(const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  if (r.rope_type == "default") return json(nullptr);
+  json s = {{"rope_type", r.rope_type}, {"factor", r.factor}};
+  if (r.rope_type == "llama3") {
+    s["low_freq_factor"] = r.low_freq_factor;
+    s["high_freq_factor"] = r.high_freq_factor;
+    s["original_max_position_embeddings"] =
+        r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : c.max_position_embeddings;
+  }
+  return s;
+}
+
 }  // namespace
 
 Result<ModelConfig> parse_model_config(const json& j, const std::string& source) {
@@ -216,9 +353,10 @@ Result<ModelConfig> parse_model_config(const json& j, const std::string& source)
   c.max_position_embeddings = traits->default_max_positions;
   TESSERA_RETURN_IF_ERROR(read_architecture(j, source, *traits, c));
   TESSERA_RETURN_IF_ERROR(check_common_refusals(j, source));
-  TESSERA_RETURN_IF_ERROR(traits->specifics(j, source, c));
-  TESSERA_RETURN_IF_ERROR(read_sizes(j, source, c));
+  TESSERA_RETURN_IF_ERROR(read_sizes(j, source, traits->default_head_dim, c));
   TESSERA_RETURN_IF_ERROR(read_scalars(j, source, c));
+  TESSERA_RETURN_IF_ERROR(read_rope(j, source, c));
+  TESSERA_RETURN_IF_ERROR(traits->specifics(j, source, c));
   TESSERA_RETURN_IF_ERROR(read_strings(j, source, c));
   for (const auto& [key, value] : j.items()) {
     if (std::find(std::begin(kModelledFields), std::end(kModelledFields), key) == std::end(kModelledFields)) {
@@ -246,10 +384,12 @@ Status validate_model_config(const ModelConfig& c, const std::string& source) {
   if (c.head_dim % 2 != 0) return field_error(source, "head_dim", "must be even (RoPE rotates pairs)");
   if (!(c.rms_norm_eps > 0.0)) return field_error(source, "rms_norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0)) return field_error(source, "rope_theta", "must be positive");
-  return Status();
+  return validate_rope_scaling(c, source);
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return make_error(ErrorCode::not_found, "{}: no such directory", path);
   std::string file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
   std::ifstream in(file);
   if (!in) return make_error(ErrorCode::not_found, "{}: cannot open", file);
@@ -268,12 +408,14 @@ json model_config_to_json(const ModelConfig& c) {
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
-  if (c.head_dim != c.hidden_size / c.num_attention_heads) j["head_dim"] = c.head_dim;
+  // Qwen3's head_dim defaults to 128, not hidden_size / num_attention_heads: always written there.
+  if (c.model_type == "qwen3" || c.head_dim != c.hidden_size / c.num_attention_heads) j["head_dim"] = c.head_dim;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = rope_scaling_json(c);
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type == "llama") j["attention_bias"] = c.attention_bias;
+  if (c.model_type != "qwen2") j["attention_bias"] = c.attention_bias;  // Qwen2 has no such key
   j["initializer_range"] = c.initializer_range;
   j["torch_dtype"] = c.torch_dtype;
   j["hidden_act"] = c.hidden_act;

@@ -1,12 +1,19 @@
-// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2 model, read and written with HF's
-// own field names.
+// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3 model, read and written with
+// HF's own field names.
 //
 // Contract: parse_model_config() accepts exactly what Tessera's decoder implements. A field whose
-// value would change the maths in a way we do not implement (a rope_scaling type, hidden_act other
-// than silu, an enabled sliding window, mlp_bias, dropout > 0 in attention) is refused with an
-// error naming the field and the file. Fields that do not change the maths (transformers_version,
-// use_cache, initializer_range, ...) are kept verbatim in `extra` so a load/save round trip
-// preserves them. Defaults for absent fields follow HF's LlamaConfig / Qwen2Config.
+// value would change the maths in a way we do not implement (a rope_scaling type other than
+// default/linear/dynamic/llama3, hidden_act other than silu, a sliding window narrower than
+// max_position_embeddings, mlp_bias, dropout > 0 in attention) is refused with an error naming the
+// field and the file. Fields that do not change the maths (transformers_version, use_cache,
+// initializer_range, ...) are kept verbatim in `extra` so a load/save round trip preserves them.
+// Defaults for absent fields follow HF's LlamaConfig / Qwen2Config / Qwen3Config.
+//
+// RoPE: transformers < 5 writes `rope_theta` and `rope_scaling` ({"rope_type" or "type", ...});
+// transformers >= 5 writes `rope_parameters` ({"rope_type", "rope_theta", ...}). Both are read, as
+// transformers 5 reads them (a non-empty rope_scaling wins over rope_parameters; a rope_theta
+// inside the dict wins over the top-level one). Both are written back in the older form
+// (`rope_theta` + `rope_scaling`), which every transformers version reads.
 //
 // Thread-safety: plain values; free functions are re-entrant.
 #pragma once
@@ -29,22 +36,40 @@ enum class HeadKind : uint8_t {
   value,      ///< scalar `score` head per token (HF *ForTokenClassification, num_labels=1).
 };
 
+/// HF's RoPE scaling (config.json `rope_scaling`, or `rope_parameters` in transformers >= 5), as
+/// modeling_rope_utils.py computes it:
+///   default  inv_freq = 1 / rope_theta^(arange(0, D, 2) / D)
+///   linear   inv_freq / factor
+///   dynamic  NTK: when seq_len = max(position_ids) + 1 of one forward call exceeds
+///            max_position_embeddings, the base becomes
+///            rope_theta * (factor * seq_len / max_position_embeddings - (factor - 1))^(D / (D - 2))
+///   llama3   _compute_llama3_parameters (factor, low/high_freq_factor, original_max_position_embeddings)
+/// None of these scales cos/sin (HF's attention_factor is 1 for all four).
+struct RopeScaling {
+  std::string rope_type = "default";  ///< "default", "linear", "dynamic" or "llama3".
+  double factor = 1.0;                ///< linear, dynamic, llama3.
+  double low_freq_factor = 1.0;       ///< llama3.
+  double high_freq_factor = 4.0;      ///< llama3.
+  int64_t original_max_position_embeddings = 0;  ///< llama3; HF's default is max_position_embeddings.
+};
+
 /// The hyper-parameters of one decoder model, named as in HF's config.json.
 struct ModelConfig {
   std::string architecture;   ///< architectures[0], e.g. "Qwen2ForCausalLM".
-  std::string model_type;     ///< "llama" or "qwen2".
+  std::string model_type;     ///< "llama", "qwen2" or "qwen3".
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  ///< Defaults to num_attention_heads (HF).
-  int64_t head_dim = 0;             ///< Defaults to hidden_size / num_attention_heads.
+  int64_t head_dim = 0;             ///< Defaults to hidden_size / num_attention_heads (qwen3: 128).
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;         ///< Written as `rope_scaling` (null when default).
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;      ///< q/k/v biases; always true for qwen2.
+  bool attention_bias = false;      ///< q/k/v biases (llama, qwen3: and o_proj); always true for qwen2.
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  ///< HF allows an int or a list; written back the same way.
@@ -56,6 +81,10 @@ struct ModelConfig {
 
   /// num_attention_heads / num_key_value_heads.
   int64_t num_kv_groups() const { return num_attention_heads / num_key_value_heads; }
+  /// Qwen3: RMSNorm over head_dim on each query and key head (self_attn.q_norm / k_norm), before RoPE.
+  bool qk_norm() const { return model_type == "qwen3"; }
+  /// HF's o_proj carries a bias when attention_bias is set (Llama, Qwen3), never in Qwen2.
+  bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
 };
 
 /// Parses a config.json object; `source` (a file name) is used in error messages.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -35,11 +36,59 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   return weight * h.to(x.scalar_type());
 }
 
-RotaryTables make_rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
-                                c10::ScalarType dtype) {
-  auto f32 = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
-  at::Tensor exponent = at::arange(0, head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(head_dim);
-  at::Tensor inv_freq = at::pow(theta, exponent).reciprocal();                         // [D/2]
+namespace {
+
+// Each formula below repeats transformers' fp32 tensor operations one for one (modeling_rope_utils.py:
+// `1.0 / t` is t.reciprocal(), `x / t` is t.reciprocal() * x), so the frequencies agree bit for bit.
+
+// _compute_llama3_parameters on the default frequencies.
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& r, int64_t max_positions) {
+  const double old_context = static_cast<double>(
+      r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : max_positions);
+  const double low_freq_wavelen = old_context / r.low_freq_factor;
+  const double high_freq_wavelen = old_context / r.high_freq_factor;
+  at::Tensor wavelen = inv_freq.reciprocal() * (2.0 * M_PI);
+  // wavelen > low_freq_wavelen: divided by factor; < high_freq_wavelen: kept; otherwise smoothed.
+  at::Tensor scaled = at::where(wavelen.gt(low_freq_wavelen), inv_freq / r.factor, inv_freq);
+  at::Tensor smooth = (wavelen.reciprocal() * old_context - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  at::Tensor smoothed = at::rsub(smooth, 1.0) * scaled / r.factor + smooth * scaled;
+  at::Tensor medium = wavelen.ge(high_freq_wavelen).logical_and(wavelen.le(low_freq_wavelen));
+  return at::where(medium, smoothed, scaled);
+}
+
+// _compute_dynamic_ntk_parameters as dynamic_rope_update applies it to one call: the frequencies
+// for seq_len = max(position_ids) + 1 when that exceeds max_position_embeddings, else the ones HF
+// computes at construction (seq_len = max_position_embeddings, in double). Both are computed and
+// the choice is made on the device, so no host sync.
+at::Tensor dynamic_inv_freq(const at::Tensor& position_ids, const at::Tensor& exponent, const ModelConfig& c) {
+  const double factor = c.rope_scaling.factor, dim = static_cast<double>(c.head_dim);
+  const double max_positions = static_cast<double>(c.max_position_embeddings);
+  const double initial_base =
+      c.rope_theta * std::pow(factor * max_positions / max_positions - (factor - 1.0), dim / (dim - 2.0));
+  at::Tensor initial = at::pow(initial_base, exponent).reciprocal();
+  at::Tensor seq_len = position_ids.max() + 1;                                          // 0-dim long
+  at::Tensor grown_base =
+      at::pow(seq_len.to(at::kFloat) * factor / max_positions - (factor - 1.0), dim / (dim - 2.0)) * c.rope_theta;
+  at::Tensor grown = at::pow(grown_base, exponent).reciprocal();
+  return at::where(seq_len.gt(c.max_position_embeddings), grown, initial);
+}
+
+}  // namespace
+
+at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c) {
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(position_ids.device());
+  at::Tensor exponent = at::arange(0, c.head_dim, 2, long_opts).to(at::kFloat) / static_cast<double>(c.head_dim);
+  const std::string& type = c.rope_scaling.rope_type;
+  if (type == "dynamic") return dynamic_inv_freq(position_ids, exponent, c);
+  at::Tensor inv_freq = at::pow(c.rope_theta, exponent).reciprocal();                   // [D/2]
+  if (type == "linear") return inv_freq / c.rope_scaling.factor;
+  if (type == "llama3") return llama3_inv_freq(inv_freq, c.rope_scaling, c.max_position_embeddings);
+  TORCH_CHECK(type == "default", "rotary_inv_freq: rope_scaling type '", type, "' is not implemented");
+  return inv_freq;
+}
+
+RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype) {
+  at::Tensor inv_freq = rotary_inv_freq(position_ids, config);                         // [D/2]
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
@@ -78,20 +127,42 @@ at::Tensor split_heads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
 
 }  // namespace
 
+// Registration order is HF's (q, k, v, o, q_norm, k_norm): FSDP flattens parameters in this order.
 Attention::Attention(const ModelConfig& c, const at::TensorOptions& options)
     : num_heads_(c.num_attention_heads), num_kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
   q_proj = register_module("q_proj", std::make_shared<Linear>(c.hidden_size, num_heads_ * head_dim_, c.attention_bias, options));
   k_proj = register_module("k_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
   v_proj = register_module("v_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads_ * head_dim_, c.hidden_size, false, options));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads_ * head_dim_, c.hidden_size, c.o_proj_bias(), options));
+  if (c.qk_norm()) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, c.rms_norm_eps, options));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, c.rms_norm_eps, options));
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> Attention::queries_and_keys(const at::Tensor& x, const RotaryTables& rope) const {
+  // [B, heads, T, D]: RMSNorm over the last dim is per head and position, as HF's norm on [B, T, heads, D].
+  at::Tensor q = split_heads(q_proj->forward(x), num_heads_, head_dim_);
+  at::Tensor k = split_heads(k_proj->forward(x), num_kv_heads_, head_dim_);
+  if (q_norm) q = q_norm->forward(q);
+  if (k_norm) k = k_norm->forward(k);
+  return {apply_rotary(q, rope), apply_rotary(k, rope)};
+}
+
+at::Tensor Attention::values(const at::Tensor& x) const {
+  return split_heads(v_proj->forward(x), num_kv_heads_, head_dim_);
+}
+
+at::Tensor Attention::output(const at::Tensor& attended, bool output_bias) const {
+  return output_bias ? o_proj->forward(attended) : at::linear(attended, o_proj->weight);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                              const LayerCacheView* cache) const {
+                              const LayerCacheView* cache, bool output_bias) const {
   const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor q = apply_rotary(split_heads(q_proj->forward(x), num_heads_, head_dim_), rope);
-  at::Tensor k = apply_rotary(split_heads(k_proj->forward(x), num_kv_heads_, head_dim_), rope);
-  at::Tensor v = split_heads(v_proj->forward(x), num_kv_heads_, head_dim_);
+  std::pair<at::Tensor, at::Tensor> qk = queries_and_keys(x, rope);
+  at::Tensor q = std::move(qk.first), k = std::move(qk.second);
+  at::Tensor v = values(x);
   if (cache != nullptr) {
     cache->key.narrow(2, cache->past, T).copy_(k);
     cache->value.narrow(2, cache->past, T).copy_(v);
@@ -103,7 +174,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor out = at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false, scaling,
                                                     /*enable_gqa=*/num_heads_ != num_kv_heads_);
-  return o_proj->forward(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
+  return output(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), output_bias);
 }
 
 MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) {
@@ -141,7 +212,7 @@ DecoderBackbone::DecoderBackbone(const ModelConfig& c, const at::TensorOptions& 
 
 at::Tensor DecoderBackbone::run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
                                        KVCache* cache) const {
-  RotaryTables rope = make_rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  RotaryTables rope = make_rotary_tables(position_ids, config_, h.scalar_type());
   for (size_t i = 0; i < layers.size(); ++i) {
     if (cache == nullptr && layer_runner_) {
       LayerCall call = [layer = layers[i], rope, visible](const at::Tensor& x) {

@@ -1,10 +1,14 @@
-// decoder.hpp: the decoder-only transformer shared by Llama and Qwen2, as torch::nn modules whose
-// parameters carry HF's names (q_proj.weight, input_layernorm.weight, ...).
+// decoder.hpp: the decoder-only transformer shared by Llama, Qwen2 and Qwen3, as torch::nn modules
+// whose parameters carry HF's names (q_proj.weight, input_layernorm.weight, ...).
 //
-// The maths follows HF's modeling_llama / modeling_qwen2 exactly:
+// The maths follows HF's modeling_llama / modeling_qwen2 / modeling_qwen3 exactly:
 //   RMSNorm     y = weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)
-//   RoPE        inv_freq = 1 / theta^(arange(0, D, 2) / D); emb = cat(freqs, freqs);
+//   RoPE        inv_freq = 1 / theta^(arange(0, D, 2) / D), rescaled per config.rope_scaling
+//               (linear, dynamic NTK, llama3; see RopeScaling in config.hpp); emb = cat(freqs, freqs);
 //               x' = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+//   Qwen3       q_norm / k_norm: RMSNorm over head_dim of every query / key head, after the
+//               projection and before RoPE
+//   biases      q/k/v when attention_bias (always for Qwen2); o_proj too for Llama and Qwen3
 //   attention   softmax(q k^T * D^-0.5, masked) v through at::scaled_dot_product_attention, as
 //               HF's sdpa path; GQA heads share K/V (enable_gqa) instead of repeat_kv copies
 //   MLP         down(silu(gate(x)) * up(x))
@@ -22,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -65,9 +70,16 @@ struct RotaryTables {
   at::Tensor sin;
 };
 
-/// HF rotary embedding for `position_ids` [B, T] (computed in fp32, cast to `dtype`).
-RotaryTables make_rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
-                                c10::ScalarType dtype);
+/// HF's inverse frequencies [head_dim / 2] (fp32, on position_ids' device) for one forward call
+/// over `position_ids` [B, T]: config.rope_theta and config.rope_scaling, computed with the same
+/// fp32 operations as transformers. "dynamic" uses seq_len = max(position_ids) + 1, as HF's
+/// dynamic_rope_update does for each call (a KV-cache step's own positions), chosen on the device
+/// without a host sync.
+at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& config);
+
+/// HF rotary embedding for `position_ids` [B, T] (computed in fp32, cast to `dtype`), with the
+/// config's head_dim, rope_theta and rope_scaling (rotary_inv_freq).
+RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype);
 
 /// x * cos + rotate_half(x) * sin for x [B, heads, T, head_dim].
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
@@ -84,14 +96,26 @@ struct LayerCacheView {
   int64_t past = 0;  ///< Columns already filled; new keys go to [past, past + T).
 };
 
-/// HF LlamaAttention / Qwen2Attention: q/k/v/o projections (q/k/v biases when configured).
+/// HF LlamaAttention / Qwen2Attention / Qwen3Attention: q/k/v/o projections (biases as
+/// config.attention_bias and ModelConfig::o_proj_bias say) and, for Qwen3, q_norm / k_norm.
 class Attention : public torch::nn::Module {
  public:
   Attention(const ModelConfig& config, const at::TensorOptions& options);
-  /// x [B, T, hidden]; visible [B, 1, T, S]; cache null for a full forward (S == T).
+  /// x [B, T, hidden]; visible [B, 1, T, S]; cache null for a full forward (S == T). With
+  /// `output_bias` false the o_proj bias (if any) is left out, for a caller that adds it after a
+  /// tensor-parallel sum of the partial outputs.
   at::Tensor forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                     const LayerCacheView* cache) const;
+                     const LayerCacheView* cache, bool output_bias = true) const;
+  /// Queries [B, heads, T, D] and keys [B, kv_heads, T, D] of x [B, T, hidden]: projected,
+  /// per-head normed (Qwen3) and rotated.
+  std::pair<at::Tensor, at::Tensor> queries_and_keys(const at::Tensor& x, const RotaryTables& rope) const;
+  /// Values [B, kv_heads, T, D] of x [B, T, hidden].
+  at::Tensor values(const at::Tensor& x) const;
+  /// o_proj of the attention output [B, T, heads * D] (bias included when `output_bias`).
+  at::Tensor output(const at::Tensor& attended, bool output_bias = true) const;
+
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< Qwen3 only ([head_dim] weights); null otherwise.
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;

@@ -58,8 +58,8 @@ Result<ModelConfig> make_config(const InitModelOptions& o, const tokenizer::Toke
   c.num_attention_heads = o.heads;
   c.num_key_value_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
   c.intermediate_size = o.intermediate > 0 ? o.intermediate : default_intermediate(o.hidden);
-  c.head_dim = o.heads > 0 ? o.hidden / o.heads : 0;
-  if (o.heads > 0 && o.hidden % o.heads != 0) {
+  c.head_dim = o.head_dim > 0 ? o.head_dim : (o.heads > 0 ? o.hidden / o.heads : 0);
+  if (o.head_dim <= 0 && o.heads > 0 && o.hidden % o.heads != 0) {
     return make_error(ErrorCode::invalid_argument, "init-model: --hidden {} is not divisible by --heads {}", o.hidden,
                       o.heads);
   }

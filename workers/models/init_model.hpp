@@ -1,8 +1,8 @@
 // init_model.hpp: `tessera init-model` as a library function. It writes a complete HF model
 // directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) for a small,
-// randomly initialised Llama or Qwen2, seeded and deterministic: the same options give the same
+// randomly initialised Llama, Qwen2 or Qwen3, seeded and deterministic: the same options give the same
 // bytes. Initialisation is HF's _init_weights (normal(0, initializer_range = 0.02) for matrices and
-// the embedding, with the pad row zeroed; norms 1; biases 0).
+// the embedding, with the pad row zeroed; norms, Qwen3's q_norm/k_norm included, 1; biases 0).
 //
 // The directory is staged in `<out>.tmp-<pid>-<n>` and renamed into place, so `out` either does
 // not exist or is complete. An existing non-empty `out` is refused.
@@ -19,11 +19,12 @@ namespace tessera::models {
 
 /// The knobs of `tessera init-model`.
 struct InitModelOptions {
-  std::string arch = "llama";         ///< HF model_type: "llama" or "qwen2".
+  std::string arch = "llama";         ///< HF model_type: "llama", "qwen2" or "qwen3".
   int64_t hidden = 0;                 ///< hidden_size.
   int64_t layers = 0;                 ///< num_hidden_layers.
   int64_t heads = 0;                  ///< num_attention_heads.
   int64_t kv_heads = 0;               ///< num_key_value_heads; 0 = heads.
+  int64_t head_dim = 0;               ///< head_dim; 0 = hidden / heads (which must then divide).
   int64_t intermediate = 0;           ///< intermediate_size; 0 = 8/3 * hidden rounded up to 64.
   /// "bytes" (256 byte tokens + specials), "chars:ALPHABET" (one token per character), or a
   /// directory holding tokenizer.json (+ tokenizer_config.json), which is copied.

@@ -73,7 +73,7 @@ class PretrainedModel : public torch::nn::Module {
   std::shared_ptr<DecoderBackbone> backbone_;
 };
 
-/// HF LlamaForCausalLM / Qwen2ForCausalLM.
+/// HF LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM.
 class CausalLM : public PretrainedModel {
  public:
   /// Validates `config` and builds the model. config.architecture is set to the *ForCausalLM name.
@@ -101,7 +101,7 @@ class CausalLM : public PretrainedModel {
   std::shared_ptr<Linear> lm_head_;  ///< Null when tie_word_embeddings.
 };
 
-/// HF LlamaForTokenClassification / Qwen2ForTokenClassification with num_labels=1: a scalar
+/// HF Llama/Qwen2/Qwen3ForTokenClassification with num_labels=1: a scalar
 /// `score` head ([1, hidden] weight, optional [1] bias) on every position. Dropout is 0.
 class ValueModel : public PretrainedModel {
  public:

@@ -1,4 +1,4 @@
-// weight_loader.cpp: the architecture table and the HF Llama/Qwen2 loader.
+// weight_loader.cpp: the architecture table and the HF Llama/Qwen2/Qwen3 loader.
 #include "workers/models/weight_loader.hpp"
 
 #include <set>
@@ -42,8 +42,10 @@ void register_builtins(WeightLoaderRegistry& r) {
   const std::pair<const char*, HeadKind> rows[] = {
       {"LlamaForCausalLM", HeadKind::causal_lm},
       {"Qwen2ForCausalLM", HeadKind::causal_lm},
+      {"Qwen3ForCausalLM", HeadKind::causal_lm},
       {"LlamaForTokenClassification", HeadKind::value},
       {"Qwen2ForTokenClassification", HeadKind::value},
+      {"Qwen3ForTokenClassification", HeadKind::value},
   };
   for (const auto& [name, head] : rows) (void)r.add(name, {head, load_hf_decoder_weights});
 }

@@ -1,6 +1,8 @@
 // step_model.cpp: CausalLMStepModel, the single-rank model seam over models::CausalLM.
 #include "workers/rollout/step_model.hpp"
 
+#include <utility>
+
 #include <torch/torch.h>
 
 #include "workers/models/decoder.hpp"
@@ -9,26 +11,21 @@
 namespace tessera::rollout {
 namespace {
 
-// [B, T, heads * D] -> [B, heads, T, D]
-at::Tensor split_heads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
-  return x.view({x.size(0), x.size(1), heads, head_dim}).transpose(1, 2);
-}
-
-// The decoder's attention (decoder.hpp) for one new token per row: project, rotate, append K/V
-// to the cache at column `past`, attend over the visible columns with the cache-reading kernel,
-// project out. x [B, 1, hidden]; visible [B, >= past + 1] bool with unit column stride.
+// The decoder's attention (decoder.hpp) for one new token per row: project, norm (Qwen3) and
+// rotate, append K/V to the cache at column `past`, attend over the visible columns with the
+// cache-reading kernel, project out (o_proj bias only with `output_bias`). x [B, 1, hidden];
+// visible [B, >= past + 1] bool with unit column stride.
 at::Tensor decode_attention_block(const models::Attention& attn, const models::ModelConfig& c, const at::Tensor& x,
                                   const models::RotaryTables& rope, models::KVCache& cache, int64_t layer,
-                                  const at::Tensor& visible) {
+                                  const at::Tensor& visible, bool output_bias) {
   const int64_t B = x.size(0), past = cache.length();
-  at::Tensor q = models::apply_rotary(split_heads(attn.q_proj->forward(x), c.num_attention_heads, c.head_dim), rope);
-  at::Tensor k = models::apply_rotary(split_heads(attn.k_proj->forward(x), c.num_key_value_heads, c.head_dim), rope);
-  at::Tensor v = split_heads(attn.v_proj->forward(x), c.num_key_value_heads, c.head_dim);
-  cache.key(layer).narrow(2, past, 1).copy_(k);
+  std::pair<at::Tensor, at::Tensor> qk = attn.queries_and_keys(x, rope);
+  at::Tensor v = attn.values(x);
+  cache.key(layer).narrow(2, past, 1).copy_(qk.second);
   cache.value(layer).narrow(2, past, 1).copy_(v);
-  at::Tensor out = internal::decode_attention(q.reshape({B, c.num_attention_heads, c.head_dim}).contiguous(),
+  at::Tensor out = internal::decode_attention(qk.first.reshape({B, c.num_attention_heads, c.head_dim}).contiguous(),
                                               cache.key(layer), cache.value(layer), visible, past + 1);
-  return attn.o_proj->forward(out.view({B, 1, c.num_attention_heads * c.head_dim}));
+  return attn.output(out.view({B, 1, c.num_attention_heads * c.head_dim}), output_bias);
 }
 
 void check_step_inputs(const at::Tensor& ids, const at::Tensor& pos, const models::KVCache& cache,
@@ -87,7 +84,10 @@ at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at
   models::DecoderBackbone& backbone = model_->backbone();
   const int64_t T = input_ids.size(1), past = cache.length();
   at::Tensor h = backbone.embed_tokens->forward(input_ids);
-  models::RotaryTables rope = models::make_rotary_tables(position_ids, c.head_dim, c.rope_theta, h.scalar_type());
+  models::RotaryTables rope = models::make_rotary_tables(position_ids, c, h.scalar_type());
+  // Under tensor parallelism each rank's o_proj output is a partial sum: its bias (Llama/Qwen3 with
+  // attention_bias) is added once, after the reduction (the bias is replicated, tensor_parallel.hpp).
+  const bool bias_after_sum = static_cast<bool>(all_reduce_);
   const bool decode = T == 1 && internal::decode_attention_supported(cache.key(0));
   at::Tensor visible;
   if (decode) {
@@ -102,12 +102,15 @@ at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at
     at::Tensor x = layer.input_layernorm->forward(h);
     at::Tensor attn;
     if (decode) {
-      attn = decode_attention_block(*layer.self_attn, c, x, rope, cache, li, visible);
+      attn = decode_attention_block(*layer.self_attn, c, x, rope, cache, li, visible, !bias_after_sum);
     } else {
       models::LayerCacheView view{cache.key(li), cache.value(li), past};
-      attn = layer.self_attn->forward(x, rope, visible, &view);
+      attn = layer.self_attn->forward(x, rope, visible, &view, !bias_after_sum);
     }
-    h = h + partial_sum(attn);
+    attn = partial_sum(attn);
+    const at::Tensor& o_bias = layer.self_attn->o_proj->bias;
+    if (bias_after_sum && o_bias.defined()) attn = attn + o_bias;
+    h = h + attn;
     h = h + partial_sum(layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
   }
   cache.advance(T);

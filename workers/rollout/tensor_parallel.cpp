@@ -41,6 +41,8 @@ TpSplit tp_split_of(const std::string& name) {
     if (ends_with(name, s)) return TpSplit::rows;
   }
   if (ends_with(name, "self_attn.o_proj.weight") || ends_with(name, "mlp.down_proj.weight")) return TpSplit::columns;
+  // Norms (q_norm/k_norm are [head_dim], the same on every head), o_proj.bias (added once after the
+  // all-reduce, step_model.hpp), embeddings and lm_head.
   return TpSplit::replicated;
 }
 

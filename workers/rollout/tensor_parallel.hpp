@@ -8,7 +8,9 @@
 //     num_attention_heads/T query heads, num_key_value_heads/T KV heads (contiguous heads, so the
 //     GQA grouping is preserved), intermediate_size/T MLP columns;
 //   - o_proj and down_proj weight: the matching input columns [t*in/T, (t+1)*in/T) ("columns");
-//   - everything else (embeddings, norms, lm_head): the whole tensor ("replicated").
+//   - everything else (embeddings, norms, lm_head, Qwen3's q_norm/k_norm, which act on head_dim
+//     within each head, and the o_proj bias, added after the all-reduce): the whole tensor
+//     ("replicated").
 // The attention and MLP outputs are then partial sums that step_model.hpp all-reduces.
 //
 // A TP rank's slices of one FSDP unit are laid out in ONE buffer, parameter after parameter, each

@@ -67,6 +67,35 @@ TEST(InitModel, WritesACompleteHfDirectory) {
   for (const auto& e : fs::directory_iterator(tmp.path())) EXPECT_EQ(e.path().filename(), "m");
 }
 
+TEST(InitModel, Qwen3WithItsOwnHeadDim) {
+  TempDir tmp;
+  InitModelOptions o = small("qwen3", tmp / "q3");
+  o.head_dim = 16;  // 4 heads x 16 != hidden 32, as Qwen3 allows
+  ASSERT_TRUE(init_model(o).ok());
+  auto raw = nlohmann::json::parse(std::ifstream(tmp / "q3/config.json"));
+  EXPECT_EQ(raw["model_type"], "qwen3");
+  EXPECT_EQ(raw["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(raw["head_dim"], 16);
+  EXPECT_EQ(raw["attention_bias"], false);
+  auto model = load_causal_lm(tmp / "q3");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  TensorMap p = (*model)->parameter_map();
+  EXPECT_TRUE(at::equal(p.at("model.layers.0.self_attn.q_norm.weight"), at::ones({16})));
+  EXPECT_TRUE(at::equal(p.at("model.layers.1.self_attn.k_norm.weight"), at::ones({16})));
+  EXPECT_EQ(p.at("model.layers.0.self_attn.q_proj.weight").sizes(), (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(p.count("model.layers.0.self_attn.q_proj.bias"), 0u);
+  // init -> load -> save -> load keeps every byte and the logits.
+  ASSERT_TRUE(save_pretrained(**model, tmp / "q3b").ok());
+  EXPECT_EQ(read_bytes(tmp / "q3/model.safetensors"), read_bytes(tmp / "q3b/model.safetensors"));
+  auto again = load_causal_lm(tmp / "q3b");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ((*again)->config().head_dim, 16);
+  testing::Batch batch = testing::left_padded_batch({5, 2}, 5, (*model)->config().vocab_size, 3);
+  torch::NoGradGuard g;
+  EXPECT_TRUE(at::equal((*model)->forward(batch.input_ids, batch.attention_mask, batch.position_ids),
+                        (*again)->forward(batch.input_ids, batch.attention_mask, batch.position_ids)));
+}
+
 TEST(InitModel, RoundTripIsBitwiseIdenticalWithIdenticalLogits) {
   TempDir tmp;
   ASSERT_TRUE(init_model(small("llama", tmp / "a")).ok());

@@ -85,8 +85,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Refusal{"gelu", {{"hidden_act", "gelu"}}, "hidden_act"},
         Refusal{"yarn", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope_scaling"},
-        Refusal{"linear", {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}, "rope_scaling"},
-        Refusal{"sliding", {{"use_sliding_window", true}}, "use_sliding_window"},
+        Refusal{"longrope", {{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}}, "rope_scaling"},
+        Refusal{"yarn_rope_parameters", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope_parameters"},
+        Refusal{"linear_without_factor", {{"rope_scaling", {{"rope_type", "linear"}}}}, "rope_scaling"},
+        Refusal{"llama3_inverted_band",
+                {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 1.0}}}},
+                "rope_scaling"},
+        Refusal{"per_layer_rope", {{"rope_parameters", {{"full_attention", {{"rope_type", "default"}}}}}}, "rope_parameters"},
+        Refusal{"partial_rotary", {{"partial_rotary_factor", 0.5}}, "partial_rotary_factor"},
+        Refusal{"sliding", {{"use_sliding_window", true}, {"sliding_window", 64}}, "use_sliding_window"},
         Refusal{"dropout", {{"attention_dropout", 0.1}}, "attention_dropout"},
         Refusal{"missing_hidden", {{"hidden_size", nullptr}}, "hidden_size"},
         Refusal{"string_layers", {{"num_hidden_layers", "2"}}, "num_hidden_layers"},
@@ -97,6 +104,159 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"labels", {{"id2label", {{"0", "A"}, {"1", "B"}}}}, "id2label"},
         Refusal{"architectures", {{"architectures", json::array()}}, "architectures"}),
     [](const auto& info) { return info.param.name; });
+
+json qwen3_json() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 96, "hidden_size": 32,
+    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_scaling": null,
+    "max_position_embeddings": 128, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "hidden_act": "silu",
+    "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "use_sliding_window": false, "sliding_window": null, "max_window_layers": 28, "transformers_version": "4.51.0"})");
+}
+
+TEST(ModelConfig, Qwen3ParsesAndRoundTrips) {
+  auto c = parse_model_config(qwen3_json(), "q3/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c->head_dim, 16);  // from the config, not hidden_size / num_attention_heads (8)
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_TRUE(c->qk_norm());
+  EXPECT_FALSE(c->o_proj_bias());
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_scaling.rope_type, "default");
+  json out = model_config_to_json(*c);
+  EXPECT_EQ(out["head_dim"], 16);
+  EXPECT_EQ(out["attention_bias"], false);
+  EXPECT_EQ(out["max_window_layers"], 28);  // unmodelled fields survive
+  EXPECT_TRUE(out["rope_scaling"].is_null());
+  auto again = parse_model_config(out, "again");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(model_config_to_json(*again), out);
+  EXPECT_EQ(architecture_name("qwen3", HeadKind::value).value(), "Qwen3ForTokenClassification");
+
+  // Qwen3Config's defaults: head_dim 128 (written back explicitly), attention_bias read (o_proj too).
+  json j = qwen3_json();
+  j.erase("head_dim");
+  j["attention_bias"] = true;
+  auto d = parse_model_config(j, "q3/config.json");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->head_dim, 128);
+  EXPECT_TRUE(d->o_proj_bias());
+  EXPECT_EQ(model_config_to_json(*d)["head_dim"], 128);
+  EXPECT_EQ(model_config_to_json(*d)["attention_bias"], true);
+}
+
+TEST(ModelConfig, Qwen3SlidingWindowOnlyWhereItChangesNothing) {
+  for (const json& patch : {json{{"use_sliding_window", nullptr}, {"sliding_window", 16}},
+                            json{{"use_sliding_window", true}, {"sliding_window", nullptr}},
+                            json{{"use_sliding_window", true}, {"sliding_window", 128}}}) {
+    json j = qwen3_json();
+    j.update(patch);
+    auto c = parse_model_config(j, "q3/config.json");
+    EXPECT_TRUE(c.ok()) << patch.dump() << ": " << c.status().to_string();
+  }
+  json j = qwen3_json();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 64;
+  auto c = parse_model_config(j, "/ckpt/q3/config.json");
+  ASSERT_FALSE(c.ok());
+  const std::string m = c.status().message();
+  EXPECT_NE(m.find("/ckpt/q3/config.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("'use_sliding_window'"), std::string::npos) << m;
+  EXPECT_NE(m.find("sliding_window = 64"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
+
+json llama_json(const json& rope_patch) {
+  json j = {{"model_type", "llama"}, {"vocab_size", 10}, {"hidden_size", 64}, {"intermediate_size", 32},
+            {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 4096},
+            {"rope_theta", 500000.0}};
+  j.update(rope_patch);
+  return j;
+}
+
+TEST(ModelConfig, RopeScalingLlama3LinearAndDynamicParseAndRoundTrip) {
+  // Llama-3.1/3.2 as shipped (rope_type key, top-level rope_theta).
+  auto l3 = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                                    {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}}}),
+      "l3/config.json");
+  ASSERT_TRUE(l3.ok()) << l3.status().to_string();
+  EXPECT_EQ(l3->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(l3->rope_scaling.factor, 32.0);
+  EXPECT_EQ(l3->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(l3->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(l3->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(l3->rope_theta, 500000.0);
+  json out = model_config_to_json(*l3);
+  EXPECT_EQ(out["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(out["rope_scaling"]["original_max_position_embeddings"], 8192);
+  EXPECT_EQ(out["rope_theta"], 500000.0);
+  EXPECT_FALSE(out.contains("rope_parameters"));
+  auto again = parse_model_config(out, "again");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(model_config_to_json(*again), out);
+
+  // The older "type" key; linear.
+  auto linear = parse_model_config(llama_json({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}), "x");
+  ASSERT_TRUE(linear.ok()) << linear.status().to_string();
+  EXPECT_EQ(linear->rope_scaling.rope_type, "linear");
+  EXPECT_EQ(linear->rope_scaling.factor, 2.0);
+  EXPECT_EQ(model_config_to_json(*linear)["rope_scaling"], (json{{"rope_type", "linear"}, {"factor", 2.0}}));
+
+  // transformers >= 5: rope_parameters carries the type and rope_theta; written back the old way.
+  auto dynamic = parse_model_config(
+      llama_json({{"rope_theta", nullptr}, {"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 1e4}}}}),
+      "x");
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status().to_string();
+  EXPECT_EQ(dynamic->rope_scaling.rope_type, "dynamic");
+  EXPECT_EQ(dynamic->rope_theta, 1e4);
+  json dyn_out = model_config_to_json(*dynamic);
+  EXPECT_FALSE(dyn_out.contains("rope_parameters"));
+  EXPECT_EQ(dyn_out["rope_theta"], 1e4);
+  EXPECT_EQ(dyn_out["rope_scaling"], (json{{"rope_type", "dynamic"}, {"factor", 2.0}}));
+
+  // llama3 without original_max_position_embeddings: HF defaults it to max_position_embeddings.
+  auto l3_default = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}}}}),
+      "x");
+  ASSERT_TRUE(l3_default.ok()) << l3_default.status().to_string();
+  EXPECT_EQ(l3_default->rope_scaling.original_max_position_embeddings, 4096);
+
+  // As transformers 5: a non-empty rope_scaling wins over rope_parameters; its own rope_theta wins.
+  auto both = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "linear"}, {"factor", 3.0}, {"rope_theta", 7.0}}},
+                  {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 3.0}}}}),
+      "x");
+  ASSERT_TRUE(both.ok()) << both.status().to_string();
+  EXPECT_EQ(both->rope_scaling.rope_type, "linear");
+  EXPECT_EQ(both->rope_theta, 7.0);
+  auto plain = parse_model_config(llama_json({{"rope_scaling", {{"rope_type", "default"}}}}), "x");
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->rope_scaling.rope_type, "default");
+  EXPECT_TRUE(model_config_to_json(*plain)["rope_scaling"].is_null());
+}
+
+TEST(ModelConfig, UnimplementedRopeTypesAreOneLineErrorsNamingKeyAndType) {
+  for (const char* type : {"yarn", "longrope", "mrope"}) {
+    auto c = parse_model_config(llama_json({{"rope_scaling", {{"rope_type", type}, {"factor", 4.0}}}}), "/m/config.json");
+    ASSERT_FALSE(c.ok()) << type;
+    const std::string m = c.status().message();
+    EXPECT_NE(m.find("'rope_scaling'"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::string("'") + type + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("/m/config.json"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  // A programmatic config is checked the same way.
+  ModelConfig c = testing::tiny_config("llama");
+  c.rope_scaling.rope_type = "yarn";
+  Status st = validate_model_config(c, "cfg");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("'rope_scaling'"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("'yarn'"), std::string::npos) << st.to_string();
+}
 
 TEST(ModelConfig, LlamaMlpBiasIsRefused) {
   json j = {{"model_type", "llama"}, {"vocab_size", 10}, {"hidden_size", 16}, {"intermediate_size", 32},
@@ -120,8 +280,8 @@ TEST(ModelConfig, FilesThatAreMissingOrNotJson) {
 
 TEST(WeightLoaderRegistry, KnowsBuiltinsAndListsThemForUnknownNames) {
   auto& r = WeightLoaderRegistry::global();
-  for (const char* a : {"LlamaForCausalLM", "Qwen2ForCausalLM", "LlamaForTokenClassification",
-                        "Qwen2ForTokenClassification"}) {
+  for (const char* a : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForTokenClassification",
+                        "Qwen2ForTokenClassification", "Qwen3ForTokenClassification"}) {
     EXPECT_TRUE(r.find(a).ok()) << a;
   }
   EXPECT_EQ(r.find("Qwen2ForTokenClassification")->head, HeadKind::value);

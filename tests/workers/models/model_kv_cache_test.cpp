@@ -1,5 +1,7 @@
 // KV-cache decoding gives the full forward's logits, step by step, for left-padded batches of
-// mixed lengths; slot reuse (reset_row) behaves like a fresh cache for that row.
+// mixed lengths (Llama, Qwen2, Qwen3, and the position-independent RoPE scalings linear and
+// llama3; dynamic RoPE depends on each call's positions, so its decode is checked against HF in
+// model_hf_parity_test); slot reuse (reset_row) behaves like a fresh cache for that row.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,8 +14,14 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-std::shared_ptr<CausalLM> make_model(const std::string& type, int64_t kv_heads, uint64_t seed) {
-  auto model = CausalLM::create(testing::tiny_config(type, kv_heads), ModelInit{at::kFloat, seed});
+std::shared_ptr<CausalLM> make_model(const std::string& type, int64_t kv_heads, uint64_t seed,
+                                     const std::string& rope = "default") {
+  ModelConfig c = testing::tiny_config(type, kv_heads);
+  c.rope_scaling.rope_type = rope;
+  if (rope != "default") c.rope_scaling.factor = 4.0;
+  if (rope == "llama3") c.rope_scaling.original_max_position_embeddings = 16;
+  if (type == "qwen3") c.head_dim = 16;
+  auto model = CausalLM::create(c, ModelInit{at::kFloat, seed});
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   testing::randomise(**model, seed);
   return *model;
@@ -43,12 +51,13 @@ at::Tensor decode_stepwise(CausalLM& model, const testing::Batch& b, int64_t pre
 struct Case {
   std::string type;
   int64_t kv_heads;
+  std::string rope = "default";
 };
 
 class KVCacheEquivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KVCacheEquivalence, StepwiseEqualsFullForward) {
-  auto model = make_model(GetParam().type, GetParam().kv_heads, 7);
+  auto model = make_model(GetParam().type, GetParam().kv_heads, 7, GetParam().rope);
   // Mixed prompt lengths, left-padded to a common width, then 6 "generated" columns for all rows.
   testing::Batch b = testing::left_padded_batch({9, 4, 1, 7}, /*T=*/9, 64, 11);
   testing::Batch gen = testing::left_padded_batch({6, 6, 6, 6}, 6, 64, 12);
@@ -60,16 +69,20 @@ TEST_P(KVCacheEquivalence, StepwiseEqualsFullForward) {
   for (int64_t prefill : {1, 9}) {
     at::Tensor got = decode_stepwise(*model, full, prefill);
     double diff = testing::masked_max_diff(got, expected, full.attention_mask);
-    std::printf("[kv-cache %s kv=%ld prefill=%ld] max |step - full| = %.3g\n", GetParam().type.c_str(),
-                GetParam().kv_heads, prefill, diff);
+    std::printf("[kv-cache %s kv=%ld rope=%s prefill=%ld] max |step - full| = %.3g\n", GetParam().type.c_str(),
+                GetParam().kv_heads, GetParam().rope.c_str(), prefill, diff);
     EXPECT_LT(diff, kTolerance);
     EXPECT_FALSE(got.isnan().any().item<bool>());
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, KVCacheEquivalence,
-                         ::testing::Values(Case{"qwen2", 2}, Case{"llama", 4}, Case{"llama", 1}),
-                         [](const auto& info) { return info.param.type + "_kv" + std::to_string(info.param.kv_heads); });
+                         ::testing::Values(Case{"qwen2", 2}, Case{"llama", 4}, Case{"llama", 1}, Case{"qwen3", 2},
+                                           Case{"llama", 2, "linear"}, Case{"llama", 2, "llama3"}),
+                         [](const auto& info) {
+                           const Case& c = info.param;
+                           return c.type + "_kv" + std::to_string(c.kv_heads) + (c.rope == "default" ? "" : "_" + c.rope);
+                         });
 
 TEST(KVCache, SlotReuseMatchesAFreshSequence) {
   auto model = make_model("qwen2", 2, 3);

@@ -2,9 +2,11 @@
 // batches, and an independent reference forward written with plain torch ops.
 #pragma once
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -46,7 +48,38 @@ inline void randomise(PretrainedModel& model, uint64_t seed) {
   for (auto& p : model.named_parameters()) p.value().copy_(at::randn(p.value().sizes(), gen) * 0.2 + (p.key().find("norm") != std::string::npos ? 1.0 : 0.0));
 }
 
-/// An independent reference forward: per-pair RoPE, repeat_interleave for GQA, -inf masking.
+/// RoPE inverse frequencies [head_dim / 2] in double, written from the formulas (config.hpp,
+/// RopeScaling) frequency by frequency; "dynamic" takes seq_len = max(position_ids) + 1.
+inline at::Tensor reference_inv_freq(const ModelConfig& c, const at::Tensor& position_ids) {
+  const int64_t D = c.head_dim, half = D / 2;
+  const RopeScaling& r = c.rope_scaling;
+  const double M = static_cast<double>(c.max_position_embeddings);
+  double theta = c.rope_theta;
+  if (r.rope_type == "dynamic") {
+    const double seq_len = position_ids.max().item<double>() + 1;
+    if (seq_len > M) theta *= std::pow(r.factor * seq_len / M - (r.factor - 1), double(D) / double(D - 2));
+  }
+  std::vector<double> inv(static_cast<size_t>(half));
+  const double old = r.original_max_position_embeddings > 0 ? double(r.original_max_position_embeddings) : M;
+  for (int64_t i = 0; i < half; ++i) {
+    double f = std::pow(theta, -2.0 * double(i) / double(D));
+    if (r.rope_type == "linear") f /= r.factor;
+    if (r.rope_type == "llama3") {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > old / r.low_freq_factor) {
+        f /= r.factor;
+      } else if (wavelen >= old / r.high_freq_factor) {
+        const double s = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        f = (1 - s) * f / r.factor + s * f;
+      }
+    }
+    inv[static_cast<size_t>(i)] = f;
+  }
+  return at::tensor(inv, at::kDouble);
+}
+
+/// An independent reference forward: per-pair RoPE (with rope_scaling), repeat_interleave for GQA,
+/// -inf masking, Qwen3's per-head q/k norms and any o_proj bias the parameters hold.
 /// Meaningful only at positions where attention_mask is 1.
 inline at::Tensor reference_hidden(const TensorMap& p, const ModelConfig& c, const Batch& batch) {
   const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1), D = c.head_dim, half = D / 2;
@@ -56,7 +89,7 @@ inline at::Tensor reference_hidden(const TensorMap& p, const ModelConfig& c, con
     return x / (x.pow(2).mean(-1, true) + c.rms_norm_eps).sqrt() * W(n);
   };
   at::Tensor pos = batch.position_ids.to(at::kDouble);
-  at::Tensor inv = at::pow(c.rope_theta, -at::arange(0, half, at::kDouble) * 2.0 / D);
+  at::Tensor inv = reference_inv_freq(c, batch.position_ids);
   at::Tensor ang = pos.unsqueeze(-1) * inv;  // [B, T, half]
   auto rope = [&](const at::Tensor& x) {     // x [B, T, heads, D]
     at::Tensor a = x.narrow(-1, 0, half), b = x.narrow(-1, half, half);
@@ -74,13 +107,18 @@ inline at::Tensor reference_hidden(const TensorMap& p, const ModelConfig& c, con
       if (has(pre + "self_attn." + n + ".bias")) y = y + W(pre + "self_attn." + n + ".bias");
       return y.view({B, T, heads, D});
     };
-    at::Tensor q = rope(proj("q_proj", c.num_attention_heads));
-    at::Tensor k = rope(proj("k_proj", c.num_key_value_heads)).repeat_interleave(c.num_kv_groups(), 2);
+    auto head_norm = [&](const at::Tensor& y, const std::string& n) {  // Qwen3: over D, per head
+      return has(pre + "self_attn." + n + ".weight") ? rms(y, pre + "self_attn." + n + ".weight") : y;
+    };
+    at::Tensor q = rope(head_norm(proj("q_proj", c.num_attention_heads), "q_norm"));
+    at::Tensor k = rope(head_norm(proj("k_proj", c.num_key_value_heads), "k_norm")).repeat_interleave(c.num_kv_groups(), 2);
     at::Tensor v = proj("v_proj", c.num_key_value_heads).repeat_interleave(c.num_kv_groups(), 2);
     at::Tensor s = at::einsum("bthd,bshd->bhts", {q, k}) / std::sqrt(static_cast<double>(D));
     s = s.masked_fill(allowed.unsqueeze(1).logical_not(), -INFINITY);
     at::Tensor o = at::einsum("bhts,bshd->bthd", {at::softmax(s, -1).nan_to_num(0.0), v}).reshape({B, T, -1});
-    h = h + at::matmul(o, W(pre + "self_attn.o_proj.weight").t());
+    at::Tensor attn = at::matmul(o, W(pre + "self_attn.o_proj.weight").t());
+    if (has(pre + "self_attn.o_proj.bias")) attn = attn + W(pre + "self_attn.o_proj.bias");
+    h = h + attn;
     x = rms(h, pre + "post_attention_layernorm.weight");
     at::Tensor g = at::matmul(x, W(pre + "mlp.gate_proj.weight").t());
     at::Tensor u = at::matmul(x, W(pre + "mlp.up_proj.weight").t());

@@ -1,4 +1,5 @@
-// GQA, q/k/v bias and tied-embedding variants against an independent reference forward, plus the
+// GQA, q/k/v(/o) bias, tied-embedding, Qwen3 (q_norm/k_norm, head_dim != hidden / heads) and RoPE
+// scaling (linear, dynamic, llama3) variants against an independent reference forward, plus the
 // parameter-swapping contract (Note [Swapping parameters]).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -47,7 +48,8 @@ TEST(ModelVariants, QkvBiasIsUsedAndNamedLikeHf) {
     for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
       EXPECT_EQ(p.count(std::string("model.layers.0.self_attn.") + n + ".bias"), 1u) << n;
     }
-    EXPECT_EQ(p.count("model.layers.0.self_attn.o_proj.bias"), 0u);
+    // HF: LlamaAttention's o_proj has bias=attention_bias; Qwen2Attention's never has one.
+    EXPECT_EQ(p.count("model.layers.0.self_attn.o_proj.bias"), c.model_type == "qwen2" ? 0u : 1u) << c.model_type;
     double d = diff_vs_reference(*model, 6);
     std::printf("[bias %s] max |ours - reference| = %.3g\n", c.model_type.c_str(), d);
     EXPECT_LT(d, kTolerance);
@@ -59,6 +61,89 @@ TEST(ModelVariants, QkvBiasIsUsedAndNamedLikeHf) {
     at::Tensor after = model->forward(at::ones({1, 3}, at::kLong), at::ones({1, 3}, at::kLong),
                                       at::arange(3, at::kLong).unsqueeze(0));
     EXPECT_GT((before - after).abs().max().item<double>(), 1e-4);
+  }
+}
+
+ModelConfig tiny_qwen3(bool attention_bias) {
+  ModelConfig c = testing::tiny_config("qwen3", 2);
+  c.head_dim = 16;  // Qwen3 sets head_dim freely: 4 heads x 16 != hidden 32
+  c.attention_bias = attention_bias;
+  return c;
+}
+
+at::Tensor logits_of(CausalLM& model, uint64_t seed) {
+  testing::Batch b = testing::left_padded_batch({8, 5, 2}, 8, model.config().vocab_size, seed);
+  torch::NoGradGuard no_grad;
+  return model.forward(b.input_ids, b.attention_mask, b.position_ids);
+}
+
+TEST(ModelVariants, Qwen3QkNormIsUsedAndNamedLikeHf) {
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "attention_bias" : "no bias");
+    auto model = make(tiny_qwen3(bias), 21);
+    TensorMap p = model->parameter_map();
+    const std::string pre = "model.layers.1.self_attn.";
+    for (const char* n : {"q_norm", "k_norm"}) {
+      ASSERT_EQ(p.count(pre + n + ".weight"), 1u) << n;
+      EXPECT_EQ(p.at(pre + n + ".weight").sizes(), (std::vector<int64_t>{16})) << n;
+    }
+    EXPECT_EQ(p.at(pre + "q_proj.weight").sizes(), (std::vector<int64_t>{64, 32}));
+    EXPECT_EQ(p.at(pre + "o_proj.weight").sizes(), (std::vector<int64_t>{32, 64}));
+    for (const char* n : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+      EXPECT_EQ(p.count(pre + n + ".bias"), bias ? 1u : 0u) << n;
+    }
+    double d = diff_vs_reference(*model, 22);
+    std::printf("[qwen3 bias=%d] max |ours - reference| = %.3g\n", static_cast<int>(bias), d);
+    EXPECT_LT(d, kTolerance);
+    // The norms matter: changing one changes the logits.
+    at::Tensor before = logits_of(*model, 23);
+    {
+      torch::NoGradGuard g;
+      model->parameter_map().at("model.layers.0.self_attn.k_norm.weight").mul_(1.5);
+    }
+    EXPECT_GT((before - logits_of(*model, 23)).abs().max().item<double>(), 1e-4);
+  }
+  // Saved and reloaded: same names, head_dim and logits.
+  auto model = make(tiny_qwen3(false), 24);
+  testing::TempDir dir;
+  ASSERT_TRUE(save_pretrained(*model, dir.path()).ok());
+  auto reloaded = load_causal_lm(dir.path());
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
+  EXPECT_EQ((*reloaded)->config().architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ((*reloaded)->config().head_dim, 16);
+  EXPECT_TRUE(at::equal(logits_of(*model, 25), logits_of(**reloaded, 25)));
+}
+
+// Each scaling type against the reference (its own formulas, in double) and against plain RoPE on
+// the same weights (it must make a difference). Batch width 8: positions up to 7.
+TEST(ModelVariants, RopeScalingMatchesReferenceAndChangesTheLogits) {
+  for (const std::string type : {"linear", "dynamic", "llama3"}) {
+    SCOPED_TRACE(type);
+    ModelConfig c = testing::tiny_config("llama", 2);
+    c.rope_scaling.rope_type = type;
+    if (type == "linear") c.rope_scaling.factor = 4.0;
+    if (type == "dynamic") {
+      c.rope_scaling.factor = 2.0;
+      c.max_position_embeddings = 6;  // seq_len 8 > 6: the NTK base is recomputed
+    }
+    if (type == "llama3") {
+      // theta 100, head_dim 8: wavelengths 6.3, 20, 63, 199 against 64 / 4 and 64 / 1: one kept,
+      // two smoothed, one divided by the factor.
+      c.rope_theta = 100.0;
+      c.rope_scaling.factor = 8.0;
+      c.rope_scaling.low_freq_factor = 1.0;
+      c.rope_scaling.high_freq_factor = 4.0;
+      c.rope_scaling.original_max_position_embeddings = 64;
+    }
+    auto model = make(c, 30);
+    double d = diff_vs_reference(*model, 31);
+    std::printf("[rope %s] max |ours - reference| = %.3g\n", type.c_str(), d);
+    EXPECT_LT(d, kTolerance);
+    ModelConfig plain_config = c;
+    plain_config.rope_scaling = RopeScaling();
+    auto plain = CausalLM::from_parameters(plain_config, model->parameter_map());
+    ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+    EXPECT_GT((logits_of(*model, 31) - logits_of(**plain, 31)).abs().max().item<double>(), 1e-3);
   }
 }
 

@@ -1,6 +1,8 @@
 // The engine's model seam: the decode-attention kernel against plain torch attention; the rollout
 // forward against models::CausalLM::forward_step; and the tensor-parallel seam, exercised by two
-// in-process "ranks" (threads) that hold column/row slices and all-reduce through the hook.
+// in-process "ranks" (threads) that hold column/row slices and all-reduce through the hook (also
+// for a Qwen3 with q/k/v/o biases and dynamic RoPE: replicated q_norm/k_norm, o_proj bias added
+// once after the sum).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,6 +15,7 @@
 #include "workers/models/kv_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/step_model.hpp"
+#include "workers/rollout/tensor_parallel.hpp"
 
 namespace tessera::rollout {
 namespace {
@@ -129,6 +132,101 @@ std::shared_ptr<models::CausalLM> rank_model(const models::CausalLM& full, int64
   auto model = models::CausalLM::from_parameters(c, tensors);
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   return *model;
+}
+
+// A Qwen3 (q_norm/k_norm, head_dim 16 != hidden / heads) with attention_bias (o_proj bias too) and
+// dynamic RoPE over max_position_embeddings 6, every parameter random.
+std::shared_ptr<models::CausalLM> qwen3_model(uint64_t seed) {
+  models::ModelConfig c = models::testing::tiny_config("qwen3", /*kv_heads=*/2, /*tied=*/false, testing::kVocab);
+  c.head_dim = 16;
+  c.attention_bias = true;
+  c.max_position_embeddings = 6;
+  c.rope_scaling.rope_type = "dynamic";
+  c.rope_scaling.factor = 2.0;
+  auto model = models::CausalLM::create(c, models::ModelInit{at::kFloat, seed});
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : (*model)->named_parameters()) {
+    const double base = p.key().find("norm") != std::string::npos ? 1.0 : 0.0;
+    p.value().copy_(at::randn(p.value().sizes(), gen) * 0.2 + base);
+  }
+  return *model;
+}
+
+// Prefill 5 columns (row 0 left-padded, a hole in row 2), then 4 decode steps: positions reach 8,
+// past max_position_embeddings. Returns each call's logits; the inputs depend only on `seed`.
+std::vector<at::Tensor> run_steps(StepModel& step, uint64_t seed) {
+  const int64_t B = 3, P = 5, steps = 4, cap = P + steps + 2;
+  auto cache = models::KVCache::create(step.cache_config(), {B, cap, at::kFloat, at::kCPU});
+  EXPECT_TRUE(cache.ok()) << cache.status().to_string();
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Tensor mask = at::ones({B, cap}, at::kLong);
+  mask[0].narrow(0, 0, 3).fill_(0);
+  mask[2][P + 1] = 0;
+  at::Tensor ids = at::randint(0, testing::kVocab, {B, P}, gen), pos = (mask.narrow(1, 0, P).cumsum(1) - 1).clamp_min(0);
+  std::vector<at::Tensor> out;
+  for (int64_t t = 0; t <= steps; ++t) {
+    out.push_back(step.logits(step.forward_step(ids, pos, *cache, mask)));
+    ids = at::randint(0, testing::kVocab, {B, 1}, gen);
+    pos = pos.narrow(1, pos.size(1) - 1, 1) + 1;
+  }
+  return out;
+}
+
+double max_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  return d;
+}
+
+TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
+  auto full = qwen3_model(41);
+  // The rollout forward (decode kernel included) equals the models' forward_step.
+  struct ModelsStep final : StepModel {
+    explicit ModelsStep(std::shared_ptr<models::CausalLM> m) : model(std::move(m)) {}
+    const models::ModelConfig& cache_config() const override { return model->config(); }
+    c10::ScalarType dtype() const override { return at::kFloat; }
+    c10::Device device() const override { return at::kCPU; }
+    at::Tensor forward_step(const at::Tensor& ids, const at::Tensor& pos, models::KVCache& cache,
+                            const at::Tensor& mask) override {
+      return model->forward_step(ids, pos, cache, mask);  // already logits
+    }
+    at::Tensor logits(const at::Tensor& already_logits) override { return already_logits; }
+    Status load_weights_by_reference(const models::TensorMap&) override { return Status(); }
+    std::shared_ptr<models::CausalLM> model;
+  };
+  ModelsStep reference(full);
+  CausalLMStepModel single(full);
+  const std::vector<at::Tensor> want = run_steps(reference, 5);
+  const double single_diff = max_diff(run_steps(single, 5), want);
+  std::printf("[rollout forward qwen3 + dynamic rope] max |logits - models forward_step| = %.3g\n", single_diff);
+  EXPECT_LT(single_diff, 1e-5);
+  // Two TP ranks cut with the production split (tp_split_of / tp_slice / tp_rank_config).
+  ThreadAllReduce all_reduce(2);
+  std::vector<std::unique_ptr<CausalLMStepModel>> ranks;
+  for (int64_t r = 0; r < 2; ++r) {
+    auto config = tp_rank_config(full->config(), 2);
+    ASSERT_TRUE(config.ok()) << config.status().to_string();
+    models::TensorMap tensors;
+    for (const auto& [name, t] : full->parameter_map()) {
+      tensors.emplace(name, tp_slice(t.detach(), tp_split_of(name), 2, r).contiguous());
+    }
+    EXPECT_EQ(tensors.at("model.layers.0.self_attn.q_norm.weight").size(0), 16);
+    EXPECT_EQ(tensors.at("model.layers.0.self_attn.o_proj.bias").size(0), 32);
+    auto model = models::CausalLM::from_parameters(*config, tensors);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    ranks.push_back(std::make_unique<CausalLMStepModel>(*model, [&](at::Tensor& t) { all_reduce(t); }, 2));
+  }
+  std::vector<std::vector<at::Tensor>> outputs(2);
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < 2; ++r) threads.emplace_back([&, r] { outputs[r] = run_steps(*ranks[r], 5); });
+  for (auto& t : threads) t.join();
+  for (size_t r = 0; r < 2; ++r) {
+    const double d = max_diff(outputs[r], want);
+    std::printf("[rollout TP rank %zu qwen3] max |logits - unsplit| = %.3g\n", r, d);
+    EXPECT_LT(d, 1e-5);
+  }
 }
 
 TEST(TensorParallelSeam, TwoRanksGenerateLikeOne) {

@@ -26,8 +26,11 @@ TEST(TpSplit, FollowsMegatronRowAndColumnParallelLayers) {
   EXPECT_EQ(tp_split_of("model.layers.3.mlp.up_proj.weight"), TpSplit::rows);
   EXPECT_EQ(tp_split_of("model.layers.3.self_attn.o_proj.weight"), TpSplit::columns);
   EXPECT_EQ(tp_split_of("model.layers.3.mlp.down_proj.weight"), TpSplit::columns);
+  // Qwen3's q_norm/k_norm act on head_dim within each head and o_proj's bias is added after the
+  // all-reduce: whole on every rank.
   for (const char* n : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-                        "model.layers.3.input_layernorm.weight"}) {
+                        "model.layers.3.input_layernorm.weight", "model.layers.3.self_attn.q_norm.weight",
+                        "model.layers.3.self_attn.k_norm.weight", "model.layers.3.self_attn.o_proj.bias"}) {
     EXPECT_EQ(tp_split_of(n), TpSplit::replicated) << n;
   }
 }
