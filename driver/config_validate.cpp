@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "driver/config.hpp"
+#include "driver/model_paths.hpp"
 #include "driver/internal/config_util.hpp"
 #include "driver/logger.hpp"
 #include "driver/reward.hpp"
@@ -234,6 +235,7 @@ Result<nlohmann::json> load_config(ConfigKind kind, const std::filesystem::path&
   TESSERA_RETURN_IF_ERROR(resolve_interpolations(cfg));
   TESSERA_RETURN_IF_ERROR(check_resolved_types(cfg, schema, ""));
   listify_strings(cfg, schema);
+  resolve_model_paths(cfg, kind);
   return cfg;
 }
 

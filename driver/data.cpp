@@ -1,5 +1,6 @@
 // RLHFDataset, truncation helpers and data config readers (driver/data.hpp).
 #include "driver/data.hpp"
+#include "driver/model_paths.hpp"
 
 #include <torch/torch.h>
 
@@ -95,10 +96,7 @@ Result<std::vector<std::filesystem::path>> data_files(const nlohmann::json& cfg,
   const nlohmann::json* v = config_find(cfg, key);
   if (v == nullptr) return make_error(ErrorCode::not_found, "config key '{}' is missing", key);
   std::vector<std::filesystem::path> out;
-  auto expand = [](std::string p) {
-    if (p.rfind("~/", 0) == 0 && std::getenv("HOME") != nullptr) p = std::string(std::getenv("HOME")) + p.substr(1);
-    return std::filesystem::path(p);
-  };
+  auto expand = [](const std::string& p) { return std::filesystem::path(expand_user(p)); };
   if (v->is_string()) {
     out.push_back(expand(v->get<std::string>()));
   } else if (v->is_array()) {

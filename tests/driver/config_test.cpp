@@ -2,10 +2,13 @@
 // _validate_config rules, each error one line naming the key.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "driver/config.hpp"
+#include "driver/model_paths.hpp"
 #include "driver/ppo_trainer.hpp"
 #include "driver/runtime_config.hpp"
 
@@ -361,6 +364,57 @@ TEST(Config, TypedGetters) {
   auto list = config_get<std::vector<std::string>>(cfg, "trainer.logger");
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(list->size(), 2u);
+}
+
+// Sets an environment variable for one scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Config, ModelPathsExpandHomeAndFindHubRepoIdsInTheLocalCache) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tessera_model_paths_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path repo = root / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct";
+  fs::create_directories(repo / "refs");
+  fs::create_directories(repo / "snapshots" / "abc123");
+  fs::create_directories(repo / "snapshots" / "old456");
+  std::ofstream(repo / "refs" / "main") << "abc123\n";
+  const fs::path single = root / "hub" / "models--org--one" / "snapshots" / "only";
+  fs::create_directories(single);
+  fs::create_directories(root / "local" / "Org" / "model");
+  ScopedEnv hub("HF_HUB_CACHE", (root / "hub").string());
+  ScopedEnv home("HOME", root.string());
+  const json cfg = load_ok({"actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "critic.model.path=~/models/critic",
+                            "reward_model.model.path=Org/not-cached", "data.tokenizer=org/one"});
+  const std::string snapshot = (repo / "snapshots" / "abc123").string();
+  EXPECT_EQ(cfg["actor_rollout_ref"]["model"]["path"], snapshot);       // refs/main's snapshot
+  EXPECT_EQ(cfg["critic"]["model"]["tokenizer_path"], snapshot);        // interpolated from it
+  EXPECT_EQ(cfg["reward_model"]["model"]["input_tokenizer"], snapshot);
+  EXPECT_EQ(cfg["critic"]["model"]["path"], (root / "models" / "critic").string());
+  EXPECT_EQ(cfg["reward_model"]["model"]["path"], "Org/not-cached");  // left for the loader to name
+  EXPECT_EQ(cfg["data"]["tokenizer"], single.string());                // no refs/main: the only snapshot
+  // A directory that exists is taken as written, even when it reads like a repo id.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(root / "local");
+  const json local = load_ok({"actor_rollout_ref.model.path=Org/model"});
+  fs::current_path(cwd);
+  EXPECT_EQ(local["actor_rollout_ref"]["model"]["path"], "Org/model");
+  const auto sft = load_config(ConfigKind::sft, {}, {"model.partial_pretrain=Qwen/Qwen2.5-0.5B-Instruct"});
+  ASSERT_TRUE(sft.ok()) << sft.status().to_string();
+  EXPECT_EQ((*sft)["model"]["partial_pretrain"], snapshot);
+  EXPECT_EQ(expand_user("~"), root.string());
+  EXPECT_EQ(expand_user("a/~/b"), "a/~/b");
+  fs::remove_all(root);
 }
 
 }  // namespace

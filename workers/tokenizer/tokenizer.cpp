@@ -2,6 +2,8 @@
 // in HF's order (added tokens -> normalizer -> normalized added tokens -> pre-tokenizer -> BPE).
 #include "workers/tokenizer/tokenizer.hpp"
 
+#include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include "workers/tokenizer/tokenizer_added.hpp"
@@ -110,6 +112,15 @@ Result<Tokenizer> Tokenizer::from_file(const std::filesystem::path& tokenizer_js
 }
 
 Result<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    const std::string d = dir.string();
+    const bool repo_id = std::count(d.begin(), d.end(), '/') == 1 && d.front() != '/' && d.front() != '.';
+    return make_error(ErrorCode::not_found, "{}: no such directory{}", d,
+                      repo_id ? fmt::format(" (a Hugging Face repo id is read from the local cache, never downloaded: "
+                                            "fetch it with `huggingface-cli download {}`)", d)
+                              : std::string());
+  }
   const std::string file = (dir / "tokenizer.json").string();
   TESSERA_ASSIGN_OR_RETURN(nlohmann::json j, tokenizer_json::read_json_file(file));
   TESSERA_ASSIGN_OR_RETURN(TokenizerConfig config, read_tokenizer_config(dir));

@@ -65,6 +65,18 @@ TEST_F(TokenizerErrors, MissingFile) {
   expect_mentions(tok.status(), (dir_ / "tokenizer.json").string());
 }
 
+TEST_F(TokenizerErrors, MissingDirectoryAndUncachedRepoId) {
+  auto tok = Tokenizer::from_dir(dir_ / "absent");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), ErrorCode::not_found);
+  expect_mentions(tok.status(), (dir_ / "absent").string() + ": no such directory");
+  EXPECT_EQ(tok.status().message().find("huggingface-cli"), std::string::npos);
+  // A Hub repo id that resolve_model_paths did not find in the local cache: say how to fetch it.
+  auto repo = Tokenizer::from_dir("Org/not-downloaded");
+  ASSERT_FALSE(repo.ok());
+  expect_mentions(repo.status(), "huggingface-cli download Org/not-downloaded");
+}
+
 TEST_F(TokenizerErrors, NotJsonAndTruncated) {
   EXPECT_EQ(load_error("this is not json").code(), ErrorCode::corrupt_data);
   const std::string full = valid_json().dump();
