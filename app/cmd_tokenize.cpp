@@ -1,6 +1,6 @@
 // cmd_tokenize.cpp: `tessera tokenize`, a thin shell over tessera::tokenizer::Tokenizer.
 //
-//   tessera tokenize --tokenizer DIR [--chat [--chat-template auto|chatml|plain]] TEXT
+//   tessera tokenize --tokenizer DIR [--chat [--chat-template auto|chatml|plain|JINJA]] TEXT
 //       prints the ids of TEXT as a JSON list (with --chat, TEXT is one user message rendered
 //       through the chat template with the generation prompt).
 //   tessera tokenize --tokenizer DIR --decode IDS [--skip-special-tokens]
@@ -112,7 +112,7 @@ void add_tokenizer_commands(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("tokenize", "Encode TEXT to token ids, or --decode ids to text");
   cmd->add_option("--tokenizer", opts->dir, "Directory holding tokenizer.json (and tokenizer_config.json)")->required();
   cmd->add_flag("--chat", opts->chat, "Render TEXT as a user message through the chat template, with generation prompt");
-  cmd->add_option("--chat-template", opts->chat_template, "Chat template: auto, chatml or plain")->capture_default_str();
+  cmd->add_option("--chat-template", opts->chat_template, "Chat template: auto (the tokenizer's Jinja template), chatml, plain, or Jinja text")->capture_default_str();
   cmd->add_flag("--add-special-tokens", opts->add_special_tokens, "Apply tokenizer.json's post_processor (e.g. BOS)");
   cmd->add_option("--decode", opts->decode_ids, "Ids to decode: a JSON list or comma-separated integers");
   cmd->add_flag("--skip-special-tokens", opts->skip_special_tokens, "When decoding, drop special tokens");

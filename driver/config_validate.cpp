@@ -292,7 +292,6 @@ Status check_ppo_support(const nlohmann::json& cfg) {
       {"data.custom_cls.path", "custom dataset classes are Python; Tessera reads verl's parquet/JSONL columns itself"},
       {"data.sampler.class_path", "custom samplers are Python; Tessera's dataloader is verl's default (shuffle, seed)"},
       {"data.datagen.path", "dynamic data generation is Python and is not supported"},
-      {"data.apply_chat_template_kwargs", "Jinja chat templates with extra arguments are not supported yet"},
       {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
   }));
   TESSERA_RETURN_IF_ERROR(reward_manager_options(cfg).status());

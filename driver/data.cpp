@@ -131,6 +131,13 @@ Result<RLHFDatasetOptions> RLHFDatasetOptions::from_config(const nlohmann::json&
   TESSERA_ASSIGN_OR_RETURN(auto tmpl, config_get_or<std::optional<std::string>>(
                                           cfg, "actor_rollout_ref.model.custom_chat_template", std::nullopt));
   o.chat_template = tmpl.value_or("auto");
+  if (const nlohmann::json* kwargs = config_find(cfg, "data.apply_chat_template_kwargs"); kwargs && !kwargs->is_null()) {
+    if (!kwargs->is_object()) {
+      return make_error(ErrorCode::invalid_argument, "data.apply_chat_template_kwargs must be a mapping, got {}",
+                        kwargs->dump());
+    }
+    o.chat_template_variables = *kwargs;
+  }
   if (o.max_prompt_length < 1) {
     return make_error(ErrorCode::invalid_argument, "data.max_prompt_length = {} must be >= 1", o.max_prompt_length);
   }
@@ -142,8 +149,14 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
   RLHFDataset ds;
   ds.options_ = options;
   TESSERA_ASSIGN_OR_RETURN(ds.pad_id_, dataset_pad_id(tokenizer));
+  if (!options.chat_template_variables.empty() && (options.chat_template == "chatml" || options.chat_template == "plain")) {
+    return make_error(ErrorCode::invalid_argument,
+                      "data.apply_chat_template_kwargs needs a Jinja chat template, and "
+                      "actor_rollout_ref.model.custom_chat_template={} has no variables", options.chat_template);
+  }
   TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl,
-                           tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
+                           tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config(),
+                                                              options.chat_template_variables));
   for (const auto& file : files) {
     TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const nlohmann::json& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(RLHFRow r, parse_row(row, where, options));

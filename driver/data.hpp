@@ -77,10 +77,11 @@ struct RLHFDatasetOptions {
   int64_t max_prompt_length = 512;
   Truncation truncation = Truncation::error;
   bool filter_overlong_prompts = false;
-  std::string chat_template = "auto";  ///< ChatTemplate::from_name: auto | chatml | plain
+  std::string chat_template = "auto";  ///< ChatTemplate::from_name: auto | chatml | plain | Jinja text
+  nlohmann::json chat_template_variables = nlohmann::json::object();  ///< Extra Jinja variables.
 
-  /// data.{prompt_key,max_prompt_length,truncation,filter_overlong_prompts} and
-  /// actor_rollout_ref.model.custom_chat_template (null -> auto) from a loaded PPO config.
+  /// data.{prompt_key,max_prompt_length,truncation,filter_overlong_prompts,apply_chat_template_kwargs}
+  /// and actor_rollout_ref.model.custom_chat_template (null -> auto) from a loaded PPO config.
   static Result<RLHFDatasetOptions> from_config(const nlohmann::json& cfg);
 };
 

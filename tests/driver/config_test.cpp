@@ -298,7 +298,6 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
            {"data.custom_cls.path=my_dataset.py", "data.custom_cls.path"},
            {"data.sampler.class_path=pkg.Sampler", "data.sampler.class_path"},
            {"data.datagen.path=gen.py", "data.datagen.path"},
-           {"+data.apply_chat_template_kwargs.enable_thinking=false", "data.apply_chat_template_kwargs"},
            {"algorithm.pf_ppo.reweight_method=softmax", "algorithm.pf_ppo.reweight_method"},
            {"trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir"},
            {"reward_model.reward_manager=fancy", "reward_model.reward_manager"},

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 
+#include "driver/config.hpp"
 #include "driver/data.hpp"
 #include "tests/driver/driver_test_util.hpp"
 
@@ -73,6 +74,27 @@ TEST(RLHFDataset, TokenisesLeftPadsAndKeepsColumns) {
   EXPECT_EQ(batch->column("raw_prompt")->json_value(1)[0]["content"], "What is 2+3?");
   EXPECT_EQ(batch->column("raw_prompt_ids")->json_value(1).size(), expected_ids("What is 2+3?").size());
   EXPECT_FALSE(ds->collate({2}).ok());
+}
+
+TEST(RLHFDataset, ChatTemplateVariablesReachTheTemplate) {
+  // verl's data.apply_chat_template_kwargs: Qwen3's template closes an empty think block when
+  // enable_thinking is false, as transformers renders it.
+  TempDir dir("rl_kwargs");
+  auto file = dir.write("train.jsonl", rl_row("What is 2+3?", "5", 7));
+  auto cfg = load_config(ConfigKind::ppo, {}, {"+data.apply_chat_template_kwargs.enable_thinking=false",
+                                                "data.max_prompt_length=40"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto opts = RLHFDatasetOptions::from_config(*cfg);
+  ASSERT_TRUE(opts.ok()) << opts.status().to_string();
+  auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), *opts);
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  auto want = qwen3_tokenizer().encode("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(ds->row(0).prompt_ids, *want);
+  opts->chat_template = "chatml";  // a native format has no variables: refused, naming the key
+  auto refused = RLHFDataset::load({file}, qwen3_tokenizer(), *opts);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("data.apply_chat_template_kwargs"), std::string::npos);
 }
 
 TEST(RLHFDataset, TruncationModes) {

@@ -1,7 +1,16 @@
-// chat_template.cpp: ChatML and plain rendering, and `auto` detection from Jinja text.
+// chat_template.cpp: Jinja, ChatML and plain rendering (see chat_template.hpp).
 #include "workers/tokenizer/chat_template.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include "workers/tokenizer/jinja.hpp"
+
 namespace tessera::tokenizer {
+
+struct ChatTemplate::JinjaState {
+  jinja::Template tmpl;
+  nlohmann::ordered_json fixed;  ///< Special tokens, then the extra variables, in that order.
+};
 
 namespace {
 
@@ -20,20 +29,6 @@ const FormatRules& rules_for(ChatFormat format) {
   return format == ChatFormat::chatml ? kChatml : kPlain;
 }
 
-// Jinja string-literal escapes that occur in default system messages.
-std::string unescape_jinja(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      const char next = s[++i];
-      out.push_back(next == 'n' ? '\n' : next == 't' ? '\t' : next);
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
-}
-
 std::string template_file(const TokenizerConfig& config) {
   if (!config.chat_template_file.empty()) return config.chat_template_file;
   return config.source.empty() ? std::string("tokenizer_config.json") : config.source;
@@ -41,38 +36,52 @@ std::string template_file(const TokenizerConfig& config) {
 
 }  // namespace
 
-std::optional<std::string> find_default_system_message(std::string_view jinja) {
-  // Qwen2 / Qwen2.5: {{- '<|im_start|>system\nYou are ...<|im_end|>\n' }} as one literal.
-  static constexpr std::string_view kOpen = "'<|im_start|>system\\n";
-  static constexpr std::string_view kClose = "<|im_end|>\\n'";
-  for (size_t at = jinja.find(kOpen); at != std::string_view::npos; at = jinja.find(kOpen, at + 1)) {
-    const size_t begin = at + kOpen.size();
-    const size_t end = jinja.find(kClose, begin);
-    if (end == std::string_view::npos) break;
-    const std::string_view body = jinja.substr(begin, end - begin);
-    if (body.find_first_of("'+") == std::string_view::npos) return unescape_jinja(body);
-  }
-  return std::nullopt;
+Result<ChatTemplate> ChatTemplate::from_name(std::string_view name, const TokenizerConfig& config) {
+  return from_name(name, config, nlohmann::json::object());
 }
 
-Result<ChatTemplate> ChatTemplate::from_name(std::string_view name, const TokenizerConfig& config) {
-  if (name == "chatml") return chatml();
-  if (name == "plain") return plain();
-  if (name != "auto") {
-    return make_error(ErrorCode::invalid_argument, "chat template '{}' is unknown (chatml, plain, auto)", name);
+Result<ChatTemplate> ChatTemplate::from_name(std::string_view name, const TokenizerConfig& config,
+                                             const nlohmann::json& variables) {
+  if (!variables.is_null() && !variables.is_object()) {
+    return make_error(ErrorCode::invalid_argument, "chat template variables must be a mapping, got {}", variables.dump());
   }
-  if (!config.chat_template) {
-    return make_error(ErrorCode::invalid_argument,
-                      "{}: no chat_template, so 'auto' cannot choose; use chat template 'chatml' or 'plain'",
-                      template_file(config));
+  const bool has_variables = variables.is_object() && !variables.empty();
+  if (name == "chatml" || name == "plain") {
+    if (has_variables) {
+      std::string keys;
+      for (const auto& [k, v] : variables.items()) keys += (keys.empty() ? "" : ", ") + k;
+      return make_error(ErrorCode::invalid_argument,
+                        "chat template variables ({}) need a Jinja chat template; '{}' takes none", keys, name);
+    }
+    return name == "chatml" ? chatml() : plain();
   }
-  if (config.chat_template->find("<|im_start|>") == std::string::npos) {
-    return make_error(ErrorCode::unimplemented,
-                      "{}: chat_template is a Jinja template Tessera cannot render (not ChatML); "
-                      "use chat template 'chatml' or 'plain' explicitly",
-                      template_file(config));
+  std::string text, source;
+  if (name == "auto") {
+    if (!config.chat_template) {
+      return make_error(ErrorCode::invalid_argument,
+                        "{}: no chat_template, so 'auto' has nothing to render; use chat template 'chatml' or 'plain'",
+                        template_file(config));
+    }
+    text = *config.chat_template;
+    source = template_file(config);
+  } else if (name.find("{{") != std::string_view::npos || name.find("{%") != std::string_view::npos) {
+    text = std::string(name);
+    source = "custom chat template";
+  } else {
+    return make_error(ErrorCode::invalid_argument, "chat template '{}' is unknown (chatml, plain, auto, or Jinja text)",
+                      name);
   }
-  return chatml(find_default_system_message(*config.chat_template));
+  TESSERA_ASSIGN_OR_RETURN(jinja::Template tmpl, jinja::Template::parse(text, source));
+  auto state = std::make_shared<JinjaState>(JinjaState{std::move(tmpl), nlohmann::ordered_json::object()});
+  // transformers: render(messages, tools, documents, add_generation_prompt, **special_tokens_map, **kwargs).
+  for (const auto& [key, value] : {std::pair{"bos_token", &config.bos_token}, std::pair{"eos_token", &config.eos_token},
+                                   std::pair{"unk_token", &config.unk_token}, std::pair{"pad_token", &config.pad_token}}) {
+    if (*value) state->fixed[key] = **value;
+  }
+  if (has_variables) {
+    for (const auto& [k, v] : variables.items()) state->fixed[k] = nlohmann::ordered_json::parse(v.dump());
+  }
+  return ChatTemplate(ChatFormat::jinja, std::nullopt, std::move(state));
 }
 
 ChatTemplate ChatTemplate::chatml(std::optional<std::string> default_system) {
@@ -82,18 +91,28 @@ ChatTemplate ChatTemplate::chatml(std::optional<std::string> default_system) {
 ChatTemplate ChatTemplate::plain() { return ChatTemplate(ChatFormat::plain, std::nullopt); }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  const FormatRules& rules = rules_for(format_);
-  std::string text;
-  if (default_system_ && (messages.empty() || messages.front().role != "system")) {
-    text += rules.message(ChatMessage{"system", *default_system_});
-  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role.empty() || role.find_first_of("\r\n") != std::string::npos) {
       return make_error(ErrorCode::invalid_argument, "chat message {}: role must be a non-empty single line", i);
     }
-    text += rules.message(messages[i]);
   }
+  if (jinja_) {
+    nlohmann::ordered_json context = nlohmann::ordered_json::object();
+    context["messages"] = nlohmann::ordered_json::array();
+    for (const auto& m : messages) context["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    context["tools"] = nullptr;
+    context["documents"] = nullptr;
+    context["add_generation_prompt"] = add_generation_prompt;
+    for (const auto& [k, v] : jinja_->fixed.items()) context[k] = v;
+    return jinja_->tmpl.render(context);
+  }
+  const FormatRules& rules = rules_for(format_);
+  std::string text;
+  if (default_system_ && (messages.empty() || messages.front().role != "system")) {
+    text += rules.message(ChatMessage{"system", *default_system_});
+  }
+  for (const auto& m : messages) text += rules.message(m);
   if (add_generation_prompt) text += rules.generation_prompt;
   return text;
 }

@@ -1,22 +1,24 @@
 // chat_template.hpp: turning a list of chat messages into prompt text.
 //
-// Tessera does not interpret Jinja. It renders two formats natively and maps a tokenizer's
-// Jinja `chat_template` onto one of them only when it can tell which it is:
+// A tokenizer's Jinja `chat_template` (tokenizer_config.json or chat_template.jinja) is rendered
+// by Tessera's Jinja interpreter (jinja.hpp) with the variables transformers' apply_chat_template
+// passes: messages, tools and documents (None), add_generation_prompt, the special tokens
+// (bos_token, eos_token, unk_token, pad_token) and any extra template variables (verl's
+// data.apply_chat_template_kwargs, e.g. enable_thinking=false for Qwen3). The text is the one
+// transformers produces, byte for byte. Two formats are also rendered natively, when asked by
+// name:
 //   chatml: "<|im_start|>{role}\n{content}<|im_end|>\n" per message; the generation prompt is
-//           "<|im_start|>assistant\n". Qwen2/Qwen2.5 templates also insert a default system
-//           message when the first message is not a system one; `auto` extracts that literal
-//           from the template text and does the same. Qwen3's template strips <think> blocks
-//           from earlier assistant turns and has tool-calling branches; we render messages
-//           verbatim, which matches it for system/user/assistant turns without reasoning text.
+//           "<|im_start|>assistant\n"; optionally a default system message first.
 //   plain:  "{role}: {content}\n" per message; the generation prompt is "assistant: ".
-// `auto` picks chatml when the template contains "<|im_start|>"; any other template (or none)
-// is refused with an error naming the file, instead of being guessed.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "proto/status.hpp"
 #include "workers/tokenizer/tokenizer.hpp"
@@ -30,13 +32,20 @@ struct ChatMessage {
 };
 
 /// The formats Tessera renders.
-enum class ChatFormat { chatml, plain };
+enum class ChatFormat { chatml, plain, jinja };
 
 /// A resolved chat template. Immutable; safe from any thread.
 class ChatTemplate {
  public:
-  /// Resolves "chatml", "plain" or "auto" (see the header comment) against `config`.
+  /// "chatml", "plain", "auto" (the tokenizer's Jinja chat_template; an error naming the file
+  /// when it has none or the template does not parse), or Jinja text itself (verl's
+  /// custom_chat_template).
   static Result<ChatTemplate> from_name(std::string_view name, const TokenizerConfig& config);
+
+  /// Same, with extra template variables (a JSON object). Only a Jinja template has variables:
+  /// with chatml or plain a non-empty object is an error naming its keys.
+  static Result<ChatTemplate> from_name(std::string_view name, const TokenizerConfig& config,
+                                        const nlohmann::json& variables);
 
   /// ChatML, optionally with a default system message for conversations that lack one.
   static ChatTemplate chatml(std::optional<std::string> default_system = std::nullopt);
@@ -51,15 +60,16 @@ class ChatTemplate {
   ChatFormat format() const { return format_; }
   const std::optional<std::string>& default_system() const { return default_system_; }
 
+  struct JinjaState;  ///< The parsed template and its fixed variables (chat_template.cpp).
+
  private:
-  ChatTemplate(ChatFormat format, std::optional<std::string> default_system)
-      : format_(format), default_system_(std::move(default_system)) {}
+  ChatTemplate(ChatFormat format, std::optional<std::string> default_system,
+               std::shared_ptr<const JinjaState> jinja = nullptr)
+      : format_(format), default_system_(std::move(default_system)), jinja_(std::move(jinja)) {}
 
   ChatFormat format_;
   std::optional<std::string> default_system_;
+  std::shared_ptr<const JinjaState> jinja_;
 };
-
-/// The default system message a Qwen2-style ChatML Jinja template inserts, if it has one.
-std::optional<std::string> find_default_system_message(std::string_view jinja);
 
 }  // namespace tessera::tokenizer
