@@ -47,35 +47,10 @@ Result<at::Tensor> tensor(CaseReader& r, const std::string& key) {
   return torch::tensor(flat, torch::kFloat64).reshape(shape);
 }
 
-Result<double> number(CaseReader& r, const std::string& key) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  return j.get<double>();
-}
-
-Result<std::string> text(CaseReader& r, const std::string& key) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  return j.get<std::string>();
-}
-
-Result<std::vector<std::string>> uids(CaseReader& r) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get("index"));
-  return j.get<std::vector<std::string>>();
-}
-
 // Max |actual - expected|; shape mismatch is an error, NaN anywhere counts as infinite.
 Result<double> diff(const at::Tensor& actual, CaseReader& r, const std::string& key) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  std::vector<double> flat;
-  std::vector<int64_t> shape;
-  flatten(j, flat, shape, 0);
-  const at::Tensor expected = torch::tensor(flat, torch::kFloat64).reshape(shape);
-  if (actual.sizes() != expected.sizes()) {
-    return make_error(ErrorCode::internal, "output '{}' has shape {} but verl's has {}", key,
-                      fmt::join(actual.sizes(), "x"), fmt::join(expected.sizes(), "x"));
-  }
-  if (actual.numel() == 0) return 0.0;
-  const double d = (actual.to(torch::kFloat64) - expected).abs().max().item<double>();
-  return std::isnan(d) ? INFINITY : d;
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor expected, tensor(r, key));
+  return max_abs_diff(actual, expected, key);
 }
 
 Result<Diffs> diffs_of(CaseReader& r, const std::vector<std::pair<std::string, at::Tensor>>& outputs) {
@@ -96,8 +71,8 @@ Result<Diffs> gae(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor rewards, tensor(r, "token_level_rewards"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor values, tensor(r, "values"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(double gamma, number(r, "gamma"));
-  TESSERA_ASSIGN_OR_RETURN(double lam, number(r, "lam"));
+  TESSERA_ASSIGN_OR_RETURN(double gamma, r.value<double>("gamma"));
+  TESSERA_ASSIGN_OR_RETURN(double lam, r.value<double>("lam"));
   return adv_diffs(r, compute_gae_advantage_return(rewards, values, mask, gamma, lam));
 }
 
@@ -107,8 +82,8 @@ template <Result<AdvantageReturn> (*F)(const at::Tensor&, const at::Tensor&, con
 Result<Diffs> grpo_like(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor rewards, tensor(r, "token_level_rewards"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(auto index, uids(r));
-  TESSERA_ASSIGN_OR_RETURN(double epsilon, number(r, "epsilon"));
+  TESSERA_ASSIGN_OR_RETURN(auto index, r.value<std::vector<std::string>>("index"));
+  TESSERA_ASSIGN_OR_RETURN(double epsilon, r.value<double>("epsilon"));
   bool norm = true;
   if (r.has("norm_adv_by_std_in_grpo")) {
     TESSERA_ASSIGN_OR_RETURN(json j, r.get("norm_adv_by_std_in_grpo"));
@@ -122,10 +97,10 @@ Result<Diffs> grouped(CaseReader& r, const std::function<Result<AdvantageReturn>
                                          const at::Tensor&, const at::Tensor&, const std::vector<std::string>&, double)>& f) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor rewards, tensor(r, "token_level_rewards"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(auto index, uids(r));
+  TESSERA_ASSIGN_OR_RETURN(auto index, r.value<std::vector<std::string>>("index"));
   double epsilon = 1e-6;
   if (r.has("epsilon")) {
-    TESSERA_ASSIGN_OR_RETURN(epsilon, number(r, "epsilon"));
+    TESSERA_ASSIGN_OR_RETURN(epsilon, r.value<double>("epsilon"));
   }
   return adv_diffs(r, f(rewards, mask, index, epsilon));
 }
@@ -144,7 +119,7 @@ Result<Diffs> gpg(CaseReader& r) {
 Result<Diffs> rfpp(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor rewards, tensor(r, "token_level_rewards"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(double gamma, number(r, "gamma"));
+  TESSERA_ASSIGN_OR_RETURN(double gamma, r.value<double>("gamma"));
   return adv_diffs(r, compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma));
 }
 
@@ -158,15 +133,15 @@ Result<Diffs> remax(CaseReader& r) {
 Result<PolicyLossConfig> policy_config(CaseReader& r) {
   PolicyLossConfig config;
   for (const char* key : {"clip_ratio", "cliprange"}) {
-    if (r.has(key)) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio, number(r, key)); }
+    if (r.has(key)) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio, r.value<double>(key)); }
   }
   for (const char* key : {"clip_ratio_low", "cliprange_low"}) {
-    if (r.has(key)) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_low, number(r, key)); }
+    if (r.has(key)) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_low, r.value<double>(key)); }
   }
   for (const char* key : {"clip_ratio_high", "cliprange_high"}) {
-    if (r.has(key)) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_high, number(r, key)); }
+    if (r.has(key)) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_high, r.value<double>(key)); }
   }
-  if (r.has("clip_ratio_c")) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_c, number(r, "clip_ratio_c")); }
+  if (r.has("clip_ratio_c")) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_c, r.value<double>("clip_ratio_c")); }
   return config;
 }
 
@@ -177,8 +152,8 @@ Result<Diffs> policy_loss_mode(CaseReader& r, std::string loss_mode) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor advantages, tensor(r, "advantages"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
   std::string agg_mode = "token-mean";
-  if (r.has("loss_agg_mode")) { TESSERA_ASSIGN_OR_RETURN(agg_mode, text(r, "loss_agg_mode")); }
-  if (r.has("loss_mode")) { TESSERA_ASSIGN_OR_RETURN(loss_mode, text(r, "loss_mode")); }
+  if (r.has("loss_agg_mode")) { TESSERA_ASSIGN_OR_RETURN(agg_mode, r.value<std::string>("loss_agg_mode")); }
+  if (r.has("loss_mode")) { TESSERA_ASSIGN_OR_RETURN(loss_mode, r.value<std::string>("loss_mode")); }
   TESSERA_ASSIGN_OR_RETURN(PolicyLossConfig config, policy_config(r));
   TESSERA_ASSIGN_OR_RETURN(PolicyLossFn fn, get_policy_loss_fn(loss_mode));
   TESSERA_ASSIGN_OR_RETURN(PolicyLossOutput out, fn(old_log_prob, log_prob, advantages, mask, agg_mode, config));
@@ -194,7 +169,7 @@ Result<Diffs> policy_loss_gpg(CaseReader& r) { return policy_loss_mode(r, "gpg")
 Result<Diffs> agg(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor loss_mat, tensor(r, "loss_mat"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor loss_mask, tensor(r, "loss_mask"));
-  TESSERA_ASSIGN_OR_RETURN(std::string mode, text(r, "loss_agg_mode"));
+  TESSERA_ASSIGN_OR_RETURN(std::string mode, r.value<std::string>("loss_agg_mode"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor loss, agg_loss(loss_mat, loss_mask, mode));
   return diffs_of(r, {{"loss", loss}});
 }
@@ -204,9 +179,9 @@ Result<Diffs> value_loss(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor returns, tensor(r, "returns"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor values, tensor(r, "values"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(double cliprange_value, number(r, "cliprange_value"));
+  TESSERA_ASSIGN_OR_RETURN(double cliprange_value, r.value<double>("cliprange_value"));
   std::string mode = "token-mean";
-  if (r.has("loss_agg_mode")) { TESSERA_ASSIGN_OR_RETURN(mode, text(r, "loss_agg_mode")); }
+  if (r.has("loss_agg_mode")) { TESSERA_ASSIGN_OR_RETURN(mode, r.value<std::string>("loss_agg_mode")); }
   // "returns" is both an input and verl's argument name; it is not an output here.
   TESSERA_ASSIGN_OR_RETURN(ValueLossOutput out, compute_value_loss(vpreds, returns, values, mask, cliprange_value, mode));
   return diffs_of(r, {{"vf_loss", out.vf_loss}, {"vf_clipfrac", out.vf_clipfrac}});
@@ -215,7 +190,7 @@ Result<Diffs> value_loss(CaseReader& r) {
 Result<Diffs> kl(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor logprob, tensor(r, "logprob"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_logprob, tensor(r, "ref_logprob"));
-  TESSERA_ASSIGN_OR_RETURN(std::string type, text(r, "kl_penalty"));
+  TESSERA_ASSIGN_OR_RETURN(std::string type, r.value<std::string>("kl_penalty"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor out, kl_penalty(logprob, ref_logprob, type));
   return diffs_of(r, {{"kl", out}});
 }
@@ -224,7 +199,7 @@ Result<Diffs> rewards(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor scores, tensor(r, "token_level_scores"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor old_log_prob, tensor(r, "old_log_prob"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_log_prob, tensor(r, "ref_log_prob"));
-  TESSERA_ASSIGN_OR_RETURN(double kl_ratio, number(r, "kl_ratio"));
+  TESSERA_ASSIGN_OR_RETURN(double kl_ratio, r.value<double>("kl_ratio"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor out, compute_rewards(scores, old_log_prob, ref_log_prob, kl_ratio));
   return diffs_of(r, {{"rewards", out}});
 }
@@ -242,20 +217,30 @@ Result<Diffs> run_controller(CaseReader& r, KLController& ctrl) {
 }
 
 Result<Diffs> adaptive_kl(CaseReader& r) {
-  TESSERA_ASSIGN_OR_RETURN(double init, number(r, "init_kl_coef"));
-  TESSERA_ASSIGN_OR_RETURN(double target, number(r, "target_kl"));
+  TESSERA_ASSIGN_OR_RETURN(double init, r.value<double>("init_kl_coef"));
+  TESSERA_ASSIGN_OR_RETURN(double target, r.value<double>("target_kl"));
   TESSERA_ASSIGN_OR_RETURN(json horizon, r.get("horizon"));
   AdaptiveKLController ctrl(init, target, horizon.get<int64_t>());
   return run_controller(r, ctrl);
 }
 
 Result<Diffs> fixed_kl(CaseReader& r) {
-  TESSERA_ASSIGN_OR_RETURN(double coef, number(r, "kl_coef"));
+  TESSERA_ASSIGN_OR_RETURN(double coef, r.value<double>("kl_coef"));
   FixedKLController ctrl(coef);
   return run_controller(r, ctrl);
 }
 
 }  // namespace
+
+Result<double> max_abs_diff(const at::Tensor& actual, const at::Tensor& expected, const std::string& key) {
+  if (actual.sizes() != expected.sizes()) {
+    return make_error(ErrorCode::internal, "output '{}' has shape [{}] but verl's has [{}]", key,
+                      fmt::join(actual.sizes(), "x"), fmt::join(expected.sizes(), "x"));
+  }
+  if (actual.numel() == 0) return 0.0;
+  const double d = (actual.detach().to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
+  return std::isnan(d) ? INFINITY : d;
+}
 
 const std::map<std::string, CaseHandler>& golden_handlers() {
   static const std::map<std::string, CaseHandler> table = {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include "proto/status.hpp"
@@ -25,6 +26,16 @@ class CaseReader {
   bool has(const std::string& key) const { return c_.contains(key); }
   /// The field, or an error naming it.
   Result<nlohmann::json> get(const std::string& key);
+  /// The field as a T (double, bool, std::string, a vector of them), or an error naming it.
+  template <class T>
+  Result<T> value(const std::string& key) {
+    TESSERA_ASSIGN_OR_RETURN(nlohmann::json j, get(key));
+    try {
+      return j.get<T>();
+    } catch (const std::exception& e) {
+      return make_error(ErrorCode::invalid_argument, "case field '{}': {}", key, e.what());
+    }
+  }
   /// Fields never read (besides "fn").
   std::vector<std::string> unused() const;
 
@@ -34,6 +45,10 @@ class CaseReader {
 };
 
 using CaseHandler = Result<Diffs> (*)(CaseReader& reader);
+
+/// Max |actual - expected| over the elements of output `key` (0 when empty); a shape mismatch is
+/// an error, and NaN anywhere counts as infinite.
+Result<double> max_abs_diff(const at::Tensor& actual, const at::Tensor& expected, const std::string& key);
 
 /// verl function name -> handler.
 const std::map<std::string, CaseHandler>& golden_handlers();

@@ -150,32 +150,10 @@ Result<at::Tensor> tensor(CaseReader& r, const std::string& key) {
   return from_nested(j);
 }
 
-Result<double> number(CaseReader& r, const std::string& key) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  return j.get<double>();
-}
-
-Result<bool> flag(CaseReader& r, const std::string& key) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  return j.get<bool>();
-}
-
-Result<std::string> text(CaseReader& r, const std::string& key) {
-  TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  return j.get<std::string>();
-}
-
 // Max |actual - verl| for output `key`; a shape mismatch is an error, NaN counts as infinite.
 Result<double> diff(const at::Tensor& actual, CaseReader& r, const std::string& key) {
   TESSERA_ASSIGN_OR_RETURN(json j, r.get(key));
-  const at::Tensor expected = from_nested(j);
-  if (actual.sizes() != expected.sizes()) {
-    return make_error(ErrorCode::internal, "output '{}' has shape [{}] but verl's has [{}]", key,
-                      fmt::join(actual.sizes(), "x"), fmt::join(expected.sizes(), "x"));
-  }
-  if (actual.numel() == 0) return 0.0;
-  const double d = (actual.detach().to(torch::kFloat64) - expected).abs().max().item<double>();
-  return std::isnan(d) ? INFINITY : d;
+  return max_abs_diff(actual, from_nested(j), key);
 }
 
 Result<Diffs> diffs_of(CaseReader& r, const std::vector<std::pair<std::string, at::Tensor>>& outputs,
@@ -208,7 +186,7 @@ Result<PolicyTensors> policy_tensors(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(p.log_prob, tensor(r, "log_prob"));
   TESSERA_ASSIGN_OR_RETURN(p.advantages, tensor(r, "advantages"));
   TESSERA_ASSIGN_OR_RETURN(p.response_mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(p.loss_agg_mode, text(r, "loss_agg_mode"));
+  TESSERA_ASSIGN_OR_RETURN(p.loss_agg_mode, r.value<std::string>("loss_agg_mode"));
   return p;
 }
 
@@ -218,11 +196,11 @@ Result<PolicyTensors> policy_tensors(CaseReader& r) {
 // registry's "vanilla" with the same clip settings must both match.
 Result<Diffs> policy_loss_both(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(PolicyTensors p, policy_tensors(r));
-  TESSERA_ASSIGN_OR_RETURN(double clip, number(r, "cliprange"));
-  TESSERA_ASSIGN_OR_RETURN(double c, number(r, "clip_ratio_c"));
+  TESSERA_ASSIGN_OR_RETURN(double clip, r.value<double>("cliprange"));
+  TESSERA_ASSIGN_OR_RETURN(double c, r.value<double>("clip_ratio_c"));
   std::optional<double> low, high;
-  if (r.has("cliprange_low")) { TESSERA_ASSIGN_OR_RETURN(low, number(r, "cliprange_low")); }
-  if (r.has("cliprange_high")) { TESSERA_ASSIGN_OR_RETURN(high, number(r, "cliprange_high")); }
+  if (r.has("cliprange_low")) { TESSERA_ASSIGN_OR_RETURN(low, r.value<double>("cliprange_low")); }
+  if (r.has("cliprange_high")) { TESSERA_ASSIGN_OR_RETURN(high, r.value<double>("cliprange_high")); }
   TESSERA_ASSIGN_OR_RETURN(PolicyLossOutput legacy,
                            compute_policy_loss(p.old_log_prob, p.log_prob, p.advantages, p.response_mask, clip, low,
                                                high, c, p.loss_agg_mode));
@@ -244,14 +222,14 @@ Result<Diffs> policy_loss_both(CaseReader& r) {
 // the script reseeded Python torch's before verl's torch.randperm.
 Result<Diffs> clip_cov(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(PolicyTensors p, policy_tensors(r));
-  TESSERA_ASSIGN_OR_RETURN(std::string variant, text(r, "variant"));
+  TESSERA_ASSIGN_OR_RETURN(std::string variant, r.value<std::string>("variant"));
   PolicyLossConfig config;
-  TESSERA_ASSIGN_OR_RETURN(config.clip_ratio, number(r, "clip_ratio"));
-  if (r.has("clip_ratio_low")) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_low, number(r, "clip_ratio_low")); }
-  if (r.has("clip_ratio_high")) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_high, number(r, "clip_ratio_high")); }
-  TESSERA_ASSIGN_OR_RETURN(config.clip_cov_ratio, number(r, "clip_cov_ratio"));
-  TESSERA_ASSIGN_OR_RETURN(config.clip_cov_lb, number(r, "clip_cov_lb"));
-  TESSERA_ASSIGN_OR_RETURN(config.clip_cov_ub, number(r, "clip_cov_ub"));
+  TESSERA_ASSIGN_OR_RETURN(config.clip_ratio, r.value<double>("clip_ratio"));
+  if (r.has("clip_ratio_low")) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_low, r.value<double>("clip_ratio_low")); }
+  if (r.has("clip_ratio_high")) { TESSERA_ASSIGN_OR_RETURN(config.clip_ratio_high, r.value<double>("clip_ratio_high")); }
+  TESSERA_ASSIGN_OR_RETURN(config.clip_cov_ratio, r.value<double>("clip_cov_ratio"));
+  TESSERA_ASSIGN_OR_RETURN(config.clip_cov_lb, r.value<double>("clip_cov_lb"));
+  TESSERA_ASSIGN_OR_RETURN(config.clip_cov_ub, r.value<double>("clip_cov_ub"));
   TESSERA_ASSIGN_OR_RETURN(PolicyLossFn fn, get_policy_loss_fn("clip_cov"));
   if (r.has("torch_seed")) {
     TESSERA_ASSIGN_OR_RETURN(json seed, r.get("torch_seed"));
@@ -265,8 +243,8 @@ Result<Diffs> clip_cov(CaseReader& r) {
 Result<Diffs> kl_cov(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(PolicyTensors p, policy_tensors(r));
   PolicyLossConfig config;
-  TESSERA_ASSIGN_OR_RETURN(config.kl_cov_ratio, number(r, "kl_cov_ratio"));
-  TESSERA_ASSIGN_OR_RETURN(config.ppo_kl_coef, number(r, "ppo_kl_coef"));
+  TESSERA_ASSIGN_OR_RETURN(config.kl_cov_ratio, r.value<double>("kl_cov_ratio"));
+  TESSERA_ASSIGN_OR_RETURN(config.ppo_kl_coef, r.value<double>("ppo_kl_coef"));
   TESSERA_ASSIGN_OR_RETURN(PolicyLossFn fn, get_policy_loss_fn("kl_cov"));
   TESSERA_ASSIGN_OR_RETURN(PolicyLossOutput out,
                            fn(p.old_log_prob, p.log_prob, p.advantages, p.response_mask, p.loss_agg_mode, config));
@@ -275,7 +253,7 @@ Result<Diffs> kl_cov(CaseReader& r) {
 
 // An estimator looked up by name, fed the kwargs ray_trainer.compute_advantage passes.
 Result<Diffs> adv_registry(CaseReader& r) {
-  TESSERA_ASSIGN_OR_RETURN(std::string name, text(r, "adv_estimator"));
+  TESSERA_ASSIGN_OR_RETURN(std::string name, r.value<std::string>("adv_estimator"));
   AdvantageInputs in;
   TESSERA_ASSIGN_OR_RETURN(in.token_level_rewards, tensor(r, "token_level_rewards"));
   TESSERA_ASSIGN_OR_RETURN(in.response_mask, tensor(r, "response_mask"));
@@ -285,10 +263,10 @@ Result<Diffs> adv_registry(CaseReader& r) {
     TESSERA_ASSIGN_OR_RETURN(json index, r.get("index"));
     in.index = index.get<std::vector<std::string>>();
   }
-  TESSERA_ASSIGN_OR_RETURN(in.config.gamma, number(r, "gamma"));
-  TESSERA_ASSIGN_OR_RETURN(in.config.lam, number(r, "lam"));
+  TESSERA_ASSIGN_OR_RETURN(in.config.gamma, r.value<double>("gamma"));
+  TESSERA_ASSIGN_OR_RETURN(in.config.lam, r.value<double>("lam"));
   if (r.has("norm_adv_by_std_in_grpo")) {
-    TESSERA_ASSIGN_OR_RETURN(in.config.norm_adv_by_std_in_grpo, flag(r, "norm_adv_by_std_in_grpo"));
+    TESSERA_ASSIGN_OR_RETURN(in.config.norm_adv_by_std_in_grpo, r.value<bool>("norm_adv_by_std_in_grpo"));
   }
   TESSERA_ASSIGN_OR_RETURN(AdvantageEstimatorFn fn, get_adv_estimator_fn(name));
   TESSERA_ASSIGN_OR_RETURN(AdvantageReturn out, fn(in));
@@ -298,7 +276,7 @@ Result<Diffs> adv_registry(CaseReader& r) {
 Result<Diffs> entropy_loss(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, tensor(r, "logits"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "response_mask"));
-  TESSERA_ASSIGN_OR_RETURN(std::string mode, text(r, "loss_agg_mode"));
+  TESSERA_ASSIGN_OR_RETURN(std::string mode, r.value<std::string>("loss_agg_mode"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor out, compute_entropy_loss(logits, mask, mode));
   return diffs_of(r, {{"entropy_loss", out}});
 }
@@ -328,7 +306,7 @@ Result<Diffs> f_masked_sum(CaseReader& r) {
 Result<Diffs> f_masked_var(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor values, tensor(r, "values"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "mask"));
-  TESSERA_ASSIGN_OR_RETURN(bool unbiased, flag(r, "unbiased"));
+  TESSERA_ASSIGN_OR_RETURN(bool unbiased, r.value<bool>("unbiased"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor out, masked_var(values, mask, unbiased));
   return diffs_of(r, {{"result", out}});
 }
@@ -336,7 +314,7 @@ Result<Diffs> f_masked_var(CaseReader& r) {
 Result<Diffs> f_masked_whiten(CaseReader& r) {
   TESSERA_ASSIGN_OR_RETURN(at::Tensor values, tensor(r, "values"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, tensor(r, "mask"));
-  TESSERA_ASSIGN_OR_RETURN(bool shift_mean, flag(r, "shift_mean"));
+  TESSERA_ASSIGN_OR_RETURN(bool shift_mean, r.value<bool>("shift_mean"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor out, masked_whiten(values, mask, shift_mean));
   return diffs_of(r, {{"result", out}});
 }
