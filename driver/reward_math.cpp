@@ -289,16 +289,22 @@ std::optional<std::string> fix_sqrt(const std::string& string) {
 // ---------------------------------------------------------------------------------------------
 // math_dapo.py
 
-// math_dapo.last_boxed_only_string: the last "\boxed{...}" with balanced braces.
-std::optional<std::string> dapo_last_boxed_only_string(std::string_view string) {
-  const size_t idx = string.rfind("\\boxed{");
-  if (idx == std::string_view::npos) return std::nullopt;
+// From `idx` to the '}' that closes the first '{' after it (verl's brace-counting loop, shared by
+// math.py and math_dapo.py), or nullopt when the braces never balance.
+std::optional<std::string> through_balanced_brace(std::string_view string, size_t idx) {
   int open = 0;
   for (size_t i = idx; i < string.size(); ++i) {
     if (string[i] == '{') ++open;
     if (string[i] == '}' && --open == 0) return std::string(string.substr(idx, i + 1 - idx));
   }
   return std::nullopt;
+}
+
+// math_dapo.last_boxed_only_string: the last "\boxed{...}" with balanced braces.
+std::optional<std::string> dapo_last_boxed_only_string(std::string_view string) {
+  const size_t idx = string.rfind("\\boxed{");
+  if (idx == std::string_view::npos) return std::nullopt;
+  return through_balanced_brace(string, idx);
 }
 
 // The end of the line holding byte `i` (the next '\n', or the end): re's '.' stops there.
@@ -515,12 +521,7 @@ std::optional<std::string> math_last_boxed_only_string(std::string_view string) 
     idx = string.rfind("\\fbox");
     if (idx == std::string_view::npos) return std::nullopt;
   }
-  int open = 0;
-  for (size_t i = idx; i < string.size(); ++i) {
-    if (string[i] == '{') ++open;
-    if (string[i] == '}' && --open == 0) return std::string(string.substr(idx, i + 1 - idx));
-  }
-  return std::nullopt;
+  return through_balanced_brace(string, idx);
 }
 
 std::optional<std::string> math_remove_boxed(std::string_view s) {
