@@ -8,6 +8,8 @@
 #include <mutex>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <ATen/record_function.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -42,6 +44,19 @@ std::map<std::string, std::weak_ptr<collective::Communicator>>& comm_cache() {
   return cache;
 }
 
+// The address Gloo binds and gives its peers. On a node agent that is the host the agent
+// advertises (--advertise-host): what other nodes reach it by. Resolving this machine's own name
+// instead, Gloo's default, gives the loopback wherever the name maps to 127.0.1.1 (Debian's
+// /etc/hosts) or does not resolve, and ranks on other hosts then cannot connect. Embedded
+// workers carry this machine's name, and a wildcard listen address is no address to give peers:
+// both keep Gloo's default.
+std::string gloo_bind_host(const std::string& host) {
+  char name[256] = {};
+  if (host.empty() || host == "0.0.0.0" || host == "::") return "";
+  if (::gethostname(name, sizeof(name) - 1) == 0 && host == name) return "";
+  return host;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<collective::Communicator>> world_communicator(const runtime::WorkerContext& context,
@@ -53,6 +68,7 @@ Result<std::shared_ptr<collective::Communicator>> world_communicator(const runti
   o.master_port = context.master_port;
   o.group_name = context.group.empty() ? "world" : context.group;
   o.backend = backend;
+  o.gloo_hostname = gloo_bind_host(context.host);
   // NCCL runs on the worker's own device (not a guess from the rank).
   if (auto device = proto::parse_device(context.device); device.ok() && device->is_cuda()) o.cuda_device = device->index();
   if (context.world_size == 1) {
