@@ -50,10 +50,14 @@ case "${1:-}" in
     p=${TESSERA_NETNS_PREFIX:-$PREFIX_DEFAULT}
     exec ip netns exec "$p$i" unshare --uts bash -c 'hostname "$0" && exec "$@"' "$p$i" "$@"
     ;;
-  check)
+  check)  # root, iproute2, namespaces, a UTS namespace inside one, and IP forwarding
     [[ $(id -u) == 0 ]] && command -v ip >/dev/null && command -v unshare >/dev/null || exit 1
+    [[ -w /proc/sys/net/ipv4/ip_forward ]] || exit 1
     ip netns add tsh-check 2>/dev/null || exit 1
+    ok=0
+    ip netns exec tsh-check unshare --uts true 2>/dev/null && ok=1
     ip netns del tsh-check
+    [[ $ok == 1 ]]
     ;;
   *) sed -n '2,13p' "$0"; exit 2 ;;
 esac
