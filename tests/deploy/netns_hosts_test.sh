@@ -64,6 +64,9 @@ timeout 120 "$BIN" train "${common[@]}" trainer.nnodes=2 trainer.n_gpus_per_node
   "cluster.agents=[10.213.1.2:7100,10.213.2.2:7100]" cluster.token_file="$DIR/token" \
   trainer.default_local_dir="$DIR/hosts" > "$DIR/hosts.log" 2>&1 || { tail -5 "$DIR/hosts.log"; fail "the 2-host run failed"; }
 
+# The hosts are separate machines to the driver: calls over TCP, not a same-host Unix socket.
+[[ $(grep -c 'calls through its call channel over TCP' "$DIR/hosts.log") == 2 ]] \
+  || fail "the driver did not reach both agents over TCP: $(grep 'connected to agent' "$DIR/hosts.log")"
 "$PY" - "$DIR/embedded/metrics.jsonl" "$DIR/hosts/metrics.jsonl" <<'PY'
 import json, math, sys
 runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
