@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Everything a GPU machine should check, in one command, from a bundle (deploy/bundle.sh):
+# the `gpu` tests side by side, then the GRPO benchmark against HF transformers with the last
+# step profiled and its trace summarised per worker method.
+#
+#   deploy/bundle.sh t.tar.gz tessera worker_test trainer_device_test models_hf_parity_test \
+#     collective_nccl_test                                    # where you build
+#   tar xzf t.tar.gz && source tessera-bundle/env.sh          # on the GPU machine, in this repo
+#   TESSERA_SHARED_DIR=... bench/gpu_check.sh TOKENIZER_DIR OUT_DIR [STEPS]
+#
+# TESSERA_SHARED_DIR holds the golden fixtures the tests read. OUT_DIR gets one log per test,
+# bench.log, and step_<STEPS>.summary.txt (the trace itself stays in OUT_DIR/bench/run/profile:
+# it is about 1 GB for this workload). Exit status: non-zero when a test or the benchmark failed.
+# TESSERA_TEST_TIMEOUT_S (default 300) and TESSERA_BENCH_TIMEOUT_S (default 600) bound them.
+set -uo pipefail
+TOK="${1:?TOKENIZER_DIR}"; OUT="${2:?OUT_DIR}"; STEPS="${3:-3}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="$(dirname "$(command -v tessera)")"
+[[ -x "$BIN/tessera" ]] || { echo "gpu_check: no tessera on PATH (source tessera-bundle/env.sh)" >&2; exit 2; }
+mkdir -p "$OUT"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+export TESSERA_SOURCE_DIR="$ROOT" TESSERA_PYTHON="${TESSERA_PYTHON:-python3}"
+
+status=0
+pids=()
+for t in collective_nccl_test worker_test trainer_device_test models_hf_parity_test; do
+  [[ -x "$BIN/$t" ]] || { echo "gpu_check: $t is not in the bundle; skipped"; continue; }
+  filter=()
+  [[ $t == worker_test ]] && filter=(--gtest_filter='*OnDevice*:*DevicePlacement*')
+  ( OMP_NUM_THREADS=1 timeout "${TESSERA_TEST_TIMEOUT_S:-300}" "$BIN/$t" "${filter[@]}" > "$OUT/$t.log" 2>&1 ) &
+  pids+=("$!:$t")
+done
+for entry in "${pids[@]}"; do
+  pid=${entry%%:*}; t=${entry#*:}
+  if wait "$pid"; then echo "$t: passed ($(grep -c '^\[       OK \]' "$OUT/$t.log") ok, $(awk '/^\[  SKIPPED \] [A-Za-z]/ {print $4}' "$OUT/$t.log" | sort -u | wc -l) skipped)"
+  else echo "$t: FAILED (see $OUT/$t.log)"; grep -E '^\[  FAILED  \]|Failure' "$OUT/$t.log" | head -5; status=1; fi
+done
+
+if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$OUT/bench" "$STEPS" \
+     "trainer.profile_steps=[$STEPS]" > "$OUT/bench.log" 2>&1; then
+  sed -n '/^| step /,$p' "$OUT/bench.log"
+else
+  echo "benchmark: FAILED (see $OUT/bench.log)"; tail -5 "$OUT/bench.log"; status=1
+fi
+trace="$OUT/bench/run/profile/step_$STEPS.pt.trace.json"
+if [[ -f "$trace" ]]; then
+  python3 "$ROOT/bench/trace_summary.py" "$trace" > "$OUT/step_$STEPS.summary.txt" && head -40 "$OUT/step_$STEPS.summary.txt"
+fi
+exit $status
