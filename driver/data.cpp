@@ -160,8 +160,8 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
   for (const auto& file : files) {
     TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const nlohmann::json& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(RLHFRow r, parse_row(row, where, options));
-      TESSERA_ASSIGN_OR_RETURN(auto messages, parse_messages(r.prompt, options.prompt_key, where));
-      auto text = tmpl.render(messages, /*add_generation_prompt=*/true);
+      TESSERA_RETURN_IF_ERROR(parse_messages(r.prompt, options.prompt_key, where).status());
+      auto text = tmpl.render_json(r.prompt, /*add_generation_prompt=*/true);  // all the messages' fields
       if (!text.ok()) return text.status().with_context(where);
       auto ids = tokenizer.encode(*text);
       if (!ids.ok()) return ids.status().with_context(where);

@@ -34,6 +34,29 @@ std::string template_file(const TokenizerConfig& config) {
   return config.source.empty() ? std::string("tokenizer_config.json") : config.source;
 }
 
+// transformers' apply_chat_template: render(messages, tools, documents, add_generation_prompt,
+// **special_tokens_map, **kwargs).
+Result<std::string> render_with(const ChatTemplate::JinjaState& state, nlohmann::ordered_json messages,
+                                bool add_generation_prompt) {
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  context["messages"] = std::move(messages);
+  context["tools"] = nullptr;
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = add_generation_prompt;
+  for (const auto& [k, v] : state.fixed.items()) context[k] = v;
+  return state.tmpl.render(context);
+}
+
+Status check_roles(const std::vector<ChatMessage>& messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role.empty() || role.find_first_of("\r\n") != std::string::npos) {
+      return make_error(ErrorCode::invalid_argument, "chat message {}: role must be a non-empty single line", i);
+    }
+  }
+  return Status();
+}
+
 }  // namespace
 
 Result<ChatTemplate> ChatTemplate::from_name(std::string_view name, const TokenizerConfig& config) {
@@ -90,22 +113,29 @@ ChatTemplate ChatTemplate::chatml(std::optional<std::string> default_system) {
 
 ChatTemplate ChatTemplate::plain() { return ChatTemplate(ChatFormat::plain, std::nullopt); }
 
-Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+Result<std::string> ChatTemplate::render_json(const nlohmann::json& messages, bool add_generation_prompt) const {
+  if (!messages.is_array()) return make_error(ErrorCode::invalid_argument, "chat messages must be a list");
+  std::vector<ChatMessage> plain;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    if (role.empty() || role.find_first_of("\r\n") != std::string::npos) {
-      return make_error(ErrorCode::invalid_argument, "chat message {}: role must be a non-empty single line", i);
+    const nlohmann::json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
+      return make_error(ErrorCode::invalid_argument, "chat message {} must be an object with string 'role' and 'content'",
+                        i);
     }
+    plain.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
+  if (!jinja_) return render(plain, add_generation_prompt);
+  TESSERA_RETURN_IF_ERROR(check_roles(plain));
+  return render_with(*jinja_, nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt);
+}
+
+Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  TESSERA_RETURN_IF_ERROR(check_roles(messages));
   if (jinja_) {
-    nlohmann::ordered_json context = nlohmann::ordered_json::object();
-    context["messages"] = nlohmann::ordered_json::array();
-    for (const auto& m : messages) context["messages"].push_back({{"role", m.role}, {"content", m.content}});
-    context["tools"] = nullptr;
-    context["documents"] = nullptr;
-    context["add_generation_prompt"] = add_generation_prompt;
-    for (const auto& [k, v] : jinja_->fixed.items()) context[k] = v;
-    return jinja_->tmpl.render(context);
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+    return render_with(*jinja_, std::move(list), add_generation_prompt);
   }
   const FormatRules& rules = rules_for(format_);
   std::string text;

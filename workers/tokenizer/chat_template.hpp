@@ -57,6 +57,11 @@ class ChatTemplate {
   /// Errors on a message whose role is empty or spans lines.
   Result<std::string> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
+  /// The same for messages as a dataset holds them (a JSON list of objects with string "role"
+  /// and "content"): a Jinja template also sees their other fields (name, reasoning_content,
+  /// tool_calls, ...), in key order (nlohmann::json sorts object keys).
+  Result<std::string> render_json(const nlohmann::json& messages, bool add_generation_prompt) const;
+
   ChatFormat format() const { return format_; }
   const std::optional<std::string>& default_system() const { return default_system_; }
 

@@ -104,6 +104,20 @@ TEST(ChatTemplate, CustomJinjaTextIsATemplate) {
   EXPECT_EQ(*t->render({{"user", "Hi"}, {"assistant", "Yo"}}, true), "[user]Hi[assistant]Yo>");
 }
 
+TEST(ChatTemplate, DatasetMessagesKeepTheirOtherFieldsForJinja) {
+  const nlohmann::json messages = nlohmann::json::parse(
+      R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi", "name": "bob"}])");
+  auto t = ChatTemplate::from_name("{% for m in messages %}{{ m.role }}/{{ m.name }}:{{ m.content }}|{% endfor %}",
+                                   config_with(std::nullopt));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(*t->render_json(messages, false), "system/:S|user/bob:Hi|");
+  // Native formats render the same text from the JSON as from ChatMessages.
+  EXPECT_EQ(*ChatTemplate::chatml().render_json(messages, true),
+            *ChatTemplate::chatml().render({{"system", "S"}, {"user", "Hi"}}, true));
+  EXPECT_FALSE(t->render_json(nlohmann::json::parse(R"([{"role": "user"}])"), true).ok());
+  EXPECT_FALSE(t->render_json(nlohmann::json::parse(R"([{"role": "", "content": "x"}])"), true).ok());
+}
+
 TEST(ChatTemplate, ErrorsNameTheTemplateTheLineOrTheVariables) {
   auto none = ChatTemplate::from_name("auto", config_with(std::nullopt));
   ASSERT_FALSE(none.ok());
