@@ -83,7 +83,8 @@ at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c)
   at::Tensor inv_freq = at::pow(c.rope_theta, exponent).reciprocal();                   // [D/2]
   if (type == "linear") return inv_freq / c.rope_scaling.factor;
   if (type == "llama3") return llama3_inv_freq(inv_freq, c.rope_scaling, c.max_position_embeddings);
-  TORCH_CHECK(type == "default", "rotary_inv_freq: rope_scaling type '", type, "' is not implemented");
+  // parse_model_config refuses every other type naming config.json; reaching here is a bug.
+  TORCH_CHECK(type == "default", "rotary_inv_freq: rope_scaling type '", type, "' got past parse_model_config");
   return inv_freq;
 }
 

@@ -72,9 +72,9 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
                       group ? group->size() : 0);
   }
   try {
-    // A model shell in the rollout dtype (TP: one rank's shapes), its parameters one-element
-    // placeholders on the actor's device: enter() replaces them by references to the gathered
-    // units there, and the engine keeps its cache and sampling on the same device.
+    // A model shell in the rollout dtype (TP: one rank's shapes) whose parameters are one-element
+    // views on the actor's device: enter() swaps in references to the gathered units there, and
+    // the engine keeps its cache and sampling on the same device.
     models::ModelInit init;
     init.dtype = dtype;
     if (tp > 1) {
