@@ -127,25 +127,34 @@ Result<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
   return from_json(j, file, std::move(config));
 }
 
+// HF's order: added tokens (raw text), normalizer, normalized added tokens, pre-tokenizer, BPE.
+// The normalizer runs per stretch between added tokens. Only the first stretch of the input
+// starts at byte 0 (Metaspace's prepend_scheme "first" reads that).
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
   const TokenizerImpl& t = *impl_;
   std::vector<int32_t> ids;
   std::vector<TextSegment> raw, normalized;
   std::vector<std::string> pieces;
   TESSERA_RETURN_IF_ERROR(t.added.split(text, /*normalized=*/false, raw));
-  for (const TextSegment& seg : raw) {
+  for (size_t r = 0; r < raw.size(); ++r) {
+    const TextSegment& seg = raw[r];
     if (seg.token_id >= 0) {
       ids.push_back(seg.token_id);
       continue;
     }
     normalized.clear();
-    TESSERA_RETURN_IF_ERROR(t.added.split(t.normalizer ? t.normalizer(seg.text) : seg.text, /*normalized=*/true, normalized));
-    for (const TextSegment& part : normalized) {
+    std::string norm = seg.text;
+    if (t.normalizer) {
+      TESSERA_ASSIGN_OR_RETURN(norm, t.normalizer(seg.text));
+    }
+    TESSERA_RETURN_IF_ERROR(t.added.split(norm, /*normalized=*/true, normalized));
+    for (size_t n = 0; n < normalized.size(); ++n) {
+      const TextSegment& part = normalized[n];
       if (part.token_id >= 0) {
         ids.push_back(part.token_id);
         continue;
       }
-      TESSERA_RETURN_IF_ERROR(t.pre_tokenizer.run(part.text, pieces));
+      TESSERA_RETURN_IF_ERROR(t.pre_tokenizer.run(part.text, /*at_start=*/r == 0 && n == 0, pieces));
       for (const auto& piece : pieces) TESSERA_RETURN_IF_ERROR(t.model.encode_word(piece, ids));
     }
   }

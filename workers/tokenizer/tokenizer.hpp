@@ -1,13 +1,15 @@
 // tokenizer.hpp: Tessera's one tokenizer: an HF `tokenizer.json` (BPE model; byte-level as in
-// GPT-2 / Llama-3 / Qwen2 / Qwen3, or plain characters) plus `tokenizer_config.json`.
+// GPT-2 / Llama-3 / Qwen2 / Qwen3, SentencePiece-converted with byte_fallback as in Llama-2 /
+// Mistral / Gemma, or plain characters) plus `tokenizer_config.json`.
 //
 // There is ONE loading path. Real checkpoints ship these two files; `tessera init-model` writes
 // them with the writers at the bottom of this header (a 256-byte tokenizer or a character
 // tokenizer), so built-in tasks load exactly like Qwen3 does.
 //
 // encode(text) follows HF `tokenizers` step by step: added tokens are cut out first
-// (leftmost-longest; see tokenizer_added.hpp), the rest is normalised (NFC), pre-tokenised
-// (Split regex / ByteLevel), and each pre-token goes through BPE (with a word cache). Every
+// (leftmost-longest; see tokenizer_added.hpp), the rest is normalised (NFC / Prepend / Replace),
+// pre-tokenised (Split regex / ByteLevel / Metaspace), and each pre-token goes through BPE (with
+// a word cache). Every
 // stage type Tessera does not implement is refused when the file is loaded, naming the file
 // and field, rather than ignored. Decoding returns raw bytes: a byte-level tokenizer can round
 // trip arbitrary bytes, and DecodeOptions::lossy_utf8 gives HF's U+FFFD repair instead.

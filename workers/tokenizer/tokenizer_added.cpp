@@ -73,7 +73,7 @@ Result<AddedToken> parse_added_token(const nlohmann::json& j, const JsonPath& p)
 
 Result<AddedVocabulary> AddedVocabulary::from_json(
     const nlohmann::json& tokens, const JsonPath& where,
-    const std::function<std::string(std::string_view)>& normalize) {
+    const std::function<Result<std::string>(std::string_view)>& normalize) {
   if (!tokens.is_array()) return field_error(where, "expected an array");
   AddedVocabulary v;
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -81,7 +81,11 @@ Result<AddedVocabulary> AddedVocabulary::from_json(
     if (v.by_id_.count(t.id) != 0) return field_error(where.at(i) / "id", fmt::format("duplicate id {}", t.id));
     v.by_id_.emplace(t.id, v.tokens_.size());
     v.by_content_.emplace(t.content, v.tokens_.size());
-    v.patterns_.push_back(t.normalized && normalize ? normalize(t.content) : t.content);
+    std::string pattern = t.content;
+    if (t.normalized && normalize) {
+      TESSERA_ASSIGN_OR_RETURN(pattern, normalize(t.content));
+    }
+    v.patterns_.push_back(std::move(pattern));
     v.tokens_.push_back(std::move(t));
   }
   v.index();

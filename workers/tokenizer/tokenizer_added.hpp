@@ -1,5 +1,5 @@
 // tokenizer_added.hpp: HF's AddedVocabulary: the `added_tokens` of tokenizer.json, matched in the
-// input before pre-tokenisation. Private to workers/models.
+// input before pre-tokenisation. Private to workers/tokenizer.
 //
 // Matching is leftmost-longest over the token contents (HF uses Aho-Corasick with
 // MatchKind::LeftmostLongest). Tokens with normalized=false are matched in the raw text first;
@@ -45,7 +45,7 @@ class AddedVocabulary {
  public:
   /// Parses `added_tokens`; `normalize` is applied to the contents of normalized=true tokens.
   static Result<AddedVocabulary> from_json(const nlohmann::json& tokens, const tokenizer_json::JsonPath& where,
-                                           const std::function<std::string(std::string_view)>& normalize);
+                                           const std::function<Result<std::string>(std::string_view)>& normalize);
 
   /// Splits `text`, extracting tokens whose `normalized` flag equals `normalized`.
   Status split(std::string_view text, bool normalized, std::vector<TextSegment>& out) const;

@@ -123,13 +123,12 @@ Result<std::pair<std::string, std::string>> parse_merge(const nlohmann::json& m,
 }
 
 Status check_supported_options(const nlohmann::json& model, const JsonPath& where) {
+  // HF samples merges when dropout is set; 0.0 means none there too (BPE::tokenize).
   if (const auto* d = tokenizer_json::optional_member(model, "dropout")) {
     if (!d->is_number() || d->get<double>() != 0.0) {
-      return unsupported_error(where / "dropout", "BPE dropout is not supported");
+      return unsupported_error(where / "dropout", "BPE dropout is not supported (must be null)");
     }
   }
-  TESSERA_ASSIGN_OR_RETURN(bool byte_fallback, tokenizer_json::bool_member(model, where, "byte_fallback", false));
-  if (byte_fallback) return unsupported_error(where / "byte_fallback", "byte_fallback is not supported");
   if (const auto* t = tokenizer_json::optional_member(model, "type")) {
     if (!t->is_string() || t->get<std::string>() != "BPE") {
       return unsupported_error(where / "type", fmt::format("model type {} is not supported (only BPE)", t->dump()));
@@ -166,6 +165,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, const JsonPath
   TESSERA_ASSIGN_OR_RETURN(auto unk, tokenizer_json::optional_string_member(model, where, "unk_token"));
   TESSERA_ASSIGN_OR_RETURN(bpe.fuse_unk_, tokenizer_json::bool_member(model, where, "fuse_unk", false));
   TESSERA_ASSIGN_OR_RETURN(bpe.ignore_merges_, tokenizer_json::bool_member(model, where, "ignore_merges", false));
+  TESSERA_ASSIGN_OR_RETURN(bool byte_fallback, tokenizer_json::bool_member(model, where, "byte_fallback", false));
+  if (byte_fallback) bpe.index_byte_tokens();
   bpe.continuing_subword_prefix_ = prefix.value_or("");
   bpe.end_of_word_suffix_ = suffix.value_or("");
   if (unk) {
@@ -185,6 +186,25 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, const JsonPath
   return bpe;
 }
 
+void BpeModel::index_byte_tokens() {
+  byte_ids_.assign(256, -1);
+  for (int b = 0; b < 256; ++b) {
+    auto it = vocab_.find(fmt::format("<0x{:02X}>", b));  // Rust's format!("<{b:#04X}>")
+    if (it != vocab_.end()) byte_ids_[b] = it->second;
+  }
+}
+
+bool BpeModel::append_byte_tokens(std::string_view key, std::vector<int32_t>& symbols) const {
+  if (byte_ids_.empty()) return false;
+  for (char c : key) {
+    if (byte_ids_[static_cast<uint8_t>(c)] < 0) return false;
+  }
+  for (char c : key) symbols.push_back(byte_ids_[static_cast<uint8_t>(c)]);
+  return true;
+}
+
+// HF BPE::merge_word. Note that a byte-fallback character does not flush a pending unk: HF adds
+// the byte tokens first and the unk when the next known character (or the word's end) comes.
 Status BpeModel::build_word(std::string_view word, std::vector<int32_t>& symbols) const {
   std::optional<int32_t> pending_unk;  // an unk not yet emitted (fuse_unk joins runs of them)
   std::string key;
@@ -199,6 +219,8 @@ Status BpeModel::build_word(std::string_view word, std::vector<int32_t>& symbols
       if (pending_unk) symbols.push_back(*pending_unk);
       pending_unk.reset();
       symbols.push_back(it->second);
+    } else if (append_byte_tokens(key, symbols)) {
+      // byte_fallback: one <0xXX> token per byte of the (prefixed) character
     } else if (unk_id_) {
       if (pending_unk && !fuse_unk_) symbols.push_back(*pending_unk);
       pending_unk = unk_id_;

@@ -1,12 +1,14 @@
 // tokenizer_bpe.hpp: the `BPE` model of HF tokenizer.json (vocab + ranked merges), with a word
-// cache. Private to workers/models; Tokenizer (tokenizer.hpp) is the public face.
+// cache. Private to workers/tokenizer; Tokenizer (tokenizer.hpp) is the public face.
 //
 // A word (one pre-token) is split into characters, each looked up in the vocab (with
 // continuing_subword_prefix / end_of_word_suffix as configured); then adjacent pairs are merged
 // lowest rank first, leftmost on ties, exactly as HF's `Word::merge_all`. For byte-level
 // tokenizers the "characters" are the GPT-2 byte-to-unicode symbols, so none is ever unknown.
-// A character missing from the vocab becomes unk_token; unlike HF (which silently drops it)
-// a model without unk_token returns an error naming the character.
+// With `byte_fallback` (SentencePiece conversions: Llama-2, Mistral, Gemma) a character missing
+// from the vocab becomes one "<0xXX>" token per UTF-8 byte, when all of those exist. Otherwise
+// it becomes unk_token (runs fused when fuse_unk); unlike HF (which silently drops it) a model
+// without unk_token returns an error naming the character. `dropout` must be null (or 0).
 //
 // Thread safety: const methods may be called concurrently; the cache takes a mutex.
 #pragma once
@@ -61,6 +63,9 @@ class BpeModel {
   };
   BpeModel();
   Status build_word(std::string_view word, std::vector<int32_t>& symbols) const;
+  void index_byte_tokens();
+  // Appends the byte tokens of `key` when byte_fallback is on and all of them exist.
+  bool append_byte_tokens(std::string_view key, std::vector<int32_t>& symbols) const;
   void merge_all(std::vector<int32_t>& symbols) const;
   Status add_merge(const std::string& a, const std::string& b, int32_t rank,
                    const tokenizer_json::JsonPath& where);
@@ -69,6 +74,7 @@ class BpeModel {
   std::vector<std::string> id_to_token_;
   std::vector<bool> has_id_;
   std::unordered_map<uint64_t, Merge> merges_;
+  std::vector<int32_t> byte_ids_;  // byte -> id of "<0xXX>" (-1: absent); empty without byte_fallback
   std::optional<int32_t> unk_id_;
   std::string unk_token_;
   std::string continuing_subword_prefix_;

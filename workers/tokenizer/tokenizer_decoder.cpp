@@ -50,37 +50,24 @@ Result<TokenDecodeStep> parse_fuse_decoder(const nlohmann::json&, const JsonPath
 }
 
 Result<TokenDecodeStep> parse_replace_decoder(const nlohmann::json& j, const JsonPath& where) {
-  TESSERA_ASSIGN_OR_RETURN(const nlohmann::json* pattern, tokenizer_json::member(j, where, "pattern"));
-  const nlohmann::json* regex = tokenizer_json::optional_member(*pattern, "Regex");
-  const nlohmann::json* literal = tokenizer_json::optional_member(*pattern, "String");
-  const nlohmann::json* text = regex != nullptr ? regex : literal;
-  if (text == nullptr || !text->is_string()) {
-    return field_error(where / "pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-  }
-  auto re = TokenizerRegex::compile(text->get<std::string>(), regex == nullptr);
-  if (!re.ok()) return field_error(where / "pattern", re.status().message());
+  TESSERA_ASSIGN_OR_RETURN(TokenizerRegex re, parse_regex_pattern(j, where));
   TESSERA_ASSIGN_OR_RETURN(std::string content, tokenizer_json::string_member(j, where, "content"));
-  auto shared = std::make_shared<const TokenizerRegex>(std::move(re).value());
+  auto shared = std::make_shared<const TokenizerRegex>(std::move(re));
   return TokenDecodeStep([shared, content](std::vector<std::string> tokens) {
     for (auto& t : tokens) {
-      std::vector<std::pair<size_t, size_t>> matches;
-      if (!shared->find_all(t, matches).ok() || matches.empty()) continue;
-      std::string out;
-      size_t prev = 0;
-      for (const auto& [b, e] : matches) {
-        out.append(t, prev, b - prev);
-        out += content;
-        prev = e;
-      }
-      out.append(t, prev, std::string::npos);
-      t = std::move(out);
+      auto replaced = shared->replace_all(t, content);
+      if (replaced.ok()) t = std::move(replaced).value();  // a failed match (PCRE2 limits) keeps the token
     }
     return tokens;
   });
 }
 
+// HF Strip: drops up to `start` leading and `stop` trailing copies of the character `content`.
 Result<TokenDecodeStep> parse_strip_decoder(const nlohmann::json& j, const JsonPath& where) {
   TESSERA_ASSIGN_OR_RETURN(std::string content, tokenizer_json::string_member(j, where, "content"));
+  if (content.empty() || unicode::decode_utf8(content, 0).len != content.size()) {
+    return field_error(where / "content", "expected one character");
+  }
   const nlohmann::json* start = tokenizer_json::optional_member(j, "start");
   const nlohmann::json* stop = tokenizer_json::optional_member(j, "stop");
   if (start == nullptr || !start->is_number_unsigned() || stop == nullptr || !stop->is_number_unsigned()) {
@@ -89,14 +76,81 @@ Result<TokenDecodeStep> parse_strip_decoder(const nlohmann::json& j, const JsonP
   const size_t n_start = start->get<size_t>(), n_stop = stop->get<size_t>();
   return TokenDecodeStep([content, n_start, n_stop](std::vector<std::string> tokens) {
     for (auto& t : tokens) {
-      for (size_t k = 0; k < n_start && !content.empty() && t.compare(0, content.size(), content) == 0; ++k) {
+      for (size_t k = 0; k < n_start && t.compare(0, content.size(), content) == 0; ++k) {
         t.erase(0, content.size());
       }
-      for (size_t k = 0; k < n_stop && !content.empty() && t.size() >= content.size() &&
+      for (size_t k = 0; k < n_stop && t.size() >= content.size() &&
                          t.compare(t.size() - content.size(), content.size(), content) == 0;
            ++k) {
         t.erase(t.size() - content.size());
       }
+    }
+    return tokens;
+  });
+}
+
+// The byte of a "<0xXX>" token as HF's ByteFallback reads it (Rust u8::from_str_radix on the
+// two characters, which also takes "+F"), or -1.
+int byte_fallback_value(const std::string& token) {
+  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return -1;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (token[3] == '+') return hex(token[4]);
+  const int hi = hex(token[3]), lo = hex(token[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+// Appends a run of byte tokens: their text when it is well-formed UTF-8, else one U+FFFD per byte.
+void flush_bytes(std::string& bytes, std::vector<std::string>& out) {
+  if (bytes.empty()) return;
+  if (unicode::is_valid_utf8(bytes)) {
+    out.push_back(bytes);
+  } else {
+    out.insert(out.end(), bytes.size(), "\xEF\xBF\xBD");
+  }
+  bytes.clear();
+}
+
+// HF ByteFallback: runs of "<0xXX>" tokens become the text of their bytes.
+Result<TokenDecodeStep> parse_byte_fallback_decoder(const nlohmann::json&, const JsonPath&) {
+  return TokenDecodeStep([](std::vector<std::string> tokens) {
+    std::vector<std::string> out;
+    out.reserve(tokens.size());
+    std::string bytes;
+    for (auto& t : tokens) {
+      const int b = byte_fallback_value(t);
+      if (b >= 0) {
+        bytes.push_back(static_cast<char>(b));
+        continue;
+      }
+      flush_bytes(bytes, out);
+      out.push_back(std::move(t));
+    }
+    flush_bytes(bytes, out);
+    return out;
+  });
+}
+
+// HF Metaspace::decode_chain: the replacement becomes " ", except in the first token, where
+// every replacement is dropped unless prepend_scheme is "never".
+Result<TokenDecodeStep> parse_metaspace_decoder(const nlohmann::json& j, const JsonPath& where) {
+  TESSERA_ASSIGN_OR_RETURN(MetaspaceOptions o, parse_metaspace_options(j, where));
+  return TokenDecodeStep([o](std::vector<std::string> tokens) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const std::string with = i == 0 && o.prepend_scheme != MetaspaceOptions::Prepend::never ? "" : " ";
+      std::string out;
+      const std::string& t = tokens[i];
+      size_t prev = 0;
+      for (size_t at = t.find(o.replacement); at != std::string::npos; at = t.find(o.replacement, prev)) {
+        out.append(t, prev, at - prev).append(with);
+        prev = at + o.replacement.size();
+      }
+      out.append(t, prev, std::string::npos);
+      tokens[i] = std::move(out);
     }
     return tokens;
   });
@@ -122,8 +176,12 @@ using TokenDecoderParser = Result<TokenDecodeStep> (*)(const nlohmann::json&, co
 
 const std::map<std::string, TokenDecoderParser>& decoder_parsers() {
   static const std::map<std::string, TokenDecoderParser> table = {
-      {"ByteLevel", parse_byte_level_decoder}, {"Fuse", parse_fuse_decoder},
-      {"Replace", parse_replace_decoder},      {"Strip", parse_strip_decoder},
+      {"ByteLevel", parse_byte_level_decoder},
+      {"ByteFallback", parse_byte_fallback_decoder},
+      {"Metaspace", parse_metaspace_decoder},
+      {"Fuse", parse_fuse_decoder},
+      {"Replace", parse_replace_decoder},
+      {"Strip", parse_strip_decoder},
       {"Sequence", parse_decoder_sequence},
   };
   return table;
@@ -134,7 +192,8 @@ Result<TokenDecodeStep> parse_decoder_step(const nlohmann::json& j, const JsonPa
   auto it = decoder_parsers().find(type);
   if (it == decoder_parsers().end()) {
     return unsupported_error(where / "type",
-                             fmt::format("decoder '{}' is not supported (ByteLevel, Fuse, Replace, Strip, Sequence)", type));
+                             fmt::format("decoder '{}' is not supported "
+                                         "(ByteLevel, ByteFallback, Metaspace, Fuse, Replace, Strip, Sequence)", type));
   }
   return it->second(j, where);
 }

@@ -1,4 +1,4 @@
-// tokenizer_pipeline.cpp: byte-to-unicode, normalizers and pre-tokenizers (HF semantics).
+// tokenizer_pipeline.cpp: byte-to-unicode and pre-tokenizers (HF semantics).
 #include "workers/tokenizer/tokenizer_pipeline.hpp"
 
 #include <map>
@@ -55,49 +55,46 @@ int unicode_to_byte(uint32_t cp) {
   return cp < inverse.size() ? inverse[cp] : -1;
 }
 
-// ---- Normalizers -------------------------------------------------------------------------
-
-namespace {
-
-using NormalizerParser = Result<Normalizer> (*)(const nlohmann::json&, const JsonPath&);
-
-Result<Normalizer> parse_nfc(const nlohmann::json&, const JsonPath&) {
-  return Normalizer([](std::string_view s) { return unicode::nfc(s); });
+Result<TokenizerRegex> parse_regex_pattern(const nlohmann::json& j, const JsonPath& where) {
+  const JsonPath p = where / "pattern";
+  TESSERA_ASSIGN_OR_RETURN(const nlohmann::json* pattern, tokenizer_json::member(j, where, "pattern"));
+  const nlohmann::json* regex = tokenizer_json::optional_member(*pattern, "Regex");
+  const nlohmann::json* literal = tokenizer_json::optional_member(*pattern, "String");
+  const nlohmann::json* text = regex != nullptr ? regex : literal;
+  if (text == nullptr || !text->is_string()) return field_error(p, "expected {\"Regex\": ...} or {\"String\": ...}");
+  auto re = TokenizerRegex::compile(text->get<std::string>(), regex == nullptr);
+  if (!re.ok()) return field_error(p / (regex != nullptr ? "Regex" : "String"), re.status().message());
+  return re;
 }
 
-Result<Normalizer> parse_normalizer_sequence(const nlohmann::json& j, const JsonPath& where) {
-  TESSERA_ASSIGN_OR_RETURN(const nlohmann::json* list, tokenizer_json::member(j, where, "normalizers"));
-  if (!list->is_array()) return field_error(where / "normalizers", "expected an array");
-  std::vector<Normalizer> chain;
-  for (size_t i = 0; i < list->size(); ++i) {
-    TESSERA_ASSIGN_OR_RETURN(Normalizer n, parse_normalizer(&(*list)[i], (where / "normalizers").at(i)));
-    if (n) chain.push_back(std::move(n));
+Result<MetaspaceOptions> parse_metaspace_options(const nlohmann::json& j, const JsonPath& where) {
+  MetaspaceOptions o;
+  TESSERA_ASSIGN_OR_RETURN(o.replacement, tokenizer_json::string_member(j, where, "replacement"));
+  const unicode::Utf8Char c = o.replacement.empty() ? unicode::Utf8Char{0, 0, false}
+                                                    : unicode::decode_utf8(o.replacement, 0);
+  if (!c.valid || c.len != o.replacement.size()) return field_error(where / "replacement", "expected one character");
+  static const std::map<std::string, MetaspaceOptions::Prepend> schemes = {
+      {"always", MetaspaceOptions::Prepend::always},
+      {"first", MetaspaceOptions::Prepend::first},
+      {"never", MetaspaceOptions::Prepend::never}};
+  TESSERA_ASSIGN_OR_RETURN(auto scheme, tokenizer_json::optional_string_member(j, where, "prepend_scheme"));
+  if (scheme) {
+    auto it = schemes.find(*scheme);
+    if (it == schemes.end()) {
+      return field_error(where / "prepend_scheme", fmt::format("unknown scheme '{}' (always, first, never)", *scheme));
+    }
+    o.prepend_scheme = it->second;
   }
-  return Normalizer([chain](std::string_view s) {
-    std::string text(s);
-    for (const auto& n : chain) text = n(text);
-    return text;
-  });
-}
-
-const std::map<std::string, NormalizerParser>& normalizer_parsers() {
-  static const std::map<std::string, NormalizerParser> table = {
-      {"NFC", parse_nfc},
-      {"Sequence", parse_normalizer_sequence},
-  };
-  return table;
-}
-
-}  // namespace
-
-Result<Normalizer> parse_normalizer(const nlohmann::json* j, const JsonPath& where) {
-  if (j == nullptr || j->is_null()) return Normalizer();
-  TESSERA_ASSIGN_OR_RETURN(std::string type, tokenizer_json::string_member(*j, where, "type"));
-  auto it = normalizer_parsers().find(type);
-  if (it == normalizer_parsers().end()) {
-    return unsupported_error(where / "type", fmt::format("normalizer '{}' is not supported (NFC, Sequence)", type));
+  TESSERA_ASSIGN_OR_RETURN(bool add_prefix_space, tokenizer_json::bool_member(j, where, "add_prefix_space", true));
+  if (!add_prefix_space) {
+    if (o.prepend_scheme != MetaspaceOptions::Prepend::never) {
+      return field_error(where / "add_prefix_space", "false does not match prepend_scheme (absent means \"always\")");
+    }
   }
-  return it->second(*j, where);
+  TESSERA_ASSIGN_OR_RETURN(o.split, tokenizer_json::bool_member(j, where, "split", true));
+  TESSERA_ASSIGN_OR_RETURN(auto str_rep, tokenizer_json::optional_string_member(j, where, "str_rep"));
+  (void)str_rep;  // HF derives it from `replacement`
+  return o;
 }
 
 // ---- Pre-tokenizers ----------------------------------------------------------------------
@@ -179,31 +176,25 @@ Status match_spans(const TokenizerRegex& re, std::string_view piece, bool invert
   return Status();
 }
 
+// The pieces of `piece` that survive `behavior` (a piece keeps at_start only at offset 0).
+void emit_spans(const PreToken& piece, const std::vector<Span>& spans, std::vector<PreToken>& out) {
+  for (const Span& s : spans) {
+    if (s.flag || s.end <= s.begin) continue;
+    out.push_back({piece.text.substr(s.begin, s.end - s.begin), piece.at_start && s.begin == 0});
+  }
+}
+
 PreTokenizeStep make_split_step(TokenizerRegex re, SplitBehavior behavior, bool invert) {
-  return [re = std::move(re), behavior, invert](std::string_view piece, std::vector<std::string>& out) {
+  return [re = std::move(re), behavior, invert](const PreToken& piece, std::vector<PreToken>& out) {
     std::vector<Span> spans;
-    TESSERA_RETURN_IF_ERROR(match_spans(re, piece, invert, spans));
-    for (const Span& s : behavior(std::move(spans))) {
-      if (!s.flag && s.end > s.begin) out.emplace_back(piece.substr(s.begin, s.end - s.begin));
-    }
+    TESSERA_RETURN_IF_ERROR(match_spans(re, piece.text, invert, spans));
+    emit_spans(piece, behavior(std::move(spans)), out);
     return Status();
   };
 }
 
-Result<TokenizerRegex> parse_pattern(const nlohmann::json& j, const JsonPath& where) {
-  const JsonPath p = where / "pattern";
-  TESSERA_ASSIGN_OR_RETURN(const nlohmann::json* pattern, tokenizer_json::member(j, where, "pattern"));
-  const nlohmann::json* regex = tokenizer_json::optional_member(*pattern, "Regex");
-  const nlohmann::json* literal = tokenizer_json::optional_member(*pattern, "String");
-  const nlohmann::json* text = regex != nullptr ? regex : literal;
-  if (text == nullptr || !text->is_string()) return field_error(p, "expected {\"Regex\": ...} or {\"String\": ...}");
-  auto re = TokenizerRegex::compile(text->get<std::string>(), regex == nullptr);
-  if (!re.ok()) return field_error(p / (regex != nullptr ? "Regex" : "String"), re.status().message());
-  return re;
-}
-
 Result<PreTokenizeStep> parse_split(const nlohmann::json& j, const JsonPath& where) {
-  TESSERA_ASSIGN_OR_RETURN(TokenizerRegex re, parse_pattern(j, where));
+  TESSERA_ASSIGN_OR_RETURN(TokenizerRegex re, parse_regex_pattern(j, where));
   TESSERA_ASSIGN_OR_RETURN(std::string behavior, tokenizer_json::string_member(j, where, "behavior"));
   auto it = split_behaviors().find(behavior);
   if (it == split_behaviors().end()) return field_error(where / "behavior", fmt::format("unknown behavior '{}'", behavior));
@@ -221,10 +212,10 @@ Result<PreTokenizeStep> parse_byte_level(const nlohmann::json& j, const JsonPath
     TESSERA_ASSIGN_OR_RETURN(TokenizerRegex compiled, TokenizerRegex::compile(kByteLevelPattern, false));
     re = std::make_shared<const TokenizerRegex>(std::move(compiled));
   }
-  return PreTokenizeStep([add_prefix_space, re](std::string_view piece, std::vector<std::string>& out) {
+  return PreTokenizeStep([add_prefix_space, re](const PreToken& piece, std::vector<PreToken>& out) {
     std::string text;
-    if (add_prefix_space && (piece.empty() || piece[0] != ' ')) text.push_back(' ');
-    text.append(piece);
+    if (add_prefix_space && (piece.text.empty() || piece.text[0] != ' ')) text.push_back(' ');
+    text.append(piece.text);
     std::vector<std::pair<size_t, size_t>> parts;
     if (re) {
       std::vector<Span> spans;
@@ -239,18 +230,59 @@ Result<PreTokenizeStep> parse_byte_level(const nlohmann::json& j, const JsonPath
       std::string mapped;
       mapped.reserve(2 * (e - b));
       for (size_t i = b; i < e; ++i) mapped += table[static_cast<uint8_t>(text[i])];
-      out.push_back(std::move(mapped));
+      out.push_back({std::move(mapped), piece.at_start && b == 0});
     }
     return Status();
   });
+}
+
+// HF Metaspace::pre_tokenize: spaces become the replacement, which is prepended per the scheme
+// ("first": only to a piece at byte 0 of the input), then the piece is split before each
+// replacement (MergedWithNext) when `split`.
+PreTokenizeStep make_metaspace_step(MetaspaceOptions o) {
+  return [o](const PreToken& piece, std::vector<PreToken>& out) {
+    std::string text;
+    text.reserve(piece.text.size() + o.replacement.size());
+    const bool prepend = o.prepend_scheme == MetaspaceOptions::Prepend::always ||
+                         (o.prepend_scheme == MetaspaceOptions::Prepend::first && piece.at_start);
+    if (prepend && piece.text[0] != ' ' && piece.text.compare(0, o.replacement.size(), o.replacement) != 0) {
+      text = o.replacement;
+    }
+    for (char c : piece.text) {
+      if (c == ' ') {
+        text += o.replacement;
+      } else {
+        text.push_back(c);
+      }
+    }
+    if (!o.split) {
+      out.push_back({std::move(text), piece.at_start});
+      return Status();
+    }
+    std::vector<Span> spans;
+    size_t prev = 0;
+    for (size_t at = text.find(o.replacement); at != std::string::npos; at = text.find(o.replacement, prev)) {
+      if (at > prev) spans.push_back({prev, at, false});
+      prev = at + o.replacement.size();
+      spans.push_back({at, prev, true});
+    }
+    if (prev < text.size()) spans.push_back({prev, text.size(), false});
+    emit_spans({std::move(text), piece.at_start}, behave_merged_with_next(std::move(spans)), out);
+    return Status();
+  };
+}
+
+Result<PreTokenizeStep> parse_metaspace(const nlohmann::json& j, const JsonPath& where) {
+  TESSERA_ASSIGN_OR_RETURN(MetaspaceOptions o, parse_metaspace_options(j, where));
+  return make_metaspace_step(std::move(o));
 }
 
 Result<std::vector<PreTokenizeStep>> parse_pre_tokenizer_steps(const nlohmann::json& j, const JsonPath& where);
 
 Result<PreTokenizeStep> parse_pre_tokenizer_sequence(const nlohmann::json& j, const JsonPath& where) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<PreTokenizeStep> steps, parse_pre_tokenizer_steps(j, where));
-  return PreTokenizeStep([steps](std::string_view piece, std::vector<std::string>& out) {
-    std::vector<std::string> pieces{std::string(piece)}, next;
+  return PreTokenizeStep([steps](const PreToken& piece, std::vector<PreToken>& out) {
+    std::vector<PreToken> pieces{piece}, next;
     for (const auto& step : steps) {
       next.clear();
       for (const auto& p : pieces) TESSERA_RETURN_IF_ERROR(step(p, next));
@@ -267,6 +299,7 @@ const std::map<std::string, PreTokenizerParser>& pre_tokenizer_parsers() {
   static const std::map<std::string, PreTokenizerParser> table = {
       {"Split", parse_split},
       {"ByteLevel", parse_byte_level},
+      {"Metaspace", parse_metaspace},
       {"Sequence", parse_pre_tokenizer_sequence},
   };
   return table;
@@ -276,7 +309,7 @@ Result<PreTokenizeStep> parse_pre_tokenizer_step(const nlohmann::json& j, const 
   TESSERA_ASSIGN_OR_RETURN(std::string type, tokenizer_json::string_member(j, where, "type"));
   auto it = pre_tokenizer_parsers().find(type);
   if (it == pre_tokenizer_parsers().end()) {
-    return unsupported_error(where / "type", fmt::format("pre-tokenizer '{}' is not supported (Split, ByteLevel, Sequence)", type));
+    return unsupported_error(where / "type", fmt::format("pre-tokenizer '{}' is not supported (Split, ByteLevel, Metaspace, Sequence)", type));
   }
   return it->second(j, where);
 }
@@ -308,16 +341,17 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json* j, const Json
   return p;
 }
 
-Status PreTokenizer::run(std::string_view text, std::vector<std::string>& pieces) const {
+Status PreTokenizer::run(std::string_view text, bool at_start, std::vector<std::string>& pieces) const {
   pieces.clear();
   if (text.empty()) return Status();
-  pieces.emplace_back(text);
-  std::vector<std::string> next;
+  std::vector<PreToken> current{{std::string(text), at_start}}, next;
   for (const auto& step : steps_) {
     next.clear();
-    for (const auto& p : pieces) TESSERA_RETURN_IF_ERROR(step(p, next));
-    pieces.swap(next);
+    for (const auto& p : current) TESSERA_RETURN_IF_ERROR(step(p, next));
+    current.swap(next);
   }
+  pieces.reserve(current.size());
+  for (auto& p : current) pieces.push_back(std::move(p.text));
   return Status();
 }
 

@@ -112,6 +112,21 @@ Status TokenizerRegex::find_all(std::string_view text,
   return Status();
 }
 
+Result<std::string> TokenizerRegex::replace_all(std::string_view text, std::string_view content) const {
+  std::vector<std::pair<size_t, size_t>> matches;
+  TESSERA_RETURN_IF_ERROR(find_all(text, matches));
+  if (matches.empty()) return std::string(text);
+  std::string out;
+  out.reserve(text.size() + matches.size() * content.size());
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    out.append(text.substr(prev, b - prev)).append(content);
+    prev = e;
+  }
+  out.append(text.substr(prev));
+  return out;
+}
+
 Result<bool> TokenizerRegex::matches_at(std::string_view text, size_t pos) const {
   MatchData md;
   if (md.data == nullptr) return make_error(ErrorCode::internal, "regex: out of memory");

@@ -1,5 +1,5 @@
-// tokenizer_regex.hpp: the PCRE2 wrapper behind `Split` and `ByteLevel` pre-tokenizers.
-// Private to workers/models.
+// tokenizer_regex.hpp: the PCRE2 wrapper behind `Split`, `ByteLevel` and `Replace`.
+// Private to workers/tokenizer.
 //
 // Note [Regex dialect]
 // HF tokenizers compiles tokenizer.json patterns with Oniguruma; Tessera uses PCRE2 10.42 with
@@ -31,6 +31,9 @@ class TokenizerRegex {
 
   /// Appends the [begin, end) byte ranges of successive non-empty, non-overlapping matches.
   Status find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
+
+  /// `text` with every match find_all reports replaced by `content` (HF Replace).
+  Result<std::string> replace_all(std::string_view text, std::string_view content) const;
 
   /// True when the pattern matches at exactly byte `pos` of `text` (anchored there).
   Result<bool> matches_at(std::string_view text, size_t pos) const;

@@ -139,7 +139,7 @@ TEST_F(TokenizerErrors, BadRegexNamesTheField) {
 TEST_F(TokenizerErrors, UnsupportedStagesAreRefusedNotIgnored) {
   const std::pair<const char*, json> cases[] = {
       {"normalizer.type", {{"type", "NFKC"}}},
-      {"pre_tokenizer.type", {{"type", "Metaspace"}}},
+      {"pre_tokenizer.type", {{"type", "BertPreTokenizer"}}},
       {"decoder.type", {{"type", "WordPiece"}}},
       {"post_processor.type", {{"type", "BertProcessing"}}},
   };
@@ -151,11 +151,45 @@ TEST_F(TokenizerErrors, UnsupportedStagesAreRefusedNotIgnored) {
     expect_mentions(st, field);
   }
   json j = valid_json();
-  j["model"]["byte_fallback"] = true;
-  expect_mentions(load_error(j.dump()), "model.byte_fallback");
+  j["model"]["dropout"] = 0.1;
+  const Status dropout = load_error(j.dump());
+  EXPECT_EQ(dropout.code(), ErrorCode::unimplemented);
+  expect_mentions(dropout, "model.dropout");
   j = valid_json();
   j["truncation"] = {{"max_length", 8}};
   expect_mentions(load_error(j.dump()), "truncation");
+}
+
+// The SentencePiece-style stages (Prepend / Replace / Metaspace / Strip / byte_fallback).
+TEST_F(TokenizerErrors, BadSentencePieceStagesNameTheField) {
+  const std::string meta = "\xE2\x96\x81";
+  const std::pair<const char*, json> cases[] = {
+      {"normalizer.prepend", {{"type", "Prepend"}, {"prepend", 1}}},
+      {"normalizer.normalizers[1].content",
+       {{"type", "Sequence"},
+        {"normalizers", {{{"type", "Prepend"}, {"prepend", meta}}, {{"type", "Replace"}, {"pattern", {{"String", " "}}}}}}}},
+      {"normalizer.pattern.Regex", {{"type", "Replace"}, {"pattern", {{"Regex", "(a"}}}, {"content", "b"}}},
+      {"normalizer.pattern", {{"type", "Replace"}, {"pattern", "a"}, {"content", "b"}}},
+      {"pre_tokenizer.replacement", {{"type", "Metaspace"}, {"replacement", "ab"}, {"prepend_scheme", "always"}}},
+      {"pre_tokenizer.replacement", {{"type", "Metaspace"}}},
+      {"pre_tokenizer.prepend_scheme", {{"type", "Metaspace"}, {"replacement", meta}, {"prepend_scheme", "sometimes"}}},
+      // HF refuses add_prefix_space=false unless prepend_scheme is "never" (absent means "always").
+      {"pre_tokenizer.add_prefix_space", {{"type", "Metaspace"}, {"replacement", meta}, {"add_prefix_space", false}}},
+      {"pre_tokenizer.split", {{"type", "Metaspace"}, {"replacement", meta}, {"split", "yes"}}},
+      {"decoder.decoders[0].replacement", {{"type", "Sequence"}, {"decoders", {{{"type", "Metaspace"}, {"replacement", ""}}}}}},
+      {"decoder.content", {{"type", "Strip"}, {"content", "  "}, {"start", 1}, {"stop", 0}}},
+      {"decoder.pattern", {{"type", "Replace"}, {"content", " "}}},
+  };
+  for (const auto& [field, value] : cases) {
+    json j = valid_json();
+    j[std::string(field).substr(0, std::string(field).find('.'))] = value;
+    const Status st = load_error(j.dump());
+    EXPECT_EQ(st.code(), ErrorCode::corrupt_data) << st.message();
+    expect_mentions(st, std::string("field '") + field + "'");
+  }
+  json j = valid_json();
+  j["model"]["byte_fallback"] = "yes";
+  expect_mentions(load_error(j.dump()), "model.byte_fallback");
 }
 
 TEST_F(TokenizerErrors, BadAddedTokens) {
