@@ -14,9 +14,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -83,43 +82,15 @@ void put_le(char* p, T v) { std::memcpy(p, &v, sizeof v); }
 template <class T>
 T get_le(const char* p) { T v; std::memcpy(&v, p, sizeof v); return v; }
 
-// A frame: the header, then `body` serialised with CAF's binary format right behind it.
-template <class T>
-Result<std::vector<char>> encode_frame(caf::actor_system& sys, FrameKind kind, uint64_t id,
-                                       T& body) {
-  std::vector<char> buf(kChannelHeaderBytes, '\0');
-  caf::binary_serializer sink(sys, buf);
-  if (auto err = sink(body)) {
-    return make_error(ErrorCode::internal, "cannot encode a call frame: {}",
-                      sys.render(err));
-  }
-  put_le(buf.data(), kChannelFrameMagic);
-  put_le(buf.data() + 4, static_cast<uint8_t>(kind));
-  put_le(buf.data() + 8, id);
-  put_le(buf.data() + 16, static_cast<uint64_t>(buf.size() - kChannelHeaderBytes));
-  return buf;
-}
-
 // Reads one frame of `kind`; a bad header or body is corrupt_data naming what is wrong.
 template <class T>
 Status read_frame(caf::actor_system& sys, int fd, FrameKind kind, uint64_t max_body,
                   uint64_t& id, T& body) {
   char header[kChannelHeaderBytes];
   TESSERA_RETURN_IF_ERROR(read_exact(fd, header, sizeof header));
-  uint32_t magic = get_le<uint32_t>(header);
-  if (magic != kChannelFrameMagic) {
-    return make_error(ErrorCode::corrupt_data, "bad frame magic 0x{:08x}", magic);
-  }
-  uint8_t k = get_le<uint8_t>(header + 4);
-  if (k != static_cast<uint8_t>(kind)) {
-    return make_error(ErrorCode::corrupt_data, "unexpected frame kind {}", k);
-  }
-  id = get_le<uint64_t>(header + 8);
-  uint64_t bytes = get_le<uint64_t>(header + 16);
-  if (bytes > max_body) {
-    return make_error(ErrorCode::corrupt_data, "frame body of {} bytes exceeds the limit {}",
-                      bytes, max_body);
-  }
+  TESSERA_ASSIGN_OR_RETURN(FrameHeader h, parse_frame_header(header, kind, max_body));
+  id = h.id;
+  uint64_t bytes = h.body_bytes;
   // Grown as bytes arrive: a header that lies about its size costs no more memory than the
   // bytes actually sent (plus one step).
   constexpr uint64_t kStep = uint64_t{16} << 20;
@@ -137,19 +108,7 @@ Status read_frame(caf::actor_system& sys, int fd, FrameKind kind, uint64_t max_b
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::corrupt_data, "frame body of {} bytes: out of memory", bytes);
   }
-  caf::binary_deserializer source(sys, buf);
-  try {  // a size field that lies may make a container reserve more than there is
-    if (auto err = source(body)) {
-      return make_error(ErrorCode::corrupt_data, "undecodable frame body: {}", sys.render(err));
-    }
-  } catch (const std::exception& e) {
-    return make_error(ErrorCode::corrupt_data, "undecodable frame body: {}", e.what());
-  }
-  if (source.remaining() != 0) {
-    return make_error(ErrorCode::corrupt_data, "{} stray bytes after the frame body",
-                      source.remaining());
-  }
-  return Status();
+  return decode_frame_body(sys, buf.data(), buf.size(), body);
 }
 
 // Connects to host:port within `timeout` (non-blocking connect + poll), then blocking again.
@@ -325,6 +284,7 @@ void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
              std::function<void(AgentCallReply)> answer) {
   auto batch = std::make_shared<CallBatch>(CallLabels(std::move(labels)),
                                            std::chrono::steady_clock::time_point::max());
+  std::optional<size_t> missing;
   for (size_t i = 0; i < targets.size(); ++i) {
     if (targets[i]) {
       send_local_call(targets[i], std::move(requests[i]), true, batch, i);
@@ -332,9 +292,11 @@ void fan_out(std::vector<caf::actor> targets, std::vector<std::string> labels,
       // The driver prefixes its own label (rank, host, method) to this.
       batch->set(i, make_error(ErrorCode::unavailable, "the worker is not hosted by the agent on "
                                "{} for this driver (it terminated, or never ran there)",
-                               agent_host));
+                               agent_host), /*fail_fast=*/false);
+      if (!missing) missing = i;
     }
   }
+  if (missing) batch->cancel_unanswered(*missing);  // Note [Failing fast]
   batch->on_complete([answer = std::move(answer), batch] { answer(agent_reply(batch->wait())); });
 }
 
@@ -435,8 +397,7 @@ void ChannelClient::close() {
 
 Status ChannelClient::send(uint64_t id, const ChannelCall& call) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<char> frame,
-                           encode_frame(*system_, FrameKind::call, id,
-                                        const_cast<ChannelCall&>(call)));
+                           encode_frame(*system_, id, call));
   std::lock_guard<std::mutex> lock(write_mutex_);
   if (!open()) return make_error(ErrorCode::unavailable, "the call channel is closed");
   last_activity_.store(steady_now_ns(), std::memory_order_relaxed);  // the reader stays awake for it
@@ -667,7 +628,7 @@ void ChannelServer::dispatch(const std::shared_ptr<Connection>& conn, uint64_t i
   size_t n = call.requests.size();
   caf::actor_system& sys = *system_;
   auto answer = [&sys, conn, id](AgentCallReply reply) {
-    Result<std::vector<char>> frame = encode_frame(sys, FrameKind::reply, id, reply);
+    Result<std::vector<char>> frame = encode_frame(sys, id, reply);
     Status st = frame.ok() ? conn->write(*frame) : frame.status();
     if (!st.ok()) spdlog::warn("call channel: {}: answer to call {} lost: {}", conn->peer, id, st.message());
   };

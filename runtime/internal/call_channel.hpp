@@ -34,10 +34,10 @@
 //
 // Frames (little endian): header 24 bytes "TCF1" | kind u8 | 0 u8 | 0 u16 | call id u64 |
 // body bytes u64, then the body: a ChannelCall (kind call) or an AgentCallReply (kind reply)
-// in CAF's binary format. Bad magic, an unknown kind, a body over DataPlaneConfig::
-// max_frame_bytes or one that does not decode closes that connection with a logged error; the
-// agent keeps serving everyone else, and the driver fails the agent's pending calls and goes
-// back to CAF for it.
+// in CAF's binary format (runtime/internal/call_frame.hpp parses and writes them without a
+// socket). Bad magic, an unknown kind, a body over DataPlaneConfig::max_frame_bytes or one that
+// does not decode closes that connection with a logged error; the agent keeps serving everyone
+// else, and the driver fails the agent's pending calls and goes back to CAF for it.
 //
 // Note [Local call socket]
 // A loopback TCP send() runs the receiving side's TCP stack in the sender's system call: 12-14
@@ -71,27 +71,10 @@
 
 #include "proto/status.hpp"
 #include "runtime/config.hpp"
+#include "runtime/internal/call_frame.hpp"
 #include "runtime/messages.hpp"
 
 namespace tessera::runtime::internal {
-
-/// One call to several workers of one agent (AgentCall with actor ids instead of handles).
-struct ChannelCall {
-  std::vector<uint64_t> workers;      ///< caf::actor_id of each target, hosted by the agent.
-  std::vector<CallRequest> requests;  ///< requests[i] goes to workers[i].
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, ChannelCall& x) {
-  return f(caf::meta::type_name("ChannelCall"), x.workers, x.requests);
-}
-
-inline constexpr uint32_t kChannelFrameMagic = 0x31464354;  // "TCF1"
-inline constexpr uint32_t kChannelOkMagic = 0x4b4f4354;     // "TCOK"
-inline constexpr size_t kChannelHeaderBytes = 24;
-inline constexpr size_t kChannelNonceBytes = 32;
-inline constexpr size_t kChannelHelloBytes = 8 + 32;  // session id, proof
-enum class FrameKind : uint8_t { call = 1, reply = 2 };
 
 /// Where a driver reaches an agent's call channel.
 struct ChannelAddress {

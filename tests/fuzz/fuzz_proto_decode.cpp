@@ -5,7 +5,7 @@
 // again (decode(encode(x)) succeeds). Any violation aborts, which libFuzzer reports.
 //
 // Seeds: run with TESSERA_FUZZ_WRITE_SEEDS=<dir> to write a few valid frames there and exit
-// (tests/fuzz/run_fuzz_proto.sh does this before fuzzing).
+// (tests/fuzz/run_fuzz.sh does this before fuzzing).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
