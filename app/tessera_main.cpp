@@ -1,5 +1,6 @@
 // The `tessera` command-line entry point. Parses with CLI11 and dispatches to a subcommand.
 #include <CLI/CLI.hpp>
+#include <spdlog/cfg/env.h>
 
 #include <cstdio>
 
@@ -15,6 +16,7 @@ int& exit_code() {
 }  // namespace tessera::app
 
 int main(int argc, char** argv) {
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug (or e.g. "warn") for every command
   CLI::App app{"Tessera: verl's FSDP backend as a C++ actor runtime"};
   app.set_version_flag("--version", "tessera 0.1.0");
   app.require_subcommand(1);

@@ -17,6 +17,7 @@ const char* to_string(ErrorCode code) {
     case ErrorCode::unimplemented: return "unimplemented";
     case ErrorCode::internal: return "internal";
     case ErrorCode::resource_exhausted: return "resource_exhausted";
+    case ErrorCode::cancelled: return "cancelled";
   }
   return "unknown";
 }

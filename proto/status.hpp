@@ -31,6 +31,7 @@ enum class ErrorCode : uint8_t {
   unimplemented,     ///< The feature is not built (fails loudly instead of pretending).
   internal,          ///< An invariant broke inside Tessera, or a library threw unexpectedly.
   resource_exhausted,///< Memory (a device's, or the host's) ran out.
+  cancelled,         ///< Given up unanswered because another part of the same call failed first.
 };
 
 /// Human-readable name of an ErrorCode ("invalid_argument", ...).

@@ -187,8 +187,8 @@ std::vector<Result<WireValue>> CallBatch::wait() {
   } else if (!cv_.wait_until(lock, deadline_, complete)) {
     lock.unlock();
     for (size_t i = 0; i < slots_.size(); ++i) {
-      set(i, make_error(ErrorCode::timeout, "{}: no answer before the call's deadline",
-                        labels_[i]));
+      set(i, make_error(ErrorCode::timeout, "{}: no answer before the call's deadline", labels_[i]),
+          /*fail_fast=*/false);
     }
     // A target claimed just before the deadline is being written: it is counted in a moment.
     while (!complete()) std::this_thread::yield();
@@ -204,8 +204,23 @@ bool CallBatch::ready() const {
   return done_.load(std::memory_order_acquire) == slots_.size();
 }
 
+// Note [Failing fast] (call_hub.hpp).
+void CallBatch::cancel_unanswered(size_t failed) {
+  for (size_t j = 0; j < slots_.size(); ++j) {
+    if (slots_[j].claimed.load(std::memory_order_acquire)) continue;
+    set(j, make_error(ErrorCode::cancelled, "{}: given up unanswered: {} failed first", labels_[j],
+                      labels_[failed]),
+        /*fail_fast=*/false);
+  }
+}
+
 // Note [Lock-free outcomes] (call_hub.hpp).
-bool CallBatch::set(size_t i, Result<WireValue> result) {
+bool CallBatch::set(size_t i, Result<WireValue> result, bool fail_fast) {
+  if (fail_fast && !result.ok() && result.status().code() != ErrorCode::cancelled) {
+    if (!set(i, std::move(result), false)) return false;
+    cancel_unanswered(i);  // Note [Failing fast]
+    return true;
+  }
   Slot& slot = slots_[i];
   if (slot.claimed.exchange(true, std::memory_order_acq_rel)) return false;
   slot.value = std::move(result);
@@ -293,8 +308,9 @@ using Shared = std::shared_ptr<internal::HubShared>;
 void fail_job(internal::RemoteJob& job, const std::string& why,
               ErrorCode code = ErrorCode::unavailable) {
   for (size_t i : job.indices) {
-    job.batch->set(i, make_error(code, "{}: {}", job.batch->label(i), why));
+    job.batch->set(i, make_error(code, "{}: {}", job.batch->label(i), why), /*fail_fast=*/false);
   }
+  if (!job.indices.empty()) job.batch->cancel_unanswered(job.indices[0]);
 }
 
 void fail_jobs(const std::vector<Job>& jobs, const std::string& why) {
@@ -329,36 +345,53 @@ Status agent_error(const CallBatch& batch, size_t i, ErrorCode code, const std::
 }
 
 // The reply comes from another process: its three columns are checked before any is read.
-void deliver(internal::RemoteJob& job, AgentCallReply& reply) {
+// Returns the payloads of answers that came too late for their target (Note [Failing fast]:
+// the call already failed elsewhere), which the caller releases at the agent.
+std::vector<PayloadHandle> deliver(internal::RemoteJob& job, AgentCallReply& reply) {
   size_t n = job.indices.size();
   if (reply.codes.size() != n || reply.messages.size() != n || reply.results.size() != n) {
-    return fail_job(job, fmt::format("malformed reply from the agent ({}/{}/{} answers for {} "
-                                     "calls)", reply.codes.size(), reply.messages.size(),
-                                     reply.results.size(), n),
-                    ErrorCode::corrupt_data);
+    fail_job(job, fmt::format("malformed reply from the agent ({}/{}/{} answers for {} calls)",
+                              reply.codes.size(), reply.messages.size(), reply.results.size(), n),
+             ErrorCode::corrupt_data);
+    return {};
   }
+  std::vector<PayloadHandle> unclaimed;
+  std::optional<size_t> failed;  // the first target that failed: the others wait no longer
   for (size_t k = 0; k < n; ++k) {
     size_t i = job.indices[k];
     uint8_t code = reply.codes[k];
     if (code == 0) {
-      job.batch->set(i, std::move(reply.results[k]));
-    } else if (code > static_cast<uint8_t>(ErrorCode::resource_exhausted)) {
+      std::vector<PayloadHandle> handles = payload_handles(reply.results[k]);
+      if (!job.batch->set(i, std::move(reply.results[k]))) {
+        for (PayloadHandle& h : handles) unclaimed.push_back(std::move(h));
+      }
+      continue;
+    }
+    if (code != static_cast<uint8_t>(ErrorCode::cancelled) && !failed) failed = i;
+    if (code > static_cast<uint8_t>(ErrorCode::cancelled)) {
       job.batch->set(i, make_error(ErrorCode::corrupt_data, "{}: the agent answered with "
-                                   "unknown error code {}", job.batch->label(i), code));
+                                   "unknown error code {}", job.batch->label(i), code), false);
     } else {
-      job.batch->set(i, agent_error(*job.batch, i, static_cast<ErrorCode>(code), reply.messages[k]));
+      job.batch->set(i, agent_error(*job.batch, i, static_cast<ErrorCode>(code), reply.messages[k]),
+                     false);
     }
   }
+  if (failed) job.batch->cancel_unanswered(*failed);
+  return unclaimed;
 }
 
 // An agent's answer (CAF message or channel frame): delivered, or (its call already ended)
 // dropped with its payloads released at the agent that owns them (Note [Late replies]).
 void on_agent_reply(internal::HubShared& shared, const caf::actor& hub, const caf::actor& agent,
                     uint64_t id, AgentCallReply& reply) {
-  if (Job job = shared.take(agent.address(), id)) return deliver(*job, reply);
   std::vector<PayloadHandle> handles;
-  for (const WireValue& r : reply.results) {
-    for (PayloadHandle& h : payload_handles(r)) handles.push_back(std::move(h));
+  if (Job job = shared.take(agent.address(), id)) {
+    handles = deliver(*job, reply);
+    if (handles.empty()) return;
+  } else {
+    for (const WireValue& r : reply.results) {
+      for (PayloadHandle& h : payload_handles(r)) handles.push_back(std::move(h));
+    }
   }
   count_late_reply(handles.size());
   spdlog::warn("dropped a late answer to call {} ({} payload(s) released at the agent)", id,

@@ -31,6 +31,18 @@
 // in call_counters(), and every payload it published for the caller is released at its owner
 // (locally by the worker actor; by the agent on the hub's release message for remote ones).
 //
+// Note [Failing fast]
+// The ranks of one call usually meet in collectives, so when one fails the others wait for a
+// peer that will never come: for Gloo's timeout (minutes), or for ever behind a dead process.
+// Nothing the caller could do with their answers either: every user of a batch turns one
+// failure into the call's failure (first_error). So the first failure (any error but
+// cancelled) ends the batch at once: every target still unanswered gets cancelled, naming the
+// target that failed, and the caller sees the real error within the time it took to arrive
+// (a dead agent: the connection timeout; a rank's own error: at once), not at the deadline.
+// The cancelled targets' late answers are dropped and their payloads released like any late
+// answer (Note [Late replies]). An agent's fan-out batch does the same, so its reply comes
+// back as soon as one of its ranks failed.
+//
 // Thread-safety: CallHub::call() and the watch functions may be called from any thread;
 // CallBatch::set() from any thread; wait() by the thread that collects the results.
 #pragma once
@@ -110,7 +122,12 @@ class CallBatch {
   /// True once every target replied or failed.
   bool ready() const;
   /// Records target i's outcome; later outcomes for i are ignored (returns false for them).
-  bool set(size_t i, Result<WireValue> result);
+  /// With `fail_fast`, a failure (other than cancelled) then cancels every target still
+  /// unanswered (Note [Failing fast]); code that fails several targets at once passes false
+  /// and calls cancel_unanswered() after the last.
+  bool set(size_t i, Result<WireValue> result, bool fail_fast = true);
+  /// Cancels every target still unanswered, naming target `failed` as the cause.
+  void cancel_unanswered(size_t failed);
   /// Runs `f` (on the completing thread) once every target has an outcome; at once if done.
   void on_complete(std::function<void()> f);
   size_t size() const { return labels_.size(); }

@@ -23,6 +23,7 @@ TESSERA_SAME_CODE(permission_denied);
 TESSERA_SAME_CODE(unimplemented);
 TESSERA_SAME_CODE(internal);
 TESSERA_SAME_CODE(resource_exhausted);
+TESSERA_SAME_CODE(cancelled);
 #undef TESSERA_SAME_CODE
 static_assert(static_cast<uint8_t>(errc::none) == static_cast<uint8_t>(ErrorCode::ok));
 

@@ -36,6 +36,7 @@ enum class errc : uint8_t {
   unimplemented,
   internal,
   resource_exhausted,
+  cancelled,
 };
 
 /// Name of an errc value ("invalid_argument", ...); used by CAF's error renderer.

@@ -117,7 +117,8 @@ class Runtime {
   bool shut_down_ = false;
 };
 
-/// Collapses per-rank results: the values, or the lowest failing rank's error plus a count.
+/// Collapses per-rank results: the values, or the lowest rank's real error (cancelled ranks only
+/// when nothing else failed, Note [Failing fast]) plus counts.
 Result<std::vector<WireValue>> first_error(std::vector<Result<WireValue>> results);
 
 }  // namespace tessera::runtime

@@ -121,19 +121,25 @@ void Runtime::release_all(const std::vector<PayloadHandle>& handles) {
 Result<std::vector<WireValue>> first_error(std::vector<Result<WireValue>> results) {
   std::vector<WireValue> out;
   out.reserve(results.size());
-  Status first;
-  size_t failed = 0;
+  Status first;            // the first real failure; cancelled only when there is none
+  size_t failed = 0, cancelled = 0;
   for (auto& r : results) {
     if (r.ok()) {
       out.push_back(std::move(r).value());
-    } else if (failed++ == 0) {
-      first = r.status();
+      continue;
     }
+    bool is_cancel = r.status().code() == ErrorCode::cancelled;
+    (is_cancel ? cancelled : failed) += 1;
+    if (first.ok() || (!is_cancel && first.code() == ErrorCode::cancelled)) first = r.status();
   }
-  if (failed == 0) return out;
-  if (failed > 1) first = Status(first.code(), fmt::format("{} (and {} more rank(s) failed)",
-                                                          first.message(), failed - 1));
-  return first;
+  if (failed + cancelled == 0) return out;
+  std::string more;
+  if (failed > 1) more = fmt::format("{} more rank(s) failed", failed - 1);
+  if (cancelled > 0 && failed > 0) {
+    more += fmt::format("{}{} rank(s) given up unanswered", more.empty() ? "" : ", ", cancelled);
+  }
+  if (more.empty()) return first;
+  return Status(first.code(), fmt::format("{} ({})", first.message(), more));
 }
 
 Result<std::vector<Value>> Runtime::call(const std::vector<WorkerRef>& workers,

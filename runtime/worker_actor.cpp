@@ -2,10 +2,12 @@
 #include "runtime/worker_actor.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include <c10/util/Exception.h>
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "proto/device.hpp"
 #include "runtime/call_hub.hpp"
@@ -101,7 +103,17 @@ Result<CallReply> invoke(WorkerState& st, const CallRequest& req, bool caller_re
   std::vector<Value> args = std::move(resolved).value();
   const MethodEntry* entry = it->second;
   proto::DeviceScope on_device(st.device);
+  // SPDLOG_LEVEL=debug traces every call a worker runs (which method a rank is in, and for how
+  // long), in the agent's log for remote workers.
+  const bool trace = spdlog::should_log(spdlog::level::debug);
+  const auto start = std::chrono::steady_clock::now();
+  if (trace) spdlog::debug("{}: method '{}' begins", describe_worker(st.request.context), req.method);
   Result<Value> out = guarded("the method", [&] { return entry->fn(args); });
+  if (trace) {
+    spdlog::debug("{}: method '{}' {} after {:.3f} s", describe_worker(st.request.context), req.method,
+                  out.ok() ? "returned" : "failed",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   if (!out.ok()) return out.status();
   bool keep = req.result_mode == static_cast<uint8_t>(ResultMode::keep);
   EncodeOptions opts{caller_remote, keep ? 0u : 1u, keep ? 0 : st.env.inline_payload_max_bytes,

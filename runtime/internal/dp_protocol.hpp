@@ -122,7 +122,7 @@ inline Result<ResponseHeader> read_response(const uint8_t* in, uint64_t max_body
   ResponseHeader h;
   uint8_t status = detail::get<uint8_t>(in, 4);
   uint8_t transport = detail::get<uint8_t>(in, 5);
-  if (status > static_cast<uint8_t>(ErrorCode::resource_exhausted) || transport > 2) {
+  if (status > static_cast<uint8_t>(ErrorCode::cancelled) || transport > 2) {
     return make_error(ErrorCode::corrupt_data, "bad response status {} / transport {}", status,
                       transport);
   }

@@ -111,7 +111,9 @@ TEST_F(LocalLane_, HandedOffCallsRunInOrderOnThePollingThread) {
 
 TEST_F(LocalLane_, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
   LocalLane lane(microseconds(1000000));
-  auto batch = make_batch(3);
+  // One batch per call: each call's own outcome (in one batch, the first failure would cancel
+  // the others, Note [Failing fast]).
+  std::vector<std::shared_ptr<CallBatch>> batches{make_batch(1), make_batch(1), make_batch(1)};
   std::mutex gate;
   gate.lock();  // the first call blocks in its handler until the test opens the gate
   std::atomic<bool> first_started{false};
@@ -123,18 +125,19 @@ TEST_F(LocalLane_, ClosingFailsTheQueuedCallsAndRefusesLaterOnes) {
     });
   });
   await_polling(lane);
-  auto first = make_call(batch, 0);
+  auto first = make_call(batches[0], 0);
   ASSERT_TRUE(lane.try_hand_off(first));
   while (!first_started) std::this_thread::yield();
-  auto queued = make_call(batch, 1);
+  auto queued = make_call(batches[1], 0);
   ASSERT_TRUE(lane.try_hand_off(queued));  // waits behind the blocked call
   lane.close();                            // the worker terminates
-  auto late = make_call(batch, 2);
+  auto late = make_call(batches[2], 0);
   EXPECT_FALSE(lane.try_hand_off(late));  // refused: the caller mails it (CAF drops it)
   late.reset();                           // ... which destroys it
   gate.unlock();
   worker.join();
-  std::vector<Result<WireValue>> results = batch->wait();
+  std::vector<Result<WireValue>> results;
+  for (auto& b : batches) results.push_back(b->wait()[0]);
   EXPECT_TRUE(results[0].ok());
   for (size_t i : {1, 2}) {
     EXPECT_EQ(results[i].status().code(), ErrorCode::unavailable);
@@ -235,6 +238,48 @@ TEST(CallBatchOutcomes, TheDeadlineFailsOnlyTheUnansweredTargets) {
   EXPECT_EQ(results[1]->json, "7");
   EXPECT_EQ(results[2].status().code(), ErrorCode::timeout);
   EXPECT_FALSE(batch->set(2, json_wire(nlohmann::json(8)))) << "too late";
+}
+
+// Note [Failing fast]: the first failure ends the batch; the targets still unanswered are
+// cancelled naming it, their late answers are refused, and first_error reports the real error.
+TEST(CallBatchOutcomes, TheFirstFailureCancelsTheUnansweredTargets) {
+  auto batch = std::make_shared<CallBatch>(CallLabels(std::vector<std::string>{"a", "b", "c", "d"}),
+                                           std::chrono::steady_clock::time_point::max());
+  ASSERT_TRUE(batch->set(0, json_wire(nlohmann::json(1))));
+  EXPECT_FALSE(batch->ready());
+  ASSERT_TRUE(batch->set(2, Status(ErrorCode::unavailable, "c: gloo connectFullMesh failed")));
+  EXPECT_TRUE(batch->ready()) << "no wait for b and d";
+  EXPECT_FALSE(batch->set(1, json_wire(nlohmann::json(2)))) << "b's late answer is refused";
+  std::vector<Result<WireValue>> results = batch->wait();
+  ASSERT_TRUE(results[0].ok());
+  EXPECT_EQ(results[2].status().code(), ErrorCode::unavailable);
+  for (size_t i : {1, 3}) {
+    EXPECT_EQ(results[i].status().code(), ErrorCode::cancelled);
+    EXPECT_NE(results[i].status().message().find("c failed first"), std::string::npos)
+        << results[i].status().message();
+  }
+  Result<std::vector<WireValue>> all = first_error(std::move(results));
+  ASSERT_FALSE(all.ok());
+  EXPECT_EQ(all.status().code(), ErrorCode::unavailable);
+  EXPECT_EQ(all.status().message(), "c: gloo connectFullMesh failed (2 rank(s) given up unanswered)");
+}
+
+// Failing several targets at once (a dead agent's ranks) keeps each one's own error; the rest of
+// the batch is cancelled after them.
+TEST(CallBatchOutcomes, SeveralFailuresAtOnceKeepTheirOwnErrors) {
+  auto batch = std::make_shared<CallBatch>(CallLabels(std::vector<std::string>{"a", "b", "c"}),
+                                           std::chrono::steady_clock::time_point::max());
+  ASSERT_TRUE(batch->set(1, Status(ErrorCode::unavailable, "b: agent h2 is down"), false));
+  ASSERT_TRUE(batch->set(2, Status(ErrorCode::unavailable, "c: agent h2 is down"), false));
+  EXPECT_FALSE(batch->ready());
+  batch->cancel_unanswered(1);
+  std::vector<Result<WireValue>> results = batch->wait();
+  EXPECT_EQ(results[0].status().code(), ErrorCode::cancelled);
+  EXPECT_EQ(results[1].status().message(), "b: agent h2 is down");
+  EXPECT_EQ(results[2].status().message(), "c: agent h2 is down");
+  Result<std::vector<WireValue>> all = first_error(std::move(results));
+  EXPECT_EQ(all.status().message(),
+            "b: agent h2 is down (1 more rank(s) failed, 1 rank(s) given up unanswered)");
 }
 
 TEST_F(LocalLane_, DisabledPollingNeverTakesTheLane) {

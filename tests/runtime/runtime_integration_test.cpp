@@ -1,9 +1,12 @@
 // Multi-process integration: a real driver (this process) and agent processes on 127.0.0.1.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include <boost/asio.hpp>
 #include <torch/torch.h>
@@ -197,6 +200,48 @@ TEST_F(Cluster, GarbageOnTheDataPlanePortLeavesTheAgentServing) {
   auto out = rt_->call(workers, "identity", args);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_TRUE(torch::equal(*(*out)[1].proto().tensor("x"), *make_batch(2, 65536, 1).tensor("x")));
+}
+
+// Note [Failing fast]: one rank's failure ends the whole call at once, across agents, instead
+// of leaving the caller waiting for ranks that wait for it (here: for a FIFO). Their answers,
+// once they come, are dropped and released, and the workers serve the next call.
+TEST_F(Cluster, ARankThatFailsEndsTheCallWithoutWaitingForTheOthers) {
+  auto workers = spawn("fast_fail");
+  ASSERT_EQ(workers.size(), 4u);
+  const std::string fifo = ::testing::TempDir() + "/fast_fail_fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::vector<CallRequest> reqs(4);
+  for (size_t r = 0; r < 3; ++r) {
+    reqs[r].method = "wait_fifo";
+    reqs[r].args = {json_wire(fifo), json_wire(1)};
+  }
+  reqs[3].method = "fail";
+  const uint64_t late_before = call_counters().late_replies_dropped;
+  auto results = rt_->call_wire(workers, reqs)->wait();  // would hang without failing fast
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r].status().code(), ErrorCode::cancelled) << results[r].status().to_string();
+    EXPECT_NE(results[r].status().message().find("rank 3"), std::string::npos);
+  }
+  Result<std::vector<WireValue>> all = first_error(std::move(results));
+  ASSERT_FALSE(all.ok());
+  const std::string m = all.status().message();
+  EXPECT_NE(m.find("boom"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("'fail'"), std::string::npos) << m;
+  EXPECT_NE(m.find("3 rank(s) given up unanswered"), std::string::npos) << m;
+
+  // Let the three waiting ranks answer: agent 0's reply (ranks 0 and 1) reaches a call that has
+  // ended and is dropped; agent 1 already dropped rank 2's answer itself.
+  int fd = ::open(fifo.c_str(), O_RDWR);  // never blocks; keeps the bytes until read
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "\x01\x01\x01", 3), 3);
+  while (call_counters().late_replies_dropped == late_before) std::this_thread::yield();
+  std::vector<std::vector<Value>> none(4);
+  auto after = rt_->call(workers, "rank_info", none);
+  EXPECT_TRUE(after.ok()) << after.status().to_string();
+  ::close(fd);
+  ::unlink(fifo.c_str());
 }
 
 TEST(ClusterFailures, WrongTokenIsRefused) {

@@ -252,7 +252,7 @@ TEST_F(WorkerActorTest, AnAgentFansOutOneMessageToItsWorkers) {
   EXPECT_NE(results[2].status().message().find("boom"), std::string::npos);
 }
 
-TEST_F(WorkerActorTest, AWorkerDyingDuringAFanOutFailsOnlyItsOwnTarget) {
+TEST_F(WorkerActorTest, AWorkerDyingDuringAFanOutFailsItsOwnTargetAndEndsTheCall) {
   hub_->watch_agent(agent_, "test-agent");
   std::vector<WorkerRef> refs;
   for (int r = 0; r < 2; ++r) {
@@ -268,8 +268,14 @@ TEST_F(WorkerActorTest, AWorkerDyingDuringAFanOutFailsOnlyItsOwnTarget) {
   sched().run();
   ASSERT_TRUE(batch->ready());
   auto results = batch->wait();
-  ASSERT_TRUE(results[0].ok()) << results[0].status().to_string();
-  EXPECT_EQ(from_wire(*results[0], *dp_, true)->json()["rank"], 0);
+  // Rank 0 answered before rank 1's death was known, or was given up naming it (Note [Failing
+  // fast]); never a second failure of its own.
+  if (results[0].ok()) {
+    EXPECT_EQ(from_wire(*results[0], *dp_, true)->json()["rank"], 0);
+  } else {
+    EXPECT_EQ(results[0].status().code(), ErrorCode::cancelled);
+    EXPECT_NE(results[0].status().message().find("rank 1"), std::string::npos);
+  }
   Status st = results[1].status();
   EXPECT_EQ(st.code(), ErrorCode::unavailable) << st.to_string();
   for (const char* part : {"rank 1", "test-host", "'rank_info'"}) {
