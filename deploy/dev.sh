@@ -35,6 +35,7 @@ PACKAGES=(
   libreadline-dev libpcre2-dev libjemalloc-dev libcairo2-dev fonts-dejavu-core libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
+  iproute2 openssl openssh-client openssh-server  # tests/deploy: namespace hosts, TLS, sshd
 )
 # PyPI, into $VENV. torch is pinned to the GPU image's version (deploy/cuda-image.sh), so both
 # builds compile against one LibTorch; pyarrow's Arrow C++ reads parquet datasets (Note [Arrow from

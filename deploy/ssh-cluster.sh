@@ -9,15 +9,18 @@
 #   gpu-node-2 devices=cuda:0-7
 # Every host needs the same tessera build at $TESSERA_REMOTE_BIN (default: this checkout's
 # build/bin/tessera path) and passwordless ssh. A fresh token is generated locally and copied to
-# ~/.tessera/token (mode 600) on each host; the driver reads the local copy.
+# <remote dir>/token (mode 600) on each host; the driver reads the local copy. Each agent's log
+# and pid are <remote dir>/agent-HOST-PORT.{log,pid} on its host.
 # Environment: TESSERA_REMOTE_BIN, TESSERA_TOKEN_FILE (default ~/.tessera/token), SSH (default ssh),
-# TESSERA_AGENT_READY_S (default 60).
+# TESSERA_REMOTE_DIR (default ~/.tessera on each host), TESSERA_AGENT_READY_S (default 60).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REMOTE_BIN="${TESSERA_REMOTE_BIN:-$ROOT/build/bin/tessera}"
 TOKEN="${TESSERA_TOKEN_FILE:-$HOME/.tessera/token}"
 SSH="${SSH:-ssh}"
+# Expanded by the remote shell: each host's own home unless set.
+RDIR="${TESSERA_REMOTE_DIR:-\$HOME/.tessera}"
 READY_S="${TESSERA_AGENT_READY_S:-60}"
 DEFAULT_PORT=7100
 
@@ -47,21 +50,22 @@ parse_hostfile() {
 
 start_host() {
   local host=$1 devices=$2 port=$3
-  $SSH "$host" 'umask 077; mkdir -p ~/.tessera && cat > ~/.tessera/token' < "$TOKEN"
+  local files="$RDIR/agent-$host-$port"
+  $SSH "$host" "umask 077; mkdir -p \"$RDIR\" && cat > \"$RDIR/token\"" < "$TOKEN"
   $SSH "$host" "nohup '$REMOTE_BIN' agent --listen 0.0.0.0:$port --advertise-host '$host' \
-    --devices '$devices' --token-file ~/.tessera/token > ~/.tessera/agent.log 2>&1 & echo \$! > ~/.tessera/agent.pid"
+    --devices '$devices' --token-file \"$RDIR/token\" > \"$files.log\" 2>&1 < /dev/null & echo \$! > \"$files.pid\""
   local deadline=$((SECONDS + READY_S))
-  until $SSH "$host" "grep -q '^tessera agent ready ' ~/.tessera/agent.log"; do
-    (( SECONDS < deadline )) || die "agent on $host not ready after ${READY_S}s: $($SSH "$host" 'tail -n1 ~/.tessera/agent.log')"
-    $SSH "$host" 'kill -0 $(cat ~/.tessera/agent.pid) 2>/dev/null' \
-      || die "agent on $host exited: $($SSH "$host" 'tail -n1 ~/.tessera/agent.log')"
+  until $SSH "$host" "grep -q '^tessera agent ready ' \"$files.log\""; do
+    (( SECONDS < deadline )) || die "agent on $host not ready after ${READY_S}s: $($SSH "$host" "tail -n1 \"$files.log\"")"
+    $SSH "$host" "kill -0 \$(cat \"$files.pid\") 2>/dev/null" \
+      || die "agent on $host exited: $($SSH "$host" "tail -n1 \"$files.log\"")"
     sleep 1
   done
   echo "agent on $host:$port ($devices) ready" >&2
 }
 
 cmd=${1:-}; file=${2:-}
-[[ -n "$cmd" && -n "$file" ]] || { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ -n "$cmd" && -n "$file" ]] || { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 mapfile -t hosts < <(parse_hostfile "$file")
 [[ ${#hosts[@]} -gt 0 ]] || die "hostfile '$file' lists no hosts"
 case $cmd in
@@ -78,9 +82,10 @@ case $cmd in
     ;;
   stop)
     for h in "${hosts[@]}"; do
-      read -r host _ _ <<<"$h"
-      $SSH "$host" 'test -f ~/.tessera/agent.pid && kill -TERM $(cat ~/.tessera/agent.pid) && rm -f ~/.tessera/agent.pid' \
-        && echo "stopped agent on $host" || echo "no running agent recorded on $host"
+      read -r host _ port <<<"$h"
+      pid="$RDIR/agent-$host-$port.pid"
+      $SSH "$host" "test -f \"$pid\" && kill -TERM \$(cat \"$pid\") && rm -f \"$pid\"" \
+        && echo "stopped agent on $host:$port" || echo "no running agent recorded on $host:$port"
     done
     ;;
   *) die "unknown command '$cmd' (start | stop)" ;;
