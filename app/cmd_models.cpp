@@ -14,14 +14,15 @@ void add_model_commands(CLI::App& app) {
   auto opts = std::make_shared<models::InitModelOptions>();
   auto vocab = std::make_shared<int64_t>(0);
   CLI::App* cmd = app.add_subcommand("init-model", "Write a small randomly initialised HF model directory");
-  cmd->add_option("--arch", opts->arch, "Model family: llama | qwen2 | qwen3")
+  cmd->add_option("--arch", opts->arch, "Model family: llama | qwen2 | qwen3 | mistral | gemma2")
       ->required()
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "mistral", "gemma2"}));
   cmd->add_option("--hidden", opts->hidden, "hidden_size")->required();
   cmd->add_option("--layers", opts->layers, "num_hidden_layers")->required();
   cmd->add_option("--heads", opts->heads, "num_attention_heads")->required();
   cmd->add_option("--kv-heads", opts->kv_heads, "num_key_value_heads (default: --heads)");
   cmd->add_option("--head-dim", opts->head_dim, "head_dim (default: --hidden / --heads)");
+  cmd->add_option("--sliding-window", opts->sliding_window, "mistral, gemma2: sliding_window (default: none)");
   cmd->add_option("--intermediate", opts->intermediate, "intermediate_size (default: 8/3 hidden, rounded to 64)");
   cmd->add_option("--tokenizer", opts->tokenizer, "bytes | chars:ALPHABET | PATH to a tokenizer directory")->required();
   cmd->add_option("--seed", opts->seed, "Initialisation seed")->required();

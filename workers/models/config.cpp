@@ -20,8 +20,7 @@ const char* const kModelledFields[] = {
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
     "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings",
     "attention_bias",
-    "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
-    "hidden_act"};
+    "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype"};
 
 Status field_error(const std::string& source, const std::string& field, const std::string& what) {
   return make_error(ErrorCode::invalid_argument, "{}: field '{}' {}", source, field, what);
@@ -207,6 +206,10 @@ struct ModelTypeTraits {
   int64_t default_max_positions;
   int64_t default_head_dim;  ///< 0: hidden_size / num_attention_heads.
   std::function<Status(const json&, const std::string&, ModelConfig&)> specifics;
+  bool default_tie = false;                ///< tie_word_embeddings when absent.
+  const char* activation_key = "hidden_act";
+  const char* activation = "silu";         ///< The one activation implemented (and HF's default).
+  std::vector<const char*> own_fields;     ///< Further keys `specifics` models (not kept in `extra`).
 };
 
 Status llama_specifics(const json& j, const std::string& source, ModelConfig& c) {
@@ -226,11 +229,83 @@ Status qwen3_specifics(const json& j, const std::string& source, ModelConfig& c)
   return read_bool(j, source, "attention_bias", c.attention_bias);
 }
 
+// A positive integer or null (no window); HF's class default (4096) when absent.
+Status read_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
+  c.sliding_window = 4096;
+  if (!j.contains("sliding_window")) return Status();
+  const json& v = j.at("sliding_window");
+  if (v.is_null()) {
+    c.sliding_window.reset();
+    return Status();
+  }
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+    return field_error(source, "sliding_window", "must be a positive integer or null, got " + v.dump());
+  }
+  c.sliding_window = v.get<int64_t>();
+  return Status();
+}
+
+// Mistral: Llama's maths, no biases anywhere (HF ignores attention_bias), sliding_window honoured.
+Status mistral_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  c.attention_bias = false;
+  return read_sliding_window(j, source, c);
+}
+
+// A softcap: a positive number, or null (off); `fallback` when absent.
+Status read_softcap(const json& j, const std::string& source, const char* field, double fallback,
+                    std::optional<double>& out) {
+  out = fallback;
+  if (!j.contains(field)) return Status();
+  const json& v = j.at(field);
+  if (v.is_null()) {
+    out.reset();
+    return Status();
+  }
+  if (!v.is_number() || !(v.get<double>() > 0.0)) {
+    return field_error(source, field, "must be a positive number or null, got " + v.dump());
+  }
+  out = v.get<double>();
+  return Status();
+}
+
+Status read_layer_types(const json& j, const std::string& source, ModelConfig& c) {
+  if (!j.contains("layer_types") || j.at("layer_types").is_null()) return Status();
+  const json& v = j.at("layer_types");
+  if (!v.is_array()) return field_error(source, "layer_types", "must be a list of strings");
+  for (const json& e : v) {
+    if (!e.is_string() || (e != "sliding_attention" && e != "full_attention")) {
+      return field_error(source, "layer_types",
+                         "holds " + e.dump() + "; only \"sliding_attention\" and \"full_attention\" are supported");
+    }
+    c.layer_types.push_back(e.get<std::string>());
+  }
+  return Status();
+}
+
+// Gemma2: HF Gemma2Config's defaults for every key that changes the maths.
+Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(require_false(j, source, "use_bidirectional_attention", "causal attention only"));
+  TESSERA_RETURN_IF_ERROR(read_bool(j, source, "attention_bias", c.attention_bias));
+  c.query_pre_attn_scalar = 256.0;
+  TESSERA_RETURN_IF_ERROR(read_double(j, source, "query_pre_attn_scalar", c.query_pre_attn_scalar));
+  if (!(c.query_pre_attn_scalar > 0.0)) return field_error(source, "query_pre_attn_scalar", "must be positive");
+  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "attn_logit_softcapping", 50.0, c.attn_logit_softcapping));
+  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "final_logit_softcapping", 30.0, c.final_logit_softcapping));
+  TESSERA_RETURN_IF_ERROR(read_sliding_window(j, source, c));
+  return read_layer_types(j, source, c);
+}
+
 const std::vector<ModelTypeTraits>& model_types() {
   static const std::vector<ModelTypeTraits> table = {
       {"llama", "LlamaForCausalLM", "LlamaForTokenClassification", 2048, 0, llama_specifics},
       {"qwen2", "Qwen2ForCausalLM", "Qwen2ForTokenClassification", 32768, 0, qwen2_specifics},
       {"qwen3", "Qwen3ForCausalLM", "Qwen3ForTokenClassification", 32768, 128, qwen3_specifics},
+      {"mistral", "MistralForCausalLM", "MistralForTokenClassification", 4096 * 32, 0, mistral_specifics,
+       /*default_tie=*/false, "hidden_act", "silu", {"sliding_window"}},
+      {"gemma2", "Gemma2ForCausalLM", "Gemma2ForTokenClassification", 8192, 256, gemma2_specifics,
+       /*default_tie=*/true, "hidden_activation", "gelu_pytorch_tanh",
+       {"sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
+        "final_logit_softcapping"}},
   };
   return table;
 }
@@ -276,7 +351,7 @@ Status read_scalars(const json& j, const std::string& source, ModelConfig& c) {
   return read_eos(j, source, c);
 }
 
-Status read_strings(const json& j, const std::string& source, ModelConfig& c) {
+Status read_strings(const json& j, const std::string& source, const ModelTypeTraits& t, ModelConfig& c) {
   for (const char* key : {"torch_dtype", "dtype"}) {
     if (!j.contains(key) || j.at(key).is_null()) continue;
     if (!j.at(key).is_string()) return field_error(source, key, "must be a string");
@@ -284,12 +359,14 @@ Status read_strings(const json& j, const std::string& source, ModelConfig& c) {
     auto parsed = parse_torch_dtype(c.torch_dtype);
     if (!parsed.ok()) return field_error(source, key, "= '" + c.torch_dtype + "' is not supported");
   }
-  if (j.contains("hidden_act")) {
-    if (!j.at("hidden_act").is_string()) return field_error(source, "hidden_act", "must be a string");
-    c.hidden_act = j.at("hidden_act").get<std::string>();
+  const char* key = t.activation_key;
+  c.hidden_act = t.activation;
+  if (j.contains(key) && !j.at(key).is_null()) {
+    if (!j.at(key).is_string()) return field_error(source, key, "must be a string");
+    c.hidden_act = j.at(key).get<std::string>();
   }
-  if (c.hidden_act != "silu") {
-    return field_error(source, "hidden_act", "= '" + c.hidden_act + "' is not supported (only silu)");
+  if (c.hidden_act != t.activation) {
+    return field_error(source, key, "= '" + c.hidden_act + "' is not supported (only " + t.activation + ")");
   }
   return Status();
 }
@@ -303,6 +380,30 @@ Status read_architecture(const json& j, const std::string& source, const ModelTy
     return field_error(source, "architectures", "must be a non-empty list of strings");
   }
   c.architecture = a.at(0).get<std::string>();
+  return Status();
+}
+
+// The Mistral/Gemma2 fields the decoder reads: only on the families that have them, in range.
+Status validate_family_fields(const ModelConfig& c, const std::string& source) {
+  const bool gemma = c.model_type == "gemma2";
+  if (c.hidden_act != (gemma ? "gelu_pytorch_tanh" : "silu")) {
+    return field_error(source, gemma ? "hidden_activation" : "hidden_act", "= '" + c.hidden_act + "' is not supported");
+  }
+  if (c.sliding_window && (*c.sliding_window <= 0 || (!gemma && c.model_type != "mistral"))) {
+    return field_error(source, "sliding_window", "is honoured for mistral and gemma2 only, and must be positive");
+  }
+  if (!c.layer_types.empty() && (!gemma || static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)) {
+    return field_error(source, "layer_types", "is gemma2's, with one entry per layer");
+  }
+  const bool gemma_fields = c.query_pre_attn_scalar != 0.0 || c.attn_logit_softcapping || c.final_logit_softcapping;
+  if (gemma_fields && !gemma) {
+    return field_error(source, "query_pre_attn_scalar", "and the logit softcaps are gemma2's fields");
+  }
+  if (c.query_pre_attn_scalar < 0.0) return field_error(source, "query_pre_attn_scalar", "must be positive");
+  for (const auto& [name, cap] : {std::pair{"attn_logit_softcapping", c.attn_logit_softcapping},
+                                  std::pair{"final_logit_softcapping", c.final_logit_softcapping}}) {
+    if (cap && !(*cap > 0.0)) return field_error(source, name, "must be positive");
+  }
   return Status();
 }
 
@@ -340,6 +441,21 @@ json rope_scaling_json(const ModelConfig& c) {
   return s;
 }
 
+// Mistral's and Gemma2's own keys, always written (an absent one would mean HF's default, not ours).
+void write_family_fields(const ModelConfig& c, json& j) {
+  auto optional = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+  if (c.model_type == "mistral" || c.model_type == "gemma2") j["sliding_window"] = optional(c.sliding_window);
+  if (c.model_type != "gemma2") return;
+  std::vector<std::string> types = c.layer_types;
+  for (int64_t i = static_cast<int64_t>(types.size()); i < c.num_hidden_layers; ++i) {
+    types.push_back(c.layer_slides(i) || (!c.sliding_window && i % 2 == 0) ? "sliding_attention" : "full_attention");
+  }
+  j["layer_types"] = types;
+  j["query_pre_attn_scalar"] = c.query_pre_attn_scalar > 0.0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+  j["attn_logit_softcapping"] = optional(c.attn_logit_softcapping);
+  j["final_logit_softcapping"] = optional(c.final_logit_softcapping);
+}
+
 }  // namespace
 
 Result<ModelConfig> parse_model_config(const json& j, const std::string& source) {
@@ -351,17 +467,20 @@ Result<ModelConfig> parse_model_config(const json& j, const std::string& source)
   c.model_type = j.at("model_type").get<std::string>();
   TESSERA_ASSIGN_OR_RETURN(const ModelTypeTraits* traits, find_model_type(c.model_type, source));
   c.max_position_embeddings = traits->default_max_positions;
+  c.tie_word_embeddings = traits->default_tie;
   TESSERA_RETURN_IF_ERROR(read_architecture(j, source, *traits, c));
   TESSERA_RETURN_IF_ERROR(check_common_refusals(j, source));
   TESSERA_RETURN_IF_ERROR(read_sizes(j, source, traits->default_head_dim, c));
   TESSERA_RETURN_IF_ERROR(read_scalars(j, source, c));
   TESSERA_RETURN_IF_ERROR(read_rope(j, source, c));
   TESSERA_RETURN_IF_ERROR(traits->specifics(j, source, c));
-  TESSERA_RETURN_IF_ERROR(read_strings(j, source, c));
+  TESSERA_RETURN_IF_ERROR(read_strings(j, source, *traits, c));
   for (const auto& [key, value] : j.items()) {
-    if (std::find(std::begin(kModelledFields), std::end(kModelledFields), key) == std::end(kModelledFields)) {
-      c.extra[key] = value;
-    }
+    const auto& own = traits->own_fields;
+    if (std::find(std::begin(kModelledFields), std::end(kModelledFields), key) != std::end(kModelledFields)) continue;
+    if (key == traits->activation_key) continue;
+    if (std::find_if(own.begin(), own.end(), [&](const char* f) { return key == f; }) != own.end()) continue;
+    c.extra[key] = value;
   }
   TESSERA_RETURN_IF_ERROR(validate_model_config(c, source));
   return c;
@@ -384,7 +503,14 @@ Status validate_model_config(const ModelConfig& c, const std::string& source) {
   if (c.head_dim % 2 != 0) return field_error(source, "head_dim", "must be even (RoPE rotates pairs)");
   if (!(c.rms_norm_eps > 0.0)) return field_error(source, "rms_norm_eps", "must be positive");
   if (!(c.rope_theta > 0.0)) return field_error(source, "rope_theta", "must be positive");
+  TESSERA_RETURN_IF_ERROR(validate_family_fields(c, source));
   return validate_rope_scaling(c, source);
+}
+
+bool ModelConfig::layer_slides(int64_t index) const {
+  if (!sliding_window) return false;
+  if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(index)) == "sliding_attention";
+  return model_type != "gemma2" || index % 2 == 0;  // Gemma2Config: (i + 1) % 2 slides
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {
@@ -408,17 +534,21 @@ json model_config_to_json(const ModelConfig& c) {
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
-  // Qwen3's head_dim defaults to 128, not hidden_size / num_attention_heads: always written there.
-  if (c.model_type == "qwen3" || c.head_dim != c.hidden_size / c.num_attention_heads) j["head_dim"] = c.head_dim;
+  // Qwen3's head_dim defaults to 128 and Gemma2's to 256, not hidden_size / num_attention_heads:
+  // always written there.
+  const bool own_head_dim = c.model_type == "qwen3" || c.model_type == "gemma2";
+  if (own_head_dim || c.head_dim != c.hidden_size / c.num_attention_heads) j["head_dim"] = c.head_dim;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
   j["rope_scaling"] = rope_scaling_json(c);
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type != "qwen2") j["attention_bias"] = c.attention_bias;  // Qwen2 has no such key
+  // Qwen2 and Mistral have no such key
+  if (c.model_type != "qwen2" && c.model_type != "mistral") j["attention_bias"] = c.attention_bias;
   j["initializer_range"] = c.initializer_range;
   j["torch_dtype"] = c.torch_dtype;
-  j["hidden_act"] = c.hidden_act;
+  j[c.model_type == "gemma2" ? "hidden_activation" : "hidden_act"] = c.hidden_act;
+  write_family_fields(c, j);
   j["bos_token_id"] = c.bos_token_id ? json(*c.bos_token_id) : json(nullptr);
   j["pad_token_id"] = c.pad_token_id ? json(*c.pad_token_id) : json(nullptr);
   if (c.eos_is_list || c.eos_token_ids.size() > 1) {

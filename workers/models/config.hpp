@@ -1,13 +1,16 @@
-// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3 model, read and written with
-// HF's own field names.
+// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3/Mistral/Gemma2 model, read and
+// written with HF's own field names.
 //
 // Contract: parse_model_config() accepts exactly what Tessera's decoder implements. A field whose
 // value would change the maths in a way we do not implement (a rope_scaling type other than
-// default/linear/dynamic/llama3, hidden_act other than silu, a sliding window narrower than
-// max_position_embeddings, mlp_bias, dropout > 0 in attention) is refused with an error naming the
-// field and the file. Fields that do not change the maths (transformers_version, use_cache,
+// default/linear/dynamic/llama3, hidden_act other than silu (gemma2: hidden_activation other than
+// gelu_pytorch_tanh), a Qwen2/Qwen3 sliding window narrower than max_position_embeddings, mlp_bias,
+// dropout > 0 in attention) is refused with an error naming the field and the file. Mistral's and
+// Gemma2's sliding_window is honoured (Note [Sliding window] in decoder.cpp). Fields that do not change the maths (transformers_version, use_cache,
 // initializer_range, ...) are kept verbatim in `extra` so a load/save round trip preserves them.
-// Defaults for absent fields follow HF's LlamaConfig / Qwen2Config / Qwen3Config.
+// Defaults for absent fields follow HF's LlamaConfig / Qwen2Config / Qwen3Config / MistralConfig /
+// Gemma2Config (transformers 5.24): e.g. an absent sliding_window is 4096 for mistral and gemma2, an
+// absent final_logit_softcapping is 30 for gemma2, and gemma2's embeddings are tied by default.
 //
 // RoPE: transformers < 5 writes `rope_theta` and `rope_scaling` ({"rope_type" or "type", ...});
 // transformers >= 5 writes `rope_parameters` ({"rope_type", "rope_theta", ...}). Both are read, as
@@ -56,7 +59,7 @@ struct RopeScaling {
 /// The hyper-parameters of one decoder model, named as in HF's config.json.
 struct ModelConfig {
   std::string architecture;   ///< architectures[0], e.g. "Qwen2ForCausalLM".
-  std::string model_type;     ///< "llama", "qwen2" or "qwen3".
+  std::string model_type;     ///< "llama", "qwen2", "qwen3", "mistral" or "gemma2".
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -76,7 +79,15 @@ struct ModelConfig {
   bool eos_is_list = false;
   std::optional<int64_t> pad_token_id;
   std::string torch_dtype = "float32";
-  std::string hidden_act = "silu";
+  std::string hidden_act = "silu";  ///< gemma2: HF's `hidden_activation` ("gelu_pytorch_tanh").
+  /// mistral, gemma2: keys more than this many visible keys back are hidden (unset: no window).
+  std::optional<int64_t> sliding_window;
+  /// gemma2: "sliding_attention" / "full_attention" per layer. Empty: HF's default (gemma2: even
+  /// layer indices slide; mistral: every layer slides when sliding_window is set).
+  std::vector<std::string> layer_types;
+  double query_pre_attn_scalar = 0.0;            ///< gemma2: attention scale is this^-0.5 (0: head_dim).
+  std::optional<double> attn_logit_softcapping;  ///< gemma2: scores -> tanh(scores / c) * c.
+  std::optional<double> final_logit_softcapping; ///< gemma2: logits -> tanh(logits / c) * c.
   nlohmann::json extra = nlohmann::json::object();  ///< Unmodelled fields, kept verbatim.
 
   /// num_attention_heads / num_key_value_heads.
@@ -85,6 +96,11 @@ struct ModelConfig {
   bool qk_norm() const { return model_type == "qwen3"; }
   /// HF's o_proj carries a bias when attention_bias is set (Llama, Qwen3), never in Qwen2.
   bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
+  /// Gemma2: RMSNorm scales by (1 + weight); four norms per layer (the attention and MLP outputs are
+  /// normed before their residual add); embeddings scaled by sqrt(hidden_size) in their dtype.
+  bool gemma_norms() const { return model_type == "gemma2"; }
+  /// Whether layer `index` attends through the sliding window (see sliding_window, layer_types).
+  bool layer_slides(int64_t index) const;
 };
 
 /// Parses a config.json object; `source` (a file name) is used in error messages.

@@ -25,7 +25,8 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, const at::TensorOption
 
 at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
 
-RMSNorm::RMSNorm(int64_t dim, double eps_, const at::TensorOptions& options) : eps(eps_) {
+RMSNorm::RMSNorm(int64_t dim, double eps_, const at::TensorOptions& options, bool unit_offset_)
+    : eps(eps_), unit_offset(unit_offset_) {
   weight = register_parameter("weight", at::empty({dim}, options));
 }
 
@@ -33,6 +34,8 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   at::Tensor h = x.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + eps);
+  // Gemma2 scales in fp32 and casts after; Llama casts first (HF PR 29402).
+  if (unit_offset) return (h * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
   return weight * h.to(x.scalar_type());
 }
 
@@ -107,7 +110,16 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
 // read of that cache (a masked key still costs 0 x NaN). Those positions' outputs are never read,
 // so letting them see themselves changes no result and keeps every value finite; every other
 // query keeps its mask exactly. Done once per forward here, not per layer.
-at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len) {
+//
+// Note [Sliding window]
+// HF masks a sliding layer's key column kv_idx for query column q_idx unless
+// kv_idx > q_idx - sliding_window (masking_utils.sliding_window_overlay), on batches whose rows are
+// left-padded and then contiguous, so q_idx - kv_idx is the number of the row's tokens in
+// (kv_idx, q_idx]. We count those tokens instead of columns: key s stays visible iff fewer than
+// `window` visible keys lie in (s, q]. On every batch HF builds the two rules agree; the count
+// also stays right where a row's columns have holes (the rollout engine's slot cache, Note [Slot
+// cache layout], admits sequences by advancing a shared cursor, and repack() moves columns).
+at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len, int64_t window) {
   int64_t total = past_len + query_len;
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(key_mask.device());
   at::Tensor query_col = at::arange(past_len, total, long_opts).unsqueeze(1);  // [T, 1]
@@ -115,8 +127,20 @@ at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, i
   at::Tensor causal = key_col.le(query_col);                                   // [T, S]
   at::Tensor keys = key_mask.ne(0).view({key_mask.size(0), 1, 1, total});     // [B, 1, 1, S]
   at::Tensor visible = causal.view({1, 1, query_len, total}).logical_and(keys);  // [B, 1, T, S]
+  if (window > 0) {
+    at::Tensor seen = keys.to(at::kLong).cumsum(-1);                            // [B, 1, 1, S] keys in [0, s]
+    at::Tensor at_query = seen.narrow(-1, past_len, query_len).transpose(-1, -2);  // [B, 1, T, 1]
+    visible = visible.logical_and((at_query - seen).lt(window));               // [B, 1, T, S]
+  }
   at::Tensor blind = visible.any(-1, /*keepdim=*/true).logical_not();          // [B, 1, T, 1]
   return visible.logical_or(blind.logical_and(key_col.eq(query_col).view({1, 1, query_len, total})));
+}
+
+at::Tensor last_query_window(const at::Tensor& visible, int64_t columns, int64_t window) {
+  at::Tensor keys = visible.narrow(1, 0, columns).to(at::kBool);
+  at::Tensor seen = keys.to(at::kLong).cumsum(1);                               // [B, columns]
+  at::Tensor total = seen.narrow(1, columns - 1, 1);                            // [B, 1]
+  return keys.logical_and((total - seen).lt(window)).contiguous();
 }
 
 namespace {
@@ -129,8 +153,16 @@ at::Tensor split_heads(const at::Tensor& x, int64_t heads, int64_t head_dim) {
 }  // namespace
 
 // Registration order is HF's (q, k, v, o, q_norm, k_norm): FSDP flattens parameters in this order.
-Attention::Attention(const ModelConfig& c, const at::TensorOptions& options)
-    : num_heads_(c.num_attention_heads), num_kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+Attention::Attention(const ModelConfig& c, const at::TensorOptions& options, int64_t layer_index)
+    : num_heads_(c.num_attention_heads),
+      num_kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      scaling_(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
+      softcap_(c.attn_logit_softcapping) {
+  if (c.layer_slides(layer_index)) window_ = *c.sliding_window;
+  // HF Gemma2: config.query_pre_attn_scalar**-0.5 (Python's pow).
+  if (c.query_pre_attn_scalar > 0.0) scaling_ = std::pow(c.query_pre_attn_scalar, -0.5);
+  plain_scores_ = !softcap_ && c.query_pre_attn_scalar <= 0.0;
   q_proj = register_module("q_proj", std::make_shared<Linear>(c.hidden_size, num_heads_ * head_dim_, c.attention_bias, options));
   k_proj = register_module("k_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
   v_proj = register_module("v_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
@@ -171,63 +203,117 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
     v = cache->value.narrow(2, 0, cache->past + T);
   }
   // LibTorch's fused attention (flash / memory-efficient on a GPU, the flash CPU kernel on the
-  // host); grouped-query heads share their K/V without repeat_kv copies.
-  const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false, scaling,
-                                                    /*enable_gqa=*/num_heads_ != num_kv_heads_);
+  // host); grouped-query heads share their K/V without repeat_kv copies. No fused kernel softcaps.
+  at::Tensor out = softcap_ ? softcapped_attention(q, k, v, visible)
+                            : at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0,
+                                                               /*is_causal=*/false, scaling_,
+                                                               /*enable_gqa=*/num_heads_ != num_kv_heads_);
   return output(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), output_bias);
 }
 
-MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) {
+// HF Gemma2's eager_attention_forward: scores * scaling, tanh softcap, mask, softmax in fp32 cast
+// back, times V. Queries are grouped [B, kv, groups * T, D] so each KV head is read in place
+// (HF's repeat_kv copies give the same sums).
+at::Tensor Attention::softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& visible) const {
+  const int64_t B = q.size(0), T = q.size(2), S = k.size(2), groups = num_heads_ / num_kv_heads_;
+  at::Tensor qg = q.reshape({B, num_kv_heads_, groups * T, head_dim_});
+  at::Tensor scores = at::matmul(qg, k.transpose(2, 3)) * scaling_;              // [B, kv, groups*T, S]
+  scores = at::tanh(scores / *softcap_) * *softcap_;
+  scores = scores.view({B, num_heads_, T, S}).masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  at::Tensor weights = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(weights.view({B, num_kv_heads_, groups * T, S}), v).view({B, num_heads_, T, head_dim_});
+}
+
+MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) : gelu_tanh_(c.hidden_act == "gelu_pytorch_tanh") {
   gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, false, options));
   up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, false, options));
   down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, options));
 }
 
 at::Tensor MLP::forward(const at::Tensor& x) const {
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  at::Tensor gate = gate_proj->forward(x);
+  gate = gelu_tanh_ ? at::gelu(gate, "tanh") : at::silu(gate);
+  return down_proj->forward(gate * up_proj->forward(x));
 }
 
-DecoderLayer::DecoderLayer(const ModelConfig& c, const at::TensorOptions& options) {
-  self_attn = register_module("self_attn", std::make_shared<Attention>(c, options));
+// Registration order is HF's (self_attn, mlp, then the norms): FSDP flattens parameters in this order.
+DecoderLayer::DecoderLayer(const ModelConfig& c, const at::TensorOptions& options, int64_t layer_index) {
+  const bool gemma = c.gemma_norms();
+  auto make_norm = [&](const char* name) {
+    return register_module(name, std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options, gemma));
+  };
+  self_attn = register_module("self_attn", std::make_shared<Attention>(c, options, layer_index));
   mlp = register_module("mlp", std::make_shared<MLP>(c, options));
-  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  input_layernorm = make_norm("input_layernorm");
+  post_attention_layernorm = make_norm("post_attention_layernorm");
+  if (gemma) {
+    pre_feedforward_layernorm = make_norm("pre_feedforward_layernorm");
+    post_feedforward_layernorm = make_norm("post_feedforward_layernorm");
+  }
+}
+
+at::Tensor DecoderLayer::add_attention(const at::Tensor& h, const at::Tensor& attn) const {
+  return h + (pre_feedforward_layernorm ? post_attention_layernorm->forward(attn) : attn);
+}
+
+at::Tensor DecoderLayer::mlp_input(const at::Tensor& h) const {
+  return (pre_feedforward_layernorm ? pre_feedforward_layernorm : post_attention_layernorm)->forward(h);
+}
+
+at::Tensor DecoderLayer::add_mlp(const at::Tensor& h, const at::Tensor& m) const {
+  return h + (post_feedforward_layernorm ? post_feedforward_layernorm->forward(m) : m);
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                                 const LayerCacheView* cache) const {
-  at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope, visible, cache);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+                                 const at::Tensor& visible_window, const LayerCacheView* cache) const {
+  const at::Tensor& mask = self_attn->window() > 0 ? visible_window : visible;
+  at::Tensor h = add_attention(x, self_attn->forward(input_layernorm->forward(x), rope, mask, cache));
+  return add_mlp(h, mlp->forward(mlp_input(h)));
 }
 
 DecoderBackbone::DecoderBackbone(const ModelConfig& c, const at::TensorOptions& options) : config_(c) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, options));
   auto list = register_module("layers", std::make_shared<torch::nn::Module>("LayerList"));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers.push_back(list->register_module(std::to_string(i), std::make_shared<DecoderLayer>(c, options)));
+    layers.push_back(list->register_module(std::to_string(i), std::make_shared<DecoderLayer>(c, options, i)));
   }
-  norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options, c.gemma_norms()));
+}
+
+at::Tensor DecoderBackbone::embed(const at::Tensor& input_ids) const {
+  at::Tensor h = embed_tokens->forward(input_ids);
+  if (!config_.gemma_norms()) return h;
+  // HF Gemma2TextScaledWordEmbedding: a 0-dim fp32 buffer hidden_size**0.5, cast to the weight's dtype.
+  at::Tensor scale = at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)),
+                                       at::TensorOptions().dtype(at::kFloat).device(h.device()));
+  return h * scale.to(h.scalar_type());
+}
+
+at::Tensor DecoderBackbone::window_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len) const {
+  bool any = false;
+  for (const auto& layer : layers) any = any || layer->self_attn->window() > 0;
+  if (!any) return at::Tensor();
+  return attention_visibility(key_mask, query_len, past_len, *config_.sliding_window);
 }
 
 at::Tensor DecoderBackbone::run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
-                                       KVCache* cache) const {
+                                       const at::Tensor& visible_window, KVCache* cache) const {
   RotaryTables rope = make_rotary_tables(position_ids, config_, h.scalar_type());
   for (size_t i = 0; i < layers.size(); ++i) {
     if (cache == nullptr && layer_runner_) {
-      LayerCall call = [layer = layers[i], rope, visible](const at::Tensor& x) {
-        return layer->forward(x, rope, visible, nullptr);
+      LayerCall call = [layer = layers[i], rope, visible, visible_window](const at::Tensor& x) {
+        return layer->forward(x, rope, visible, visible_window, nullptr);
       };
       h = layer_runner_(static_cast<int64_t>(i), std::move(call), h);
       continue;
     }
     if (cache == nullptr) {
-      h = layers[i]->forward(h, rope, visible, nullptr);
+      h = layers[i]->forward(h, rope, visible, visible_window, nullptr);
       continue;
     }
     LayerCacheView view{cache->key(static_cast<int64_t>(i)), cache->value(static_cast<int64_t>(i)), cache->length()};
-    h = layers[i]->forward(h, rope, visible, &view);
+    h = layers[i]->forward(h, rope, visible, visible_window, &view);
   }
   return norm->forward(h);
 }
@@ -239,7 +325,8 @@ at::Tensor DecoderBackbone::forward(const at::Tensor& input_ids, const at::Tenso
               "DecoderBackbone::forward: input_ids, attention_mask, position_ids must all be [B, T]; got ",
               input_ids.sizes(), ", ", attention_mask.sizes(), ", ", position_ids.sizes());
   at::Tensor visible = attention_visibility(attention_mask, input_ids.size(1), /*past_len=*/0);
-  return run_layers(embed_tokens->forward(input_ids), position_ids, visible, nullptr);
+  at::Tensor visible_window = window_visibility(attention_mask, input_ids.size(1), /*past_len=*/0);
+  return run_layers(embed(input_ids), position_ids, visible, visible_window, nullptr);
 }
 
 at::Tensor DecoderBackbone::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,
@@ -255,7 +342,8 @@ at::Tensor DecoderBackbone::forward_step(const at::Tensor& input_ids, const at::
               cache.dtype(), " != parameter dtype ", embed_tokens->weight.scalar_type());
   at::NoGradGuard no_grad;
   at::Tensor visible = attention_visibility(cache_mask.narrow(1, 0, past + T), T, past);
-  at::Tensor h = run_layers(embed_tokens->forward(input_ids), position_ids, visible, &cache);
+  at::Tensor visible_window = window_visibility(cache_mask.narrow(1, 0, past + T), T, past);
+  at::Tensor h = run_layers(embed(input_ids), position_ids, visible, visible_window, &cache);
   cache.advance(T);
   return h;
 }

@@ -1,8 +1,9 @@
-// decoder.hpp: the decoder-only transformer shared by Llama, Qwen2 and Qwen3, as torch::nn modules
-// whose parameters carry HF's names (q_proj.weight, input_layernorm.weight, ...).
+// decoder.hpp: the decoder-only transformer shared by Llama, Qwen2, Qwen3, Mistral and Gemma2, as
+// torch::nn modules whose parameters carry HF's names (q_proj.weight, input_layernorm.weight, ...).
 //
-// The maths follows HF's modeling_llama / modeling_qwen2 / modeling_qwen3 exactly:
+// The maths follows HF's modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma2 (transformers 5.24):
 //   RMSNorm     y = weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)
+//               Gemma2: y = (x_f32 * rsqrt(mean(x_f32^2) + eps) * (1 + weight_f32)).to(x.dtype)
 //   RoPE        inv_freq = 1 / theta^(arange(0, D, 2) / D), rescaled per config.rope_scaling
 //               (linear, dynamic NTK, llama3; see RopeScaling in config.hpp); emb = cat(freqs, freqs);
 //               x' = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
@@ -10,11 +11,21 @@
 //               projection and before RoPE
 //   biases      q/k/v when attention_bias (always for Qwen2); o_proj too for Llama and Qwen3
 //   attention   softmax(q k^T * D^-0.5, masked) v through at::scaled_dot_product_attention, as
-//               HF's sdpa path; GQA heads share K/V (enable_gqa) instead of repeat_kv copies
-//   MLP         down(silu(gate(x)) * up(x))
+//               HF's sdpa path; GQA heads share K/V (enable_gqa) instead of repeat_kv copies.
+//               Gemma2: scale query_pre_attn_scalar^-0.5 and scores tanh(s / c) * c
+//               (attn_logit_softcapping), computed as HF's eager path (softmax in fp32)
+//   MLP         down(silu(gate(x)) * up(x)); Gemma2: gelu(tanh approximation) instead of silu
+//   layer       x + attn(norm(x)), then x + mlp(norm(x)); Gemma2 ("sandwich"): x + norm(attn(norm(x))),
+//               then x + norm(mlp(norm(x))) with post_attention / pre_feedforward /
+//               post_feedforward layernorms
+//   Gemma2      embeddings * sqrt(hidden_size) (a 0-dim fp32 tensor cast to the embedding's dtype),
+//               logits tanh(l / c) * c (final_logit_softcapping) in the compute dtype
+//   Mistral     Llama's maths with a sliding window
 // Masking: query t (cache column past + t) sees key column s iff s <= past + t and the key's
-// attention-mask bit is 1. A query that would see nothing sees its own key (Note [No fully masked
-// query] in decoder.cpp), so a left-padding position gets a finite, meaningless output, not NaN.
+// attention-mask bit is 1; a sliding layer (Mistral, Gemma2's even layers) further hides keys more
+// than sliding_window visible keys back (Note [Sliding window] in decoder.cpp). A query that would
+// see nothing sees its own key (Note [No fully masked query] in decoder.cpp), so a left-padding
+// position gets a finite, meaningless output, not NaN.
 //
 // Parameters are created uninitialised (at::empty) in the requested dtype; a loader or
 // initialize_weights() fills them. Every module holds its parameter tensors as the same TensorImpl
@@ -26,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -55,13 +67,14 @@ class Embedding : public torch::nn::Module {
   at::Tensor weight;
 };
 
-/// HF LlamaRMSNorm / Qwen2RMSNorm, parameter "weight" [hidden].
+/// HF LlamaRMSNorm / Qwen2RMSNorm, or with `unit_offset` Gemma2RMSNorm; parameter "weight" [hidden].
 class RMSNorm : public torch::nn::Module {
  public:
-  RMSNorm(int64_t dim, double eps, const at::TensorOptions& options);
+  RMSNorm(int64_t dim, double eps, const at::TensorOptions& options, bool unit_offset = false);
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight;
   double eps;
+  bool unit_offset;  ///< Gemma2: scale by (1 + weight), in fp32.
 };
 
 /// cos/sin tables for one batch of position ids, [B, 1, T, head_dim] in the compute dtype.
@@ -85,9 +98,14 @@ RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfi
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
 
 /// Visibility [B, 1, T, past + T] (bool): key column s visible to query t iff s <= past + t and
-/// key_mask[b, s] != 0; a query that sees no key sees its own (Note [No fully masked query]).
+/// key_mask[b, s] != 0, and with `window` > 0 fewer than `window` visible keys lie in (s, past + t]
+/// (Note [Sliding window]); a query that sees no key sees its own (Note [No fully masked query]).
 /// REQUIRES: key_mask is [B, past + T].
-at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len);
+at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len, int64_t window = 0);
+
+/// The sliding-window visibility [B, columns] (bool, contiguous) of ONE query at column
+/// columns - 1 whose visible keys are `visible` [B, >= columns]: the last `window` of them.
+at::Tensor last_query_window(const at::Tensor& visible, int64_t columns, int64_t window);
 
 /// Where one layer reads and writes its keys/values during incremental decoding.
 struct LayerCacheView {
@@ -96,11 +114,12 @@ struct LayerCacheView {
   int64_t past = 0;  ///< Columns already filled; new keys go to [past, past + T).
 };
 
-/// HF LlamaAttention / Qwen2Attention / Qwen3Attention: q/k/v/o projections (biases as
-/// config.attention_bias and ModelConfig::o_proj_bias say) and, for Qwen3, q_norm / k_norm.
+/// HF LlamaAttention / Qwen2Attention / Qwen3Attention / MistralAttention / Gemma2Attention: q/k/v/o
+/// projections (biases as config.attention_bias and ModelConfig::o_proj_bias say), for Qwen3
+/// q_norm / k_norm, for Gemma2 its scale and score softcap. Layer `layer_index` picks the window.
 class Attention : public torch::nn::Module {
  public:
-  Attention(const ModelConfig& config, const at::TensorOptions& options);
+  Attention(const ModelConfig& config, const at::TensorOptions& options, int64_t layer_index = 0);
   /// x [B, T, hidden]; visible [B, 1, T, S]; cache null for a full forward (S == T). With
   /// `output_bias` false the o_proj bias (if any) is left out, for a caller that adds it after a
   /// tensor-parallel sum of the partial outputs.
@@ -114,28 +133,55 @@ class Attention : public torch::nn::Module {
   /// o_proj of the attention output [B, T, heads * D] (bias included when `output_bias`).
   at::Tensor output(const at::Tensor& attended, bool output_bias = true) const;
 
+  /// Scores scaled by head_dim^-0.5 with no softcap: what a plain SDPA kernel computes.
+  bool plain_scores() const { return plain_scores_; }
+  /// The sliding window of this layer (0: none).
+  int64_t window() const { return window_; }
+
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< Qwen3 only ([head_dim] weights); null otherwise.
 
  private:
+  at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& visible) const;
   int64_t num_heads_, num_kv_heads_, head_dim_;
+  double scaling_;
+  std::optional<double> softcap_;
+  int64_t window_ = 0;
+  bool plain_scores_ = true;
 };
 
-/// HF LlamaMLP (SwiGLU): down_proj(silu(gate_proj(x)) * up_proj(x)).
+/// HF LlamaMLP (SwiGLU): down_proj(silu(gate_proj(x)) * up_proj(x)); Gemma2MLP (GeGLU) with
+/// gelu(approximate="tanh") in place of silu.
 class MLP : public torch::nn::Module {
  public:
   MLP(const ModelConfig& config, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x) const;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+
+ private:
+  bool gelu_tanh_ = false;
 };
 
-/// One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
+/// One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); Gemma2 norms the attention and
+/// MLP outputs too (decoder.hpp's header). The steps are public so the rollout engine can put its
+/// tensor-parallel reductions between them.
 class DecoderLayer : public torch::nn::Module {
  public:
-  DecoderLayer(const ModelConfig& config, const at::TensorOptions& options);
+  DecoderLayer(const ModelConfig& config, const at::TensorOptions& options, int64_t layer_index = 0);
+  /// `visible` is the full-attention visibility, `visible_window` the sliding one (undefined when
+  /// no layer slides); the layer uses the one its attention needs.
   at::Tensor forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                     const LayerCacheView* cache) const;
+                     const at::Tensor& visible_window, const LayerCacheView* cache) const;
+  /// h + (post-norm of) the attention output `attn`.
+  at::Tensor add_attention(const at::Tensor& h, const at::Tensor& attn) const;
+  /// The MLP's input: post_attention_layernorm(h), Gemma2 pre_feedforward_layernorm(h).
+  at::Tensor mlp_input(const at::Tensor& h) const;
+  /// h + (post-norm of) the MLP output `m`.
+  at::Tensor add_mlp(const at::Tensor& h, const at::Tensor& m) const;
+
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<RMSNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  ///< Gemma2 only.
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<MLP> mlp;
 };
@@ -161,6 +207,13 @@ class DecoderBackbone : public torch::nn::Module {
   /// The installed runner (null when none).
   const LayerRunner& layer_runner() const { return layer_runner_; }
 
+  /// The token embeddings [B, T, hidden] of input_ids (Gemma2: times sqrt(hidden_size)).
+  at::Tensor embed(const at::Tensor& input_ids) const;
+
+  /// The visibility a layer with `window` needs (attention_visibility); an undefined tensor when
+  /// no layer slides.
+  at::Tensor window_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len) const;
+
   /// Final-norm hidden states [B, T, hidden] for a whole (left-padded) batch.
   /// REQUIRES: input_ids, attention_mask, position_ids are [B, T] integer tensors.
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -178,7 +231,7 @@ class DecoderBackbone : public torch::nn::Module {
 
  private:
   at::Tensor run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
-                        KVCache* cache) const;
+                        const at::Tensor& visible_window, KVCache* cache) const;
   ModelConfig config_;
   LayerRunner layer_runner_;
 };

@@ -50,6 +50,22 @@ Status stage_tokenizer(const InitModelOptions& o, const fs::path& dir) {
 
 int64_t default_intermediate(int64_t hidden) { return ((8 * hidden / 3) + 63) / 64 * 64; }
 
+// Mistral's window, and Gemma2's fixed choices (init_model.hpp).
+Status set_family_defaults(const InitModelOptions& o, ModelConfig& c) {
+  if (o.sliding_window < 0) return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window must not be negative");
+  if (o.sliding_window > 0 && o.arch != "mistral" && o.arch != "gemma2") {
+    return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window is for --arch mistral or gemma2");
+  }
+  if (o.sliding_window > 0) c.sliding_window = o.sliding_window;
+  if (o.arch != "gemma2") return Status();
+  c.hidden_act = "gelu_pytorch_tanh";
+  c.tie_word_embeddings = true;
+  c.query_pre_attn_scalar = static_cast<double>(c.head_dim);
+  c.attn_logit_softcapping = 50.0;
+  c.final_logit_softcapping = 30.0;
+  return Status();
+}
+
 Result<ModelConfig> make_config(const InitModelOptions& o, const tokenizer::Tokenizer& tok) {
   ModelConfig c;
   c.model_type = o.arch;
@@ -71,6 +87,7 @@ Result<ModelConfig> make_config(const InitModelOptions& o, const tokenizer::Toke
   c.max_position_embeddings = o.max_position;
   c.tie_word_embeddings = o.tie_word_embeddings;
   c.attention_bias = o.arch == "qwen2";
+  TESSERA_RETURN_IF_ERROR(set_family_defaults(o, c));
   c.rope_theta = o.rope_theta;
   c.rms_norm_eps = o.rms_norm_eps;
   if (auto id = tok.bos_token_id()) c.bos_token_id = *id;

@@ -1,8 +1,11 @@
 // init_model.hpp: `tessera init-model` as a library function. It writes a complete HF model
 // directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) for a small,
-// randomly initialised Llama, Qwen2 or Qwen3, seeded and deterministic: the same options give the same
-// bytes. Initialisation is HF's _init_weights (normal(0, initializer_range = 0.02) for matrices and
-// the embedding, with the pad row zeroed; norms, Qwen3's q_norm/k_norm included, 1; biases 0).
+// randomly initialised Llama, Qwen2, Qwen3, Mistral or Gemma2, seeded and deterministic: the same
+// options give the same bytes. Initialisation is HF's _init_weights (normal(0, initializer_range =
+// 0.02) for matrices and the embedding, with the pad row zeroed; norms, Qwen3's q_norm/k_norm
+// included, 1 (Gemma2's 0, as they scale by 1 + weight); biases 0). Gemma2 gets HF Gemma2Config's
+// other defaults: tied embeddings, query_pre_attn_scalar = head_dim, softcaps 50 (attention) and
+// 30 (logits), sliding on even layers.
 //
 // The directory is staged in `<out>.tmp-<pid>-<n>` and renamed into place, so `out` either does
 // not exist or is complete. An existing non-empty `out` is refused.
@@ -19,7 +22,7 @@ namespace tessera::models {
 
 /// The knobs of `tessera init-model`.
 struct InitModelOptions {
-  std::string arch = "llama";         ///< HF model_type: "llama", "qwen2" or "qwen3".
+  std::string arch = "llama";         ///< HF model_type: "llama", "qwen2", "qwen3", "mistral" or "gemma2".
   int64_t hidden = 0;                 ///< hidden_size.
   int64_t layers = 0;                 ///< num_hidden_layers.
   int64_t heads = 0;                  ///< num_attention_heads.
@@ -33,7 +36,9 @@ struct InitModelOptions {
   std::string out;                    ///< The directory to create.
   std::optional<int64_t> vocab_size;  ///< Default: the tokenizer's; must not be smaller.
   int64_t max_position = 2048;        ///< max_position_embeddings (and model_max_length).
-  bool tie_word_embeddings = false;
+  bool tie_word_embeddings = false;   ///< Always true for gemma2.
+  /// mistral, gemma2: sliding_window (0: none, written as null).
+  int64_t sliding_window = 0;
   std::string dtype = "float32";      ///< torch_dtype of the written weights.
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;

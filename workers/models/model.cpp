@@ -38,7 +38,7 @@ Result<std::shared_ptr<Model>> build(ModelConfig config, const ModelInit& init, 
 // HF _init_weights, one rule per parameter kind.
 void init_one(const std::string& name, const at::Tensor& p, const ModelConfig& c, at::Generator& gen) {
   if (ends_with(name, "norm.weight")) {
-    p.fill_(1.0);
+    p.fill_(c.gemma_norms() ? 0.0 : 1.0);  // Gemma2 norms scale by (1 + weight)
   } else if (ends_with(name, ".bias")) {
     p.zero_();
   } else {
@@ -122,19 +122,21 @@ const at::Tensor& CausalLM::lm_head_weight() const {
   return lm_head_ ? lm_head_->weight : backbone_->embed_tokens->weight;
 }
 
-at::Tensor CausalLM::head(const at::Tensor& hidden) const {
-  return at::linear(hidden, lm_head_weight()).to(at::kFloat);
+at::Tensor CausalLM::logits(const at::Tensor& hidden) const {
+  at::Tensor out = at::linear(hidden, lm_head_weight());
+  if (const auto& cap = config_.final_logit_softcapping) out = at::tanh(out / *cap) * *cap;  // in the compute dtype, as HF
+  return out.to(at::kFloat);
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                              const at::Tensor& position_ids) {
-  return head(backbone_->forward(input_ids, attention_mask, position_ids));
+  return logits(backbone_->forward(input_ids, attention_mask, position_ids));
 }
 
 at::Tensor CausalLM::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,
                                   const at::Tensor& cache_mask) {
   at::NoGradGuard no_grad;
-  return head(backbone_->forward_step(input_ids, position_ids, cache, cache_mask));
+  return logits(backbone_->forward_step(input_ids, position_ids, cache, cache_mask));
 }
 
 ValueModel::ValueModel(ModelConfig config, const ModelInit& init)

@@ -1,4 +1,4 @@
-// weight_loader.cpp: the architecture table and the HF Llama/Qwen2/Qwen3 loader.
+// weight_loader.cpp: the architecture table and the HF Llama/Qwen2/Qwen3/Mistral/Gemma2 loader.
 #include "workers/models/weight_loader.hpp"
 
 #include <set>
@@ -43,9 +43,13 @@ void register_builtins(WeightLoaderRegistry& r) {
       {"LlamaForCausalLM", HeadKind::causal_lm},
       {"Qwen2ForCausalLM", HeadKind::causal_lm},
       {"Qwen3ForCausalLM", HeadKind::causal_lm},
+      {"MistralForCausalLM", HeadKind::causal_lm},
+      {"Gemma2ForCausalLM", HeadKind::causal_lm},
       {"LlamaForTokenClassification", HeadKind::value},
       {"Qwen2ForTokenClassification", HeadKind::value},
       {"Qwen3ForTokenClassification", HeadKind::value},
+      {"MistralForTokenClassification", HeadKind::value},
+      {"Gemma2ForTokenClassification", HeadKind::value},
   };
   for (const auto& [name, head] : rows) (void)r.add(name, {head, load_hf_decoder_weights});
 }

@@ -4,8 +4,8 @@
 // architecture needs). A new architecture is added by registering a row, not by editing a switch.
 // (A new model *family* also needs a row in config.cpp's model-type table.)
 //
-// Built-in rows: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForTokenClassification,
-// Qwen2ForTokenClassification, Qwen3ForTokenClassification, all served by load_hf_decoder_weights().
+// Built-in rows: {Llama,Qwen2,Qwen3,Mistral,Gemma2}ForCausalLM and ...ForTokenClassification, all
+// served by load_hf_decoder_weights().
 //
 // Thread-safety: the global registry is internally locked; registration may happen at any time.
 #pragma once
@@ -64,7 +64,7 @@ class WeightLoaderRegistry {
   std::map<std::string, ArchitectureEntry> table_;
 };
 
-/// The loader for HF Llama/Qwen2/Qwen3 checkpoints (names are already Tessera's). It drops
+/// The loader for HF Llama/Qwen2/Qwen3/Mistral/Gemma2 checkpoints (names are already Tessera's). It drops
 /// `*.rotary_emb.inv_freq`, drops lm_head.weight when the head is tied or the target is a value
 /// model, and seeds a missing `score.*` for a value model (logging that it did, as HF does).
 /// Any other unknown or missing tensor is an error naming it and `source`.

@@ -83,35 +83,41 @@ at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at
   const models::ModelConfig& c = model_->config();
   models::DecoderBackbone& backbone = model_->backbone();
   const int64_t T = input_ids.size(1), past = cache.length();
-  at::Tensor h = backbone.embed_tokens->forward(input_ids);
+  at::Tensor h = backbone.embed(input_ids);
   models::RotaryTables rope = models::make_rotary_tables(position_ids, c, h.scalar_type());
   // Under tensor parallelism each rank's o_proj output is a partial sum: its bias (Llama/Qwen3 with
   // attention_bias) is added once, after the reduction (the bias is replicated, tensor_parallel.hpp).
   const bool bias_after_sum = static_cast<bool>(all_reduce_);
-  const bool decode = T == 1 && internal::decode_attention_supported(cache.key(0));
-  at::Tensor visible;
+  // The decode kernel computes plain scaled-dot-product scores (no Gemma2 scale or softcap).
+  const bool decode = T == 1 && internal::decode_attention_supported(cache.key(0)) &&
+                      backbone.layers.front()->self_attn->plain_scores();
+  at::Tensor visible, visible_window;
   if (decode) {
     visible = cache_mask.scalar_type() == at::kBool && cache_mask.stride(1) == 1 ? cache_mask
                                                                                   : cache_mask.to(at::kBool).contiguous();
+    if (c.sliding_window) visible_window = models::last_query_window(cache_mask, past + 1, *c.sliding_window);
   } else {
     visible = models::attention_visibility(cache_mask.narrow(1, 0, past + T), T, past);
+    visible_window = backbone.window_visibility(cache_mask.narrow(1, 0, past + T), T, past);
   }
   for (size_t l = 0; l < backbone.layers.size(); ++l) {
     const models::DecoderLayer& layer = *backbone.layers[l];
     const int64_t li = static_cast<int64_t>(l);
+    const at::Tensor& mask = layer.self_attn->window() > 0 ? visible_window : visible;
     at::Tensor x = layer.input_layernorm->forward(h);
     at::Tensor attn;
     if (decode) {
-      attn = decode_attention_block(*layer.self_attn, c, x, rope, cache, li, visible, !bias_after_sum);
+      attn = decode_attention_block(*layer.self_attn, c, x, rope, cache, li, mask, !bias_after_sum);
     } else {
       models::LayerCacheView view{cache.key(li), cache.value(li), past};
-      attn = layer.self_attn->forward(x, rope, visible, &view, !bias_after_sum);
+      attn = layer.self_attn->forward(x, rope, mask, &view, !bias_after_sum);
     }
     attn = partial_sum(attn);
     const at::Tensor& o_bias = layer.self_attn->o_proj->bias;
     if (bias_after_sum && o_bias.defined()) attn = attn + o_bias;
-    h = h + attn;
-    h = h + partial_sum(layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
+    // Gemma2's post-attention / post-feedforward norms act on the reduced sums.
+    h = layer.add_attention(h, attn);
+    h = layer.add_mlp(h, partial_sum(layer.mlp->forward(layer.mlp_input(h))));
   }
   cache.advance(T);
   return backbone.norm->forward(h);
@@ -119,7 +125,7 @@ at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at
 
 at::Tensor CausalLMStepModel::logits(const at::Tensor& hidden) {
   at::NoGradGuard no_grad;
-  return at::linear(hidden, model_->lm_head_weight()).to(at::kFloat);
+  return model_->logits(hidden);
 }
 
 Status CausalLMStepModel::load_weights_by_reference(const models::TensorMap& tensors) {

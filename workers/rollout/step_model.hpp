@@ -15,7 +15,7 @@
 //  - a hook that all-reduces over the rollout TP group (collective::Communicator::all_reduce);
 //  - load_weights_by_reference() fed with the rank's slices, cut by the sharding manager straight
 //    from the FSDP shards (embeddings, norms, Qwen3's per-head q_norm/k_norm, the o_proj bias and
-//    lm_head are replicated). With a hook installed, the o_proj bias is added once after the
+//    lm_head are replicated; Gemma2's post-attention/post-feedforward norms act on the reduced sums). With a hook installed, the o_proj bias is added once after the
 //    attention all-reduce, not by every rank before it.
 // Every TP peer then computes identical logits and, with the same per-rank seed (verl: dp_rank +
 // 1000), samples the same tokens, so the generation loop and the sampler stay unchanged.

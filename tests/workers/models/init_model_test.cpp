@@ -96,6 +96,66 @@ TEST(InitModel, Qwen3WithItsOwnHeadDim) {
                         (*again)->forward(batch.input_ids, batch.attention_mask, batch.position_ids)));
 }
 
+// init -> load -> save: every byte of config.json and model.safetensors again, and the same logits.
+void expect_export_stable(const std::string& dir, const std::string& copy) {
+  auto model = load_causal_lm(dir);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ASSERT_TRUE(save_pretrained(**model, copy).ok());
+  EXPECT_EQ(read_bytes(dir + "/model.safetensors"), read_bytes(copy + "/model.safetensors"));
+  EXPECT_EQ(read_bytes(dir + "/config.json"), read_bytes(copy + "/config.json"));
+  auto again = load_causal_lm(copy);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  testing::Batch batch = testing::left_padded_batch({7, 2}, 7, (*model)->config().vocab_size, 3);
+  torch::NoGradGuard g;
+  at::Tensor logits = (*model)->forward(batch.input_ids, batch.attention_mask, batch.position_ids);
+  EXPECT_TRUE(logits.isfinite().all().item<bool>());
+  EXPECT_TRUE(at::equal(logits, (*again)->forward(batch.input_ids, batch.attention_mask, batch.position_ids)));
+}
+
+TEST(InitModel, MistralWithASlidingWindow) {
+  TempDir tmp;
+  InitModelOptions o = small("mistral", tmp / "m");
+  o.sliding_window = 4;
+  ASSERT_TRUE(init_model(o).ok());
+  auto raw = nlohmann::json::parse(std::ifstream(tmp / "m/config.json"));
+  EXPECT_EQ(raw["architectures"][0], "MistralForCausalLM");
+  EXPECT_EQ(raw["sliding_window"], 4);
+  EXPECT_EQ(raw["hidden_act"], "silu");
+  expect_export_stable(tmp / "m", tmp / "m2");
+  o = small("mistral", tmp / "n");  // no window: null, which HF reads as none (absent would be 4096)
+  ASSERT_TRUE(init_model(o).ok());
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(tmp / "n/config.json"))["sliding_window"].is_null());
+}
+
+TEST(InitModel, Gemma2WithHfDefaults) {
+  TempDir tmp;
+  InitModelOptions o = small("gemma2", tmp / "g");
+  o.head_dim = 16;
+  o.layers = 3;
+  o.sliding_window = 4;
+  ASSERT_TRUE(init_model(o).ok());
+  auto raw = nlohmann::json::parse(std::ifstream(tmp / "g/config.json"));
+  EXPECT_EQ(raw["architectures"][0], "Gemma2ForCausalLM");
+  EXPECT_EQ(raw["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(raw["tie_word_embeddings"], true);
+  EXPECT_EQ(raw["head_dim"], 16);
+  EXPECT_EQ(raw["query_pre_attn_scalar"], 16.0);
+  EXPECT_EQ(raw["attn_logit_softcapping"], 50.0);
+  EXPECT_EQ(raw["final_logit_softcapping"], 30.0);
+  EXPECT_EQ(raw["layer_types"], nlohmann::json({"sliding_attention", "full_attention", "sliding_attention"}));
+  auto model = load_causal_lm(tmp / "g");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  TensorMap p = (*model)->parameter_map();
+  EXPECT_EQ(p.count("lm_head.weight"), 0u);
+  for (const char* n : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                        "post_feedforward_layernorm"}) {
+    ASSERT_EQ(p.count(std::string("model.layers.2.") + n + ".weight"), 1u) << n;
+    EXPECT_TRUE(at::equal(p.at(std::string("model.layers.2.") + n + ".weight"), at::zeros({32}))) << n;  // 1 + 0
+  }
+  EXPECT_TRUE(at::equal(p.at("model.norm.weight"), at::zeros({32})));
+  expect_export_stable(tmp / "g", tmp / "g2");
+}
+
 TEST(InitModel, RoundTripIsBitwiseIdenticalWithIdenticalLogits) {
   TempDir tmp;
   ASSERT_TRUE(init_model(small("llama", tmp / "a")).ok());
@@ -163,10 +223,14 @@ TEST(InitModel, CharTokenizerTiedBf16AndCopiedTokenizer) {
 
 TEST(InitModel, BadOptionsAreOneLineErrors) {
   TempDir tmp;
-  InitModelOptions o = small("mistral", tmp / "e");
+  InitModelOptions o = small("gemma", tmp / "e");
   Status st = init_model(o);
   EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("mistral"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("gemma"), std::string::npos) << st.to_string();
+  o = small("llama", tmp / "e");
+  o.sliding_window = 8;
+  st = init_model(o);
+  EXPECT_NE(st.message().find("--sliding-window"), std::string::npos) << st.to_string();
   o = small("llama", tmp / "e");
   o.heads = 5;
   EXPECT_FALSE(init_model(o).ok());

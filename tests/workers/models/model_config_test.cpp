@@ -99,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"string_layers", {{"num_hidden_layers", "2"}}, "num_hidden_layers"},
         Refusal{"kv_not_dividing", {{"num_key_value_heads", 3}}, "num_key_value_heads"},
         Refusal{"zero_vocab", {{"vocab_size", 0}}, "vocab_size"},
-        Refusal{"model_type", {{"model_type", "mistral"}}, "model_type"},
+        Refusal{"model_type", {{"model_type", "gemma"}}, "model_type"},
         Refusal{"dtype", {{"torch_dtype", "float8"}}, "torch_dtype"},
         Refusal{"labels", {{"id2label", {{"0", "A"}, {"1", "B"}}}}, "id2label"},
         Refusal{"architectures", {{"architectures", json::array()}}, "architectures"}),
@@ -266,6 +266,146 @@ TEST(ModelConfig, LlamaMlpBiasIsRefused) {
   EXPECT_NE(c.status().message().find("'mlp_bias'"), std::string::npos);
 }
 
+json mistral_json() {
+  return json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 96, "hidden_size": 32,
+    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 1,
+    "eos_token_id": 2, "transformers_version": "4.42.0"})");
+}
+
+// As transformers 5.24 writes a Gemma2 config (gemma-2-2b's shape, shrunk).
+json gemma2_json() {
+  return json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 96, "hidden_size": 32,
+    "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 16, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "pad_token_id": 0,
+    "bos_token_id": 2, "eos_token_id": [1, 107], "use_bidirectional_attention": null,
+    "torch_dtype": "float32", "transformers_version": "5.24.0"})");
+}
+
+void expect_round_trip(const ModelConfig& c) {
+  json out = model_config_to_json(c);
+  auto again = parse_model_config(out, "again");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(model_config_to_json(*again).dump(2), out.dump(2));
+}
+
+TEST(ModelConfig, MistralParsesHonoursTheWindowAndRoundTrips) {
+  auto c = parse_model_config(mistral_json(), "m/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->architecture, "MistralForCausalLM");
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_TRUE(c->layer_slides(0) && c->layer_slides(1));
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  json out = model_config_to_json(*c);
+  EXPECT_EQ(out["sliding_window"], 4096);
+  EXPECT_EQ(out["hidden_act"], "silu");
+  EXPECT_FALSE(out.contains("attention_bias"));  // MistralConfig has no such key
+  expect_round_trip(*c);
+  // Absent: HF's MistralConfig default (4096); null: no window, written back as null.
+  json j = mistral_json();
+  j.erase("sliding_window");
+  EXPECT_EQ(parse_model_config(j, "m")->sliding_window, 4096);
+  j["sliding_window"] = nullptr;
+  auto none = parse_model_config(j, "m");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->sliding_window.has_value());
+  EXPECT_FALSE(none->layer_slides(0));
+  EXPECT_TRUE(model_config_to_json(*none)["sliding_window"].is_null());
+  expect_round_trip(*none);
+}
+
+TEST(ModelConfig, Gemma2ParsesAndRoundTrips) {
+  auto c = parse_model_config(gemma2_json(), "g/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->architecture, "Gemma2ForCausalLM");
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->hidden_act, "gelu_pytorch_tanh");
+  EXPECT_EQ(c->query_pre_attn_scalar, 16.0);
+  EXPECT_EQ(c->attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c->final_logit_softcapping, 30.0);
+  EXPECT_TRUE(c->tie_word_embeddings);  // Gemma2Config's default
+  EXPECT_TRUE(c->gemma_norms());
+  EXPECT_TRUE(c->layer_slides(0));
+  EXPECT_FALSE(c->layer_slides(1));
+  EXPECT_TRUE(c->layer_slides(2));
+  json out = model_config_to_json(*c);
+  EXPECT_EQ(out["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(out["hidden_act"], "gelu_pytorch_tanh");  // ignored by HF's Gemma2: kept verbatim in extra
+  EXPECT_EQ(out["layer_types"], gemma2_json()["layer_types"]);
+  EXPECT_EQ(out["head_dim"], 16);
+  expect_round_trip(*c);
+}
+
+TEST(ModelConfig, Gemma2DefaultsFollowHf) {
+  json j = {{"model_type", "gemma2"}, {"vocab_size", 10}, {"hidden_size", 16}, {"intermediate_size", 32},
+            {"num_hidden_layers", 2}, {"num_attention_heads", 2}};
+  auto c = parse_model_config(j, "g/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(c->attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c->final_logit_softcapping, 30.0);
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_EQ(c->max_position_embeddings, 8192);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->hidden_act, "gelu_pytorch_tanh");
+  EXPECT_TRUE(c->layer_slides(0));  // Gemma2Config: layer i slides iff (i + 1) % 2
+  EXPECT_FALSE(c->layer_slides(1));
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  auto off = parse_model_config(j, "g/config.json");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->attn_logit_softcapping.has_value());
+  EXPECT_FALSE(off->final_logit_softcapping.has_value());
+  expect_round_trip(*off);
+}
+
+struct FamilyRefusal {
+  std::string name;
+  bool gemma;   // patch gemma2_json(), else mistral_json()
+  json patch;
+  std::string field;
+};
+
+class FamilyConfigRefusal : public ::testing::TestWithParam<FamilyRefusal> {};
+
+TEST_P(FamilyConfigRefusal, IsOneLineNamingTheKeyAndTheFile) {
+  json j = GetParam().gemma ? gemma2_json() : mistral_json();
+  for (const auto& [k, v] : GetParam().patch.items()) j[k] = v;
+  auto c = parse_model_config(j, "/ckpt/config.json");
+  ASSERT_FALSE(c.ok()) << GetParam().name;
+  const std::string m = c.status().message();
+  EXPECT_NE(m.find("/ckpt/config.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("'" + GetParam().field + "'"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MistralGemma2, FamilyConfigRefusal,
+    ::testing::Values(
+        FamilyRefusal{"mistral_act", false, {{"hidden_act", "gelu"}}, "hidden_act"},
+        FamilyRefusal{"mistral_window_zero", false, {{"sliding_window", 0}}, "sliding_window"},
+        FamilyRefusal{"mistral_window_text", false, {{"sliding_window", "4096"}}, "sliding_window"},
+        FamilyRefusal{"gemma_act", true, {{"hidden_activation", "gelu"}}, "hidden_activation"},
+        FamilyRefusal{"gemma_window", true, {{"sliding_window", -1}}, "sliding_window"},
+        FamilyRefusal{"gemma_layer_type", true,
+                      {{"layer_types", {"sliding_attention", "chunked_attention", "full_attention"}}}, "layer_types"},
+        FamilyRefusal{"gemma_layer_count", true, {{"layer_types", {"full_attention"}}}, "layer_types"},
+        FamilyRefusal{"gemma_softcap", true, {{"attn_logit_softcapping", 0}}, "attn_logit_softcapping"},
+        FamilyRefusal{"gemma_final_softcap", true, {{"final_logit_softcapping", "30"}}, "final_logit_softcapping"},
+        FamilyRefusal{"gemma_scalar", true, {{"query_pre_attn_scalar", 0}}, "query_pre_attn_scalar"},
+        FamilyRefusal{"gemma_bidirectional", true, {{"use_bidirectional_attention", true}},
+                      "use_bidirectional_attention"},
+        FamilyRefusal{"gemma_dropout", true, {{"attention_dropout", 0.1}}, "attention_dropout"}),
+    [](const auto& info) { return info.param.name; });
+
 TEST(ModelConfig, FilesThatAreMissingOrNotJson) {
   testing::TempDir dir;
   auto missing = load_model_config(dir.path());
@@ -280,14 +420,16 @@ TEST(ModelConfig, FilesThatAreMissingOrNotJson) {
 
 TEST(WeightLoaderRegistry, KnowsBuiltinsAndListsThemForUnknownNames) {
   auto& r = WeightLoaderRegistry::global();
-  for (const char* a : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForTokenClassification",
-                        "Qwen2ForTokenClassification", "Qwen3ForTokenClassification"}) {
+  for (const char* a : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                        "Gemma2ForCausalLM", "LlamaForTokenClassification", "Qwen2ForTokenClassification",
+                        "Qwen3ForTokenClassification", "MistralForTokenClassification",
+                        "Gemma2ForTokenClassification"}) {
     EXPECT_TRUE(r.find(a).ok()) << a;
   }
   EXPECT_EQ(r.find("Qwen2ForTokenClassification")->head, HeadKind::value);
-  auto unknown = r.find("MistralForCausalLM");
+  auto unknown = r.find("GemmaForCausalLM");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("MistralForCausalLM"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("GemmaForCausalLM"), std::string::npos);
   EXPECT_NE(unknown.status().message().find("Qwen2ForCausalLM"), std::string::npos);
   EXPECT_EQ(r.add("LlamaForCausalLM", {HeadKind::causal_lm, load_hf_decoder_weights}).code(),
             ErrorCode::already_exists);

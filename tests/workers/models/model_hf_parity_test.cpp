@@ -11,6 +11,13 @@
 //   llama_dynamic  rope_scaling dynamic (NTK) with max_position_embeddings 8 under 12 columns, so
 //                  the base is recomputed: per call from its own positions, which is why the
 //                  KV-cache logits differ from the full forward's (and must match HF's)
+//   mistral        MistralForCausalLM, sliding_window 4 under 9 columns (and 6 generated tokens)
+//   gemma2         Gemma2ForCausalLM: 3 layers (sliding, full, sliding; window 4), head_dim 32,
+//                  query_pre_attn_scalar 24, attn/final logit softcaps 2 and 3 (small, so tanh
+//                  bends), GeGLU, four (1 + w) norms per layer, scaled and tied embeddings; HF has
+//                  no sdpa for it, so its bf16 logits come from eager attention
+// Each case also records HF's greedy generate() (6 new tokens, fp32, eager, no EOS stop), which
+// Tessera's KV-cache loop must reproduce token for token.
 // Tessera loads each directory in the same dtype, on every device this process has (the CPU, and
 // cuda:0 where a GPU is), and must match wherever attention_mask is 1: to 1e-5 in fp32, and in
 // bf16 to within the rounding of bf16 logits. Skips when `import torch, transformers` fails; a
@@ -40,14 +47,26 @@ namespace {
 const char* kScript = R"PY(
 import json, os, sys, torch, transformers
 assert int(torch.__version__.split(".")[0]) >= 2, torch.__version__
-PREFILL = 5
+PREFILL, GENERATE = 5, 6
 
 def build(out, case):
     torch.manual_seed(0)
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, rms_norm_eps=1e-6)
     T, legacy = 9, None
-    if case == "qwen2":
+    attn_bf16 = "sdpa"
+    if case == "mistral":
+        from transformers import MistralConfig as Config, MistralForCausalLM as Model
+        cfg = Config(max_position_embeddings=256, rope_theta=10000.0, sliding_window=4, tie_word_embeddings=False,
+                     **common)
+    elif case == "gemma2":
+        from transformers import Gemma2Config as Config, Gemma2ForCausalLM as Model
+        cfg = Config(**dict(common, num_hidden_layers=3), head_dim=32, max_position_embeddings=256,
+                     rope_theta=10000.0, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                     final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        attn_bf16 = "eager"
+    elif case == "qwen2":
         from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
         cfg = Config(max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False, **common)
     elif case == "qwen3":
@@ -102,18 +121,25 @@ def build(out, case):
 
     with torch.no_grad():
         logits = load(torch.float32, "eager")(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
-        logits_bf16 = load(torch.bfloat16, "sdpa")(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+        logits_bf16 = load(torch.bfloat16, attn_bf16)(input_ids=ids, attention_mask=mask,
+                                                      position_ids=pos).logits.float()
         logits_decode = stepwise(load(torch.float32, "eager"))
+        g = load(torch.float32, "eager")
+        g.generation_config.eos_token_id = None
+        greedy = g.generate(input_ids=ids, attention_mask=mask, max_new_tokens=GENERATE, do_sample=False,
+                            pad_token_id=0)[:, T:]
     json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "position_ids": pos.tolist(),
                "prefill": PREFILL, "logits": logits.tolist(), "logits_bf16": logits_bf16.tolist(),
-               "logits_decode": logits_decode.tolist(), "transformers": transformers.__version__},
+               "logits_decode": logits_decode.tolist(), "greedy": greedy.tolist(),
+               "transformers": transformers.__version__},
               open(out + "/case.json", "w"))
 
 for case in sys.argv[2:]:
     build(os.path.join(sys.argv[1], case), case)
 )PY";
 
-const std::vector<std::string> kCases = {"qwen2", "qwen3", "llama_llama3", "llama_linear", "llama_dynamic"};
+const std::vector<std::string> kCases = {"qwen2",         "qwen3",   "llama_llama3", "llama_linear",
+                                         "llama_dynamic", "mistral", "gemma2"};
 
 at::Tensor from_json(const nlohmann::json& j, at::ScalarType dtype) {
   std::vector<int64_t> shape;
@@ -246,6 +272,32 @@ void expect_decode_parity(const std::string& dir, const std::string& device_name
   EXPECT_LT(diff, tolerance) << device_name;
 }
 
+// Greedy decoding through the KV cache: prefill the whole left-padded batch, then feed back each
+// argmax with the next position; the tokens must be HF generate()'s.
+void expect_greedy_parity(const std::string& dir, const std::string& device_name) {
+  std::optional<Loaded> l = load_case(dir, device_name, c10::ScalarType::Float);
+  if (!l) return;
+  const testing::Batch& b = l->batch;
+  at::Tensor expected = from_json(l->expected["greedy"], at::kLong);
+  const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1), steps = expected.size(1);
+  auto cache = KVCache::create(l->model->config(), {B, T + steps, at::kFloat, b.input_ids.device()});
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  at::Tensor mask = at::cat({b.attention_mask, at::ones({B, steps}, b.attention_mask.options())}, 1);
+  at::Tensor logits = l->model->forward_step(b.input_ids, b.position_ids, *cache, mask);
+  at::Tensor pos = b.position_ids.narrow(1, T - 1, 1);
+  std::vector<at::Tensor> tokens;
+  for (int64_t s = 0; s < steps; ++s) {
+    at::Tensor next = logits.select(1, logits.size(1) - 1).argmax(-1, /*keepdim=*/true);  // [B, 1]
+    tokens.push_back(next);
+    pos = pos + 1;
+    if (s + 1 < steps) logits = l->model->forward_step(next, pos, *cache, mask);
+  }
+  at::Tensor got = at::cat(tokens, 1).to(at::kCPU);
+  std::printf("[hf parity greedy %s] %ld tokens x %ld rows identical: %s\n", device_name.c_str(), steps, B,
+              at::equal(got, expected) ? "yes" : "no");
+  EXPECT_TRUE(at::equal(got, expected)) << device_name << "\nours " << got << "\nHF " << expected;
+}
+
 TEST_P(ModelHfParity, MatchesTransformersInFp32) {
   const std::string dir = case_dir();
   if (skip_) GTEST_SKIP() << python() << " with torch and transformers is not available";
@@ -270,6 +322,14 @@ TEST_P(ModelHfParity, KvCacheDecodeMatchesTransformersInFp32) {
   if (dir.empty()) return;
   at::globalContext().setAllowTF32CuBLAS(false);
   for (const std::string& d : devices()) expect_decode_parity(dir, d, 1e-5);
+}
+
+TEST_P(ModelHfParity, GreedyGenerationMatchesTransformers) {
+  const std::string dir = case_dir();
+  if (skip_) GTEST_SKIP() << python() << " with torch and transformers is not available";
+  if (dir.empty()) return;
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (const std::string& d : devices()) expect_greedy_parity(dir, d);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelHfParity, ::testing::ValuesIn(kCases),

@@ -1,5 +1,5 @@
 // KV-cache decoding gives the full forward's logits, step by step, for left-padded batches of
-// mixed lengths (Llama, Qwen2, Qwen3, and the position-independent RoPE scalings linear and
+// mixed lengths (Llama, Qwen2, Qwen3, Mistral and Gemma2 with a sliding window of 3, and the position-independent RoPE scalings linear and
 // llama3; dynamic RoPE depends on each call's positions, so its decode is checked against HF in
 // model_hf_parity_test); slot reuse (reset_row) behaves like a fresh cache for that row.
 #include <gtest/gtest.h>
@@ -78,7 +78,8 @@ TEST_P(KVCacheEquivalence, StepwiseEqualsFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(Families, KVCacheEquivalence,
                          ::testing::Values(Case{"qwen2", 2}, Case{"llama", 4}, Case{"llama", 1}, Case{"qwen3", 2},
-                                           Case{"llama", 2, "linear"}, Case{"llama", 2, "llama3"}),
+                                           Case{"llama", 2, "linear"}, Case{"llama", 2, "llama3"},
+                                           Case{"mistral", 2}, Case{"gemma2", 2}, Case{"gemma2", 1}),
                          [](const auto& info) {
                            const Case& c = info.param;
                            return c.type + "_kv" + std::to_string(c.kv_heads) + (c.rope == "default" ? "" : "_" + c.rope);

@@ -42,10 +42,14 @@ inline double masked_max_diff(const at::Tensor& a, const at::Tensor& b, const at
 }
 
 /// Randomises every parameter (biases and norms included) so no term is trivially zero or one.
+/// Norms scale by about 1 (Gemma2's weight w scales by 1 + w, so it is drawn around 0).
 inline void randomise(PretrainedModel& model, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   torch::NoGradGuard g;
-  for (auto& p : model.named_parameters()) p.value().copy_(at::randn(p.value().sizes(), gen) * 0.2 + (p.key().find("norm") != std::string::npos ? 1.0 : 0.0));
+  const double norm_base = model.config().gemma_norms() ? 0.0 : 1.0;
+  for (auto& p : model.named_parameters()) {
+    p.value().copy_(at::randn(p.value().sizes(), gen) * 0.2 + (p.key().find("norm") != std::string::npos ? norm_base : 0.0));
+  }
 }
 
 /// RoPE inverse frequencies [head_dim / 2] in double, written from the formulas (config.hpp,

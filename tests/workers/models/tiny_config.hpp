@@ -10,7 +10,9 @@
 namespace tessera::models::testing {
 
 /// A small config: 2 layers, hidden 32 (MLP 48), 4 heads of dim 8 over `kv_heads` KV heads, 128
-/// positions, bos 1 / eos 2; qwen2 gets q/k/v biases.
+/// positions, bos 1 / eos 2; qwen2 gets q/k/v biases. mistral gets a sliding window of 3; gemma2
+/// HF Gemma2's shape (GeGLU, tied embeddings, window 3 on even layers) with small softcaps (5 on
+/// the scores, 10 on the logits) and query_pre_attn_scalar 6, so each of them shows.
 inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads = 4, bool tied = false,
                                int64_t vocab = 64) {
   ModelConfig c;
@@ -27,6 +29,14 @@ inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads =
   c.attention_bias = model_type == "qwen2";
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
+  if (model_type == "mistral" || model_type == "gemma2") c.sliding_window = 3;
+  if (model_type == "gemma2") {
+    c.hidden_act = "gelu_pytorch_tanh";
+    c.tie_word_embeddings = true;
+    c.query_pre_attn_scalar = 6.0;
+    c.attn_logit_softcapping = 5.0;
+    c.final_logit_softcapping = 10.0;
+  }
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/workers/models/model_test_util.hpp"
 #include "tests/workers/rollout/rollout_test_util.hpp"
 #include "workers/models/kv_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
@@ -180,9 +181,9 @@ double max_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>&
   return d;
 }
 
-TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
-  auto full = qwen3_model(41);
-  // The rollout forward (decode kernel included) equals the models' forward_step.
+// The rollout forward of `full` (decode kernel included), unsplit and over two TP ranks, equals
+// the models' forward_step.
+void expect_rollout_forward_like_models(const std::shared_ptr<models::CausalLM>& full, const std::string& label) {  // The rollout forward (decode kernel included) equals the models' forward_step.
   struct ModelsStep final : StepModel {
     explicit ModelsStep(std::shared_ptr<models::CausalLM> m) : model(std::move(m)) {}
     const models::ModelConfig& cache_config() const override { return model->config(); }
@@ -200,7 +201,7 @@ TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
   CausalLMStepModel single(full);
   const std::vector<at::Tensor> want = run_steps(reference, 5);
   const double single_diff = max_diff(run_steps(single, 5), want);
-  std::printf("[rollout forward qwen3 + dynamic rope] max |logits - models forward_step| = %.3g\n", single_diff);
+  std::printf("[rollout forward %s] max |logits - models forward_step| = %.3g\n", label.c_str(), single_diff);
   EXPECT_LT(single_diff, 1e-5);
   // Two TP ranks cut with the production split (tp_split_of / tp_slice / tp_rank_config).
   ThreadAllReduce all_reduce(2);
@@ -212,8 +213,10 @@ TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
     for (const auto& [name, t] : full->parameter_map()) {
       tensors.emplace(name, tp_slice(t.detach(), tp_split_of(name), 2, r).contiguous());
     }
-    EXPECT_EQ(tensors.at("model.layers.0.self_attn.q_norm.weight").size(0), 16);
-    EXPECT_EQ(tensors.at("model.layers.0.self_attn.o_proj.bias").size(0), 32);
+    if (tensors.count("model.layers.0.self_attn.q_norm.weight") != 0) {
+      EXPECT_EQ(tensors.at("model.layers.0.self_attn.q_norm.weight").size(0), 16);
+      EXPECT_EQ(tensors.at("model.layers.0.self_attn.o_proj.bias").size(0), 32);
+    }
     auto model = models::CausalLM::from_parameters(*config, tensors);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     ranks.push_back(std::make_unique<CausalLMStepModel>(*model, [&](at::Tensor& t) { all_reduce(t); }, 2));
@@ -224,8 +227,25 @@ TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
   for (auto& t : threads) t.join();
   for (size_t r = 0; r < 2; ++r) {
     const double d = max_diff(outputs[r], want);
-    std::printf("[rollout TP rank %zu qwen3] max |logits - unsplit| = %.3g\n", r, d);
+    std::printf("[rollout TP rank %zu %s] max |logits - unsplit| = %.3g\n", r, label.c_str(), d);
     EXPECT_LT(d, 1e-5);
+  }
+}
+
+TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
+  expect_rollout_forward_like_models(qwen3_model(41), "qwen3 + dynamic rope");
+}
+
+// Mistral's sliding window (3, under 9 columns with a hole), Gemma2's windowed and full layers,
+// softcaps, scale and sandwich norms (applied after the TP reduction).
+TEST(TensorParallelSeam, MistralAndGemma2SplitLikeOne) {
+  for (const char* type : {"mistral", "gemma2"}) {
+    SCOPED_TRACE(type);
+    models::ModelConfig c = models::testing::tiny_config(type, /*kv_heads=*/2, /*tied=*/false, testing::kVocab);
+    auto model = models::CausalLM::create(c, models::ModelInit{at::kFloat, 43});
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    models::testing::randomise(**model, 44);
+    expect_rollout_forward_like_models(*model, type);
   }
 }
 
