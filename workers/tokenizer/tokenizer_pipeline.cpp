@@ -86,10 +86,8 @@ Result<MetaspaceOptions> parse_metaspace_options(const nlohmann::json& j, const 
     o.prepend_scheme = it->second;
   }
   TESSERA_ASSIGN_OR_RETURN(bool add_prefix_space, tokenizer_json::bool_member(j, where, "add_prefix_space", true));
-  if (!add_prefix_space) {
-    if (o.prepend_scheme != MetaspaceOptions::Prepend::never) {
-      return field_error(where / "add_prefix_space", "false does not match prepend_scheme (absent means \"always\")");
-    }
+  if (!add_prefix_space && o.prepend_scheme != MetaspaceOptions::Prepend::never) {
+    return field_error(where / "add_prefix_space", "false does not match prepend_scheme (absent means \"always\")");
   }
   TESSERA_ASSIGN_OR_RETURN(o.split, tokenizer_json::bool_member(j, where, "split", true));
   TESSERA_ASSIGN_OR_RETURN(auto str_rep, tokenizer_json::optional_string_member(j, where, "str_rep"));

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "workers/tokenizer/tokenizer.hpp"
 #include "workers/tokenizer/tokenizer_pipeline.hpp"
 
@@ -26,22 +28,26 @@ std::filesystem::path spm_dir() {
   return std::filesystem::path(root != nullptr ? root : ".") / "tests" / "workers" / "tokenizer" / "spm";
 }
 
+json read_golden(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "golden.json");
+  return in ? json::parse(in) : json::object();
+}
+
 const json& golden() {
-  static const json g = [] {
-    std::ifstream in(spm_dir() / "golden.json");
-    return in ? json::parse(in) : json::object();
-  }();
+  static const json g = read_golden(spm_dir());
   return g;
 }
 
 std::string show(const std::string& s) { return json(s).dump(); }
 
-// Checks every golden case of one fixture; returns how many were checked.
-size_t check_fixture(const std::string& name) {
-  auto tok = Tokenizer::from_file(spm_dir() / name / "tokenizer.json");
+// Checks every case of fixture `name` under `dir` (default: the committed fixtures against
+// `golden()`); returns how many were checked.
+size_t check_fixture(const std::string& name, const std::filesystem::path& dir = spm_dir(),
+                     const json& all = golden()) {
+  auto tok = Tokenizer::from_file(dir / name / "tokenizer.json");
   EXPECT_TRUE(tok.ok()) << tok.status().to_string();
   if (!tok.ok()) return 0;
-  const json& fixture = golden().at("fixtures").at(name);
+  const json& fixture = all.at("fixtures").at(name);
   size_t checked = 0;
   EncodeOptions with_special;
   with_special.add_special_tokens = true;
@@ -74,7 +80,7 @@ size_t check_fixture(const std::string& name) {
     ++checked;
   }
   std::printf("[golden] %s: %zu cases match tokenizers %s\n", name.c_str(), checked,
-              golden().value("tokenizers_version", "?").c_str());
+              all.value("tokenizers_version", "?").c_str());
   return checked;
 }
 
@@ -87,6 +93,26 @@ TEST(TokenizerSpmGolden, MistralV03Style) { EXPECT_GT(check_fixture("mistral"), 
 TEST(TokenizerSpmGolden, Gemma2Style) { EXPECT_GT(check_fixture("gemma"), 30u); }
 TEST(TokenizerSpmGolden, MetaspaceFirstStyle) { EXPECT_GT(check_fixture("metaspace"), 30u); }
 TEST(TokenizerSpmGolden, LegacyMetaspaceWithUnkStyle) { EXPECT_GT(check_fixture("legacy"), 30u); }
+
+// With $TESSERA_PYTHON holding HF `tokenizers`, make_fixtures.py runs afresh (in a temporary
+// copy) and Tessera must match whatever that tokenizers version produces.
+TEST(TokenizerSpmGolden, FreshlyGeneratedFixturesMatchTheInstalledTokenizers) {
+  const char* py = std::getenv("TESSERA_PYTHON");
+  if (py == nullptr || *py == '\0') GTEST_SKIP() << "TESSERA_PYTHON (with tokenizers) is not set";
+  const std::string probe = fmt::format("'{}' -c 'import tokenizers' >/dev/null 2>&1", py);
+  if (std::system(probe.c_str()) != 0) GTEST_SKIP() << py << " cannot import tokenizers";
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_spm_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(spm_dir() / "make_fixtures.py", dir / "make_fixtures.py",
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string cmd = fmt::format("'{}' '{}'", py, (dir / "make_fixtures.py").string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const json fresh = read_golden(dir);
+  for (const char* name : {"mistral", "gemma", "metaspace", "legacy"}) {
+    EXPECT_GT(check_fixture(name, dir, fresh), 30u) << name;
+  }
+  std::filesystem::remove_all(dir);
+}
 
 // The golden corpus must keep covering what the brief names: specials in text, byte fallback
 // for CJK / emoji / combining marks, whitespace runs, leading spaces, newlines, tabs, "".

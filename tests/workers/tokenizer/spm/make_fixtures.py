@@ -24,7 +24,7 @@ It writes, beside this script:
                            prepend_scheme, split defaulting to true), Metaspace decoder, byte
                            tokens only for ASCII (so other characters become unfused <unk>),
                            ignore_merges true.
-  golden.json              for every fixture and text: encode ids without and with special
+  golden.json              for every fixture and text (TEXTS, then seeded random mixes): encode ids without and with special
                            tokens, and decode of those ids with and without skip_special_tokens,
                            all computed by `tokenizers` itself; plus decode-only id lists.
 
@@ -34,6 +34,7 @@ the order the real files use. Nothing is downloaded. Output is deterministic.
 """
 import json
 import pathlib
+import random
 
 import tokenizers
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -87,6 +88,16 @@ TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "snow☃~`|end ☃☃ \x01\x7f",  # legacy: an <unk> still pending while byte tokens are added
 ]
+
+# Seeded random mixes of the hard parts, so the goldens also cover their combinations.
+FRAGMENTS = ["Hello", "the", "world", "x", "123", ".", ",", "?", " ", "  ", "   ", "\n", "\n\n", "\t", "\r\n",
+             "日本", "😀", "👍🏽", "e\u0301", "café", "☃", "~", "▁", "<0x41>", "<s>", "</s>", "[INST]", "[/INST]",
+             "<bos>", "<start_of_turn>", "<end_of_turn>", "<table>", "hello world", "\u00a0", "\x01"]
+
+
+def random_texts(n=60, seed=20261126):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 12))) for _ in range(n)]
 
 
 def train():
@@ -203,7 +214,7 @@ def decode_only(tok):
 
 def cases(tok):
     out = []
-    for text in TEXTS:
+    for text in TEXTS + random_texts():
         plain = tok.encode(text, add_special_tokens=False).ids
         with_special = tok.encode(text, add_special_tokens=True).ids
         out.append({
