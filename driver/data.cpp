@@ -28,14 +28,14 @@ Result<std::vector<tokenizer::ChatMessage>> parse_messages(const nlohmann::json&
   return out;
 }
 
-Result<std::string> optional_string(const nlohmann::json& row, const char* key, const std::string& where) {
+Result<std::string> optional_string(const internal::Record& row, const char* key, const std::string& where) {
   auto it = row.find(key);
   if (it == row.end() || it->is_null()) return std::string();
   if (!it->is_string()) return make_error(ErrorCode::corrupt_data, "{}: '{}' must be a string", where, key);
   return it->get<std::string>();
 }
 
-Result<RLHFRow> parse_row(const nlohmann::json& row, const std::string& where, const RLHFDatasetOptions& options) {
+Result<RLHFRow> parse_row(const internal::Record& row, const std::string& where, const RLHFDatasetOptions& options) {
   RLHFRow r;
   r.source = where;
   auto ds = row.find("data_source");
@@ -46,13 +46,14 @@ Result<RLHFRow> parse_row(const nlohmann::json& row, const std::string& where, c
   TESSERA_ASSIGN_OR_RETURN(r.ability, optional_string(row, "ability", where));
   auto p = row.find(options.prompt_key);
   if (p == row.end()) return make_error(ErrorCode::corrupt_data, "{}: missing '{}'", where, options.prompt_key);
-  r.prompt = *p;
+  r.prompt = nlohmann::json(*p);
   auto rm = row.find("reward_model");
   if (rm == row.end() || !rm->is_object()) {
     return make_error(ErrorCode::corrupt_data, "{}: 'reward_model' must be an object with 'ground_truth'", where);
   }
-  r.reward_model = *rm;
-  r.extra_info = row.value("extra_info", nlohmann::json());
+  r.reward_model = nlohmann::json(*rm);
+  auto extra = row.find("extra_info");
+  r.extra_info = extra == row.end() ? nlohmann::json() : nlohmann::json(*extra);
   return r;
 }
 
@@ -158,10 +159,11 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
                            tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config(),
                                                               options.chat_template_variables));
   for (const auto& file : files) {
-    TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const nlohmann::json& row, const std::string& where) {
+    TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const internal::Record& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(RLHFRow r, parse_row(row, where, options));
       TESSERA_RETURN_IF_ERROR(parse_messages(r.prompt, options.prompt_key, where).status());
-      auto text = tmpl.render_json(r.prompt, /*add_generation_prompt=*/true);  // all the messages' fields
+      // All the messages' fields, their keys in the row's order (internal::Record).
+      auto text = tmpl.render_json(row.at(options.prompt_key), /*add_generation_prompt=*/true);
       if (!text.ok()) return text.status().with_context(where);
       auto ids = tokenizer.encode(*text);
       if (!ids.ok()) return ids.status().with_context(where);

@@ -9,11 +9,11 @@ namespace tessera::driver {
 namespace {
 
 // row[key][dict_keys[0]][dict_keys[1]]... as a string.
-Result<std::string> string_field(const nlohmann::json& row, const std::string& key,
+Result<std::string> string_field(const internal::Record& row, const std::string& key,
                                  const std::vector<std::string>& dict_keys, const std::string& where) {
   auto it = row.find(key);
   if (it == row.end()) return make_error(ErrorCode::corrupt_data, "{}: missing '{}'", where, key);
-  const nlohmann::json* v = &*it;
+  const internal::Record* v = &*it;
   std::string path = key;
   for (const auto& k : dict_keys) {
     if (!v->is_object() || !v->contains(k)) {
@@ -73,7 +73,7 @@ Result<SFTDataset> SFTDataset::load(const std::vector<std::filesystem::path>& fi
   TESSERA_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl,
                            tokenizer::ChatTemplate::from_name(options.chat_template, tokenizer.config()));
   for (const auto& file : files) {
-    TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const nlohmann::json& row, const std::string& where) {
+    TESSERA_RETURN_IF_ERROR(internal::for_each_record(file, [&](const internal::Record& row, const std::string& where) {
       TESSERA_ASSIGN_OR_RETURN(std::string prompt, string_field(row, options.prompt_key, options.prompt_dict_keys, where));
       TESSERA_ASSIGN_OR_RETURN(std::string response,
                                string_field(row, options.response_key, options.response_dict_keys, where));

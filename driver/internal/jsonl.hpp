@@ -17,9 +17,14 @@ namespace tessera::driver::internal {
 Status for_each_jsonl(const std::filesystem::path& path,
                       const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn);
 
+/// A dataset row. Its objects keep their keys in file order (JSONL) or schema order (parquet), as
+/// Python's dicts do: a chat template's `tojson` of tool-call arguments prints them in that order
+/// in transformers, and so must ours.
+using Record = nlohmann::ordered_json;
+
 /// A dataset's rows: parquet files (by extension: .parquet) through Arrow, where "FILE:row N";
 /// anything else as JSONL. A build without Arrow refuses parquet in one line naming the file.
 Status for_each_record(const std::filesystem::path& path,
-                       const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn);
+                       const std::function<Status(const Record& row, const std::string& where)>& fn);
 
 }  // namespace tessera::driver::internal

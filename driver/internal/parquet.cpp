@@ -13,7 +13,7 @@
 namespace tessera::driver::internal {
 namespace {
 
-using nlohmann::json;
+using json = Record;  // struct fields keep the schema's order
 
 template <class ListArray>
 arrow::Result<json> list_value(const ListArray& a, int64_t i);
@@ -100,7 +100,7 @@ Status from_arrow(const arrow::Status& st, const std::filesystem::path& path) {
 }  // namespace
 
 Status for_each_parquet_row(const std::filesystem::path& path,
-                            const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn) {
+                            const std::function<Status(const Record& row, const std::string& where)>& fn) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     return make_error(ErrorCode::not_found, "{}: cannot open the file", path.string());

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "driver/internal/jsonl.hpp"
 #include "proto/status.hpp"
 
 namespace tessera::driver::internal {
@@ -19,6 +20,6 @@ namespace tessera::driver::internal {
 /// 0, as pandas' index does). Errors, one line each: the file cannot be opened or is not
 /// parquet, a column has a type with no JSON form (naming the column and type), or `fn`'s.
 Status for_each_parquet_row(const std::filesystem::path& path,
-                            const std::function<Status(const nlohmann::json& row, const std::string& where)>& fn);
+                            const std::function<Status(const Record& row, const std::string& where)>& fn);
 
 }  // namespace tessera::driver::internal

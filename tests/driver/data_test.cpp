@@ -97,6 +97,26 @@ TEST(RLHFDataset, ChatTemplateVariablesReachTheTemplate) {
   EXPECT_NE(refused.status().message().find("data.apply_chat_template_kwargs"), std::string::npos);
 }
 
+// A row's objects keep their keys in the file's order, as Python's dicts do: a template's
+// `tojson` of tool-call arguments prints them as transformers renders them (json.dumps keeps
+// insertion order), not sorted.
+TEST(RLHFDataset, ToolCallArgumentsKeepTheRowsKeyOrder) {
+  TempDir dir("rl_key_order");
+  auto file = dir.write("train.jsonl",
+                        R"({"data_source": "t", "reward_model": {"ground_truth": "1"}, "prompt": [)"
+                        R"({"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": )"
+                        R"([{"type": "function", "function": {"name": "f", "arguments": {"zeta": 1, "alpha": [2, "b"]}}}]}]})"
+                        "\n");
+  RLHFDatasetOptions o = options(64);
+  o.chat_template = "{%- for m in messages %}{%- if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}"
+                    "{%- endif %}{%- endfor %}";
+  auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  auto want = qwen3_tokenizer().encode(R"({"zeta": 1, "alpha": [2, "b"]})");
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(ds->row(0).prompt_ids, *want);
+}
+
 TEST(RLHFDataset, TruncationModes) {
   TempDir dir("trunc");
   const std::string q = "one two three four five six seven eight nine ten";

@@ -114,10 +114,14 @@ ChatTemplate ChatTemplate::chatml(std::optional<std::string> default_system) {
 ChatTemplate ChatTemplate::plain() { return ChatTemplate(ChatFormat::plain, std::nullopt); }
 
 Result<std::string> ChatTemplate::render_json(const nlohmann::json& messages, bool add_generation_prompt) const {
+  return render_json(nlohmann::ordered_json(messages), add_generation_prompt);
+}
+
+Result<std::string> ChatTemplate::render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
   if (!messages.is_array()) return make_error(ErrorCode::invalid_argument, "chat messages must be a list");
   std::vector<ChatMessage> plain;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const nlohmann::json& m = messages[i];
+    const nlohmann::ordered_json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
         !m["content"].is_string()) {
       return make_error(ErrorCode::invalid_argument, "chat message {} must be an object with string 'role' and 'content'",
@@ -127,7 +131,7 @@ Result<std::string> ChatTemplate::render_json(const nlohmann::json& messages, bo
   }
   if (!jinja_) return render(plain, add_generation_prompt);
   TESSERA_RETURN_IF_ERROR(check_roles(plain));
-  return render_with(*jinja_, nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt);
+  return render_with(*jinja_, messages, add_generation_prompt);
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {

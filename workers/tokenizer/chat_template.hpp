@@ -59,7 +59,9 @@ class ChatTemplate {
 
   /// The same for messages as a dataset holds them (a JSON list of objects with string "role"
   /// and "content"): a Jinja template also sees their other fields (name, reasoning_content,
-  /// tool_calls, ...), in key order (nlohmann::json sorts object keys).
+  /// tool_calls, ...) with their keys in the order given, as Python's dicts keep them (so `tojson`
+  /// prints tool-call arguments as transformers does). A nlohmann::json has its keys sorted.
+  Result<std::string> render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt) const;
   Result<std::string> render_json(const nlohmann::json& messages, bool add_generation_prompt) const;
 
   ChatFormat format() const { return format_; }
