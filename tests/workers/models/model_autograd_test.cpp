@@ -20,33 +20,10 @@ at::Tensor lm_loss(CausalLM& model, const testing::Batch& b) {
   return (nll * mask).sum() / mask.sum();
 }
 
+// Every family trains: Qwen2, Mistral (sliding window) and Gemma2 (softcaps, sandwich norms,
+// scaled tied embeddings) have finite gradients on every parameter, and SGD lowers the loss.
 TEST(ModelAutograd, SgdStepsLowerTheLmLoss) {
-  auto model = CausalLM::create(testing::tiny_config("qwen2", 2), ModelInit{at::kFloat, 3});
-  ASSERT_TRUE(model.ok());
-  testing::Batch b = testing::left_padded_batch({8, 6, 3}, 8, 64, 4);
-  torch::optim::SGD opt((*model)->parameters(), torch::optim::SGDOptions(0.5));
-  double first = 0, last = 0;
-  for (int step = 0; step < 8; ++step) {
-    opt.zero_grad();
-    at::Tensor loss = lm_loss(**model, b);
-    loss.backward();
-    if (step == 0) {
-      for (const auto& p : (*model)->named_parameters()) {
-        ASSERT_TRUE(p.value().grad().defined()) << p.key();
-        EXPECT_TRUE(p.value().grad().isfinite().all().item<bool>()) << p.key();
-      }
-      first = loss.item<double>();
-    }
-    last = loss.item<double>();
-    opt.step();
-  }
-  std::printf("[autograd] LM loss %.4f -> %.4f over 8 SGD steps\n", first, last);
-  EXPECT_LT(last, first - 0.1);
-}
-
-// Mistral (sliding window) and Gemma2 (softcaps, sandwich norms, scaled tied embeddings) train too.
-TEST(ModelAutograd, MistralAndGemma2LowerTheLmLoss) {
-  for (const char* type : {"mistral", "gemma2"}) {
+  for (const char* type : {"qwen2", "mistral", "gemma2"}) {
     SCOPED_TRACE(type);
     auto model = CausalLM::create(testing::tiny_config(type, 2), ModelInit{at::kFloat, 3});
     ASSERT_TRUE(model.ok()) << model.status().to_string();
