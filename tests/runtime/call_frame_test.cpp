@@ -8,12 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
 
+#include "runtime/actor_system.hpp"
 #include "runtime/internal/call_frame.hpp"
 
 namespace tessera::runtime {
@@ -25,18 +26,14 @@ using internal::kChannelHeaderBytes;
 
 class CallFrameTest : public ::testing::Test {
  protected:
-  static caf::actor_system_config& config() {
-    static caf::actor_system_config* cfg = [] {
-      auto* c = new caf::actor_system_config();
-      c->add_message_types<caf::id_block::tessera>();
-      c->set("scheduler.policy", caf::atom("testing"));
-      c->set("logger.verbosity", caf::atom("quiet"));
-      c->set("logger.console", caf::atom("none"));
-      return c;
-    }();
-    return *cfg;
+  // Configured as every node is (runtime/actor_system.cpp), with the deterministic scheduler.
+  void SetUp() override {
+    auto sys = ActorSystem::start(RuntimeConfig{}, ActorSystemOptions{false, true});
+    ASSERT_TRUE(sys.ok()) << sys.status().to_string();
+    owner_ = std::move(sys).value();
   }
-  caf::actor_system sys_{config()};
+  std::unique_ptr<ActorSystem> owner_;
+  caf::actor_system& sys() { return owner_->system(); }
 };
 
 ChannelCall sample_call() {
@@ -53,14 +50,14 @@ ChannelCall sample_call() {
 }
 
 TEST_F(CallFrameTest, AFrameRoundTripsThroughHeaderAndBody) {
-  auto frame = internal::encode_frame(sys_, 77, sample_call());
+  auto frame = internal::encode_frame(sys(), 77, sample_call());
   ASSERT_TRUE(frame.ok()) << frame.status().to_string();
   auto header = internal::parse_frame_header(frame->data(), FrameKind::call, 1 << 20);
   ASSERT_TRUE(header.ok()) << header.status().to_string();
   EXPECT_EQ(header->id, 77u);
   ASSERT_EQ(header->body_bytes, frame->size() - kChannelHeaderBytes);
   ChannelCall back;
-  Status st = internal::decode_frame_body(sys_, frame->data() + kChannelHeaderBytes,
+  Status st = internal::decode_frame_body(sys(), frame->data() + kChannelHeaderBytes,
                                           header->body_bytes, back);
   ASSERT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(back.workers, sample_call().workers);
@@ -70,7 +67,7 @@ TEST_F(CallFrameTest, AFrameRoundTripsThroughHeaderAndBody) {
 }
 
 TEST_F(CallFrameTest, BadHeadersAreCorruptDataNamingTheFault) {
-  auto frame = internal::encode_frame(sys_, 1, sample_call());
+  auto frame = internal::encode_frame(sys(), 1, sample_call());
   ASSERT_TRUE(frame.ok());
   auto wrong_kind = internal::parse_frame_header(frame->data(), FrameKind::reply, 1 << 20);
   EXPECT_EQ(wrong_kind.status().code(), ErrorCode::corrupt_data);
@@ -85,15 +82,15 @@ TEST_F(CallFrameTest, BadHeadersAreCorruptDataNamingTheFault) {
 }
 
 TEST_F(CallFrameTest, StrayAndMissingBodyBytesAreCorruptData) {
-  auto frame = internal::encode_frame(sys_, 1, sample_call());
+  auto frame = internal::encode_frame(sys(), 1, sample_call());
   ASSERT_TRUE(frame.ok());
   std::vector<char> body(frame->begin() + kChannelHeaderBytes, frame->end());
   body.push_back('\0');
   ChannelCall out;
-  Status stray = internal::decode_frame_body(sys_, body.data(), body.size(), out);
+  Status stray = internal::decode_frame_body(sys(), body.data(), body.size(), out);
   EXPECT_NE(stray.message().find("1 stray bytes"), std::string::npos) << stray.to_string();
   ChannelCall cut;
-  Status short_body = internal::decode_frame_body(sys_, body.data(), body.size() - 3, cut);
+  Status short_body = internal::decode_frame_body(sys(), body.data(), body.size() - 3, cut);
   EXPECT_EQ(short_body.code(), ErrorCode::corrupt_data) << short_body.to_string();
 }
 
@@ -119,8 +116,8 @@ TEST_F(CallFrameTest, FuzzRegressionsDecodeWithoutLargeAllocations) {
       ChannelCall call;
       AgentCallReply reply;
       Status st = kind == FrameKind::call
-                      ? internal::decode_frame_body(sys_, body, h->body_bytes, call)
-                      : internal::decode_frame_body(sys_, body, h->body_bytes, reply);
+                      ? internal::decode_frame_body(sys(), body, h->body_bytes, call)
+                      : internal::decode_frame_body(sys(), body, h->body_bytes, reply);
       if (!st.ok()) {
         EXPECT_EQ(st.code(), ErrorCode::corrupt_data) << entry.path() << ": " << st.to_string();
         break;
@@ -144,7 +141,7 @@ TEST_F(CallFrameTest, ALyingSequenceSizeIsRefusedBeforeAllocating) {
   auto h = internal::parse_frame_header(bytes.data(), FrameKind::call, 1 << 20);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ChannelCall call;
-  Status st = internal::decode_frame_body(sys_, bytes.data() + kChannelHeaderBytes,
+  Status st = internal::decode_frame_body(sys(), bytes.data() + kChannelHeaderBytes,
                                           h->body_bytes, call);
   EXPECT_EQ(st.code(), ErrorCode::corrupt_data);
   EXPECT_NE(st.message().find("a sequence of 2147483647 elements with 15 bytes left"), std::string::npos)
