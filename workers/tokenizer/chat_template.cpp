@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "workers/tokenizer/jinja.hpp"
+#include "workers/tokenizer/jinja/jinja.hpp"
 
 namespace tessera::tokenizer {
 

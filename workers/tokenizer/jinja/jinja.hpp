@@ -13,12 +13,16 @@
 // Undefined values behave like jinja2's default Undefined: they print as "", are falsy and
 // iterate as empty, and raise "'x' is undefined" when an attribute, item or operator is applied.
 //
-// Not supported (they fail to parse, naming the tag or filter): template inheritance and
-// loading (extends/block/include/import/from), autoescape, recursive loops, and the rarely used
-// filters (batch, slice, groupby, wordwrap, urlize, xmlattr, pprint, ...). Known differences
-// from jinja2 are listed in tests/workers/tokenizer/chat_templates/README.md.
+// Not supported (they fail to parse, naming the tag or filter and the line): template inheritance
+// and loading (extends/block/include/import/from; transformers' environment has no loader, so
+// include, extends and import fail there too, when rendered), autoescape, recursive loops, and the
+// rarely used filters (urlize, xmlattr, pprint, striptags, ...). Known differences from jinja2 are
+// listed in tests/workers/tokenizer/chat_templates/README.md.
 //
 // Strings are UTF-8 and behave as Python str: length, indexing and slicing count code points.
+//
+// The implementation (internal/, one file per concern: lexer, parser, interpreter, operators,
+// methods, filters, tests, globals) is private to this component.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -29,7 +33,7 @@
 
 #include "proto/status.hpp"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 namespace internal {
 struct Program;
@@ -63,4 +67,4 @@ class Template {
   std::shared_ptr<const internal::Program> program_;
 };
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

@@ -17,9 +17,9 @@
 #include <sstream>
 #include <thread>
 
-#include "workers/tokenizer/jinja.hpp"
+#include "workers/tokenizer/jinja/jinja.hpp"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -186,6 +186,31 @@ TEST(JinjaFilters, ToJsonIsPythonsJsonDumps) {
   EXPECT_EQ(render("{{ missing | tojson }}"), "ERROR: t.jinja:1: Object of type Undefined is not JSON serializable");
 }
 
+TEST(JinjaFilters, GroupbyAndWordwrap) {
+  const char* ctx = R"({"ms": [{"role": "user", "n": 1}, {"role": "assistant", "n": 2}, {"role": "User", "n": 3}]})";
+  // groupby sorts and groups case-insensitively unless told otherwise; a group's grouper is then
+  // its first item's value. Groups are (grouper, list) namedtuples that print as tuples.
+  EXPECT_EQ(render("{% for role, items in ms | groupby('role') %}{{ role }}={{ items | map(attribute='n') | join(',') }};"
+                   "{% endfor %}",
+                   ctx),
+            "assistant=2;user=1,3;");
+  EXPECT_EQ(render("{% for g in ms | groupby('role', case_sensitive=true) %}{{ g.grouper }}:{{ g.list | length }};{% endfor %}",
+                   ctx),
+            "User:1;assistant:1;user:1;");
+  EXPECT_EQ(render("{{ ms | groupby('tool', default='none') | map(attribute='grouper') | list }}"
+                   "{{ [[1, 'x'], [2, 'y'], [1, 'z']] | groupby(0) }}",
+                   ctx),
+            "['none'][(1, [[1, 'x'], [1, 'z']]), (2, [[2, 'y']])]");
+  // wordwrap is textwrap.wrap per line: hyphenated words break after a hyphen, long words are cut.
+  EXPECT_EQ(render("{{ 'The quick brown fox jumps over the lazy dog' | wordwrap(12) }}"),
+            "The quick\nbrown fox\njumps over\nthe lazy dog");
+  EXPECT_EQ(render("{{ 'well-known state-of-the-art\nsupercalifragilistic' | wordwrap(9, wrapstring='|') }}"),
+            "well-|known|state-of-|the-art|supercali|fragilist|ic");
+  EXPECT_EQ(render("{{ 'a-very-long-word here' | wordwrap(5, break_long_words=false, break_on_hyphens=false) }}"),
+            "a-very-long-word\nhere");
+  EXPECT_EQ(render("{{ 'a b' | wordwrap(0) }}"), "ERROR: t.jinja:1: invalid width 0 (must be > 0)");
+}
+
 TEST(JinjaTests, IsTests) {
   EXPECT_EQ(render("{{ x is defined }}{{ y is defined }}{{ y is not defined }}{{ n is none }}{{ s is string }}"
                    "{{ d is mapping }}{{ s is iterable }}{{ 3 is number }}{{ true is number }}{{ true is integer }}"
@@ -252,6 +277,20 @@ TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(t->source_name(), "x.jinja");
   EXPECT_FALSE(t->render(ojson::array()).ok());
   EXPECT_EQ(t->render(ojson::array()).status().code(), ErrorCode::invalid_argument);
+}
+
+// transformers renders with no template loader, so jinja2 raises TypeError("no loader for this
+// environment specified") when one of these tags runs; Tessera refuses them when parsing, naming
+// the tag and its line.
+TEST(JinjaErrors, LoadingTagsFailNamingTheTagAndLine) {
+  EXPECT_EQ(render("a\n{% include 'other.jinja' %}"),
+            "ERROR: t.jinja:2: the 'include' tag is not supported (templates are rendered standalone)");
+  EXPECT_EQ(render("{% extends 'base.jinja' %}"),
+            "ERROR: t.jinja:1: the 'extends' tag is not supported (templates are rendered standalone)");
+  EXPECT_EQ(render("\n\n{% import 'macros.jinja' as m %}"),
+            "ERROR: t.jinja:3: the 'import' tag is not supported (templates are rendered standalone)");
+  EXPECT_EQ(render("{% if x %}\n{%- from 'macros.jinja' import m -%}\n{% endif %}"),
+            "ERROR: t.jinja:2: the 'from' tag is not supported (templates are rendered standalone)");
 }
 
 TEST(JinjaApi, JsonContextsAndThreads) {
@@ -362,6 +401,13 @@ const std::vector<std::tuple<std::string, std::string, std::string>>& snippets()
       {"view_json", "{{ {'a': 1}.items() | tojson }}", "{}"},
       {"generator_item", "{{ ([1, 2] | select)[0] }}|{{ {'a': 1}.keys()[0] }}|", "{}"},
       {"generator_last", "{{ [1, 2] | select | last }}", "{}"},
+      {"filters_groupby", "{% for role, items in ms | groupby('role') %}{{ role }}={{ items | map(attribute='n') | join(',') }};{% endfor %}{% for g in ms | groupby('role', case_sensitive=true) %}{{ g.grouper }}:{{ g.list | length }}{{ g[1][0].n }};{% endfor %}{{ ms | groupby('tool', default='none') | map(attribute='grouper') | list }}{{ [[1, 'x'], [2, 'y'], [1, 'z']] | groupby(0) }}{{ ms | groupby('n') | first | tojson }}", R"({"ms": [{"role": "user", "n": 1}, {"role": "assistant", "n": 2}, {"role": "User", "n": 3}]})"},
+      {"filters_wordwrap", "{{ s | wordwrap(12) }}|{{ s | wordwrap(9, wrapstring='<br>') }}|{{ s | wordwrap(4, break_long_words=false) }}|{{ s | wordwrap(6, break_on_hyphens=false) }}|{{ s | wordwrap(5, wrapstring='<br>' | safe) }}|{{ '' | wordwrap }}", R"({"s": "Look, goof-ball -- use the -b option!\n\nstate-of-the-art  \t supercalifragilistic <tag> d\u00e9j\u00e0-vu"})"},
+      {"wordwrap_width_zero", "{{ 'a' | wordwrap(0) }}", "{}"},
+      {"include", "a\n{% include 'other.jinja' %}", "{}"},
+      {"extends", "{% extends 'base.jinja' %}", "{}"},
+      {"import", "{% import 'macros.jinja' as m %}", "{}"},
+      {"from_import", "{% from 'macros.jinja' import m %}", "{}"},
       {"messages_template", "{% for m in messages %}{{ m['role'] | upper }}: {{ m.content | trim }}{% if not loop.last %}\n{% endif %}{% endfor %}", R"({"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo\n"}]})"},
   };
   return k;
@@ -661,4 +707,4 @@ TEST_F(JinjaParity, RealChatTemplatesMatchTransformers) {
 }
 
 }  // namespace
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja
