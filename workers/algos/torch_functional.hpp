@@ -45,4 +45,24 @@ Result<at::Tensor> entropy_from_logits(const at::Tensor& logits);
 // REQUIRES: logits (..., V) floating; labels integral with shape logits.shape[:-1], values in [0, V).
 Result<at::Tensor> logprobs_from_logits(const at::Tensor& logits, const at::Tensor& labels);
 
+/// Per-token log-probabilities (and entropies) of a policy's logits, as the PPO losses use them.
+struct TokenLogProbs {
+  at::Tensor log_probs;  ///< log_softmax(logits / temperature)[label], fp32 (fp64 for fp64 logits), labels' shape.
+  at::Tensor entropy;    ///< Entropy of softmax(logits / temperature), same dtype; undefined unless asked.
+};
+
+/// logprobs_from_logits and entropy_from_logits of logits / temperature, computed in fp32 over
+/// chunks of `chunk_rows` rows (0: about 256 MiB of fp32 logits per chunk) for any logits dtype
+/// (fp64 stays fp64), with a backward that recomputes each chunk's softmax instead of keeping fp32 [N, V]
+/// buffers (Note [Chunked token log-probs] in token_log_probs.cpp). Gradients reach `logits` in
+/// its own dtype. Labels are NOT range-checked here (that needs a host read; see
+/// check_labels_in_vocab).
+// REQUIRES: logits (..., V) floating; labels integral with shape logits.shape[:-1], in [0, V).
+Result<TokenLogProbs> token_log_probs(const at::Tensor& logits, const at::Tensor& labels, double temperature,
+                                      bool with_entropy, int64_t chunk_rows = 0);
+
+/// out_of_range naming `fn`, `name` and the first bad id unless every label is in [0, vocab).
+/// One host read for the whole tensor.
+Status check_labels_in_vocab(const char* fn, const char* name, const at::Tensor& labels, int64_t vocab);
+
 }  // namespace tessera::algos

@@ -122,15 +122,30 @@ const at::Tensor& CausalLM::lm_head_weight() const {
   return lm_head_ ? lm_head_->weight : backbone_->embed_tokens->weight;
 }
 
-at::Tensor CausalLM::logits(const at::Tensor& hidden) const {
-  at::Tensor out = at::linear(hidden, lm_head_weight());
-  if (const auto& cap = config_.final_logit_softcapping) out = at::tanh(out / *cap) * *cap;  // in the compute dtype, as HF
-  return out.to(at::kFloat);
+namespace {
+
+at::Tensor head_rows(const at::Tensor& hidden, HeadRows rows) {
+  return rows.is_all() ? hidden : hidden.narrow(1, rows.start, rows.length);
 }
 
-at::Tensor CausalLM::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                             const at::Tensor& position_ids) {
-  return logits(backbone_->forward(input_ids, attention_mask, position_ids));
+}  // namespace
+
+at::Tensor PretrainedModel::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                    const at::Tensor& position_ids) {
+  return forward_head(input_ids, attention_mask, position_ids, HeadRows::all()).to(at::kFloat);
+}
+
+at::Tensor CausalLM::compute_dtype_logits(const at::Tensor& hidden) const {
+  at::Tensor out = at::linear(hidden, lm_head_weight());
+  if (const auto& cap = config_.final_logit_softcapping) out = at::tanh(out / *cap) * *cap;  // in the compute dtype, as HF
+  return out;
+}
+
+at::Tensor CausalLM::logits(const at::Tensor& hidden) const { return compute_dtype_logits(hidden).to(at::kFloat); }
+
+at::Tensor CausalLM::forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                  const at::Tensor& position_ids, HeadRows rows) {
+  return compute_dtype_logits(head_rows(backbone_->forward(input_ids, attention_mask, position_ids), rows));
 }
 
 at::Tensor CausalLM::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,
@@ -151,10 +166,10 @@ Result<std::shared_ptr<ValueModel>> ValueModel::create(ModelConfig config, const
   return build<ValueModel>(std::move(config), init, HeadKind::value);
 }
 
-at::Tensor ValueModel::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                               const at::Tensor& position_ids) {
-  at::Tensor hidden = backbone_->forward(input_ids, attention_mask, position_ids);
-  return score_->forward(hidden).squeeze(-1).to(at::kFloat);
+at::Tensor ValueModel::forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                    const at::Tensor& position_ids, HeadRows rows) {
+  at::Tensor hidden = head_rows(backbone_->forward(input_ids, attention_mask, position_ids), rows);
+  return score_->forward(hidden).squeeze(-1);
 }
 
 Status initialize_weights(PretrainedModel& model, uint64_t seed, const std::vector<std::string>& names) {

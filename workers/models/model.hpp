@@ -46,6 +46,16 @@ struct ModelInit {
   bool score_bias = true;        ///< ValueModel only: HF's score Linear has a bias.
 };
 
+/// The sequence positions an output head runs on: [start, start + length), or every position
+/// when length < 0. The PPO losses need the head only at the response positions, so the prompt's
+/// logits (a [B, T_prompt, vocab] matmul and buffer) are never computed (HF's logits_to_keep).
+struct HeadRows {
+  int64_t start = 0;
+  int64_t length = -1;
+  static HeadRows all() { return {}; }
+  bool is_all() const { return length < 0; }
+};
+
 /// A decoder backbone ("model.") plus an output head; base of CausalLM and ValueModel.
 class PretrainedModel : public torch::nn::Module {
  public:
@@ -63,8 +73,13 @@ class PretrainedModel : public torch::nn::Module {
   Status set_parameters(const TensorMap& tensors, bool require_all);
 
   /// Output of the head for a full batch: logits [B, T, V] or values [B, T], always fp32.
-  virtual at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                             const at::Tensor& position_ids) = 0;
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& position_ids);
+
+  /// Output of the head at `rows` only ([B, rows.length, V] or [B, rows.length]), in the compute
+  /// dtype: bf16 logits stay bf16 (a full-vocabulary fp32 copy is what a chunked consumer avoids).
+  /// REQUIRES: rows within [0, T).
+  virtual at::Tensor forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                  const at::Tensor& position_ids, HeadRows rows) = 0;
 
  protected:
   PretrainedModel(ModelConfig config, HeadKind head, const ModelInit& init);
@@ -84,9 +99,10 @@ class CausalLM : public PretrainedModel {
   /// REQUIRES: a valid config (use create()).
   CausalLM(ModelConfig config, const ModelInit& init);
 
-  /// Logits [B, T, vocab] (fp32) for left-padded input_ids / attention_mask / position_ids [B, T].
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                     const at::Tensor& position_ids) override;
+  /// Logits at `rows` of left-padded input_ids / attention_mask / position_ids [B, T], in the
+  /// compute dtype (forward() gives all rows in fp32).
+  at::Tensor forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                          const at::Tensor& position_ids, HeadRows rows) override;
 
   /// Incremental decoding: appends T tokens to `cache`, returns their logits [B, T, vocab] (fp32).
   /// `cache_mask` [B, >= cache.length() + T] marks visible cache columns. See kv_cache.hpp.
@@ -101,6 +117,7 @@ class CausalLM : public PretrainedModel {
   at::Tensor logits(const at::Tensor& hidden) const;
 
  private:
+  at::Tensor compute_dtype_logits(const at::Tensor& hidden) const;
   std::shared_ptr<Linear> lm_head_;  ///< Null when tie_word_embeddings.
 };
 
@@ -114,9 +131,9 @@ class ValueModel : public PretrainedModel {
   /// REQUIRES: a valid config (use create()).
   ValueModel(ModelConfig config, const ModelInit& init);
 
-  /// Values [B, T] (fp32).
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                     const at::Tensor& position_ids) override;
+  /// Values at `rows` [B, rows.length], in the compute dtype (forward() gives [B, T] in fp32).
+  at::Tensor forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                          const at::Tensor& position_ids, HeadRows rows) override;
 
   Linear& score() const { return *score_; }
 

@@ -56,10 +56,10 @@ Result<std::shared_ptr<LocalTrainableModule>> LocalTrainableModule::create(
 }
 
 Result<at::Tensor> LocalTrainableModule::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                 const at::Tensor& position_ids, ForwardMode mode) {
+                                                 const at::Tensor& position_ids, ForwardMode mode, models::HeadRows rows) {
   try {
     model_->train(mode == ForwardMode::train);
-    return model_->forward(input_ids, attention_mask, position_ids);
+    return model_->forward_head(input_ids, attention_mask, position_ids, rows);
   } catch (...) {
     return status_from_current_exception("LocalTrainableModule::forward");
   }
@@ -102,24 +102,25 @@ double LocalTrainableModule::lr() const { return optimizer_ ? lr_ : 0.0; }
 
 // ---- Forward helpers ----------------------------------------------------------------------------
 
+models::HeadRows response_rows(const SequenceBatch& seq) {
+  return {seq.input_ids.size(1) - seq.response_length - 1, seq.response_length};
+}
+
 Result<LogProbOutput> response_log_probs(const at::Tensor& logits, const at::Tensor& responses, double temperature,
                                          bool calculate_entropy) {
   if (logits.dim() != 3 || responses.dim() != 2 || logits.size(0) != responses.size(0) ||
-      responses.size(1) >= logits.size(1)) {
+      logits.size(1) != responses.size(1)) {
     return make_error(ErrorCode::invalid_argument,
-                      "response_log_probs: logits [B, T, V] and responses [B, R < T] expected, got {}-D and {}-D",
+                      "response_log_probs: logits [B, R, V] and responses [B, R] expected, got {}-D and {}-D",
                       logits.dim(), responses.dim());
   }
   if (!(temperature > 0)) {
     return make_error(ErrorCode::invalid_argument, "meta_info.temperature = {} must be > 0", temperature);
   }
-  const int64_t T = logits.size(1), R = responses.size(1);
-  at::Tensor sliced = logits.narrow(1, T - R - 1, R) / temperature;
+  TESSERA_ASSIGN_OR_RETURN(auto t, algos::token_log_probs(logits, responses, temperature, calculate_entropy));
   LogProbOutput out;
-  TESSERA_ASSIGN_OR_RETURN(out.log_probs, algos::logprobs_from_logits(sliced, responses));
-  if (calculate_entropy) {
-    TESSERA_ASSIGN_OR_RETURN(out.entropys, algos::entropy_from_logits(sliced));
-  }
+  out.log_probs = std::move(t.log_probs);
+  out.entropys = std::move(t.entropy);
   return out;
 }
 
@@ -148,21 +149,21 @@ Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::Polic
   if (calculate_entropy) {
     TESSERA_ASSIGN_OR_RETURN(at::Tensor entropy, algos::agg_loss(out.entropys, mask, mode));
     if (config.entropy_coeff != 0) policy_loss = policy_loss - entropy * config.entropy_coeff;
-    r.metrics["actor/entropy"] = entropy.item<double>();
+    r.metrics["actor/entropy"] = entropy.detach();
   }
   if (config.use_kl_loss) {
     TESSERA_ASSIGN_OR_RETURN(at::Tensor ref_log_prob, mb.tensor("ref_log_prob"));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor kld, algos::kl_penalty(out.log_probs, ref_log_prob, config.kl_loss_type));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor kl_loss, algos::agg_loss(kld, mask, mode));
     policy_loss = policy_loss + kl_loss * config.kl_loss_coef;
-    r.metrics["actor/kl_loss"] = kl_loss.item<double>();
-    r.metrics["actor/kl_coef"] = config.kl_loss_coef;
+    r.metrics["actor/kl_loss"] = kl_loss.detach();
+    r.metrics["actor/kl_coef"] = at::scalar_tensor(config.kl_loss_coef, kl_loss.options().dtype(at::kDouble));
   }
   r.loss = policy_loss;
-  r.metrics["actor/pg_loss"] = pg.pg_loss.item<double>();
-  r.metrics["actor/pg_clipfrac"] = pg.pg_clipfrac.item<double>();
-  r.metrics["actor/ppo_kl"] = pg.ppo_kl.item<double>();
-  r.metrics["actor/pg_clipfrac_lower"] = pg.pg_clipfrac_lower.item<double>();
+  r.metrics["actor/pg_loss"] = pg.pg_loss.detach();
+  r.metrics["actor/pg_clipfrac"] = pg.pg_clipfrac.detach();
+  r.metrics["actor/ppo_kl"] = pg.ppo_kl.detach();
+  r.metrics["actor/pg_clipfrac_lower"] = pg.pg_clipfrac_lower.detach();
   return r;
 }
 
@@ -210,12 +211,15 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
     TESSERA_ASSIGN_OR_RETURN(int64_t mbs, meta_positive_int(data.meta_info(), "micro_batch_size"));
     TESSERA_ASSIGN_OR_RETURN(micro, split_micro_batches(selected, mbs, "meta_info.micro_batch_size"));
   }
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, data.tensor("responses"));
+  TESSERA_RETURN_IF_ERROR(
+      algos::check_labels_in_vocab("compute_log_prob", "responses", responses, module_->model_config().vocab_size));
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> log_probs, entropys;
   for (const auto& mb : micro.batches) {
     TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits,
-                             module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::eval));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids,
+                                                                 ForwardMode::eval, response_rows(seq)));
     TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
     log_probs.push_back(out.log_probs);
     if (calculate_entropy) entropys.push_back(out.entropys);
@@ -243,6 +247,9 @@ Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto&
   std::vector<std::string> response_keys = {"old_log_probs", "advantages"};
   if (config_.use_kl_loss) response_keys.emplace_back("ref_log_prob");
   TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, response_keys));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, selected.tensor("responses"));
+  TESSERA_RETURN_IF_ERROR(
+      algos::check_labels_in_vocab("update_policy", "responses", responses, module_->model_config().vocab_size));
   return run_ppo_update(*module_, selected, update_schedule("actor", config_), sync_,
                         [&](const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits) {
                           return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature);

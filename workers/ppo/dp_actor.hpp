@@ -39,6 +39,7 @@
 #include "workers/algos/policy_loss.hpp"
 #include "workers/models/model.hpp"
 #include "workers/ppo/ppo_batching.hpp"
+#include "workers/ppo/ppo_inputs.hpp"
 
 namespace torch::optim {
 class Optimizer;
@@ -66,11 +67,14 @@ class TrainableModule {
  public:
   virtual ~TrainableModule() = default;
 
-  /// The head's output for a left-padded batch [B, T]: logits [B, T, V] for a policy, values
-  /// [B, T] for a critic, fp32. With ForwardMode::train the graph is kept for backward(); with
-  /// eval the module is in eval mode and the caller holds a torch::NoGradGuard.
+  /// The head's output for a left-padded batch [B, T] at `rows` (models::HeadRows; all by
+  /// default): logits [B, L, V] for a policy, values [B, L] for a critic, in the model's compute
+  /// dtype (bf16 under mixed precision; callers cast what they reduce). With ForwardMode::train
+  /// the graph is kept for backward(); with eval the module is in eval mode and the caller holds a
+  /// torch::NoGradGuard.
   virtual Result<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                     const at::Tensor& position_ids, ForwardMode mode) = 0;
+                                     const at::Tensor& position_ids, ForwardMode mode,
+                                     models::HeadRows rows = models::HeadRows::all()) = 0;
 
   /// Backpropagates `loss` (a 0-dim tensor from the last train-mode forward); gradients
   /// accumulate until clip_and_step() or zero_grad().
@@ -90,6 +94,9 @@ class TrainableModule {
 
   /// The learning rate the next step uses (verl's actor/lr, critic/lr).
   virtual double lr() const = 0;
+
+  /// The wrapped model's config (its vocabulary bounds the token ids a policy is fed).
+  virtual const models::ModelConfig& model_config() const = 0;
 };
 
 /// The policy the actor trains: a TrainableModule whose forward returns logits.
@@ -116,12 +123,14 @@ class LocalTrainableModule final : public TrainableModule {
   ~LocalTrainableModule() override;
 
   Result<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                             const at::Tensor& position_ids, ForwardMode mode) override;
+                             const at::Tensor& position_ids, ForwardMode mode,
+                             models::HeadRows rows = models::HeadRows::all()) override;
   Status backward(const at::Tensor& loss) override;
   Status end_forward() override { return Status(); }
   Result<StepOutcome> clip_and_step(double max_norm) override;
   void zero_grad() override;
   double lr() const override;
+  const models::ModelConfig& model_config() const override { return model_->config(); }
 
   models::PretrainedModel& model() const { return *model_; }
 
@@ -239,9 +248,14 @@ class DataParallelPPOActor {
   algos::PolicyLossFn loss_fn_;
 };
 
-/// The response part of a forward pass (verl's _forward_micro_batch, padded path): logits at
-/// positions [T-R-1, T-1) divided by `temperature`, log-probs of `responses`, and the entropy when
-/// `calculate_entropy`. `logits` is [B, T, V]; `responses` [B, R] with R < T.
+/// The positions whose head output predicts the response tokens: [T-R-1, T-1) of [B, T].
+models::HeadRows response_rows(const SequenceBatch& seq);
+
+/// The response part of a forward pass (verl's _forward_micro_batch, padded path): log-probs of
+/// `responses` under logits / `temperature`, and the entropy when `calculate_entropy`, in fp32
+/// (algos::token_log_probs). `logits` [B, R, V] are the head's output at response_rows (any
+/// floating dtype); `responses` [B, R]. Token ids are not range-checked here (the callers check
+/// a whole batch at once).
 Result<LogProbOutput> response_log_probs(const at::Tensor& logits, const at::Tensor& responses, double temperature,
                                          bool calculate_entropy);
 

@@ -91,11 +91,6 @@ Result<CriticConfig> normalize_critic_config(CriticConfig c, const DataParallelS
 
 // ---- DataParallelPPOCritic ----------------------------------------------------------------------
 
-at::Tensor response_values(const at::Tensor& values, int64_t response_length) {
-  const int64_t T = values.size(1);
-  return values.narrow(1, T - response_length - 1, response_length);
-}
-
 DataParallelPPOCritic::DataParallelPPOCritic(CriticConfig config, std::shared_ptr<ValueModule> module,
                                              MicroBatchCountSync sync)
     : config_(std::move(config)), module_(std::move(module)), sync_(std::move(sync)) {}
@@ -158,12 +153,13 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
   std::vector<at::Tensor> parts;
   for (const auto& mb : micro.batches) {
     TESSERA_ASSIGN_OR_RETURN(auto s, read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor v, module_->forward(s.input_ids, s.attention_mask, s.position_ids, ForwardMode::eval));
-    if (v.dim() != 2 || v.size(1) != s.input_ids.size(1)) {
-      return make_error(ErrorCode::internal, "compute_values: the value module returned {}-D output, expected [B, T]",
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor v, module_->forward(s.input_ids, s.attention_mask, s.position_ids,
+                                                            ForwardMode::eval, response_rows(s)));
+    if (v.dim() != 2 || v.size(1) != s.response_length) {
+      return make_error(ErrorCode::internal, "compute_values: the value module returned {}-D output, expected [B, R]",
                         v.dim());
     }
-    parts.push_back(response_values(v, s.response_length));
+    parts.push_back(v.to(at::kFloat));
   }
   at::Tensor values = at::cat(parts, 0);
   if (use_dynamic_bsz) {
@@ -180,11 +176,11 @@ namespace {
 
 Result<MicroLoss> value_micro_loss(const CriticConfig& config, const proto::DataProto& mb, const SequenceBatch& seq,
                                    const at::Tensor& head) {
-  if (head.dim() != 2 || head.size(1) != seq.input_ids.size(1)) {
-    return make_error(ErrorCode::internal, "update_critic: the value module returned {}-D output, expected [B, T]",
+  if (head.dim() != 2 || head.size(1) != seq.response_length) {
+    return make_error(ErrorCode::internal, "update_critic: the value module returned {}-D output, expected [B, R]",
                       head.dim());
   }
-  at::Tensor vpreds = response_values(head, seq.response_length);
+  at::Tensor vpreds = head.to(at::kFloat);
   TESSERA_ASSIGN_OR_RETURN(at::Tensor values, mb.tensor("values"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor returns, mb.tensor("returns"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
@@ -193,9 +189,9 @@ Result<MicroLoss> value_micro_loss(const CriticConfig& config, const proto::Data
   TESSERA_ASSIGN_OR_RETURN(at::Tensor vpred_mean, algos::masked_mean(vpreds.detach(), mask));
   MicroLoss r;
   r.loss = vf.vf_loss;
-  r.metrics["critic/vf_loss"] = vf.vf_loss.item<double>();
-  r.metrics["critic/vf_clipfrac"] = vf.vf_clipfrac.item<double>();
-  r.metrics["critic/vpred_mean"] = vpred_mean.item<double>();
+  r.metrics["critic/vf_loss"] = vf.vf_loss.detach();
+  r.metrics["critic/vf_clipfrac"] = vf.vf_clipfrac.detach();
+  r.metrics["critic/vpred_mean"] = vpred_mean;
   return r;
 }
 

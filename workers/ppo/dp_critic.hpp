@@ -101,8 +101,4 @@ class DataParallelPPOCritic {
   MicroBatchCountSync sync_;
 };
 
-/// The response part of a value-head output [B, T]: positions [T-R-1, T-1).
-// REQUIRES: values [B, T] with T > response_length >= 1.
-at::Tensor response_values(const at::Tensor& values, int64_t response_length);
-
 }  // namespace tessera::ppo

@@ -26,7 +26,7 @@ Result<std::shared_ptr<FsdpTrainableModule>> FsdpTrainableModule::create(std::sh
 }
 
 Result<at::Tensor> FsdpTrainableModule::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                const at::Tensor& position_ids, ForwardMode mode) {
+                                                const at::Tensor& position_ids, ForwardMode mode, models::HeadRows rows) {
   const bool train = mode == ForwardMode::train;
   if (train && !trainable_) {
     return make_error(ErrorCode::invalid_argument, "FsdpTrainableModule: train-mode forward on a frozen module");
@@ -35,7 +35,7 @@ Result<at::Tensor> FsdpTrainableModule::forward(const at::Tensor& input_ids, con
   in_train_forward_ = train;
   try {
     model_->train(train);
-    at::Tensor out = model_->forward(input_ids, attention_mask, position_ids);
+    at::Tensor out = model_->forward_head(input_ids, attention_mask, position_ids, rows);
     if (!train) {
       in_train_forward_ = false;
       TESSERA_RETURN_IF_ERROR(engine_->end_forward());

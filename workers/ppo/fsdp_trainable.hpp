@@ -43,12 +43,14 @@ class FsdpTrainableModule final : public TrainableModule {
   ~FsdpTrainableModule() override;
 
   Result<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                             const at::Tensor& position_ids, ForwardMode mode) override;
+                             const at::Tensor& position_ids, ForwardMode mode,
+                             models::HeadRows rows = models::HeadRows::all()) override;
   Status backward(const at::Tensor& loss) override;
   Status end_forward() override;
   Result<StepOutcome> clip_and_step(double max_norm) override;
   void zero_grad() override;
   double lr() const override;
+  const models::ModelConfig& model_config() const override { return model_->config(); }
 
   /// The FSDP engine (offload, checkpoints, LR schedule, gathers for the rollout).
   fsdp::FsdpModule& engine() const { return *engine_; }

@@ -1,6 +1,8 @@
 // ppo_update.cpp: the actor / critic update loop (see ppo_update.hpp).
 #include "workers/ppo/ppo_update.hpp"
 
+#include <torch/torch.h>
+
 namespace tessera::ppo {
 
 Result<proto::DataProto> select_update_inputs(const proto::DataProto& data,
@@ -26,18 +28,43 @@ Result<MicroBatches> micro_batches_for_update(const proto::DataProto& mini_batch
   return split_micro_batches(mini_batch, *s.ppo_micro_batch_size_per_gpu, s.role + ".ppo_micro_batch_size_per_gpu");
 }
 
+// Metric tensors of one mini-batch, read back to the host together.
+class PendingMetrics {
+ public:
+  void add(const std::map<std::string, at::Tensor>& values) {
+    for (const auto& [name, t] : values) entries_.emplace_back(name, t);
+  }
+
+  // One device-to-host transfer for all of them (after the step's sync, nothing is left to wait
+  // for), appended in the order they were recorded.
+  void flush(Metrics& metrics) {
+    if (entries_.empty()) return;
+    std::vector<at::Tensor> values;
+    values.reserve(entries_.size());
+    const c10::Device device = entries_.front().second.device();
+    for (const auto& e : entries_) values.push_back(e.second.detach().reshape({}).to(device, at::kDouble));
+    const at::Tensor host = at::stack(values).cpu().contiguous();
+    const double* v = host.data_ptr<double>();
+    for (size_t i = 0; i < entries_.size(); ++i) metrics[entries_[i].first].push_back(v[i]);
+    entries_.clear();
+  }
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> entries_;
+};
+
 Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro_batch, double loss_scale,
-                          const MicroLossFn& micro_loss, Metrics& metrics) {
+                          const MicroLossFn& micro_loss, PendingMetrics& metrics) {
   TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor head,
-                           module.forward(seq.input_ids, seq.attention_mask, seq.position_ids, ForwardMode::train));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor head, module.forward(seq.input_ids, seq.attention_mask, seq.position_ids,
+                                                           ForwardMode::train, response_rows(seq)));
   auto loss = micro_loss(micro_batch, seq, head);
   if (!loss.ok()) {
     (void)module.end_forward();
     return loss.status();
   }
   TESSERA_RETURN_IF_ERROR(module.backward(loss->loss * loss_scale));
-  append_to_dict(metrics, loss->metrics);
+  metrics.add(loss->metrics);
   return Status();
 }
 
@@ -45,14 +72,16 @@ Status update_mini_batch(TrainableModule& module, const proto::DataProto& mini_b
                          const MicroBatchCountSync& sync, const MicroLossFn& micro_loss, Metrics& metrics) {
   TESSERA_ASSIGN_OR_RETURN(auto micro, micro_batches_for_update(mini_batch, s, sync));
   module.zero_grad();
+  PendingMetrics pending;
   for (const auto& micro_batch : micro.batches) {
     // verl v0.5.0's scaling: token share of the configured mini-batch (dynamic) or 1/grad_accum.
     const double scale = s.use_dynamic_bsz
                              ? static_cast<double>(micro_batch.size()) / static_cast<double>(s.ppo_mini_batch_size)
                              : 1.0 / static_cast<double>(s.ppo_mini_batch_size / *s.ppo_micro_batch_size_per_gpu);
-    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, micro_loss, metrics));
+    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, micro_loss, pending));
   }
   TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module.clip_and_step(s.grad_clip));
+  pending.flush(metrics);
   append_to_dict(metrics, {{s.role + "/grad_norm", step.grad_norm}});
   return Status();
 }

@@ -28,13 +28,16 @@ namespace tessera::ppo {
 /// The keys every PPO forward reads (verl's select_keys before the role's own).
 inline const std::vector<std::string> kPpoForwardKeys = {"responses", "input_ids", "attention_mask", "position_ids"};
 
-/// The loss of one micro-batch and the metrics it appends (one value per micro-batch).
+/// The loss of one micro-batch and the metrics it appends (one value per micro-batch). Metrics
+/// are 0-dim tensors, on any device: the update reads them all in one host transfer per
+/// optimizer step (see run_ppo_update), so a micro-batch never waits for its kernels.
 struct MicroLoss {
   at::Tensor loss;
-  std::map<std::string, double> metrics;
+  std::map<std::string, at::Tensor> metrics;
 };
 
-/// A role's loss of one micro-batch from the module's train-mode output `head`.
+/// A role's loss of one micro-batch from the module's train-mode output `head`, taken at the
+/// response positions (response_rows): logits [B, R, V] or values [B, R] in the compute dtype.
 using MicroLossFn =
     std::function<Result<MicroLoss>(const proto::DataProto& micro_batch, const SequenceBatch& seq, const at::Tensor& head)>;
 
@@ -69,7 +72,9 @@ Result<proto::DataProto> select_update_inputs(const proto::DataProto& data, cons
 /// `micro_loss`, and backward of the loss times 1 / gradient_accumulation (fixed) or rows /
 /// ppo_mini_batch_size (dynamic), then clip_and_step(grad_clip). When `micro_loss` fails the
 /// forward is ended before the error is returned. Returns the micro-batch metrics,
-/// <role>/grad_norm per mini-batch and <role>/lr once; gradients are dropped at the end.
+/// <role>/grad_norm per mini-batch and <role>/lr once; gradients are dropped at the end. The host
+/// waits for the device once per optimizer step (the grad norm decides clipping and skipping);
+/// the metrics of the mini-batch's micro-batches come back in one transfer right after it.
 // REQUIRES: without use_dynamic_bsz, ppo_micro_batch_size_per_gpu is set (check_fixed_micro_batch).
 Result<Metrics> run_ppo_update(TrainableModule& module, const proto::DataProto& selected,
                                const UpdateSchedule& schedule, const MicroBatchCountSync& sync,

@@ -139,7 +139,7 @@ Result<at::Tensor> RewardModelWorker::sequence_scores(const proto::DataProto& da
                                                                  ppo::ForwardMode::eval));
     at::Tensor eos_idx = (seq.position_ids * seq.attention_mask).argmax(-1);
     at::Tensor rows = at::arange(values.size(0), at::TensorOptions(at::kLong).device(values.device()));
-    scores.push_back(values.index({rows, eos_idx}));
+    scores.push_back(values.index({rows, eos_idx}).to(at::kFloat));
   }
   at::Tensor all = at::cat(scores, 0);
   if (config_.use_dynamic_bsz) return ppo::restore_dynamic_batch(all, micro.indices);

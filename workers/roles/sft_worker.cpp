@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "dispatch/worker_group.hpp"
+#include "workers/algos/torch_functional.hpp"
 #include "workers/fsdp/checkpoint.hpp"
 #include "workers/models/model_io.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
@@ -211,9 +212,11 @@ class SftWorker : public dispatch::WorkerBase {
     const ppo::ForwardMode mode = train ? ppo::ForwardMode::train : ppo::ForwardMode::eval;
     std::optional<torch::NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
+    const int64_t T = b.input_ids.size(1);
     TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, module_->forward(b.input_ids.narrow(0, start, rows),
                                                                  b.attention_mask.narrow(0, start, rows),
-                                                                 b.position_ids.narrow(0, start, rows), mode));
+                                                                 b.position_ids.narrow(0, start, rows), mode,
+                                                                 models::HeadRows{0, T - 1}));
     auto terms = sft_loss_terms(logits, b.input_ids.narrow(0, start, rows), b.loss_mask.narrow(0, start, rows));
     if (!terms.ok()) {
       if (train) (void)module_->end_forward();
@@ -230,6 +233,8 @@ class SftWorker : public dispatch::WorkerBase {
     const char* method = train ? "train_batch" : "validate_batch";
     TESSERA_RETURN_IF_ERROR(require_init(method));
     TESSERA_ASSIGN_OR_RETURN(SftBatch b, read_sft_batch(d, method));
+    TESSERA_RETURN_IF_ERROR(
+        algos::check_labels_in_vocab(method, "input_ids", b.input_ids, module_->model_config().vocab_size));
     const double local_tokens = b.loss_mask.narrow(1, 0, b.loss_mask.size(1) - 1).sum().item<double>();
     TESSERA_ASSIGN_OR_RETURN(double global_tokens, world_sum(local_tokens));
     const int64_t rows = b.input_ids.size(0), micro = config_.micro_batch_size_per_gpu;
@@ -273,22 +278,21 @@ class SftWorker : public dispatch::WorkerBase {
 
 Result<SftLossTerms> sft_loss_terms(const at::Tensor& logits, const at::Tensor& input_ids, const at::Tensor& loss_mask) {
   if (logits.dim() != 3 || input_ids.dim() != 2 || logits.size(0) != input_ids.size(0) ||
-      logits.size(1) != input_ids.size(1)) {
-    return make_error(ErrorCode::invalid_argument, "sft loss: logits {} do not fit input_ids {}", shape(logits),
-                      shape(input_ids));
+      logits.size(1) + 1 != input_ids.size(1)) {
+    return make_error(ErrorCode::invalid_argument, "sft loss: logits {} do not fit input_ids {} (rows [0, T-1) expected)",
+                      shape(logits), shape(input_ids));
   }
   if (!loss_mask.sizes().equals(input_ids.sizes())) {
     return make_error(ErrorCode::invalid_argument, "sft loss: loss_mask {} does not fit input_ids {}",
                       shape(loss_mask), shape(input_ids));
   }
-  const int64_t T = input_ids.size(1), V = logits.size(2);
-  at::Tensor mask = loss_mask.narrow(1, 0, T - 1).to(torch::kFloat32).reshape({-1});
-  at::Tensor labels = input_ids.narrow(1, 1, T - 1).to(torch::kLong).reshape({-1});
-  at::Tensor ce = torch::nn::functional::cross_entropy(
-      logits.narrow(1, 0, T - 1).reshape({-1, V}).to(torch::kFloat32), labels,
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  const int64_t T = input_ids.size(1);
+  at::Tensor mask = loss_mask.narrow(1, 0, T - 1).to(torch::kFloat32);
+  at::Tensor labels = input_ids.narrow(1, 1, T - 1);
+  // Cross-entropy = -log p(label), in fp32 chunks (algos::token_log_probs): no fp32 copy of the logits.
+  TESSERA_ASSIGN_OR_RETURN(auto lp, algos::token_log_probs(logits, labels, /*temperature=*/1.0, /*with_entropy=*/false));
   SftLossTerms out;
-  out.loss_sum = (ce * mask).sum();
+  out.loss_sum = -(lp.log_probs * mask).sum();
   out.tokens = static_cast<int64_t>(mask.sum().item<double>());
   return out;
 }

@@ -60,7 +60,8 @@ struct SftLossTerms {
 };
 
 /// Σ_t CE(logits[:, t], input_ids[:, t+1]) · loss_mask[:, t] over t < T-1, and the token count.
-/// Errors name the tensor whose shape does not fit ([B, T, V] logits, [B, T] ids and mask).
+/// `logits` are the head's output at rows [0, T-1) ([B, T-1, V], any floating dtype; reduced in
+/// fp32). Errors name the tensor whose shape does not fit ([B, T] ids and mask).
 Result<SftLossTerms> sft_loss_terms(const at::Tensor& logits, const at::Tensor& input_ids, const at::Tensor& loss_mask);
 
 }  // namespace tessera::workers

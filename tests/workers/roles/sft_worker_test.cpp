@@ -58,11 +58,11 @@ double reference_loss(const std::string& model_dir, const proto::DataProto& b) {
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   torch::NoGradGuard g;
   at::Tensor logits = (*model)->forward(*b.tensor("input_ids"), *b.tensor("attention_mask"), *b.tensor("position_ids"));
-  auto terms = sft_loss_terms(logits, *b.tensor("input_ids"), *b.tensor("loss_mask"));
-  EXPECT_TRUE(terms.ok());
-  // Independent of sft_loss_terms: log_softmax + gather.
   at::Tensor ids = *b.tensor("input_ids"), lm = *b.tensor("loss_mask");
   const int64_t T = ids.size(1);
+  auto terms = sft_loss_terms(logits.narrow(1, 0, T - 1), ids, lm);
+  EXPECT_TRUE(terms.ok());
+  // Independent of sft_loss_terms: log_softmax + gather.
   at::Tensor lp = torch::log_softmax(logits.narrow(1, 0, T - 1), -1).gather(2, ids.narrow(1, 1, T - 1).unsqueeze(-1)).squeeze(-1);
   at::Tensor m = lm.narrow(1, 0, T - 1).to(torch::kFloat32);
   const double want = (-(lp * m).sum() / m.sum()).item<double>();

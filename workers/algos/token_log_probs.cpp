@@ -1,0 +1,150 @@
+// token_log_probs.cpp: log-probabilities and entropies of tokens from logits, in fp32 chunks of
+// rows, with a backward that recomputes each chunk's softmax (see torch_functional.hpp).
+//
+// Note [Chunked token log-probs]
+// The PPO losses need, per response token, log_softmax(x)[label] and optionally the entropy of
+// softmax(x), x = logits / temperature in fp32. Done over the whole [N, V] block (as
+// logprobs_from_logits / entropy_from_logits do) that is several fp32 [N, V] buffers kept for
+// backward: the fp32 copy, the scaled copy, the softmax and the product, 4-5x the bf16 logits
+// (tens of GB for a 7B micro-batch with a 150k vocabulary). Here forward walks chunks of rows,
+// keeping only the per-row logsumexp (and entropy); backward walks them again and rebuilds each
+// chunk's softmax from the saved logits and logsumexp:
+//   d lp / d x_i = [i == label] - p_i
+//   d H  / d x_i = -p_i (x_i - mu),  mu = sum_j p_j x_j = lse - H
+// and writes the chunk's gradient (divided by the temperature) straight into a logits-shaped,
+// logits-dtype buffer. Peak extra memory is a few fp32 [chunk, V] buffers; the values are the
+// same operations as the unchunked functions, row by row.
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "workers/algos/internal/check.hpp"
+#include "workers/algos/torch_functional.hpp"
+
+namespace tessera::algos {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows per chunk: an fp32 [rows, V] buffer of about 256 MiB.
+int64_t default_chunk_rows(int64_t vocab) {
+  constexpr int64_t kChunkBytes = int64_t{256} << 20;
+  return std::max<int64_t>(1, kChunkBytes / (4 * std::max<int64_t>(vocab, 1)));
+}
+
+// The dtype the maths runs in: fp32, or fp64 for fp64 logits.
+c10::ScalarType math_dtype(const at::Tensor& logits) {
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor scaled_fp32(const at::Tensor& logits_chunk, double temperature) {
+  at::Tensor x = logits_chunk.to(math_dtype(logits_chunk));
+  return temperature == 1.0 ? x : x / temperature;
+}
+
+// See Note [Chunked token log-probs]. Inputs: logits [N, V], labels [N] (int64). Outputs: log-probs
+// [N] and, when `with_entropy`, entropies [N], both fp32.
+class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
+                               double temperature, bool with_entropy, int64_t chunk) {
+    const int64_t n = logits.size(0);
+    const auto f32 = logits.options().dtype(math_dtype(logits));
+    at::Tensor lp = at::empty({n}, f32), lse = at::empty({n}, f32);
+    at::Tensor ent = with_entropy ? at::empty({n}, f32) : at::Tensor();
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      at::Tensor x = scaled_fp32(logits.narrow(0, start, len), temperature);
+      at::Tensor l = at::logsumexp(x, {-1});
+      lse.narrow(0, start, len).copy_(l);
+      lp.narrow(0, start, len).copy_(x.gather(-1, labels.narrow(0, start, len).unsqueeze(-1)).squeeze(-1) - l);
+      if (with_entropy) ent.narrow(0, start, len).copy_(l - (at::softmax(x, -1) * x).sum(-1));
+    }
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({logits, labels, lse, with_entropy ? ent : at::Tensor()});
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+    if (!with_entropy) return {lp};
+    return {lp, ent};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& logits = saved[0];
+    const at::Tensor& labels = saved[1];
+    const at::Tensor& lse = saved[2];
+    const at::Tensor& ent = saved[3];
+    const double temperature = ctx->saved_data["temperature"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const at::Tensor grad_lp = grads[0];
+    const at::Tensor grad_ent = grads.size() > 1 ? grads[1] : at::Tensor();
+    at::Tensor grad_logits = at::zeros_like(logits);
+    if (grad_lp.defined() || grad_ent.defined()) {
+      const int64_t n = logits.size(0);
+      for (int64_t start = 0; start < n; start += chunk) {
+        const int64_t len = std::min(chunk, n - start);
+        at::Tensor x = scaled_fp32(logits.narrow(0, start, len), temperature);
+        at::Tensor l = lse.narrow(0, start, len).unsqueeze(-1);
+        at::Tensor p = at::exp(x - l);
+        at::Tensor gx;
+        if (grad_ent.defined()) {
+          at::Tensor mu = l - ent.narrow(0, start, len).unsqueeze(-1);
+          gx = p * (x - mu) * grad_ent.narrow(0, start, len).neg().unsqueeze(-1);
+        }
+        if (grad_lp.defined()) {
+          at::Tensor g = grad_lp.narrow(0, start, len).unsqueeze(-1);
+          at::Tensor term = p * g.neg();
+          gx = gx.defined() ? gx.add_(term) : term;
+          gx.scatter_add_(-1, labels.narrow(0, start, len).unsqueeze(-1), g);
+        }
+        if (temperature != 1.0) gx.div_(temperature);
+        grad_logits.narrow(0, start, len).copy_(gx);
+      }
+    }
+    return {grad_logits, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Status check_labels_in_vocab(const char* fn, const char* name, const at::Tensor& labels, int64_t vocab) {
+  return internal::guarded(fn, [&]() -> Status {
+    if (labels.numel() == 0) return Status();
+    const auto [lo_t, hi_t] = at::aminmax(labels.to(at::kLong));
+    const at::Tensor both = at::stack({lo_t, hi_t}).cpu();  // one host read for both bounds
+    const int64_t lo = both[0].item<int64_t>(), hi = both[1].item<int64_t>();
+    if (lo < 0 || hi >= vocab) {
+      return make_error(ErrorCode::out_of_range, "{}: '{}' holds token id {} outside the vocabulary [0, {})", fn, name,
+                        lo < 0 ? lo : hi, vocab);
+    }
+    return Status();
+  });
+}
+
+Result<TokenLogProbs> token_log_probs(const at::Tensor& logits, const at::Tensor& labels, double temperature,
+                                      bool with_entropy, int64_t chunk_rows) {
+  constexpr const char* fn = "token_log_probs";
+  TESSERA_RETURN_IF_ERROR(internal::check_min_dim(fn, "logits", logits, 1));
+  TESSERA_RETURN_IF_ERROR(internal::check_floating(fn, "logits", logits));
+  if (labels.sizes() != logits.sizes().slice(0, logits.dim() - 1) || at::isFloatingType(labels.scalar_type()) ||
+      labels.scalar_type() == at::kBool) {
+    return make_error(ErrorCode::invalid_argument, "{}: 'labels' {} must be integers shaped like 'logits' {} minus the vocab dim",
+                      fn, internal::shape_str(labels), internal::shape_str(logits));
+  }
+  if (!(temperature > 0)) return make_error(ErrorCode::invalid_argument, "{}: temperature {} must be > 0", fn, temperature);
+  if (chunk_rows < 0) return make_error(ErrorCode::invalid_argument, "{}: chunk_rows {} must be >= 0", fn, chunk_rows);
+  return internal::guarded(fn, [&]() -> Result<TokenLogProbs> {
+    const int64_t vocab = logits.size(-1);
+    const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk_rows(vocab);
+    at::Tensor flat = logits.reshape({-1, vocab});
+    at::Tensor flat_labels = labels.reshape({-1}).to(at::kLong);
+    variable_list out = ChunkedLogSoftmax::apply(flat, flat_labels, temperature, with_entropy, chunk);
+    TokenLogProbs r;
+    r.log_probs = out[0].view(labels.sizes());
+    if (with_entropy) r.entropy = out[1].view(labels.sizes());
+    return r;
+  });
+}
+
+}  // namespace tessera::algos
