@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <vector>
 
 #include "workers/fsdp/fsdp_module.hpp"
 
@@ -75,11 +76,16 @@ Result<StepResult> FsdpModule::step() {
     double clip = optim_.clip_grad;
     double coef = clip > 0 ? clip / (result.grad_norm + 1e-6) : 1.0;
     ++optimizer_steps_;
+    std::vector<at::Tensor> params, grads;
+    std::vector<AdamWState*> states;
     for (auto& s : units_) {
       if (!s->shard_grad.defined() || !s->trainable) continue;
-      if (coef < 1.0) s->shard_grad.mul_(coef);
-      adamw_update(s->shard, s->shard_grad, s->adam, optim_.adamw, result.lr, optimizer_steps_);
+      params.push_back(s->shard);
+      grads.push_back(s->shard_grad);
+      states.push_back(&s->adam);
     }
+    if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
+    adamw_step(params, grads, states, optim_.adamw, result.lr, optimizer_steps_);
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);

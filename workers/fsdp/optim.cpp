@@ -4,6 +4,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <utility>
 
 namespace tessera::fsdp {
 
@@ -27,20 +30,35 @@ double lr_lambda(const LrScheduleOptions& o, int64_t step) {
   return std::max(m, x * (1.0 - m) * 0.5 + (1.0 + m) * 0.5);
 }
 
-void adamw_update(at::Tensor& param, const at::Tensor& grad, AdamWState& state,
-                  const AdamWOptions& o, double lr, int64_t step) {
-  if (!state.exp_avg.defined()) {
-    state.exp_avg = at::zeros_like(param);
-    state.exp_avg_sq = at::zeros_like(param);
+void adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                const std::vector<AdamWState*>& states, const AdamWOptions& o, double lr, int64_t step) {
+  // The fused kernel takes tensors of one device and dtype per call (torch groups them the same way).
+  struct Group {
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  };
+  std::map<std::pair<std::string, c10::ScalarType>, Group> groups;
+  std::map<std::string, at::Tensor> step_tensors;  // one read-only step counter per device
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    AdamWState& st = *states[i];
+    if (!st.exp_avg.defined()) {
+      st.exp_avg = at::zeros_like(p);
+      st.exp_avg_sq = at::zeros_like(p);
+    }
+    const std::string device = p.device().str();
+    auto [it, fresh] = step_tensors.try_emplace(device);
+    if (fresh) it->second = at::full({}, static_cast<double>(step), p.options().dtype(at::kFloat));
+    Group& g = groups[{device, p.scalar_type()}];
+    g.params.push_back(p);
+    g.grads.push_back(grads[i].scalar_type() == p.scalar_type() ? grads[i] : grads[i].to(p.scalar_type()));
+    g.exp_avgs.push_back(st.exp_avg);
+    g.exp_avg_sqs.push_back(st.exp_avg_sq);
+    g.steps.push_back(it->second);
   }
-  param.mul_(1.0 - lr * o.weight_decay);
-  state.exp_avg.mul_(o.beta1).add_(grad, 1.0 - o.beta1);
-  state.exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1.0 - o.beta2);
-  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  const double step_size = lr / bias_correction1;
-  at::Tensor denom = (state.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
-  param.addcdiv_(state.exp_avg, denom, -step_size);
+  for (auto& [key, g] : groups) {
+    at::_fused_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, g.steps, lr, o.beta1,
+                      o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
 }
 
 }  // namespace tessera::fsdp

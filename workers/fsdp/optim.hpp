@@ -11,10 +11,13 @@
 //   warmup = lr_warmup_steps if >= 0, else int(lr_warmup_steps_ratio * total_training_steps).
 // AdamW is torch.optim.AdamW (amsgrad off, maximize off): p *= 1 - lr*wd; m = b1 m + (1-b1) g;
 // v = b2 v + (1-b2) g^2; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Every operation is
-// element-wise, so running it on shards equals running it on the full tensors.
+// element-wise, so running it on shards equals running it on the full tensors. It runs as torch's
+// fused kernel: equal to torch::optim::AdamW up to float rounding (not bitwise: the kernel
+// evaluates the same formula in another order).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -54,10 +57,13 @@ struct AdamWState {
   at::Tensor exp_avg_sq;  ///< Same shape and dtype as the shard.
 };
 
-/// One AdamW update of `param` in place with gradient `grad`, at step `step` (1-based, after
-/// incrementing), learning rate `lr`. Allocates the moments (zeros) on first use.
-/// REQUIRES: param and grad have the same shape and dtype; step >= 1.
-void adamw_update(at::Tensor& param, const at::Tensor& grad, AdamWState& state,
-                  const AdamWOptions& options, double lr, int64_t step);
+/// One AdamW update of every params[i] in place with grads[i] and the moments states[i], at step
+/// `step` (1-based, after incrementing), learning rate `lr`: torch's fused AdamW kernel
+/// (at::_fused_adamw_, what torch.optim.AdamW(fused=True) runs), one launch per device and dtype
+/// instead of ~10 element-wise kernels per shard. Allocates missing moments (zeros).
+/// REQUIRES: the three lists have one entry per parameter; grads[i] has params[i]'s shape and
+/// device; step >= 1.
+void adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                const std::vector<AdamWState*>& states, const AdamWOptions& options, double lr, int64_t step);
 
 }  // namespace tessera::fsdp
