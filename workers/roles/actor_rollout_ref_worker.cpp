@@ -278,6 +278,7 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
     TESSERA_ASSIGN_OR_RETURN(out, generate_with_sharding(in, reshard));
   }
   const double generate_seconds = timer.seconds();
+  const rollout::GenerationStats& stats = split_engine_ ? split_engine_->last_stats() : sharding_->engine().last_stats();
   const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
   if (actor_ && out.size() > 0 && !(recompute.is_boolean() && !recompute.get<bool>())) {
     // The seed: "the actor model will recompute the old log prob for the generated response".
@@ -288,7 +289,10 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
   }
   out.meta_info()["metrics"] = json{{"timing_s/reshard", reshard},
                                     {"timing_s/generate_sequences", generate_seconds},
-                                    {"perf/cpu_memory_used_gb", cpu_memory_used_gb()}};
+                                    {"perf/cpu_memory_used_gb", cpu_memory_used_gb()},
+                                    // Prefill work done and saved by sharing it between samples of a prompt.
+                                    {"rollout/prefill_tokens", stats.prefill_tokens},
+                                    {"rollout/shared_prompt_tokens", stats.shared_prompt_tokens}};
   return out;
 }
 

@@ -83,6 +83,9 @@ struct RolloutConfig {
   bool log_prob_use_dynamic_bsz = false;
   int64_t log_prob_max_token_len_per_gpu = 16384;
   bool layered_summon = false;
+  /// verl's vLLM switch, here: samples of one prompt admitted together share its prefill
+  /// (Note [Shared prompt prefill] in internal/generation_loop.cpp).
+  bool enable_prefix_caching = true;
   int64_t update_weights_bucket_megabytes = 512;
   // engine_kwargs.tessera
   BatchingMode batching = BatchingMode::continuous;

@@ -18,6 +18,7 @@ struct GenerationStats {
   int64_t rows = 0;              ///< Prompts generated for.
   int64_t prompt_tokens = 0;     ///< Real prompt tokens prefilled.
   int64_t prefill_tokens = 0;    ///< Tokens computed by prefill, left padding included.
+  int64_t shared_prompt_tokens = 0;  ///< Prompt tokens not prefilled: a sample of the same prompt was.
   int64_t generated_tokens = 0;  ///< Response tokens produced (through EOS).
   int64_t decode_steps = 0;      ///< Batched decode forwards.
   int64_t decode_row_steps = 0;  ///< Sum over decode steps of the rows computed (idle slots included).

@@ -116,6 +116,7 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.prefill_token_budget = config_.max_num_batched_tokens;
   options.response_length = config_.response_length;
   options.batching = config_.batching;
+  options.share_prompt_prefill = config_.enable_prefix_caching;
   options.ignore_eos = config_.ignore_eos;
   options.want_logprobs = config_.calculate_log_probs;
   options.eos_token_ids = in.eos_token_ids;

@@ -74,6 +74,23 @@ TEST_P(OnDevice, RolloutMatchesTheCpuTokenForToken) {
   }
 }
 
+// free_cache_engine: the KV cache lives inside generate_sequences, so after the call the device
+// holds what it held before (the caching allocator's allocated bytes; 0 == 0 on the CPU), while
+// the call itself used more (its peak).
+TEST_P(OnDevice, GenerationGivesItsMemoryBackOnExit) {
+  proto::DataProto prompts = make_prompts({3, 8, 5, 1}, 8, 32, kVocab);
+  auto w = make_worker(ctx(0, 1, next_port()), "actor_rollout", arr_config());
+  call(*w, "generate_sequences", prompts);  // the first call also creates library handles
+  proto::synchronize(device_);
+  const int64_t before = proto::memory_stats(device_).allocated;
+  proto::reset_peak_memory(device_);
+  call(*w, "generate_sequences", prompts);
+  proto::synchronize(device_);
+  const proto::DeviceMemory after = proto::memory_stats(device_);
+  EXPECT_EQ(after.allocated, before);
+  if (device_.is_cuda()) EXPECT_GT(after.max_allocated, before);
+}
+
 TEST_P(OnDevice, FullShardAdamWStepOnTwoRanksMatchesTheCpu) {
   proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 21, kVocab);
   batch.meta_info()["temperature"] = 1.0;

@@ -199,6 +199,54 @@ TEST(KVCacheEngine, RepeatedPromptsSampleIndependently) {
   EXPECT_TRUE(get(out, "prompts")[0].equal(get(out, "prompts")[2]));
 }
 
+// Note [Shared prompt prefill]: n samples of a prompt admitted together are prefilled once. The
+// output equals prefilling every copy (rollout.enable_prefix_caching=false), sampled and greedy,
+// under schedules that split a prompt's samples over several admissions, and the prefill computes
+// 1/n of the tokens when all samples fit in one admission.
+TEST(KVCacheEngine, SharedPromptPrefillEqualsPrefillingEveryCopy) {
+  auto model = testing::tiny_model(8);
+  constexpr int64_t n = 4;
+  auto repeated = testing::prompt_batch({5, 3, 8, 1, 6}, kP, 12, nlohmann::json::array({7, 11})).repeat(n, true);
+  ASSERT_TRUE(repeated.ok());
+  for (bool sample : {true, false}) {
+    struct Schedule {
+      BatchingMode mode;
+      int64_t slots, budget;
+    };
+    for (Schedule sc : {Schedule{BatchingMode::continuous, 64, 1024}, Schedule{BatchingMode::continuous, 6, 16},
+                        Schedule{BatchingMode::static_waves, 7, 12}}) {
+      RolloutConfig cfg = testing::test_config(/*response_length=*/10);
+      cfg.n = n;
+      cfg.do_sample = sample;
+      cfg.calculate_log_probs = true;
+      cfg.batching = sc.mode;
+      cfg.max_num_seqs = sc.slots;
+      cfg.max_num_batched_tokens = sc.budget;
+      cfg.enable_prefix_caching = false;
+      auto every = testing::make_engine(model, cfg, 21);
+      proto::DataProto want = testing::generate(*every, *repeated);
+      cfg.enable_prefix_caching = true;
+      auto shared = testing::make_engine(model, cfg, 21);
+      proto::DataProto got = testing::generate(*shared, *repeated);
+      SCOPED_TRACE(::testing::Message() << "sample=" << sample << " slots=" << sc.slots << " budget=" << sc.budget);
+      EXPECT_TRUE(get(got, "responses").equal(get(want, "responses")));
+      EXPECT_TRUE(get(got, "attention_mask").equal(get(want, "attention_mask")));
+      // Sharing changes which prompts share an admission, hence the batching of the float maths.
+      EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-5);
+      const GenerationStats &a = every->last_stats(), &b = shared->last_stats();
+      EXPECT_EQ(a.shared_prompt_tokens, 0);
+      EXPECT_GT(b.shared_prompt_tokens, 0);
+      EXPECT_EQ(b.prompt_tokens + b.shared_prompt_tokens, a.prompt_tokens);
+      if (sc.slots == 64) {  // one admission: each prompt prefilled once, at the common width
+        EXPECT_EQ(b.admissions, 1);
+        EXPECT_EQ(b.prefill_tokens * n, a.prefill_tokens);
+        EXPECT_EQ(b.prompt_tokens, 5 + 3 + 8 + 1 + 6);
+      }
+      if (sample) EXPECT_FALSE(get(got, "responses")[0].equal(get(got, "responses")[1]));  // samples still differ
+    }
+  }
+}
+
 TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {
   auto model = testing::tiny_model(7);
   proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 9, 95);

@@ -12,11 +12,21 @@
 // continuous batching the shared cursor also advances while slots are refilled, so the cache gets
 // 50% slack and is defragmented (repacked in place) when the cursor reaches the capacity: after a
 // repack the cursor is at most W + R - 1, so each repack buys at least (W + R) / 2 steps.
+//
+// Note [Shared prompt prefill]
+// GRPO asks for n samples of each prompt (the trainer repeats rows, interleaved), so an admission
+// usually holds each prompt n times. With rollout.enable_prefix_caching (verl's default, true)
+// an admission prefills each distinct prompt once and copies its K/V into the slots of all its
+// samples; each sample then decodes on its own, with its own random stream. The result equals
+// prefilling every copy (the same rows of the same computation), at 1/n of the prefill FLOPs;
+// GenerationStats::shared_prompt_tokens counts the prompt tokens whose prefill was saved. The
+// K/V bytes are still copied per slot (the slot cache has no shared blocks).
 #include "workers/rollout/internal/generation_loop.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <optional>
 
 #include <time.h>
@@ -97,19 +107,40 @@ class GenerationLoop {
     return Status();
   }
 
-  // Takes pending prompts for the free slots, within the prefill token budget (at least one).
-  std::vector<int64_t> take_admissions(size_t free_slots, int64_t& width) {
+  // One admission: the prompts taken, the distinct prompts among them (what the prefill computes,
+  // Note [Shared prompt prefill]) and, per taken prompt, its row in the prefill.
+  struct Admission {
     std::vector<int64_t> taken;
-    width = 0;
-    while (taken.size() < free_slots && !pending_.empty()) {
-      int64_t len = static_cast<int64_t>(prompts_[static_cast<size_t>(pending_.front())].size());
-      int64_t w = std::max(width, len);
-      if (!taken.empty() && w * static_cast<int64_t>(taken.size() + 1) > options_.prefill_token_budget) break;
-      width = w;
-      taken.push_back(pending_.front());
+    std::vector<int64_t> distinct;
+    std::vector<int64_t> source;
+    int64_t width = 0;
+  };
+
+  // Takes pending prompts for the free slots, within the prefill token budget (at least one);
+  // a prompt equal to one already taken costs no budget when prefills are shared.
+  Admission take_admissions(size_t free_slots) {
+    Admission a;
+    std::map<std::vector<int64_t>, int64_t> seen;  // prompt -> its row in the prefill
+    while (a.taken.size() < free_slots && !pending_.empty()) {
+      const int64_t row = pending_.front();
+      const auto& prompt = prompts_[static_cast<size_t>(row)];
+      auto same = options_.share_prompt_prefill ? seen.find(prompt) : seen.end();
+      if (same == seen.end()) {
+        const int64_t w = std::max(a.width, static_cast<int64_t>(prompt.size()));
+        const auto rows = static_cast<int64_t>(a.distinct.size() + 1);
+        if (!a.taken.empty() && w * rows > options_.prefill_token_budget) break;
+        a.width = w;
+        if (options_.share_prompt_prefill) seen.emplace(prompt, static_cast<int64_t>(a.distinct.size()));
+        a.source.push_back(static_cast<int64_t>(a.distinct.size()));
+        a.distinct.push_back(row);
+      } else {
+        a.source.push_back(same->second);
+        stats_.shared_prompt_tokens += static_cast<int64_t>(prompt.size());
+      }
+      a.taken.push_back(row);
       pending_.pop_front();
     }
-    return taken;
+    return a;
   }
 
   // The prompts of `rows`, right-aligned in width W: ids (0 under padding) and mask [k, W].
@@ -140,27 +171,30 @@ class GenerationLoop {
     if (free.empty()) return Status();
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
-    int64_t W = 0;
-    std::vector<int64_t> taken = take_admissions(free.size(), W);
-    const int64_t k = static_cast<int64_t>(taken.size());
-    auto [host_ids, host_mask] = left_padded(taken, W);
+    Admission a = take_admissions(free.size());
+    const int64_t W = a.width;
+    const auto k = static_cast<int64_t>(a.taken.size()), d = static_cast<int64_t>(a.distinct.size());
+    auto [host_ids, host_mask] = left_padded(a.distinct, W);
     const c10::Device device = model_.device();
     at::Tensor ids = host_ids.to(device, /*non_blocking=*/true), mask = host_mask.to(device, /*non_blocking=*/true);
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
-                                                                          {k, W, model_.dtype(), device}));
+                                                                          {d, W, model_.dtype(), device}));
     at::Tensor hidden = model_.forward_step(ids, pos, tmp, mask);
     at::Tensor logits = model_.logits(hidden.select(1, W - 1));
     std::vector<int64_t> slots(free.begin(), free.begin() + k);
-    cache_->insert(tmp, mask, slots);
+    if (d < k) {  // some slots share a prefilled row: each slot takes its source row's logits
+      logits = logits.index_select(0, at::tensor(a.source, at::kLong).to(device, /*non_blocking=*/true));
+    }
+    cache_->insert(tmp, mask, slots, a.source);
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t row = taken[static_cast<size_t>(i)];
+      const int64_t row = a.taken[static_cast<size_t>(i)];
       slot_row_[static_cast<size_t>(slots[static_cast<size_t>(i)])] = row;
       if (!options_.sampling.greedy) rngs_[static_cast<size_t>(row)].emplace(row_seed(options_.call_seed, row));
     }
     sample_and_record(logits, slots);
     stats_.admissions += 1;
-    stats_.prefill_tokens += k * W;
+    stats_.prefill_tokens += d * W;
     stats_.prefill_seconds += seconds_since(t0);
     stats_.prefill_cpu_seconds += process_cpu_seconds() - cpu0;
     return Status();

@@ -23,6 +23,7 @@ struct LoopOptions {
   int64_t prefill_token_budget = 1;   ///< max_num_batched_tokens (padded tokens per prefill).
   int64_t response_length = 1;
   BatchingMode batching = BatchingMode::continuous;
+  bool share_prompt_prefill = true;   ///< Note [Shared prompt prefill] (rollout.enable_prefix_caching).
   bool ignore_eos = false;
   bool want_logprobs = false;
   std::vector<int64_t> eos_token_ids;

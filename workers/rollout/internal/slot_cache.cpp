@@ -19,18 +19,24 @@ Result<SlotCache> SlotCache::create(const models::ModelConfig& config, c10::Scal
 int64_t SlotCache::visible(int64_t slot) const { return mask_[slot].sum().item<int64_t>(); }
 
 void SlotCache::insert(const models::KVCache& prefilled, const at::Tensor& prefill_mask,
-                       const std::vector<int64_t>& slot_ids) {
+                       const std::vector<int64_t>& slot_ids, const std::vector<int64_t>& sources) {
   const int64_t width = prefilled.capacity();
   if (kv_.length() < width) kv_.advance(width - kv_.length());  // new columns stay hidden for all
   const int64_t start = kv_.length() - width;
-  at::Tensor slots = at::tensor(slot_ids, at::kLong).to(mask_.device());
+  const c10::Device device = mask_.device();
+  at::Tensor slots = at::tensor(slot_ids, at::kLong).to(device);
+  // Row i of the prefill goes to slot i unless some rows feed several slots.
+  bool identity = static_cast<int64_t>(sources.size()) == prefilled.batch_size();
+  for (size_t i = 0; identity && i < sources.size(); ++i) identity = sources[i] == static_cast<int64_t>(i);
+  const at::Tensor rows = identity ? at::Tensor() : at::tensor(sources, at::kLong).to(device);
+  auto pick = [&](const at::Tensor& t) { return identity ? t : t.index_select(0, rows); };
   at::NoGradGuard no_grad;
   for (int64_t l = 0; l < kv_.num_layers(); ++l) {
-    kv_.key(l).narrow(2, start, width).index_copy_(0, slots, prefilled.key(l));
-    kv_.value(l).narrow(2, start, width).index_copy_(0, slots, prefilled.value(l));
+    kv_.key(l).narrow(2, start, width).index_copy_(0, slots, pick(prefilled.key(l)));
+    kv_.value(l).narrow(2, start, width).index_copy_(0, slots, pick(prefilled.value(l)));
   }
   mask_.index_fill_(0, slots, false);
-  mask_.narrow(1, start, width).index_copy_(0, slots, prefill_mask.ne(0));
+  mask_.narrow(1, start, width).index_copy_(0, slots, pick(prefill_mask.ne(0)));
 }
 
 void SlotCache::open_column(const at::Tensor& live) { mask_.select(1, kv_.length()).copy_(live); }

@@ -44,10 +44,12 @@ class SlotCache {
   /// Number of visible columns of `slot` (reads the mask on the host: tests and diagnostics only).
   int64_t visible(int64_t slot) const;
 
-  /// Copies the k rows of `prefilled` (capacity W, fully written) into `slot_ids`, at columns
-  /// [length() - W, length()), with `prefill_mask` [k, W] as their visibility; those slots'
-  /// other columns are hidden. REQUIRES: W <= capacity(); slot ids distinct and in range.
-  void insert(const models::KVCache& prefilled, const at::Tensor& prefill_mask, const std::vector<int64_t>& slot_ids);
+  /// Copies row sources[i] of `prefilled` (capacity W, fully written) into slot_ids[i], at columns
+  /// [length() - W, length()), with that row of `prefill_mask` [rows, W] as its visibility; those
+  /// slots' other columns are hidden. A row may go to several slots (shared prompt prefill).
+  /// REQUIRES: W <= capacity(); slot ids distinct and in range; sources in [0, rows), one per slot.
+  void insert(const models::KVCache& prefilled, const at::Tensor& prefill_mask, const std::vector<int64_t>& slot_ids,
+              const std::vector<int64_t>& sources);
   /// Makes column length() visible for slots where `live` [slots] (bool) is true, ahead of a
   /// decode step that writes it. REQUIRES: length() < capacity().
   void open_column(const at::Tensor& live);
