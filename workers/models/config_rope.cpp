@@ -1,0 +1,138 @@
+// config_rope.cpp: RoPE read from config.json, validated and written back (internal/config_rope.hpp).
+#include "workers/models/internal/config_rope.hpp"
+
+#include <fmt/format.h>
+
+#include "workers/models/internal/config_fields.hpp"
+
+namespace tessera::models::internal {
+
+using nlohmann::json;
+
+namespace {
+
+bool is_implemented_rope_type(const std::string& type) {
+  return type == "default" || type == "linear" || type == "dynamic" || type == "llama3";
+}
+
+Status unsupported_rope_type(const std::string& source, const std::string& key, const std::string& type) {
+  return field_error(source, key, "(type '" + type +
+                                      "') is not supported; Tessera implements default, linear, dynamic and llama3 RoPE");
+}
+
+// partial_rotary_factor (top level or in the RoPE dict): transformers 5 applies it to every model's
+// RoPE; only 1 (rotate the whole head) is implemented.
+Status check_partial_rotary(const json& j, const std::string& source, const std::string& key) {
+  if (!j.contains("partial_rotary_factor") || j.at("partial_rotary_factor").is_null()) return Status();
+  const json& v = j.at("partial_rotary_factor");
+  if (v.is_number() && v.get<double>() == 1.0) return Status();
+  const std::string where = key.empty() ? std::string() : " in '" + key + "'";
+  return field_error(source, key.empty() ? "partial_rotary_factor" : key,
+                     "has partial_rotary_factor = " + v.dump() + where + "; only 1 (full-head RoPE) is supported");
+}
+
+// One number of the RoPE dict `key`; `required` ones must be present.
+Status rope_number(const json& v, const std::string& source, const std::string& key, const std::string& type,
+                   const char* name, bool required, double& out) {
+  if (!v.contains(name) || v.at(name).is_null()) {
+    if (!required) return Status();
+    return field_error(source, key, "(type '" + type + "') needs a number '" + name + "'");
+  }
+  if (!v.at(name).is_number()) {
+    return field_error(source, key, std::string("'") + name + "' must be a number, got " + v.at(name).dump());
+  }
+  out = v.at(name).get<double>();
+  return Status();
+}
+
+}  // namespace
+
+// RoPE, as transformers 5 reads it (see config.hpp): the dict is rope_scaling when non-empty, else
+// rope_parameters; its rope_theta wins over the top-level one. Unimplemented types are refused
+// naming the key and the type. Needs max_position_embeddings (llama3's default original length).
+Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(read_double(j, source, "rope_theta", c.rope_theta));
+  TESSERA_RETURN_IF_ERROR(check_partial_rotary(j, source, ""));
+  std::string key;
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(k) || j.at(k).is_null()) continue;
+    if (!j.at(k).is_object()) return field_error(source, k, "must be an object or null, got " + j.at(k).dump());
+    if (j.at(k).empty()) continue;
+    key = k;
+    break;
+  }
+  if (key.empty()) return Status();
+  const json& v = j.at(key);
+  for (const auto& [name, value] : v.items()) {
+    if (value.is_object()) {
+      return field_error(source, key, "holds per-layer-type RoPE parameters ('" + name + "'), which are not supported");
+    }
+  }
+  std::string type = "default";
+  for (const char* name : {"rope_type", "type"}) {
+    if (!v.contains(name) || v.at(name).is_null()) continue;
+    if (!v.at(name).is_string()) return field_error(source, key, std::string("'") + name + "' must be a string");
+    type = v.at(name).get<std::string>();
+    break;
+  }
+  if (!is_implemented_rope_type(type)) return unsupported_rope_type(source, key, type);
+  TESSERA_RETURN_IF_ERROR(check_partial_rotary(v, source, key));
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "rope_theta", /*required=*/false, c.rope_theta));
+  RopeScaling& r = c.rope_scaling;
+  r = RopeScaling();
+  r.rope_type = type;
+  if (type == "default") return Status();
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "factor", /*required=*/true, r.factor));
+  if (type != "llama3") return Status();
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "low_freq_factor", true, r.low_freq_factor));
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "high_freq_factor", true, r.high_freq_factor));
+  // HF: a top-level original_max_position_embeddings wins, then the dict's, then max_position_embeddings.
+  r.original_max_position_embeddings = c.max_position_embeddings;
+  for (const json* holder : {&v, &j}) {
+    if (!holder->contains("original_max_position_embeddings")) continue;
+    const json& o = holder->at("original_max_position_embeddings");
+    if (o.is_null()) continue;
+    if (!o.is_number_integer()) {
+      return field_error(source, holder == &j ? std::string("original_max_position_embeddings") : key,
+                         "original_max_position_embeddings must be an integer, got " + o.dump());
+    }
+    r.original_max_position_embeddings = o.get<int64_t>();
+  }
+  return Status();
+}
+
+// The RoPE scaling parameters the decoder's formulas need (config.hpp, RopeScaling).
+Status validate_rope_scaling(const ModelConfig& c, const std::string& source) {
+  const RopeScaling& r = c.rope_scaling;
+  if (r.rope_type == "default") return Status();
+  if (!is_implemented_rope_type(r.rope_type)) return unsupported_rope_type(source, "rope_scaling", r.rope_type);
+  if (!(r.factor > 0.0)) return field_error(source, "rope_scaling", fmt::format("factor = {} must be positive", r.factor));
+  if (r.rope_type == "dynamic" && c.head_dim <= 2) {
+    return field_error(source, "rope_scaling", "(type 'dynamic') needs head_dim > 2");
+  }
+  if (r.rope_type != "llama3") return Status();
+  if (!(r.low_freq_factor > 0.0) || !(r.high_freq_factor > r.low_freq_factor)) {
+    return field_error(source, "rope_scaling",
+                       fmt::format("(type 'llama3') needs 0 < low_freq_factor < high_freq_factor, got {} and {}",
+                                   r.low_freq_factor, r.high_freq_factor));
+  }
+  if (r.original_max_position_embeddings < 0) {
+    return field_error(source, "rope_scaling", "original_max_position_embeddings must not be negative");
+  }
+  return Status();
+}
+
+json rope_scaling_json(const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  if (r.rope_type == "default") return json(nullptr);
+  json s = {{"rope_type", r.rope_type}, {"factor", r.factor}};
+  if (r.rope_type == "llama3") {
+    s["low_freq_factor"] = r.low_freq_factor;
+    s["high_freq_factor"] = r.high_freq_factor;
+    s["original_max_position_embeddings"] =
+        r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : c.max_position_embeddings;
+  }
+  return s;
+}
+
+}  // namespace tessera::models::internal
