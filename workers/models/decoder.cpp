@@ -191,11 +191,16 @@ at::Tensor Attention::output(const at::Tensor& attended, bool output_bias) const
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                              const LayerCacheView* cache, bool output_bias) const {
+                              const LayerCacheView* cache, bool output_bias, const PackedSegments* packed) const {
   const int64_t B = x.size(0), T = x.size(1);
   std::pair<at::Tensor, at::Tensor> qk = queries_and_keys(x, rope);
   at::Tensor q = std::move(qk.first), k = std::move(qk.second);
   at::Tensor v = values(x);
+  if (packed != nullptr) {
+    TORCH_CHECK(cache == nullptr && B == 1, "Attention: packed sequences need one row and no cache");
+    return output(packed_attention(q, k, v, *packed).transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}),
+                  output_bias);
+  }
   if (cache != nullptr) {
     cache->key.narrow(2, cache->past, T).copy_(k);
     cache->value.narrow(2, cache->past, T).copy_(v);
@@ -209,6 +214,33 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
                                                                /*is_causal=*/false, scaling_,
                                                                /*enable_gqa=*/num_heads_ != num_kv_heads_);
   return output(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), output_bias);
+}
+
+// Note [Packed sequences]
+// Padding-free batches (use_remove_padding) put every sequence's real tokens end to end in one row
+// [1, N]; the projections, norms and MLP then do no work on padding. Attention must not cross
+// sequences: it runs once per sequence on its slice of q/k/v, causal (plus the sliding window),
+// which equals the padded batch's masked attention on the real tokens. Rotary embeddings take the
+// packed position ids, so each sequence keeps its own positions.
+at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const PackedSegments& packed) const {
+  std::vector<at::Tensor> parts;
+  parts.reserve(packed.starts.size());
+  for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
+    const int64_t start = packed.starts[i], len = packed.starts[i + 1] - start;
+    if (len == 0) continue;
+    at::Tensor qs = q.narrow(2, start, len), ks = k.narrow(2, start, len), vs = v.narrow(2, start, len);
+    if (softcap_ || window_ > 0) {
+      at::Tensor seen = attention_visibility(at::ones({1, len}, q.options().dtype(at::kLong)), len, 0, window_);
+      parts.push_back(softcap_ ? softcapped_attention(qs, ks, vs, seen)
+                               : at::scaled_dot_product_attention(qs, ks, vs, seen, 0.0, false, scaling_,
+                                                                  num_heads_ != num_kv_heads_));
+    } else {
+      parts.push_back(at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true, scaling_,
+                                                       num_heads_ != num_kv_heads_));
+    }
+  }
+  return at::cat(parts, 2);
 }
 
 // HF Gemma2's eager_attention_forward: scores * scaling, tanh softcap, mask, softmax in fp32 cast
@@ -266,9 +298,10 @@ at::Tensor DecoderLayer::add_mlp(const at::Tensor& h, const at::Tensor& m) const
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                                 const at::Tensor& visible_window, const LayerCacheView* cache) const {
+                                 const at::Tensor& visible_window, const LayerCacheView* cache,
+                                 const PackedSegments* packed) const {
   const at::Tensor& mask = self_attn->window() > 0 ? visible_window : visible;
-  at::Tensor h = add_attention(x, self_attn->forward(input_layernorm->forward(x), rope, mask, cache));
+  at::Tensor h = add_attention(x, self_attn->forward(input_layernorm->forward(x), rope, mask, cache, true, packed));
   return add_mlp(h, mlp->forward(mlp_input(h)));
 }
 
@@ -298,18 +331,19 @@ at::Tensor DecoderBackbone::window_visibility(const at::Tensor& key_mask, int64_
 }
 
 at::Tensor DecoderBackbone::run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
-                                       const at::Tensor& visible_window, KVCache* cache) const {
+                                       const at::Tensor& visible_window, KVCache* cache,
+                                       std::shared_ptr<const PackedSegments> packed) const {
   RotaryTables rope = make_rotary_tables(position_ids, config_, h.scalar_type());
   for (size_t i = 0; i < layers.size(); ++i) {
     if (cache == nullptr && layer_runner_) {
-      LayerCall call = [layer = layers[i], rope, visible, visible_window](const at::Tensor& x) {
-        return layer->forward(x, rope, visible, visible_window, nullptr);
+      LayerCall call = [layer = layers[i], rope, visible, visible_window, packed](const at::Tensor& x) {
+        return layer->forward(x, rope, visible, visible_window, nullptr, packed.get());
       };
       h = layer_runner_(static_cast<int64_t>(i), std::move(call), h);
       continue;
     }
     if (cache == nullptr) {
-      h = layers[i]->forward(h, rope, visible, visible_window, nullptr);
+      h = layers[i]->forward(h, rope, visible, visible_window, nullptr, packed.get());
       continue;
     }
     LayerCacheView view{cache->key(static_cast<int64_t>(i)), cache->value(static_cast<int64_t>(i)), cache->length()};
@@ -327,6 +361,17 @@ at::Tensor DecoderBackbone::forward(const at::Tensor& input_ids, const at::Tenso
   at::Tensor visible = attention_visibility(attention_mask, input_ids.size(1), /*past_len=*/0);
   at::Tensor visible_window = window_visibility(attention_mask, input_ids.size(1), /*past_len=*/0);
   return run_layers(embed(input_ids), position_ids, visible, visible_window, nullptr);
+}
+
+at::Tensor DecoderBackbone::forward_packed(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                           std::shared_ptr<const PackedSegments> packed) const {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(0) == 1 && position_ids.sizes() == input_ids.sizes(),
+              "DecoderBackbone::forward_packed: input_ids and position_ids must both be [1, N]; got ",
+              input_ids.sizes(), ", ", position_ids.sizes());
+  TORCH_CHECK(packed && !packed->starts.empty() && packed->starts.front() == 0 &&
+                  packed->starts.back() == input_ids.size(1),
+              "DecoderBackbone::forward_packed: the packed offsets must run from 0 to ", input_ids.size(1));
+  return run_layers(embed(input_ids), position_ids, at::Tensor(), at::Tensor(), nullptr, std::move(packed));
 }
 
 at::Tensor DecoderBackbone::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache& cache,

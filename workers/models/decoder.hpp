@@ -107,6 +107,13 @@ at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, i
 /// columns - 1 whose visible keys are `visible` [B, >= columns]: the last `window` of them.
 at::Tensor last_query_window(const at::Tensor& visible, int64_t columns, int64_t window);
 
+/// Sequences packed end to end in one row, without padding (verl's use_remove_padding): sequence i
+/// is tokens [starts[i], starts[i + 1]) of the row, and attends causally within itself only.
+/// Offsets are on the host (the attention loops over them). See Note [Packed sequences].
+struct PackedSegments {
+  std::vector<int64_t> starts;  ///< Non-decreasing; starts.front() == 0, starts.back() == N.
+};
+
 /// Where one layer reads and writes its keys/values during incremental decoding.
 struct LayerCacheView {
   at::Tensor key;    ///< [B, kv_heads, capacity, head_dim]
@@ -123,8 +130,11 @@ class Attention : public torch::nn::Module {
   /// x [B, T, hidden]; visible [B, 1, T, S]; cache null for a full forward (S == T). With
   /// `output_bias` false the o_proj bias (if any) is left out, for a caller that adds it after a
   /// tensor-parallel sum of the partial outputs.
+  /// With `packed` (x [1, N, hidden], no cache), `visible` is ignored: each packed sequence
+  /// attends causally (and within the window) to itself.
   at::Tensor forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                     const LayerCacheView* cache, bool output_bias = true) const;
+                     const LayerCacheView* cache, bool output_bias = true,
+                     const PackedSegments* packed = nullptr) const;
   /// Queries [B, heads, T, D] and keys [B, kv_heads, T, D] of x [B, T, hidden]: projected,
   /// per-head normed (Qwen3) and rotated.
   std::pair<at::Tensor, at::Tensor> queries_and_keys(const at::Tensor& x, const RotaryTables& rope) const;
@@ -144,6 +154,8 @@ class Attention : public torch::nn::Module {
  private:
   at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& visible) const;
+  at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const PackedSegments& packed) const;
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double scaling_;
   std::optional<double> softcap_;
@@ -172,7 +184,8 @@ class DecoderLayer : public torch::nn::Module {
   /// `visible` is the full-attention visibility, `visible_window` the sliding one (undefined when
   /// no layer slides); the layer uses the one its attention needs.
   at::Tensor forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,
-                     const at::Tensor& visible_window, const LayerCacheView* cache) const;
+                     const at::Tensor& visible_window, const LayerCacheView* cache,
+                     const PackedSegments* packed = nullptr) const;
   /// h + (post-norm of) the attention output `attn`.
   at::Tensor add_attention(const at::Tensor& h, const at::Tensor& attn) const;
   /// The MLP's input: post_attention_layernorm(h), Gemma2 pre_feedforward_layernorm(h).
@@ -219,6 +232,11 @@ class DecoderBackbone : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                      const at::Tensor& position_ids) const;
 
+  /// Final-norm hidden states [1, N, hidden] of sequences packed without padding: input_ids and
+  /// position_ids [1, N] (each sequence's own positions), `packed` the sequence boundaries.
+  at::Tensor forward_packed(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                            std::shared_ptr<const PackedSegments> packed) const;
+
   /// Appends T new tokens to `cache` and returns their hidden states [B, T, hidden].
   /// `cache_mask` is [B, >= cache.length() + T]; its first cache.length() + T columns say which
   /// cache columns each row may attend to. Runs without autograd. See KVCache for the contract.
@@ -231,7 +249,8 @@ class DecoderBackbone : public torch::nn::Module {
 
  private:
   at::Tensor run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
-                        const at::Tensor& visible_window, KVCache* cache) const;
+                        const at::Tensor& visible_window, KVCache* cache,
+                        std::shared_ptr<const PackedSegments> packed = nullptr) const;
   ModelConfig config_;
   LayerRunner layer_runner_;
 };

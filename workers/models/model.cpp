@@ -154,6 +154,12 @@ at::Tensor CausalLM::forward_step(const at::Tensor& input_ids, const at::Tensor&
   return logits(backbone_->forward_step(input_ids, position_ids, cache, cache_mask));
 }
 
+at::Tensor CausalLM::forward_packed_head(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                         std::shared_ptr<const PackedSegments> packed, const at::Tensor& rows) {
+  at::Tensor hidden = backbone_->forward_packed(input_ids, position_ids, std::move(packed)).squeeze(0);
+  return compute_dtype_logits(hidden.index_select(0, rows));
+}
+
 ValueModel::ValueModel(ModelConfig config, const ModelInit& init)
     : PretrainedModel(std::move(config), HeadKind::value, init) {
   score_ = register_module("score", std::make_shared<Linear>(config_.hidden_size, 1, init.score_bias,
@@ -170,6 +176,12 @@ at::Tensor ValueModel::forward_head(const at::Tensor& input_ids, const at::Tenso
                                     const at::Tensor& position_ids, HeadRows rows) {
   at::Tensor hidden = head_rows(backbone_->forward(input_ids, attention_mask, position_ids), rows);
   return score_->forward(hidden).squeeze(-1);
+}
+
+at::Tensor ValueModel::forward_packed_head(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                           std::shared_ptr<const PackedSegments> packed, const at::Tensor& rows) {
+  at::Tensor hidden = backbone_->forward_packed(input_ids, position_ids, std::move(packed)).squeeze(0);
+  return score_->forward(hidden.index_select(0, rows)).squeeze(-1);
 }
 
 Status initialize_weights(PretrainedModel& model, uint64_t seed, const std::vector<std::string>& names) {

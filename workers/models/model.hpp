@@ -81,6 +81,12 @@ class PretrainedModel : public torch::nn::Module {
   virtual at::Tensor forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                   const at::Tensor& position_ids, HeadRows rows) = 0;
 
+  /// Output of the head at `rows` (int64 indices into the N tokens) of sequences packed without
+  /// padding (DecoderBackbone::forward_packed: input_ids / position_ids [1, N]): [n, V] or [n], in
+  /// the compute dtype.
+  virtual at::Tensor forward_packed_head(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                         std::shared_ptr<const PackedSegments> packed, const at::Tensor& rows) = 0;
+
  protected:
   PretrainedModel(ModelConfig config, HeadKind head, const ModelInit& init);
   ModelConfig config_;
@@ -103,6 +109,8 @@ class CausalLM : public PretrainedModel {
   /// compute dtype (forward() gives all rows in fp32).
   at::Tensor forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                           const at::Tensor& position_ids, HeadRows rows) override;
+  at::Tensor forward_packed_head(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                 std::shared_ptr<const PackedSegments> packed, const at::Tensor& rows) override;
 
   /// Incremental decoding: appends T tokens to `cache`, returns their logits [B, T, vocab] (fp32).
   /// `cache_mask` [B, >= cache.length() + T] marks visible cache columns. See kv_cache.hpp.
@@ -134,6 +142,8 @@ class ValueModel : public PretrainedModel {
   /// Values at `rows` [B, rows.length], in the compute dtype (forward() gives [B, T] in fp32).
   at::Tensor forward_head(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                           const at::Tensor& position_ids, HeadRows rows) override;
+  at::Tensor forward_packed_head(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                 std::shared_ptr<const PackedSegments> packed, const at::Tensor& rows) override;
 
   Linear& score() const { return *score_; }
 

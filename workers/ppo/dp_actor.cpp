@@ -65,6 +65,15 @@ Result<at::Tensor> LocalTrainableModule::forward(const at::Tensor& input_ids, co
   }
 }
 
+Result<at::Tensor> LocalTrainableModule::forward_packed(const PackedBatch& b, ForwardMode mode) {
+  try {
+    model_->train(mode == ForwardMode::train);
+    return model_->forward_packed_head(b.input_ids, b.position_ids, b.segments, b.head_index);
+  } catch (...) {
+    return status_from_current_exception("LocalTrainableModule::forward_packed");
+  }
+}
+
 Status LocalTrainableModule::backward(const at::Tensor& loss) {
   try {
     loss.backward();
@@ -106,21 +115,38 @@ models::HeadRows response_rows(const SequenceBatch& seq) {
   return {seq.input_ids.size(1) - seq.response_length - 1, seq.response_length};
 }
 
-Result<LogProbOutput> response_log_probs(const at::Tensor& logits, const at::Tensor& responses, double temperature,
+Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
+                                   bool remove_padding) {
+  ResponseHead h;
+  if (!remove_padding) {
+    TESSERA_ASSIGN_OR_RETURN(h.head, module.forward(seq.input_ids, seq.attention_mask, seq.position_ids, mode,
+                                                    response_rows(seq)));
+    return h;
+  }
+  TESSERA_ASSIGN_OR_RETURN(PackedBatch packed, pack_sequences(seq));
+  TESSERA_ASSIGN_OR_RETURN(h.head, module.forward_packed(packed, mode));
+  h.packed = std::move(packed);
+  return h;
+}
+
+Result<LogProbOutput> response_log_probs(const ResponseHead& logits, const at::Tensor& responses, double temperature,
                                          bool calculate_entropy) {
-  if (logits.dim() != 3 || responses.dim() != 2 || logits.size(0) != responses.size(0) ||
-      logits.size(1) != responses.size(1)) {
+  const at::Tensor& head = logits.head;
+  const bool fits = logits.packed ? head.dim() == 2 && head.size(0) == logits.packed->head_index.size(0)
+                                  : head.dim() == 3 && responses.dim() == 2 && head.size(0) == responses.size(0) &&
+                                        head.size(1) == responses.size(1);
+  if (!fits) {
     return make_error(ErrorCode::invalid_argument,
-                      "response_log_probs: logits [B, R, V] and responses [B, R] expected, got {}-D and {}-D",
-                      logits.dim(), responses.dim());
+                      "response_log_probs: logits {}-D do not fit responses {}-D (padded [B, R, V] or packed [n, V])",
+                      head.dim(), responses.dim());
   }
   if (!(temperature > 0)) {
     return make_error(ErrorCode::invalid_argument, "meta_info.temperature = {} must be > 0", temperature);
   }
-  TESSERA_ASSIGN_OR_RETURN(auto t, algos::token_log_probs(logits, responses, temperature, calculate_entropy));
+  TESSERA_ASSIGN_OR_RETURN(auto t, algos::token_log_probs(head, logits.align(responses), temperature, calculate_entropy));
   LogProbOutput out;
-  out.log_probs = std::move(t.log_probs);
-  out.entropys = std::move(t.entropy);
+  out.log_probs = logits.to_grid(t.log_probs);
+  if (calculate_entropy) out.entropys = logits.to_grid(t.entropy);
   return out;
 }
 
@@ -134,7 +160,7 @@ Result<double> read_temperature(const proto::DataProto& data) {
 
 // The loss of one micro-batch and its metrics, from the policy's logits (verl's update_policy body).
 Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::PolicyLossFn& loss_fn,
-                                   const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits,
+                                   const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& logits,
                                    double temperature) {
   const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy;
   TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
@@ -218,8 +244,8 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
   std::vector<at::Tensor> log_probs, entropys;
   for (const auto& mb : micro.batches) {
     TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids,
-                                                                 ForwardMode::eval, response_rows(seq)));
+    TESSERA_ASSIGN_OR_RETURN(ResponseHead logits,
+                             response_head(*module_, seq, ForwardMode::eval, config_.use_remove_padding));
     TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
     log_probs.push_back(out.log_probs);
     if (calculate_entropy) entropys.push_back(out.entropys);
@@ -251,7 +277,7 @@ Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto&
   TESSERA_RETURN_IF_ERROR(
       algos::check_labels_in_vocab("update_policy", "responses", responses, module_->model_config().vocab_size));
   return run_ppo_update(*module_, selected, update_schedule("actor", config_), sync_,
-                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& logits) {
+                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& logits) {
                           return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature);
                         });
 }

@@ -39,6 +39,7 @@
 #include "workers/algos/policy_loss.hpp"
 #include "workers/models/model.hpp"
 #include "workers/ppo/ppo_batching.hpp"
+#include "workers/ppo/packing.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 
 namespace torch::optim {
@@ -75,6 +76,10 @@ class TrainableModule {
   virtual Result<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                      const at::Tensor& position_ids, ForwardMode mode,
                                      models::HeadRows rows = models::HeadRows::all()) = 0;
+
+  /// The head's output for a padding-free micro-batch (packing.hpp) at batch.head_index: logits
+  /// [n, V] or values [n], in the compute dtype. Same mode contract as forward().
+  virtual Result<at::Tensor> forward_packed(const PackedBatch& batch, ForwardMode mode) = 0;
 
   /// Backpropagates `loss` (a 0-dim tensor from the last train-mode forward); gradients
   /// accumulate until clip_and_step() or zero_grad().
@@ -125,6 +130,7 @@ class LocalTrainableModule final : public TrainableModule {
   Result<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                              const at::Tensor& position_ids, ForwardMode mode,
                              models::HeadRows rows = models::HeadRows::all()) override;
+  Result<at::Tensor> forward_packed(const PackedBatch& batch, ForwardMode mode) override;
   Status backward(const at::Tensor& loss) override;
   Status end_forward() override { return Status(); }
   Result<StepOutcome> clip_and_step(double max_norm) override;
@@ -174,6 +180,9 @@ struct ActorConfig {
   double entropy_coeff = 0.0;
   bool calculate_entropy = false;  ///< verl main: compute (and report) entropy even at coeff 0.
   bool use_kl_loss = false;
+  /// actor_rollout_ref.model.use_remove_padding (set by the worker role): padding-free forwards
+  /// (packing.hpp); same maths, no work on padding.
+  bool use_remove_padding = false;
   double kl_loss_coef = 0.001;
   std::string kl_loss_type = "low_var_kl";
   double grad_clip = 1.0;
@@ -251,12 +260,30 @@ class DataParallelPPOActor {
 /// The positions whose head output predicts the response tokens: [T-R-1, T-1) of [B, T].
 models::HeadRows response_rows(const SequenceBatch& seq);
 
+/// A forward's head output at the response positions: [B, R, ...] from a padded forward, or
+/// [n, ...] at the packed head positions (use_remove_padding).
+struct ResponseHead {
+  at::Tensor head;
+  std::optional<PackedBatch> packed;
+  /// A [B, R, ...] response tensor lined up with `head`'s leading dimension(s).
+  at::Tensor align(const at::Tensor& per_response) const {
+    return packed ? select_responses(per_response, *packed) : per_response;
+  }
+  /// Results lined up with `head` back on the [B, R, ...] grid (0 where packing computed nothing).
+  at::Tensor to_grid(const at::Tensor& values) const { return packed ? unpack_responses(values, *packed) : values; }
+};
+
+/// `module`'s head at the response positions of `seq`: a padded forward over response_rows, or,
+/// with `remove_padding`, a packed one (pack_sequences).
+Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
+                                   bool remove_padding);
+
 /// The response part of a forward pass (verl's _forward_micro_batch, padded path): log-probs of
 /// `responses` under logits / `temperature`, and the entropy when `calculate_entropy`, in fp32
-/// (algos::token_log_probs). `logits` [B, R, V] are the head's output at response_rows (any
+/// (algos::token_log_probs), on the [B, R] grid. `logits` are the policy's response head (any
 /// floating dtype); `responses` [B, R]. Token ids are not range-checked here (the callers check
 /// a whole batch at once).
-Result<LogProbOutput> response_log_probs(const at::Tensor& logits, const at::Tensor& responses, double temperature,
+Result<LogProbOutput> response_log_probs(const ResponseHead& logits, const at::Tensor& responses, double temperature,
                                          bool calculate_entropy);
 
 }  // namespace tessera::ppo

@@ -91,6 +91,20 @@ Result<CriticConfig> normalize_critic_config(CriticConfig c, const DataParallelS
 
 // ---- DataParallelPPOCritic ----------------------------------------------------------------------
 
+namespace {
+
+// The value head's response output as fp32 [B, R]: from [B, R] (padded) or [n] (packed).
+Result<at::Tensor> value_grid(const char* method, const ResponseHead& h, const SequenceBatch& seq) {
+  const bool fits = h.packed ? h.head.dim() == 1 : h.head.dim() == 2 && h.head.size(1) == seq.response_length;
+  if (!fits) {
+    return make_error(ErrorCode::internal, "{}: the value module returned {}-D output, expected [B, R] or packed [n]",
+                      method, h.head.dim());
+  }
+  return h.to_grid(h.head.to(at::kFloat));
+}
+
+}  // namespace
+
 DataParallelPPOCritic::DataParallelPPOCritic(CriticConfig config, std::shared_ptr<ValueModule> module,
                                              MicroBatchCountSync sync)
     : config_(std::move(config)), module_(std::move(module)), sync_(std::move(sync)) {}
@@ -153,13 +167,9 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
   std::vector<at::Tensor> parts;
   for (const auto& mb : micro.batches) {
     TESSERA_ASSIGN_OR_RETURN(auto s, read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor v, module_->forward(s.input_ids, s.attention_mask, s.position_ids,
-                                                            ForwardMode::eval, response_rows(s)));
-    if (v.dim() != 2 || v.size(1) != s.response_length) {
-      return make_error(ErrorCode::internal, "compute_values: the value module returned {}-D output, expected [B, R]",
-                        v.dim());
-    }
-    parts.push_back(v.to(at::kFloat));
+    TESSERA_ASSIGN_OR_RETURN(ResponseHead v, response_head(*module_, s, ForwardMode::eval, config_.use_remove_padding));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor values, value_grid("compute_values", v, s));
+    parts.push_back(values);
   }
   at::Tensor values = at::cat(parts, 0);
   if (use_dynamic_bsz) {
@@ -175,12 +185,8 @@ Result<Metrics> DataParallelPPOCritic::update_critic(const proto::DataProto& dat
 namespace {
 
 Result<MicroLoss> value_micro_loss(const CriticConfig& config, const proto::DataProto& mb, const SequenceBatch& seq,
-                                   const at::Tensor& head) {
-  if (head.dim() != 2 || head.size(1) != seq.response_length) {
-    return make_error(ErrorCode::internal, "update_critic: the value module returned {}-D output, expected [B, R]",
-                      head.dim());
-  }
-  at::Tensor vpreds = head.to(at::kFloat);
+                                   const ResponseHead& head) {
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor vpreds, value_grid("update_critic", head, seq));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor values, mb.tensor("values"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor returns, mb.tensor("returns"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
@@ -202,7 +208,7 @@ Result<Metrics> DataParallelPPOCritic::update_critic_impl(const proto::DataProto
   if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_critic: empty batch");
   TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, {"values", "returns"}));
   return run_ppo_update(*module_, selected, update_schedule("critic", config_), sync_,
-                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const at::Tensor& head) {
+                        [&](const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& head) {
                           return value_micro_loss(config_, mb, seq, head);
                         });
 }

@@ -47,6 +47,8 @@ struct CriticConfig {
   std::optional<int64_t> forward_max_token_len_per_gpu;  ///< Defaults to ppo_max_token_len_per_gpu.
   int64_t ppo_epochs = 1;
   bool shuffle = false;  ///< Accepted and unused, as in verl v0.5.0.
+  /// critic.model.use_remove_padding (set by the worker role): padding-free forwards (packing.hpp).
+  bool use_remove_padding = false;
   double cliprange_value = 0.5;
   std::string loss_agg_mode = "token-mean";
   double grad_clip = 1.0;

@@ -25,8 +25,9 @@ Result<std::shared_ptr<FsdpTrainableModule>> FsdpTrainableModule::create(std::sh
       new FsdpTrainableModule(std::move(model), std::move(engine), trainable));
 }
 
-Result<at::Tensor> FsdpTrainableModule::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                const at::Tensor& position_ids, ForwardMode mode, models::HeadRows rows) {
+// begin_forward, the model's head, and (eval) end_forward; the pass is abandoned on an exception.
+template <class F>
+Result<at::Tensor> FsdpTrainableModule::run_forward(ForwardMode mode, F&& head) {
   const bool train = mode == ForwardMode::train;
   if (train && !trainable_) {
     return make_error(ErrorCode::invalid_argument, "FsdpTrainableModule: train-mode forward on a frozen module");
@@ -35,7 +36,7 @@ Result<at::Tensor> FsdpTrainableModule::forward(const at::Tensor& input_ids, con
   in_train_forward_ = train;
   try {
     model_->train(train);
-    at::Tensor out = model_->forward_head(input_ids, attention_mask, position_ids, rows);
+    at::Tensor out = head();
     if (!train) {
       in_train_forward_ = false;
       TESSERA_RETURN_IF_ERROR(engine_->end_forward());
@@ -47,6 +48,17 @@ Result<at::Tensor> FsdpTrainableModule::forward(const at::Tensor& input_ids, con
     (void)engine_->end_forward();
     return st;
   }
+}
+
+Result<at::Tensor> FsdpTrainableModule::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                const at::Tensor& position_ids, ForwardMode mode, models::HeadRows rows) {
+  return run_forward(mode, [&] { return model_->forward_head(input_ids, attention_mask, position_ids, rows); });
+}
+
+Result<at::Tensor> FsdpTrainableModule::forward_packed(const PackedBatch& b, ForwardMode mode) {
+  return run_forward(mode, [&] {
+    return model_->forward_packed_head(b.input_ids, b.position_ids, b.segments, b.head_index);
+  });
 }
 
 Status FsdpTrainableModule::backward(const at::Tensor& loss) {

@@ -45,6 +45,7 @@ class FsdpTrainableModule final : public TrainableModule {
   Result<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                              const at::Tensor& position_ids, ForwardMode mode,
                              models::HeadRows rows = models::HeadRows::all()) override;
+  Result<at::Tensor> forward_packed(const PackedBatch& batch, ForwardMode mode) override;
   Status backward(const at::Tensor& loss) override;
   Status end_forward() override;
   Result<StepOutcome> clip_and_step(double max_norm) override;
@@ -59,6 +60,8 @@ class FsdpTrainableModule final : public TrainableModule {
   bool trainable() const { return trainable_; }
 
  private:
+  template <class F>
+  Result<at::Tensor> run_forward(ForwardMode mode, F&& head);
   FsdpTrainableModule(std::shared_ptr<models::PretrainedModel> model, std::unique_ptr<fsdp::FsdpModule> engine,
                       bool trainable);
   std::shared_ptr<models::PretrainedModel> model_;

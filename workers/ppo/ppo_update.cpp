@@ -54,10 +54,9 @@ class PendingMetrics {
 };
 
 Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro_batch, double loss_scale,
-                          const MicroLossFn& micro_loss, PendingMetrics& metrics) {
+                          bool remove_padding, const MicroLossFn& micro_loss, PendingMetrics& metrics) {
   TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor head, module.forward(seq.input_ids, seq.attention_mask, seq.position_ids,
-                                                           ForwardMode::train, response_rows(seq)));
+  TESSERA_ASSIGN_OR_RETURN(ResponseHead head, response_head(module, seq, ForwardMode::train, remove_padding));
   auto loss = micro_loss(micro_batch, seq, head);
   if (!loss.ok()) {
     (void)module.end_forward();
@@ -78,7 +77,7 @@ Status update_mini_batch(TrainableModule& module, const proto::DataProto& mini_b
     const double scale = s.use_dynamic_bsz
                              ? static_cast<double>(micro_batch.size()) / static_cast<double>(s.ppo_mini_batch_size)
                              : 1.0 / static_cast<double>(s.ppo_mini_batch_size / *s.ppo_micro_batch_size_per_gpu);
-    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, micro_loss, pending));
+    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, s.use_remove_padding, micro_loss, pending));
   }
   TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module.clip_and_step(s.grad_clip));
   pending.flush(metrics);

@@ -36,10 +36,10 @@ struct MicroLoss {
   std::map<std::string, at::Tensor> metrics;
 };
 
-/// A role's loss of one micro-batch from the module's train-mode output `head`, taken at the
-/// response positions (response_rows): logits [B, R, V] or values [B, R] in the compute dtype.
-using MicroLossFn =
-    std::function<Result<MicroLoss>(const proto::DataProto& micro_batch, const SequenceBatch& seq, const at::Tensor& head)>;
+/// A role's loss of one micro-batch from the module's train-mode output `head` at the response
+/// positions (response_head): logits or values in the compute dtype, padded or packed.
+using MicroLossFn = std::function<Result<MicroLoss>(const proto::DataProto& micro_batch, const SequenceBatch& seq,
+                                                     const ResponseHead& head)>;
 
 /// The normalised batch keys one update follows (a role's ppo_* config).
 struct UpdateSchedule {
@@ -50,6 +50,7 @@ struct UpdateSchedule {
   int64_t max_token_len = 0;  ///< Token budget of a dynamic micro-batch (<role>.ppo_max_token_len_per_gpu).
   std::optional<int64_t> ppo_micro_batch_size_per_gpu;  ///< Required without use_dynamic_bsz.
   double grad_clip = 1.0;
+  bool use_remove_padding = false;  ///< Padding-free forwards (packing.hpp).
 };
 
 /// The schedule of a normalised ActorConfig / CriticConfig for `role`; the dynamic token budget is
@@ -59,7 +60,7 @@ UpdateSchedule update_schedule(std::string role, const Config& c) {
   return UpdateSchedule{std::move(role),      c.ppo_mini_batch_size,
                         c.ppo_epochs,         c.use_dynamic_bsz,
                         c.ppo_max_token_len_per_gpu * c.ulysses_sequence_parallel_size,
-                        c.ppo_micro_batch_size_per_gpu, c.grad_clip};
+                        c.ppo_micro_batch_size_per_gpu, c.grad_clip, c.use_remove_padding};
 }
 
 /// Checks the sequence tensors of `data`, each of `response_keys` as a floating [B, R] tensor and

@@ -106,6 +106,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.grad_clip = config_.actor.grad_clip;
   TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
   if (config_.is_actor) {
+    config_.actor.use_remove_padding = config_.model.use_remove_padding;
     TESSERA_ASSIGN_OR_RETURN(actor_, ppo::DataParallelPPOActor::create(config_.actor, actor_module_, ppo::make_dp_count_sync(world_)));
   }
   if (config_.is_rollout) {
@@ -154,6 +155,7 @@ Status ActorRolloutRefWorker::build_ref() {
   ppo::ActorConfig ref_config;
   ref_config.use_dynamic_bsz = true;
   ref_config.ppo_mini_batch_size = 1;
+  ref_config.use_remove_padding = config_.model.use_remove_padding;
   TESSERA_ASSIGN_OR_RETURN(ref_policy_, ppo::DataParallelPPOActor::create(ref_config, ref_module_, ppo::make_dp_count_sync(world_)));
   return Status();
 }

@@ -102,7 +102,7 @@ namespace {
 // Keys of a model block that select a faster kernel or a loading mechanism for the same maths.
 constexpr const char* kModelKeysAccepted[] = {
     "_target_",        "tokenizer_path",         "custom_chat_template", "use_shm",
-    "enable_activation_offload", "use_remove_padding",
+    "enable_activation_offload",
     "use_liger",       "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
     "lora_alpha",      "target_modules",         "exclude_modules",      "tiled_mlp",
 };
@@ -133,6 +133,12 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
                       ckpt.dump());
   }
   m.gradient_checkpointing = ckpt.is_boolean() && ckpt.get<bool>();
+  const json& rmpad = r.nested("use_remove_padding");
+  if (!rmpad.is_null() && !rmpad.is_boolean()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected true or false", r.key_path("use_remove_padding"),
+                      rmpad.dump());
+  }
+  m.use_remove_padding = rmpad.is_boolean() && rmpad.get<bool>();
   const json& tok = r.nested("input_tokenizer");
   if (tok.is_string()) m.input_tokenizer = tok.get<std::string>();
   TESSERA_RETURN_IF_ERROR(r.finish());

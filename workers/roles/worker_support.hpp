@@ -59,6 +59,9 @@ struct ModelSection {
   /// HYBRID_SHARD, training recomputes each decoder layer in backward, which is what lets the
   /// layer be freed right after its forward; false keeps the layers gathered until backward.
   bool gradient_checkpointing = false;
+  /// use_remove_padding: actor, reference and critic forwards pack their micro-batches without
+  /// padding (workers/ppo/packing.hpp). The reward model's one forward per batch stays padded.
+  bool use_remove_padding = false;
 };
 
 /// Parses a model block; `path` (e.g. "critic.model") prefixes errors. Unknown keys are errors.

@@ -61,6 +61,26 @@ TEST(DpActorLogProb, InvariantToMicroBatchSizeAndDynamicBatching) {
   }
 }
 
+// use_remove_padding (packing.hpp): the same log-probs and entropies on every response token
+// (what lies past a response's end differs and is masked out by every consumer).
+TEST(DpActorLogProb, PaddingFreeEqualsPadded) {
+  auto model = testing::tiny_policy(3);
+  ActorConfig packed_config = fixed_config(8, 8);
+  packed_config.use_remove_padding = true;
+  auto padded = unwrap(DataParallelPPOActor::create(fixed_config(8, 8), local(model)));
+  auto packed = unwrap(DataParallelPPOActor::create(packed_config, local(model)));
+  auto data = make_batch(kPromptLens, kResponseLens, kP, kR, 7);
+  at::Tensor mask = data.tensor("response_mask")->to(at::kBool);
+  for (bool dynamic : {false, true}) {
+    auto want = log_probs(*padded, data, forward_meta(0.8, 3, dynamic, 20), true);
+    auto got = log_probs(*packed, data, forward_meta(0.8, 3, dynamic, 20), true);
+    EXPECT_LT(testing::max_rel_diff(got.log_probs.masked_select(mask), want.log_probs.masked_select(mask)),
+              kBatchingTolerance);
+    EXPECT_LT(testing::max_rel_diff(got.entropys.masked_select(mask), want.entropys.masked_select(mask)),
+              kBatchingTolerance);
+  }
+}
+
 TEST(DpActorLogProb, MetaInfoErrorsNameTheKey) {
   auto actor = unwrap(DataParallelPPOActor::create(fixed_config(8, 8), local(testing::tiny_policy(3))));
   auto data = make_batch(kPromptLens, kResponseLens, kP, kR, 7);
@@ -192,6 +212,17 @@ TEST(DpActorUpdate, DynamicBatchingMatchesFixed) {
   dyn.ppo_micro_batch_size_per_gpu.reset();
   dyn.ppo_max_token_len_per_gpu = 20;  // several micro-batches of unequal row counts
   auto r = train_twins(fixed_config(8, 8), dyn, "seq-mean-token-mean", kResponseLens);
+  EXPECT_GT(r.moved, 1e-3);
+  EXPECT_LT(r.param_diff, 1e-5);
+}
+
+// use_remove_padding trains the same policy: packed and padded twins take the same SGD step
+// (with the KL and entropy terms on, so every output of the chunked log-softmax carries gradient).
+TEST(DpActorUpdate, PaddingFreeMatchesPadded) {
+  ActorConfig a = fixed_config(8, 4), b = fixed_config(8, 4);
+  a.entropy_coeff = b.entropy_coeff = 0.01;
+  b.use_remove_padding = true;
+  auto r = train_twins(a, b, "token-mean", kResponseLens);
   EXPECT_GT(r.moved, 1e-3);
   EXPECT_LT(r.param_diff, 1e-5);
 }

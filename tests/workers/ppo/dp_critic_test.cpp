@@ -59,6 +59,27 @@ TEST(DpCriticValues, EqualIndependentForwardAndInvariantToBatching) {
   EXPECT_LT(testing::max_rel_diff(values_of(*critic, data, nlohmann::json::object()), base), kBatchingTolerance);
 }
 
+// use_remove_padding: the same values (masked positions 0 either way), and the same update.
+TEST(DpCriticValues, PaddingFreeEqualsPadded) {
+  CriticConfig packed_config = fixed_config(8, 4);
+  packed_config.use_remove_padding = true;
+  auto padded_model = testing::tiny_critic(23), packed_model = testing::tiny_critic(23);
+  auto padded = unwrap(DataParallelPPOCritic::create(fixed_config(8, 4), local(padded_model, 1e-2)));
+  auto packed = unwrap(DataParallelPPOCritic::create(packed_config, local(packed_model, 1e-2)));
+  auto data = make_batch(kPromptLens, kResponseLens, kP, kR, 24);
+  at::Tensor want = values_of(*padded, data, forward_meta(1.0, 3, false));
+  EXPECT_LT(testing::max_rel_diff(values_of(*packed, data, forward_meta(1.0, 3, false)), want), kBatchingTolerance);
+  at::Generator gen = at::detail::createCPUGenerator(25);
+  ASSERT_TRUE(data.set_tensor("values", want).ok());
+  ASSERT_TRUE(data.set_tensor("returns", want + at::randn(want.sizes(), gen)).ok());
+  data.meta_info() = nlohmann::json::object();
+  auto before = testing::snapshot(*padded_model);
+  unwrap(padded->update_critic(data));
+  unwrap(packed->update_critic(data));
+  EXPECT_GT(testing::max_param_diff(testing::snapshot(*padded_model), before), 1e-4);
+  EXPECT_LT(testing::max_param_diff(testing::snapshot(*padded_model), testing::snapshot(*packed_model)), 1e-5);
+}
+
 // A critic batch: values = the critic's current predictions, returns = values + noise.
 proto::DataProto critic_batch(DataParallelPPOCritic& critic, uint64_t seed, double noise) {
   auto data = make_batch(kPromptLens, kResponseLens, kP, kR, seed);

@@ -1,0 +1,58 @@
+// packing.cpp: see packing.hpp.
+#include "workers/ppo/packing.hpp"
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace tessera::ppo {
+
+Result<PackedBatch> pack_sequences(const SequenceBatch& seq) {
+  const int64_t B = seq.input_ids.size(0), T = seq.input_ids.size(1), R = seq.response_length;
+  const at::Tensor mask = seq.attention_mask.ne(0).to(at::kCPU).contiguous();
+  const auto m = mask.accessor<bool, 2>();
+  auto segments = std::make_shared<models::PackedSegments>();
+  segments->starts.reserve(static_cast<size_t>(B + 1));
+  std::vector<int64_t> flat, head, response;
+  flat.reserve(static_cast<size_t>(B * T));
+  segments->starts.push_back(0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      if (!m[b][t]) continue;
+      if (t >= T - R - 1 && t < T - 1) {  // response_rows: this position predicts response token t - (T-R-1)
+        head.push_back(static_cast<int64_t>(flat.size()));
+        response.push_back(b * R + t - (T - R - 1));
+      }
+      flat.push_back(b * T + t);
+    }
+    segments->starts.push_back(static_cast<int64_t>(flat.size()));
+  }
+  if (flat.empty()) return make_error(ErrorCode::invalid_argument, "use_remove_padding: the micro-batch has no tokens");
+  const c10::Device device = seq.input_ids.device();
+  auto to_device = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
+  const at::Tensor flat_index = to_device(flat);
+  PackedBatch p;
+  p.input_ids = seq.input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
+  p.position_ids = seq.position_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
+  p.segments = std::move(segments);
+  p.head_index = to_device(head);
+  p.response_index = to_device(response);
+  p.rows = B;
+  p.response_length = R;
+  return p;
+}
+
+at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed) {
+  return per_response.flatten(0, 1).index_select(0, packed.response_index);
+}
+
+at::Tensor unpack_responses(const at::Tensor& values, const PackedBatch& packed) {
+  std::vector<int64_t> shape = {packed.rows * packed.response_length};
+  for (int64_t d = 1; d < values.dim(); ++d) shape.push_back(values.size(d));
+  at::Tensor grid = at::zeros(shape, values.options()).index_put({packed.response_index}, values);
+  std::vector<int64_t> out = {packed.rows, packed.response_length};
+  out.insert(out.end(), shape.begin() + 1, shape.end());
+  return grid.view(out);
+}
+
+}  // namespace tessera::ppo
