@@ -14,20 +14,14 @@
 #include <string>
 #include <string_view>
 
+#include "workers/tokenizer/jinja/utf8.hpp"
+
 namespace tessera::tokenizer::unicode {
 
-/// One step of UTF-8 decoding.
-struct Utf8Char {
-  uint32_t cp = 0;    ///< The code point; meaningless when !valid.
-  uint32_t len = 1;   ///< Bytes consumed (>= 1): the character, or the maximal ill-formed subpart.
-  bool valid = true;  ///< False for bytes that are not well-formed UTF-8.
-};
-
-/// Decodes the character that starts at s[pos]. REQUIRES: pos < s.size().
-Utf8Char decode_utf8(std::string_view s, size_t pos);
-
-/// Appends the UTF-8 encoding of `cp`. REQUIRES: cp <= 0x10FFFF and not a surrogate.
-void append_utf8(uint32_t cp, std::string& out);
+/// UTF-8 decoding and encoding (lenient, maximal ill-formed subparts): jinja/utf8.hpp.
+using jinja::utf8::append_utf8;
+using jinja::utf8::decode_utf8;
+using jinja::utf8::Utf8Char;
 
 /// True when `s` is entirely well-formed UTF-8.
 bool is_valid_utf8(std::string_view s);
