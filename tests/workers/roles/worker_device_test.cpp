@@ -91,6 +91,24 @@ TEST_P(OnDevice, GenerationGivesItsMemoryBackOnExit) {
   if (device_.is_cuda()) EXPECT_GT(after.max_allocated, before);
 }
 
+// model.use_remove_padding through the worker on its device: the actor's and the reference's
+// log-probs equal the padded path's on every response token (packing.hpp).
+TEST_P(OnDevice, PaddingFreeLogProbsMatchPadded) {
+  proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 23, kVocab);
+  batch.meta_info()["temperature"] = 1.0;
+  json padded = arr_config(), packed = arr_config();
+  packed["model"]["use_remove_padding"] = true;
+  auto a = make_worker(ctx(0, 1, next_port()), "actor_rollout_ref", padded);
+  auto b = make_worker(ctx(0, 1, next_port()), "actor_rollout_ref", packed);
+  at::Tensor mask = batch.tensor("response_mask")->to(at::kBool);
+  for (const char* method : {"compute_log_prob", "compute_ref_log_prob"}) {
+    const char* key = std::string(method) == "compute_log_prob" ? "old_log_probs" : "ref_log_prob";
+    proto::DataProto want = call(*a, method, batch), got = call(*b, method, batch);
+    ASSERT_TRUE(want.tensor(key).ok() && got.tensor(key).ok()) << method;
+    EXPECT_LE(max_diff(got.tensor(key)->masked_select(mask), want.tensor(key)->masked_select(mask)), 1e-4) << method;
+  }
+}
+
 TEST_P(OnDevice, FullShardAdamWStepOnTwoRanksMatchesTheCpu) {
   proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 21, kVocab);
   batch.meta_info()["temperature"] = 1.0;
