@@ -162,6 +162,32 @@ TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   EXPECT_DOUBLE_EQ(h[1].second.at("actor/reward_kl_penalty_coeff"), 0.001);
 }
 
+// use_remove_padding end to end (actor, reference and critic forwards packed without padding):
+// the same run as the padded one, step for step, up to float rounding.
+TEST(TrainerRun, PaddingFreeRunMatchesThePaddedRun) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (bool packed : {false, true}) {
+    TempDir dir(packed ? "rmpad" : "padded");
+    testing::make_tiny_run(dir.path());
+    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
+    o.push_back("actor_rollout_ref.actor.use_kl_loss=true");
+    o.push_back(std::string("actor_rollout_ref.model.use_remove_padding=") + (packed ? "true" : "false"));
+    o.push_back(std::string("critic.model.use_remove_padding=") + (packed ? "true" : "false"));
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 1; i < runs[0].size(); ++i) {
+    for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
+                          "actor/ppo_kl", "critic/vf_loss", "critic/values/mean", "actor/grad_norm"}) {
+      ASSERT_TRUE(runs[0][i].second.count(k) && runs[1][i].second.count(k)) << k;
+      const double a = runs[0][i].second.at(k), b = runs[1][i].second.at(k);
+      EXPECT_NEAR(b, a, 1e-4 * std::max(1.0, std::abs(a))) << k << " at step " << runs[0][i].first;
+    }
+  }
+}
+
 TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {
   TempDir dir("bad");
   testing::make_tiny_run(dir.path());
