@@ -101,7 +101,11 @@ Result<std::unique_ptr<FSDPSFTTrainer>> FSDPSFTTrainer::create(json cfg, const r
   TESSERA_ASSIGN_OR_RETURN(runtime::ResourcePool pool,
                            t->runtime_->resource_pool(std::vector<int>(static_cast<size_t>(nnodes),
                                                                        static_cast<int>(s.world_size / nnodes))));
-  json init{{"config", {{"model", cfg["model"]}, {"optim", cfg["optim"]}, {"data", cfg["data"]}}},
+  json init{{"config",
+             {{"model", cfg["model"]},
+              {"optim", cfg["optim"]},
+              {"data", cfg["data"]},
+              {"use_remove_padding", cfg.value("use_remove_padding", json(false))}}},
             {"total_training_steps", t->total_training_steps_},
             {"seed", s.seed}};
   TESSERA_ASSIGN_OR_RETURN(t->wg_, dispatch::WorkerGroup::spawn(*t->runtime_, "sft", pool, {{"", "sft", init.dump()}}));

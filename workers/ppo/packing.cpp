@@ -7,9 +7,10 @@
 
 namespace tessera::ppo {
 
-Result<PackedBatch> pack_sequences(const SequenceBatch& seq) {
-  const int64_t B = seq.input_ids.size(0), T = seq.input_ids.size(1), R = seq.response_length;
-  const at::Tensor mask = seq.attention_mask.ne(0).to(at::kCPU).contiguous();
+Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                              const at::Tensor& position_ids, models::HeadRows window) {
+  const int64_t B = input_ids.size(0), T = input_ids.size(1), L = window.length, first = window.start;
+  const at::Tensor mask = attention_mask.ne(0).to(at::kCPU).contiguous();
   const auto m = mask.accessor<bool, 2>();
   auto segments = std::make_shared<models::PackedSegments>();
   segments->starts.reserve(static_cast<size_t>(B + 1));
@@ -19,27 +20,32 @@ Result<PackedBatch> pack_sequences(const SequenceBatch& seq) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       if (!m[b][t]) continue;
-      if (t >= T - R - 1 && t < T - 1) {  // response_rows: this position predicts response token t - (T-R-1)
+      if (t >= first && t < first + L) {
         head.push_back(static_cast<int64_t>(flat.size()));
-        response.push_back(b * R + t - (T - R - 1));
+        response.push_back(b * L + t - first);
       }
       flat.push_back(b * T + t);
     }
     segments->starts.push_back(static_cast<int64_t>(flat.size()));
   }
   if (flat.empty()) return make_error(ErrorCode::invalid_argument, "use_remove_padding: the micro-batch has no tokens");
-  const c10::Device device = seq.input_ids.device();
+  const c10::Device device = input_ids.device();
   auto to_device = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
   const at::Tensor flat_index = to_device(flat);
   PackedBatch p;
-  p.input_ids = seq.input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
-  p.position_ids = seq.position_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
+  p.input_ids = input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
+  p.position_ids = position_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
   p.segments = std::move(segments);
   p.head_index = to_device(head);
   p.response_index = to_device(response);
   p.rows = B;
-  p.response_length = R;
+  p.response_length = L;
   return p;
+}
+
+Result<PackedBatch> pack_sequences(const SequenceBatch& seq) {
+  const int64_t T = seq.input_ids.size(1), R = seq.response_length;
+  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, {T - R - 1, R});
 }
 
 at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed) {

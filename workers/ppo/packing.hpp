@@ -1,8 +1,9 @@
-// packing.hpp: padding-free micro-batches (verl's use_remove_padding). A left-padded micro-batch
-// [B, T] becomes one row of its real tokens (Note [Packed sequences] in workers/models/decoder.cpp),
-// the head runs only on the tokens that predict a response token, and its outputs go back to the
-// [B, R] response grid. Positions the packed forward does not compute (padding after EOS) hold 0,
-// as verl's pad_input leaves them; every loss masks them out.
+// packing.hpp: padding-free micro-batches (verl's use_remove_padding). A padded micro-batch [B, T]
+// becomes one row of its real tokens (Note [Packed sequences] in workers/models/decoder.cpp), the
+// head runs only on the real tokens inside a window of head rows (the PPO losses: the positions
+// that predict response tokens; SFT: every position but the last), and its outputs go back to the
+// [B, L] grid of that window. Positions the packed forward does not compute (padding) hold 0, as
+// verl's pad_input leaves them; every loss masks them out.
 //
 // Thread-safety: plain values and pure functions.
 #pragma once
@@ -14,6 +15,7 @@
 
 #include "proto/status.hpp"
 #include "workers/models/decoder.hpp"
+#include "workers/models/model.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 
 namespace tessera::ppo {
@@ -23,19 +25,25 @@ struct PackedBatch {
   at::Tensor input_ids;     ///< [1, N]: every row's real tokens (attention_mask != 0), row after row.
   at::Tensor position_ids;  ///< [1, N]: their position ids.
   std::shared_ptr<const models::PackedSegments> segments;  ///< One segment per row.
-  at::Tensor head_index;      ///< [n] int64: packed tokens at response_rows positions.
-  at::Tensor response_index;  ///< [n] int64: where each goes in the flattened [B, R] grid.
+  at::Tensor head_index;      ///< [n] int64: packed tokens inside the head window.
+  at::Tensor response_index;  ///< [n] int64: where each goes in the flattened [B, L] window grid.
   int64_t rows = 0;
-  int64_t response_length = 0;
+  int64_t response_length = 0;  ///< L, the window's length.
 };
 
-/// Packs `seq`. Reads the attention mask on the host once (the segment offsets are host data).
+/// Packs input_ids / attention_mask / position_ids [B, T] with the head window `head`
+/// (REQUIRES: within [0, T)). Reads the attention mask on the host once (the segment offsets are
+/// host data).
+Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                              const at::Tensor& position_ids, models::HeadRows head);
+
+/// pack_rows with the PPO window: the positions [T-R-1, T-1) that predict the response tokens.
 Result<PackedBatch> pack_sequences(const SequenceBatch& seq);
 
-/// `per_response` [B, R, ...] at the packed head positions: [n, ...].
+/// `per_response` [B, L, ...] (the window grid) at the packed head positions: [n, ...].
 at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed);
 
-/// `values` [n, ...] (aligned with head_index) placed into a zero [B, R, ...] grid; differentiable.
+/// `values` [n, ...] (aligned with head_index) placed into a zero [B, L, ...] grid; differentiable.
 at::Tensor unpack_responses(const at::Tensor& values, const PackedBatch& packed);
 
 }  // namespace tessera::ppo

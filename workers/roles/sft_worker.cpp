@@ -12,6 +12,7 @@
 #include "workers/algos/torch_functional.hpp"
 #include "workers/fsdp/checkpoint.hpp"
 #include "workers/models/model_io.hpp"
+#include "workers/ppo/packing.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 #include "workers/roles/worker_support.hpp"
 
@@ -35,7 +36,21 @@ struct SftWorkerConfig {
   double grad_clip = 1.0;
   int64_t micro_batch_size_per_gpu = 1;
   bool gradient_checkpointing = false;  // model.enable_gradient_checkpointing
+  bool use_remove_padding = false;      // padding-free micro-batches (workers/ppo/packing.hpp)
 };
+
+// sft_loss_terms over a packed micro-batch: logits [n, V] at the packed tokens of columns [0, T-1).
+Result<SftLossTerms> sft_loss_terms_packed(const at::Tensor& logits, const ppo::PackedBatch& packed,
+                                           const at::Tensor& input_ids, const at::Tensor& loss_mask) {
+  const int64_t T = input_ids.size(1);
+  const at::Tensor labels = ppo::select_responses(input_ids.narrow(1, 1, T - 1), packed);
+  const at::Tensor mask = ppo::select_responses(loss_mask.narrow(1, 0, T - 1).to(torch::kFloat32), packed);
+  TESSERA_ASSIGN_OR_RETURN(auto lp, algos::token_log_probs(logits, labels, /*temperature=*/1.0, /*with_entropy=*/false));
+  SftLossTerms out;
+  out.loss_sum = -(lp.log_probs * mask).sum();
+  out.tokens = static_cast<int64_t>(mask.sum().item<double>());
+  return out;
+}
 
 // model.fsdp_config (verl SFT keys) -> the actor-style block build_fsdp_module reads.
 Result<json> translate_fsdp_config(const json& in, const std::string& path) {
@@ -107,6 +122,9 @@ Result<SftWorkerConfig> parse_sft_worker_config(const json& init) {
   TESSERA_RETURN_IF_ERROR(read_optim_block(c.value("optim", json()), total, out));
   const json data = c.value("data", json::object());
   out.micro_batch_size_per_gpu = data.value("micro_batch_size_per_gpu", int64_t{4});
+  const json rmpad = c.value("use_remove_padding", json(false));
+  if (!rmpad.is_boolean()) return make_error(ErrorCode::invalid_argument, "use_remove_padding = {}: expected true or false", rmpad.dump());
+  out.use_remove_padding = rmpad.get<bool>();
   if (out.micro_batch_size_per_gpu < 1) {
     return make_error(ErrorCode::invalid_argument, "data.micro_batch_size_per_gpu: {} must be >= 1",
                       out.micro_batch_size_per_gpu);
@@ -213,11 +231,15 @@ class SftWorker : public dispatch::WorkerBase {
     std::optional<torch::NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
     const int64_t T = b.input_ids.size(1);
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, module_->forward(b.input_ids.narrow(0, start, rows),
-                                                                 b.attention_mask.narrow(0, start, rows),
-                                                                 b.position_ids.narrow(0, start, rows), mode,
-                                                                 models::HeadRows{0, T - 1}));
-    auto terms = sft_loss_terms(logits, b.input_ids.narrow(0, start, rows), b.loss_mask.narrow(0, start, rows));
+    const at::Tensor ids = b.input_ids.narrow(0, start, rows), mask = b.attention_mask.narrow(0, start, rows);
+    const at::Tensor pos = b.position_ids.narrow(0, start, rows), loss_mask = b.loss_mask.narrow(0, start, rows);
+    std::optional<ppo::PackedBatch> packed;  // padding-free: the head runs on each row's real tokens
+    if (config_.use_remove_padding) {
+      TESSERA_ASSIGN_OR_RETURN(packed, ppo::pack_rows(ids, mask, pos, models::HeadRows{0, T - 1}));
+    }
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, packed ? module_->forward_packed(*packed, mode)
+                                                       : module_->forward(ids, mask, pos, mode, models::HeadRows{0, T - 1}));
+    auto terms = packed ? sft_loss_terms_packed(logits, *packed, ids, loss_mask) : sft_loss_terms(logits, ids, loss_mask);
     if (!terms.ok()) {
       if (train) (void)module_->end_forward();
       return terms.status();
