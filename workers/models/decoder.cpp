@@ -1,10 +1,13 @@
 // decoder.cpp: the forward maths. See decoder.hpp for the formulas and the masking rule.
 #include "workers/models/decoder.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -220,10 +223,35 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
 // Padding-free batches (use_remove_padding) put every sequence's real tokens end to end in one row
 // [1, N]; the projections, norms and MLP then do no work on padding. Attention must not cross
 // sequences: it runs once per sequence on its slice of q/k/v, causal (plus the sliding window),
-// which equals the padded batch's masked attention on the real tokens. Rotary embeddings take the
-// packed position ids, so each sequence keeps its own positions.
+// which equals the padded batch's masked attention on the real tokens. On a GPU in bf16/fp16 (no
+// softcap) that is one varlen flash-attention call over all sequences; elsewhere a loop over the
+// sequences (causal SDPA, or a mask for a window or softcap). Rotary embeddings take the packed
+// position ids, so each sequence keeps its own positions.
 at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const PackedSegments& packed) const {
+  const auto dtype = q.scalar_type();
+  if (q.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && !softcap_ && head_dim_ % 8 == 0 &&
+      head_dim_ <= 256) {
+    // One varlen flash-attention call over every sequence (what verl's use_remove_padding runs):
+    // [N, heads, D] layout, int32 cumulative lengths, grouped K/V heads read in place. A window W
+    // keeps keys with t - s < W: flash's window_size_left = W - 1.
+    std::vector<int32_t> cu(packed.starts.begin(), packed.starts.end());
+    int64_t longest = 0;
+    for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
+      longest = std::max(longest, packed.starts[i + 1] - packed.starts[i]);
+    }
+    const at::Tensor cum = at::tensor(cu, at::kInt).to(q.device(), /*non_blocking=*/true);
+    auto heads_first = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1).contiguous(); };
+    std::optional<int64_t> left, right;
+    if (window_ > 0) {
+      left = window_ - 1;
+      right = 0;
+    }
+    at::Tensor out = std::get<0>(at::_flash_attention_forward(heads_first(q), heads_first(k), heads_first(v), cum, cum,
+                                                              longest, longest, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                              /*return_debug_mask=*/false, scaling_, left, right));
+    return out.transpose(0, 1).unsqueeze(0);  // [1, heads, N, D]
+  }
   std::vector<at::Tensor> parts;
   parts.reserve(packed.starts.size());
   for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
