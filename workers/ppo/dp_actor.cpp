@@ -115,15 +115,24 @@ models::HeadRows response_rows(const SequenceBatch& seq) {
   return {seq.input_ids.size(1) - seq.response_length - 1, seq.response_length};
 }
 
+Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
+                                                       bool remove_padding) {
+  if (!remove_padding) return std::vector<at::Tensor>(micro.batches.size());
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, data.tensor("attention_mask"));
+  std::vector<int64_t> sizes;
+  for (const auto& mb : micro.batches) sizes.push_back(mb.size());
+  return host_masks_of(mask.to(at::kCPU), micro.indices, sizes);
+}
+
 Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
-                                   bool remove_padding) {
+                                   bool remove_padding, const at::Tensor& host_mask) {
   ResponseHead h;
   if (!remove_padding) {
     TESSERA_ASSIGN_OR_RETURN(h.head, module.forward(seq.input_ids, seq.attention_mask, seq.position_ids, mode,
                                                     response_rows(seq)));
     return h;
   }
-  TESSERA_ASSIGN_OR_RETURN(PackedBatch packed, pack_sequences(seq));
+  TESSERA_ASSIGN_OR_RETURN(PackedBatch packed, pack_sequences(seq, host_mask));
   TESSERA_ASSIGN_OR_RETURN(h.head, module.forward_packed(packed, mode));
   h.packed = std::move(packed);
   return h;
@@ -240,12 +249,13 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, data.tensor("responses"));
   TESSERA_RETURN_IF_ERROR(
       algos::check_labels_in_vocab("compute_log_prob", "responses", responses, module_->model_config().vocab_size));
+  TESSERA_ASSIGN_OR_RETURN(auto host_masks, micro_batch_host_masks(selected, micro, config_.use_remove_padding));
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> log_probs, entropys;
-  for (const auto& mb : micro.batches) {
-    TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(ResponseHead logits,
-                             response_head(*module_, seq, ForwardMode::eval, config_.use_remove_padding));
+  for (size_t i = 0; i < micro.batches.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro.batches[i]));
+    TESSERA_ASSIGN_OR_RETURN(ResponseHead logits, response_head(*module_, seq, ForwardMode::eval,
+                                                                config_.use_remove_padding, host_masks[i]));
     TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
     log_probs.push_back(out.log_probs);
     if (calculate_entropy) entropys.push_back(out.entropys);

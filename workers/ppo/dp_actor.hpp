@@ -274,9 +274,16 @@ struct ResponseHead {
 };
 
 /// `module`'s head at the response positions of `seq`: a padded forward over response_rows, or,
-/// with `remove_padding`, a packed one (pack_sequences).
+/// with `remove_padding`, a packed one (pack_sequences; `host_mask`, when given, is seq's
+/// attention mask already on the host, which saves a device read per micro-batch).
 Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
-                                   bool remove_padding);
+                                   bool remove_padding, const at::Tensor& host_mask = at::Tensor());
+
+/// With `remove_padding`, the host copies of each micro-batch's attention mask, from ONE read of
+/// `data`'s mask (the host waits for the device once per call, not once per micro-batch); else
+/// undefined tensors.
+Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
+                                                       bool remove_padding);
 
 /// The response part of a forward pass (verl's _forward_micro_batch, padded path): log-probs of
 /// `responses` under logits / `temperature`, and the entropy when `calculate_entropy`, in fp32

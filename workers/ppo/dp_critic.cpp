@@ -165,9 +165,11 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
   }
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  for (const auto& mb : micro.batches) {
-    TESSERA_ASSIGN_OR_RETURN(auto s, read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(ResponseHead v, response_head(*module_, s, ForwardMode::eval, config_.use_remove_padding));
+  TESSERA_ASSIGN_OR_RETURN(auto host_masks, micro_batch_host_masks(selected, micro, config_.use_remove_padding));
+  for (size_t i = 0; i < micro.batches.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(auto s, read_sequence_batch(micro.batches[i]));
+    TESSERA_ASSIGN_OR_RETURN(ResponseHead v, response_head(*module_, s, ForwardMode::eval, config_.use_remove_padding,
+                                                           host_masks[i]));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor values, value_grid("compute_values", v, s));
     parts.push_back(values);
   }

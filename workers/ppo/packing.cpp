@@ -8,9 +8,12 @@
 namespace tessera::ppo {
 
 Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                              const at::Tensor& position_ids, models::HeadRows window) {
+                              const at::Tensor& position_ids, models::HeadRows window, const at::Tensor& host_mask) {
   const int64_t B = input_ids.size(0), T = input_ids.size(1), L = window.length, first = window.start;
-  const at::Tensor mask = attention_mask.ne(0).to(at::kCPU).contiguous();
+  if (host_mask.defined() && host_mask.sizes() != attention_mask.sizes()) {
+    return make_error(ErrorCode::internal, "pack_rows: the host mask does not match the attention mask");
+  }
+  const at::Tensor mask = (host_mask.defined() ? host_mask : attention_mask).ne(0).to(at::kCPU).contiguous();
   const auto m = mask.accessor<bool, 2>();
   auto segments = std::make_shared<models::PackedSegments>();
   segments->starts.reserve(static_cast<size_t>(B + 1));
@@ -43,9 +46,25 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   return p;
 }
 
-Result<PackedBatch> pack_sequences(const SequenceBatch& seq) {
+Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask) {
   const int64_t T = seq.input_ids.size(1), R = seq.response_length;
-  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, {T - R - 1, R});
+  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, {T - R - 1, R}, host_mask);
+}
+
+std::vector<at::Tensor> host_masks_of(const at::Tensor& host_mask, const std::vector<std::vector<int64_t>>& indices,
+                                      const std::vector<int64_t>& sizes) {
+  std::vector<at::Tensor> out;
+  out.reserve(sizes.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!indices.empty()) {
+      out.push_back(host_mask.index_select(0, at::tensor(indices[i], at::kLong)));
+    } else {
+      out.push_back(host_mask.narrow(0, offset, sizes[i]));
+      offset += sizes[i];
+    }
+  }
+  return out;
 }
 
 at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -32,13 +33,20 @@ struct PackedBatch {
 };
 
 /// Packs input_ids / attention_mask / position_ids [B, T] with the head window `head`
-/// (REQUIRES: within [0, T)). Reads the attention mask on the host once (the segment offsets are
-/// host data).
+/// (REQUIRES: within [0, T)). The segment offsets are host data: they come from `host_mask` (the
+/// same mask, already on the host) when given, else from one device-to-host read of the mask.
 Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                              const at::Tensor& position_ids, models::HeadRows head);
+                              const at::Tensor& position_ids, models::HeadRows head,
+                              const at::Tensor& host_mask = at::Tensor());
 
 /// pack_rows with the PPO window: the positions [T-R-1, T-1) that predict the response tokens.
-Result<PackedBatch> pack_sequences(const SequenceBatch& seq);
+Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask = at::Tensor());
+
+/// The rows of a micro-batch in the batch it was cut from: micro.indices[i] (dynamic), else
+/// consecutive rows. For reading a host copy of the batch's mask once per call.
+/// REQUIRES: `sizes` are the micro-batches' row counts, in order.
+std::vector<at::Tensor> host_masks_of(const at::Tensor& host_mask, const std::vector<std::vector<int64_t>>& indices,
+                                      const std::vector<int64_t>& sizes);
 
 /// `per_response` [B, L, ...] (the window grid) at the packed head positions: [n, ...].
 at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed);

@@ -54,9 +54,11 @@ class PendingMetrics {
 };
 
 Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro_batch, double loss_scale,
-                          bool remove_padding, const MicroLossFn& micro_loss, PendingMetrics& metrics) {
+                          bool remove_padding, const at::Tensor& host_mask, const MicroLossFn& micro_loss,
+                          PendingMetrics& metrics) {
   TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
-  TESSERA_ASSIGN_OR_RETURN(ResponseHead head, response_head(module, seq, ForwardMode::train, remove_padding));
+  TESSERA_ASSIGN_OR_RETURN(ResponseHead head,
+                           response_head(module, seq, ForwardMode::train, remove_padding, host_mask));
   auto loss = micro_loss(micro_batch, seq, head);
   if (!loss.ok()) {
     (void)module.end_forward();
@@ -70,14 +72,16 @@ Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro
 Status update_mini_batch(TrainableModule& module, const proto::DataProto& mini_batch, const UpdateSchedule& s,
                          const MicroBatchCountSync& sync, const MicroLossFn& micro_loss, Metrics& metrics) {
   TESSERA_ASSIGN_OR_RETURN(auto micro, micro_batches_for_update(mini_batch, s, sync));
+  TESSERA_ASSIGN_OR_RETURN(auto host_masks, micro_batch_host_masks(mini_batch, micro, s.use_remove_padding));
   module.zero_grad();
   PendingMetrics pending;
-  for (const auto& micro_batch : micro.batches) {
+  for (size_t i = 0; i < micro.batches.size(); ++i) {
+    const proto::DataProto& micro_batch = micro.batches[i];
     // verl v0.5.0's scaling: token share of the configured mini-batch (dynamic) or 1/grad_accum.
     const double scale = s.use_dynamic_bsz
                              ? static_cast<double>(micro_batch.size()) / static_cast<double>(s.ppo_mini_batch_size)
                              : 1.0 / static_cast<double>(s.ppo_mini_batch_size / *s.ppo_micro_batch_size_per_gpu);
-    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, s.use_remove_padding, micro_loss, pending));
+    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, s.use_remove_padding, host_masks[i], micro_loss, pending));
   }
   TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module.clip_and_step(s.grad_clip));
   pending.flush(metrics);
