@@ -96,16 +96,26 @@ TEST_P(OnDevice, GenerationGivesItsMemoryBackOnExit) {
 TEST_P(OnDevice, PaddingFreeLogProbsMatchPadded) {
   proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 23, kVocab);
   batch.meta_info()["temperature"] = 1.0;
-  json padded = arr_config(), packed = arr_config();
-  packed["model"]["use_remove_padding"] = true;
-  auto a = make_worker(ctx(0, 1, next_port()), "actor_rollout_ref", padded);
-  auto b = make_worker(ctx(0, 1, next_port()), "actor_rollout_ref", packed);
   at::Tensor mask = batch.tensor("response_mask")->to(at::kBool);
-  for (const char* method : {"compute_log_prob", "compute_ref_log_prob"}) {
-    const char* key = std::string(method) == "compute_log_prob" ? "old_log_probs" : "ref_log_prob";
-    proto::DataProto want = call(*a, method, batch), got = call(*b, method, batch);
-    ASSERT_TRUE(want.tensor(key).ok() && got.tensor(key).ok()) << method;
-    EXPECT_LE(max_diff(got.tensor(key)->masked_select(mask), want.tensor(key)->masked_select(mask)), 1e-4) << method;
+  for (bool dynamic : {false, true}) {  // dynamic: micro-batches cut by token budget, rows reordered
+    json padded = arr_config();
+    if (dynamic) {
+      for (const char* role : {"rollout", "ref"}) {
+        padded[role]["log_prob_use_dynamic_bsz"] = true;
+        padded[role]["log_prob_max_token_len_per_gpu"] = 24;
+      }
+    }
+    json packed = padded;
+    packed["model"]["use_remove_padding"] = true;
+    auto a = make_worker(ctx(0, 1, next_port()), "actor_rollout_ref", padded);
+    auto b = make_worker(ctx(0, 1, next_port()), "actor_rollout_ref", packed);
+    for (const char* method : {"compute_log_prob", "compute_ref_log_prob"}) {
+      const char* key = std::string(method) == "compute_log_prob" ? "old_log_probs" : "ref_log_prob";
+      proto::DataProto want = call(*a, method, batch), got = call(*b, method, batch);
+      ASSERT_TRUE(want.tensor(key).ok() && got.tensor(key).ok()) << method;
+      EXPECT_LE(max_diff(got.tensor(key)->masked_select(mask), want.tensor(key)->masked_select(mask)), 1e-4)
+          << method << (dynamic ? " (dynamic)" : "");
+    }
   }
 }
 
