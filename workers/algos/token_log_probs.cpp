@@ -111,9 +111,12 @@ class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
 Status check_labels_in_vocab(const char* fn, const char* name, const at::Tensor& labels, int64_t vocab) {
   return internal::guarded(fn, [&]() -> Status {
     if (labels.numel() == 0) return Status();
+    // Host boundary, deliberate: a bad id must be a one-line error, and on a GPU an out-of-range
+    // gather is a device assert that kills the context. Callers check a whole batch once per call;
+    // both bounds come back in one read.
     const auto [lo_t, hi_t] = at::aminmax(labels.to(at::kLong));
-    const at::Tensor both = at::stack({lo_t, hi_t}).cpu();  // one host read for both bounds
-    const int64_t lo = both[0].item<int64_t>(), hi = both[1].item<int64_t>();
+    const at::Tensor both = at::stack({lo_t, hi_t}).cpu();
+    const int64_t lo = both.data_ptr<int64_t>()[0], hi = both.data_ptr<int64_t>()[1];
     if (lo < 0 || hi >= vocab) {
       return make_error(ErrorCode::out_of_range, "{}: '{}' holds token id {} outside the vocabulary [0, {})", fn, name,
                         lo < 0 ? lo : hi, vocab);

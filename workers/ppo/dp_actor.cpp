@@ -111,19 +111,6 @@ double LocalTrainableModule::lr() const { return optimizer_ ? lr_ : 0.0; }
 
 // ---- Forward helpers ----------------------------------------------------------------------------
 
-models::HeadRows response_rows(const SequenceBatch& seq) {
-  return {seq.input_ids.size(1) - seq.response_length - 1, seq.response_length};
-}
-
-Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
-                                                       bool remove_padding) {
-  if (!remove_padding) return std::vector<at::Tensor>(micro.batches.size());
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, data.tensor("attention_mask"));
-  std::vector<int64_t> sizes;
-  for (const auto& mb : micro.batches) sizes.push_back(mb.size());
-  return host_masks_of(mask.to(at::kCPU), micro.indices, sizes);
-}
-
 Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
                                    bool remove_padding, const at::Tensor& host_mask) {
   ResponseHead h;

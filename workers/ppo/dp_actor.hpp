@@ -257,9 +257,6 @@ class DataParallelPPOActor {
   algos::PolicyLossFn loss_fn_;
 };
 
-/// The positions whose head output predicts the response tokens: [T-R-1, T-1) of [B, T].
-models::HeadRows response_rows(const SequenceBatch& seq);
-
 /// A forward's head output at the response positions: [B, R, ...] from a padded forward, or
 /// [n, ...] at the packed head positions (use_remove_padding).
 struct ResponseHead {
@@ -278,12 +275,6 @@ struct ResponseHead {
 /// attention mask already on the host, which saves a device read per micro-batch).
 Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
                                    bool remove_padding, const at::Tensor& host_mask = at::Tensor());
-
-/// With `remove_padding`, the host copies of each micro-batch's attention mask, from ONE read of
-/// `data`'s mask (the host waits for the device once per call, not once per micro-batch); else
-/// undefined tensors.
-Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
-                                                       bool remove_padding);
 
 /// The response part of a forward pass (verl's _forward_micro_batch, padded path): log-probs of
 /// `responses` under logits / `temperature`, and the entropy when `calculate_entropy`, in fp32

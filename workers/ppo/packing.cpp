@@ -13,6 +13,8 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   if (host_mask.defined() && host_mask.sizes() != attention_mask.sizes()) {
     return make_error(ErrorCode::internal, "pack_rows: the host mask does not match the attention mask");
   }
+  // Host boundary: the segment offsets and gather indices are host data. A caller's host copy
+  // (micro_batch_host_masks) makes this a no-op; otherwise it is one device read.
   const at::Tensor mask = (host_mask.defined() ? host_mask : attention_mask).ne(0).to(at::kCPU).contiguous();
   const auto m = mask.accessor<bool, 2>();
   auto segments = std::make_shared<models::PackedSegments>();
@@ -46,23 +48,28 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   return p;
 }
 
-Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask) {
-  const int64_t T = seq.input_ids.size(1), R = seq.response_length;
-  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, {T - R - 1, R}, host_mask);
+models::HeadRows response_rows(const SequenceBatch& seq) {
+  return {seq.input_ids.size(1) - seq.response_length - 1, seq.response_length};
 }
 
-std::vector<at::Tensor> host_masks_of(const at::Tensor& host_mask, const std::vector<std::vector<int64_t>>& indices,
-                                      const std::vector<int64_t>& sizes) {
-  std::vector<at::Tensor> out;
-  out.reserve(sizes.size());
+Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask) {
+  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, response_rows(seq), host_mask);
+}
+
+Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
+                                                       bool remove_padding) {
+  std::vector<at::Tensor> out(micro.batches.size());
+  if (!remove_padding) return out;
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, data.tensor("attention_mask"));
+  // Host boundary: packing offsets are host data (the attention loops / cu_seqlens are built from
+  // them), so the mask comes to the host once here, for every micro-batch of the call.
+  const at::Tensor host = mask.to(at::kCPU);
   int64_t offset = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (!indices.empty()) {
-      out.push_back(host_mask.index_select(0, at::tensor(indices[i], at::kLong)));
-    } else {
-      out.push_back(host_mask.narrow(0, offset, sizes[i]));
-      offset += sizes[i];
-    }
+  for (size_t i = 0; i < micro.batches.size(); ++i) {
+    const int64_t rows = micro.batches[i].size();
+    out[i] = micro.indices.empty() ? host.narrow(0, offset, rows)
+                                   : host.index_select(0, at::tensor(micro.indices[i], at::kLong));
+    offset += rows;
   }
   return out;
 }

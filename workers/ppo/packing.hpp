@@ -17,6 +17,7 @@
 #include "proto/status.hpp"
 #include "workers/models/decoder.hpp"
 #include "workers/models/model.hpp"
+#include "workers/ppo/ppo_batching.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 
 namespace tessera::ppo {
@@ -39,14 +40,18 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
                               const at::Tensor& position_ids, models::HeadRows head,
                               const at::Tensor& host_mask = at::Tensor());
 
-/// pack_rows with the PPO window: the positions [T-R-1, T-1) that predict the response tokens.
+/// The positions whose head output predicts the response tokens: [T-R-1, T-1) of [B, T].
+models::HeadRows response_rows(const SequenceBatch& seq);
+
+/// pack_rows with the PPO window (response_rows).
 Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask = at::Tensor());
 
-/// The rows of a micro-batch in the batch it was cut from: micro.indices[i] (dynamic), else
-/// consecutive rows. For reading a host copy of the batch's mask once per call.
-/// REQUIRES: `sizes` are the micro-batches' row counts, in order.
-std::vector<at::Tensor> host_masks_of(const at::Tensor& host_mask, const std::vector<std::vector<int64_t>>& indices,
-                                      const std::vector<int64_t>& sizes);
+/// With `remove_padding`, each micro-batch's attention mask on the host, cut from ONE host copy
+/// of `data`'s mask (micro.indices[i] for dynamic micro-batches, else consecutive rows), so the
+/// host waits for the device once per call rather than once per micro-batch; else one undefined
+/// tensor per micro-batch.
+Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
+                                                       bool remove_padding);
 
 /// `per_response` [B, L, ...] (the window grid) at the packed head positions: [n, ...].
 at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed);

@@ -257,7 +257,9 @@ Result<MicroBatches> rearrange_micro_batches(const proto::DataProto& data, int64
     return make_error(ErrorCode::invalid_argument,
                       "{} = {} must be >= the padded sequence length {}", key, max_token_len, width);
   }
-  at::Tensor lens_t = mask.ne(0).sum(1).to(at::kLong).to(at::kCPU).contiguous();  // read on the host (mask may be on a GPU)
+  // Host boundary, deliberate: the partitioning (Karmarkar-Karp) runs on the host; one read of the
+  // row lengths per call, wherever the mask lives.
+  at::Tensor lens_t = mask.ne(0).sum(1).to(at::kLong).to(at::kCPU).contiguous();
   std::vector<int64_t> lens(lens_t.data_ptr<int64_t>(), lens_t.data_ptr<int64_t>() + rows);
   const int64_t total = std::accumulate(lens.begin(), lens.end(), int64_t{0});
   const int64_t initial = std::max<int64_t>(1, (total + max_token_len - 1) / max_token_len);

@@ -35,8 +35,9 @@ class PendingMetrics {
     for (const auto& [name, t] : values) entries_.emplace_back(name, t);
   }
 
-  // One device-to-host transfer for all of them (after the step's sync, nothing is left to wait
-  // for), appended in the order they were recorded.
+  // Host boundary, deliberate: metrics are host data (the trainer logs them). One device-to-host
+  // transfer for all of them, made after the step's grad-norm read, when nothing is left to wait
+  // for; appended in the order they were recorded.
   void flush(Metrics& metrics) {
     if (entries_.empty()) return;
     std::vector<at::Tensor> values;
