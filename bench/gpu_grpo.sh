@@ -8,7 +8,8 @@
 # (tokenizer.json + tokenizer_config.json). The model has Qwen2.5-0.5B's padded 151936-row
 # vocabulary whatever the tokenizer's size (an odd row count puts the lm_head on unaligned cuBLAS
 # kernels). Workload: 64 prompts x n=8, prompts of ~60 tokens, 256-token responses (ignore_eos),
-# GRPO with the KL loss of examples/grpo_gsm8k.yaml. Writes
+# GRPO with the KL loss of examples/grpo_gsm8k.yaml, with the speed settings a verl user turns on
+# (use_remove_padding=true, rollout.enforce_eager=false: CUDA-graph decode). Writes
 # OUT_DIR/{model,data,run}, OUT_DIR/hf.json and prints Tessera's timing_s/* and perf/* of each
 # step beside HF's phases. Python: the interpreter on PATH, with torch and transformers.
 set -euo pipefail
@@ -41,6 +42,7 @@ python3 "$ROOT/bench/hf_grpo_baseline.py" "$OUT/model" --json "$OUT/hf.json"
   actor_rollout_ref.rollout.ignore_eos=true actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 \
+  actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.rollout.enforce_eager=false \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32 \
   trainer.device=cuda trainer.n_gpus_per_node=1 trainer.val_before_train=false trainer.test_freq=-1 \
   trainer.save_freq=-1 trainer.total_training_steps="$STEPS" trainer.logger=[console,jsonl] \
@@ -50,7 +52,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 hf = json.load(open(sys.argv[2]))
 keys = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
-        "perf/mfu/actor", "perf/max_memory_allocated_gb", "perf/throughput"]
+        "perf/mfu/actor", "perf/max_memory_allocated_gb", "perf/throughput", "rollout/graph_decode_steps",
+        "rollout/kv_cache_gb"]
 print("| step | " + " | ".join(keys) + " |")
 for r in rows:
     print(f"| {r.get('step', '?')} | " + " | ".join(f"{r[k]:.3g}" if k in r else "-" for k in keys) + " |")

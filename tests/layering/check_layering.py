@@ -54,7 +54,7 @@ ALLOWED = {
 }
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
-SOURCE_SUFFIXES = {".hpp", ".h", ".cpp", ".cc", ".cxx"}
+SOURCE_SUFFIXES = {".hpp", ".h", ".cpp", ".cc", ".cxx", ".cu", ".cuh"}
 
 
 def component_of(rel_path: str):

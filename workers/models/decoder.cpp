@@ -108,7 +108,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
 }
 
 // Note [No fully masked query]: a query that sees no key at all sees its own. A left-padding
-// position, or a finished slot of the rollout cache, has all of its keys masked; attention over
+// position, or a row with holes in its KV cache columns, may have all of its keys masked; attention over
 // nothing is NaN in most SDPA kernels, and a NaN that reaches a cached value poisons every later
 // read of that cache (a masked key still costs 0 x NaN). Those positions' outputs are never read,
 // so letting them see themselves changes no result and keeps every value finite; every other
@@ -120,8 +120,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
 // left-padded and then contiguous, so q_idx - kv_idx is the number of the row's tokens in
 // (kv_idx, q_idx]. We count those tokens instead of columns: key s stays visible iff fewer than
 // `window` visible keys lie in (s, q]. On every batch HF builds the two rules agree; the count
-// also stays right where a row's columns have holes (the rollout engine's slot cache, Note [Slot
-// cache layout], admits sequences by advancing a shared cursor, and repack() moves columns).
+// also stays right where a row's columns have holes (a KVCache row may have them, kv_cache.hpp).
 at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, int64_t past_len, int64_t window) {
   int64_t total = past_len + query_len;
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(key_mask.device());
@@ -210,13 +209,16 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
     k = cache->key.narrow(2, 0, cache->past + T);
     v = cache->value.narrow(2, 0, cache->past + T);
   }
+  return output(attend(q, k, v, visible).transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), output_bias);
+}
+
+at::Tensor Attention::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& visible) const {
   // LibTorch's fused attention (flash / memory-efficient on a GPU, the flash CPU kernel on the
   // host); grouped-query heads share their K/V without repeat_kv copies. No fused kernel softcaps.
-  at::Tensor out = softcap_ ? softcapped_attention(q, k, v, visible)
-                            : at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0,
-                                                               /*is_causal=*/false, scaling_,
-                                                               /*enable_gqa=*/num_heads_ != num_kv_heads_);
-  return output(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), output_bias);
+  return softcap_ ? softcapped_attention(q, k, v, visible)
+                  : at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                     scaling_, /*enable_gqa=*/num_heads_ != num_kv_heads_);
 }
 
 // Note [Packed sequences]

@@ -142,9 +142,15 @@ class Attention : public torch::nn::Module {
   at::Tensor values(const at::Tensor& x) const;
   /// o_proj of the attention output [B, T, heads * D] (bias included when `output_bias`).
   at::Tensor output(const at::Tensor& attended, bool output_bias = true) const;
+  /// Attention of queries q [B, heads, T, D] over keys/values [B, kv_heads, S, D] where
+  /// `visible` [B, 1, T, S] (bool) is true, with this layer's scale and softcap: [B, heads, T, D].
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& visible) const;
 
   /// Scores scaled by head_dim^-0.5 with no softcap: what a plain SDPA kernel computes.
   bool plain_scores() const { return plain_scores_; }
+  /// The score scale (head_dim^-0.5; Gemma2: query_pre_attn_scalar^-0.5) and softcap (Gemma2).
+  double scaling() const { return scaling_; }
+  std::optional<double> softcap() const { return softcap_; }
   /// The sliding window of this layer (0: none).
   int64_t window() const { return window_; }
 

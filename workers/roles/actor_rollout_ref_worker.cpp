@@ -294,7 +294,12 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
                                     {"perf/cpu_memory_used_gb", cpu_memory_used_gb()},
                                     // Prefill work done and saved by sharing it between samples of a prompt.
                                     {"rollout/prefill_tokens", stats.prefill_tokens},
-                                    {"rollout/shared_prompt_tokens", stats.shared_prompt_tokens}};
+                                    {"rollout/shared_prompt_tokens", stats.shared_prompt_tokens},
+                                    // The paged KV cache: its size, the prompt blocks held once for
+                                    // several samples, and the decode steps replayed from CUDA graphs.
+                                    {"rollout/kv_cache_gb", static_cast<double>(stats.kv_cache_bytes) / 1e9},
+                                    {"rollout/shared_kv_blocks", stats.shared_kv_blocks},
+                                    {"rollout/graph_decode_steps", stats.graph_replays}};
   return out;
 }
 

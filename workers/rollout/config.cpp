@@ -73,6 +73,17 @@ Status read(const json& v, const std::string& key, std::string& out) {
   return Status();
 }
 
+Status read(const json& v, const std::string& key, std::vector<int64_t>& out) {
+  if (!v.is_array()) return type_error(key, "a list of integers", v);
+  out.clear();
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t x = 0;
+    TESSERA_RETURN_IF_ERROR(read(v[i], fmt::format("{}[{}]", key, i), x));
+    out.push_back(x);
+  }
+  return Status();
+}
+
 template <class T>
 Status read(const json& v, const std::string& key, std::optional<T>& out) {
   T value{};
@@ -194,6 +205,8 @@ const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"batching", set_batching},
     {"placement", set_placement},
     {"split_devices_per_node", set_field<&RolloutConfig::split_devices_per_node, RolloutConfig>},
+    {"kv_block_size", set_field<&RolloutConfig::kv_block_size, RolloutConfig>},
+    {"decode_attention", set_field<&RolloutConfig::decode_attention, RolloutConfig>},
 };
 
 Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
@@ -257,6 +270,9 @@ const KeyRule<RolloutConfig> kRolloutRules[] = {
     {"log_prob_max_token_len_per_gpu", set_field<&RolloutConfig::log_prob_max_token_len_per_gpu, RolloutConfig>},
     {"layered_summon", set_field<&RolloutConfig::layered_summon, RolloutConfig>},
     {"enable_prefix_caching", set_field<&RolloutConfig::enable_prefix_caching, RolloutConfig>},
+    {"enforce_eager", set_field<&RolloutConfig::enforce_eager, RolloutConfig>},
+    {"enable_chunked_prefill", set_field<&RolloutConfig::enable_chunked_prefill, RolloutConfig>},
+    {"cudagraph_capture_sizes", set_field<&RolloutConfig::cudagraph_capture_sizes, RolloutConfig>},
     {"update_weights_bucket_megabytes", set_field<&RolloutConfig::update_weights_bucket_megabytes, RolloutConfig>},
     {"engine_kwargs", set_engine_kwargs},
     {"multi_turn", set_multi_turn},
@@ -271,10 +287,7 @@ const KeyRule<RolloutConfig> kRolloutRules[] = {
     // vLLM/SGLang engine or server settings: no effect on Tessera's engine.
     {"_target_", nullptr},
     {"gpu_memory_utilization", nullptr},
-    {"enforce_eager", nullptr},
-    {"cudagraph_capture_sizes", nullptr},
     {"load_format", nullptr},
-    {"enable_chunked_prefill", nullptr},
     {"disable_log_stats", nullptr},
     {"multi_stage_wake_up", nullptr},
     {"logprobs_mode", nullptr},
@@ -330,6 +343,16 @@ Status validate_rollout_config(const RolloutConfig& c) {
   TESSERA_RETURN_IF_ERROR(positive(c.max_num_batched_tokens, "max_num_batched_tokens"));
   TESSERA_RETURN_IF_ERROR(positive(c.tensor_model_parallel_size, "tensor_model_parallel_size"));
   TESSERA_RETURN_IF_ERROR(positive(c.update_weights_bucket_megabytes, "update_weights_bucket_megabytes"));
+  TESSERA_RETURN_IF_ERROR(positive(c.kv_block_size, "engine_kwargs.tessera.kv_block_size"));
+  if (c.decode_attention != "kernel" && c.decode_attention != "gather") {
+    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.decode_attention='{}': expected kernel|gather",
+                      kPrefix, c.decode_attention);
+  }
+  if (c.cudagraph_capture_sizes) {
+    for (size_t i = 0; i < c.cudagraph_capture_sizes->size(); ++i) {
+      TESSERA_RETURN_IF_ERROR(positive((*c.cudagraph_capture_sizes)[i], fmt::format("cudagraph_capture_sizes[{}]", i).c_str()));
+    }
+  }
   if (c.split_devices_per_node < 0) {
     return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.split_devices_per_node={} must be >= 0",
                       kPrefix, c.split_devices_per_node);

@@ -6,7 +6,7 @@
 //    KV-cache engine (sampling, lengths, slots, dtype, log-probs, ...) or that other Tessera
 //    components read later (log_prob_* for the actor's recompute, layered_summon and
 //    update_weights_bucket_megabytes for the sharding manager) are stored in RolloutConfig.
-//  - Keys that only configure vLLM/SGLang (gpu_memory_utilization, enforce_eager, load_format,
+//  - Keys that only configure vLLM/SGLang (gpu_memory_utilization, load_format,
 //    engine_kwargs.vllm, ...) have no effect here. They are accepted and REPORTED: returned in
 //    ParsedRolloutConfig::ignored_keys (full dotted names) and logged in one info line.
 //  - A feature verl offers that Tessera does not implement is an `unimplemented` error when its
@@ -17,7 +17,8 @@
 //
 // Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
-// colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp).
+// colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
+// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|gather`.
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -74,7 +75,7 @@ struct RolloutConfig {
   int64_t tensor_model_parallel_size = 1;
   bool free_cache_engine = true;   ///< Stored; the KV cache never outlives generate_sequences.
   int64_t max_num_seqs = 1024;     ///< Concurrent sequences (KV-cache slots).
-  int64_t max_num_batched_tokens = 8192;  ///< Prompt tokens (padded) prefilled in one step.
+  int64_t max_num_batched_tokens = 8192;  ///< Prompt tokens (padded) prefilled per forward.
   std::optional<int64_t> max_model_len;   ///< If set, must cover prompt + response length.
   std::optional<uint64_t> seed;           ///< Base of the per-rank sampling seed, if given.
   // Read by other components (the actor's log-prob recompute, the sharding manager).
@@ -86,6 +87,14 @@ struct RolloutConfig {
   /// verl's vLLM switch, here: samples of one prompt admitted together share its prefill
   /// (Note [Shared prompt prefill] in internal/generation_loop.cpp).
   bool enable_prefix_caching = true;
+  /// false: decode steps on a CUDA device replay CUDA graphs (Note [Decode graphs] in
+  /// internal/decode_runner.hpp). verl v0.5's default, true, decodes eagerly.
+  bool enforce_eager = true;
+  /// A prefill over max_num_batched_tokens (padded) runs in chunks of columns, each attending
+  /// to the ones before (a prompt longer than the budget included); false: one forward.
+  bool enable_chunked_prefill = true;
+  /// Batch sizes to capture graphs for (null: powers of two up to max_num_seqs, and that).
+  std::optional<std::vector<int64_t>> cudagraph_capture_sizes;
   int64_t update_weights_bucket_megabytes = 512;
   // engine_kwargs.tessera
   BatchingMode batching = BatchingMode::continuous;
@@ -95,6 +104,11 @@ struct RolloutConfig {
   /// split: rollout ranks per node, on the devices after trainer.n_gpus_per_node's; 0: as many
   /// as trainer.n_gpus_per_node.
   int64_t split_devices_per_node = 0;
+  /// Tokens per block of the paged KV cache (vLLM's block_size; Note [Paged KV cache]).
+  int64_t kv_block_size = 16;
+  /// How decode steps read the paged cache: "kernel" (the paged attention kernel where there is
+  /// one) or "gather" (copy each row's blocks out and run the models' attention).
+  std::string decode_attention = "kernel";
 };
 
 /// The parsed config plus the keys that were accepted but have no effect here.

@@ -3,8 +3,10 @@
 #include "workers/rollout/kv_engine.hpp"
 
 #include <chrono>
+#include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "workers/rollout/contract.hpp"
@@ -30,6 +32,20 @@ Status check_engine_config(const RolloutConfig& config, const StepModel& model) 
                       "actor_rollout_ref.rollout.dtype={} but the model's parameters are {}; hand the engine weights in "
                       "its dtype or set dtype=auto",
                       config.dtype, c10::toString(model.dtype()));
+  }
+  if (!config.enforce_eager && model.device().is_cuda() && model.tensor_parallel_size() > 1) {
+    // The TP all-reduce between layers is not captured: a graph would replay without it.
+    return make_error(ErrorCode::unimplemented,
+                      "actor_rollout_ref.rollout.enforce_eager=false: CUDA graphs need tensor_model_parallel_size=1 "
+                      "(got {}); set enforce_eager=true",
+                      model.tensor_parallel_size());
+  }
+  if (!config.enforce_eager && !model.device().is_cuda()) {
+    static std::once_flag reported;
+    std::call_once(reported, [&] {
+      spdlog::info("rollout.enforce_eager=false: CUDA graphs need a CUDA device; the engine on {} decodes eagerly",
+                   model.device().str());
+    });
   }
   const int64_t context = model.cache_config().max_position_embeddings;
   if (config.prompt_length + config.response_length > context) {
@@ -114,7 +130,12 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   internal::LoopOptions options;
   options.slots = config_.max_num_seqs;
   options.prefill_token_budget = config_.max_num_batched_tokens;
+  options.chunked_prefill = config_.enable_chunked_prefill;
   options.response_length = config_.response_length;
+  options.block_size = config_.kv_block_size;
+  options.kernel_attention = config_.decode_attention == "kernel";
+  options.decode.cuda_graphs = !config_.enforce_eager && model_->device().is_cuda();
+  if (config_.cudagraph_capture_sizes) options.decode.buckets = *config_.cudagraph_capture_sizes;
   options.batching = config_.batching;
   options.share_prompt_prefill = config_.enable_prefix_caching;
   options.ignore_eos = config_.ignore_eos;

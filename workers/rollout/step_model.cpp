@@ -7,25 +7,58 @@
 
 #include "workers/models/decoder.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
+#include "workers/rollout/paged_kv.hpp"
 
 namespace tessera::rollout {
 namespace {
 
-// The decoder's attention (decoder.hpp) for one new token per row: project, norm (Qwen3) and
-// rotate, append K/V to the cache at column `past`, attend over the visible columns with the
-// cache-reading kernel, project out (o_proj bias only with `output_bias`). x [B, 1, hidden];
-// visible [B, >= past + 1] bool with unit column stride.
-at::Tensor decode_attention_block(const models::Attention& attn, const models::ModelConfig& c, const at::Tensor& x,
-                                  const models::RotaryTables& rope, models::KVCache& cache, int64_t layer,
-                                  const at::Tensor& visible, bool output_bias) {
-  const int64_t B = x.size(0), past = cache.length();
+// How a decode step reads the paged cache (internal/decode_attention.hpp).
+enum class PagedRead { cpu_kernel, cuda_kernel, gather };
+
+// The decoder's attention (decoder.hpp) for one new token per row over the paged cache: project,
+// norm (Qwen3) and rotate, write K/V to the rows' slots, attend over each row's context, project
+// out (o_proj bias only with `output_bias`). x [B, 1, hidden]. `visible` [B, 1, 1, M * block_size]
+// is the gathered path's mask.
+at::Tensor paged_attention_block(const models::Attention& attn, const models::ModelConfig& c, const at::Tensor& x,
+                                 const models::RotaryTables& rope, PagedKV& kv, int64_t layer,
+                                 const PagedBatch& batch, PagedRead read, const at::Tensor& visible, bool output_bias) {
+  const int64_t B = x.size(0), KV = c.num_key_value_heads, D = c.head_dim, H = c.num_attention_heads;
+  const auto l = static_cast<size_t>(layer);
   std::pair<at::Tensor, at::Tensor> qk = attn.queries_and_keys(x, rope);
-  at::Tensor v = attn.values(x);
-  cache.key(layer).narrow(2, past, 1).copy_(qk.second);
-  cache.value(layer).narrow(2, past, 1).copy_(v);
-  at::Tensor out = internal::decode_attention(qk.first.reshape({B, c.num_attention_heads, c.head_dim}).contiguous(),
-                                              cache.key(layer), cache.value(layer), visible, past + 1);
-  return attn.output(out.view({B, 1, c.num_attention_heads * c.head_dim}), output_bias);
+  kv.keys[l].view({-1, KV, D}).index_copy_(0, batch.slot_mapping, qk.second.reshape({B, KV, D}));
+  kv.values[l].view({-1, KV, D}).index_copy_(0, batch.slot_mapping, attn.values(x).reshape({B, KV, D}));
+  at::Tensor out;
+  switch (read) {
+    case PagedRead::cpu_kernel:
+      out = internal::paged_decode_attention(qk.first.reshape({B, H, D}).contiguous(), kv.keys[l], kv.values[l],
+                                             batch.block_tables, batch.context_lens, attn.window());
+      break;
+    case PagedRead::cuda_kernel:
+      out = internal::paged_decode_attention_cuda(qk.first.reshape({B, H, D}), kv.keys[l], kv.values[l],
+                                                  batch.block_tables, batch.context_lens, attn.window(),
+                                                  attn.scaling(), attn.softcap().value_or(0.0));
+      break;
+    case PagedRead::gather: {
+      // Gather the rows' blocks into [B, KV, M * block_size, D] and attend with the mask.
+      const int64_t columns = batch.block_tables.size(1) * kv.block_size;
+      const at::Tensor blocks = batch.block_tables.reshape({-1});
+      auto gather = [&](const at::Tensor& pool) {
+        return pool.index_select(0, blocks).view({B, columns, KV, D}).transpose(1, 2);
+      };
+      out = attn.attend(qk.first, gather(kv.keys[l]), gather(kv.values[l]), visible);
+      break;
+    }
+  }
+  return attn.output(out.reshape({B, 1, H * D}), output_bias);
+}
+
+// [B, 1, 1, columns]: position s of row b is visible iff s < len_b and, with a window, s >= len_b - window.
+at::Tensor paged_visibility(const PagedBatch& batch, int64_t columns, int64_t window) {
+  const at::Tensor pos = at::arange(columns, batch.context_lens.options()).unsqueeze(0);
+  const at::Tensor len = batch.context_lens.unsqueeze(1);
+  at::Tensor visible = pos < len;
+  if (window > 0) visible = visible.logical_and(pos >= len - window);
+  return visible.view({len.size(0), 1, 1, columns});
 }
 
 void check_step_inputs(const at::Tensor& ids, const at::Tensor& pos, const models::KVCache& cache,
@@ -74,53 +107,75 @@ at::Tensor CausalLMStepModel::partial_sum(at::Tensor t) const {
   return t;
 }
 
-// DecoderBackbone::forward_step, layer by layer, with the TP reduction points and the decode
-// kernel (see Note [Tensor parallelism seam]).
-at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids,
-                                           models::KVCache& cache, const at::Tensor& cache_mask) {
-  check_step_inputs(input_ids, position_ids, cache, cache_mask);
-  at::NoGradGuard no_grad;
-  const models::ModelConfig& c = model_->config();
+// The decoder's layers with the TP reduction points (see Note [Tensor parallelism seam]);
+// `attention(layer, index, x, output_bias)` is the attention block of each layer.
+at::Tensor CausalLMStepModel::run_layers(at::Tensor h, const AttentionCall& attention) const {
   models::DecoderBackbone& backbone = model_->backbone();
-  const int64_t T = input_ids.size(1), past = cache.length();
-  at::Tensor h = backbone.embed(input_ids);
-  models::RotaryTables rope = models::make_rotary_tables(position_ids, c, h.scalar_type());
   // Under tensor parallelism each rank's o_proj output is a partial sum: its bias (Llama/Qwen3 with
   // attention_bias) is added once, after the reduction (the bias is replicated, tensor_parallel.hpp).
   const bool bias_after_sum = static_cast<bool>(all_reduce_);
-  // The decode kernel computes plain scaled-dot-product scores (no Gemma2 scale or softcap).
-  const bool decode = T == 1 && internal::decode_attention_supported(cache.key(0)) &&
-                      backbone.layers.front()->self_attn->plain_scores();
-  at::Tensor visible, visible_window;
-  if (decode) {
-    visible = cache_mask.scalar_type() == at::kBool && cache_mask.stride(1) == 1 ? cache_mask
-                                                                                  : cache_mask.to(at::kBool).contiguous();
-    if (c.sliding_window) visible_window = models::last_query_window(cache_mask, past + 1, *c.sliding_window);
-  } else {
-    visible = models::attention_visibility(cache_mask.narrow(1, 0, past + T), T, past);
-    visible_window = backbone.window_visibility(cache_mask.narrow(1, 0, past + T), T, past);
-  }
   for (size_t l = 0; l < backbone.layers.size(); ++l) {
     const models::DecoderLayer& layer = *backbone.layers[l];
-    const int64_t li = static_cast<int64_t>(l);
-    const at::Tensor& mask = layer.self_attn->window() > 0 ? visible_window : visible;
-    at::Tensor x = layer.input_layernorm->forward(h);
-    at::Tensor attn;
-    if (decode) {
-      attn = decode_attention_block(*layer.self_attn, c, x, rope, cache, li, mask, !bias_after_sum);
-    } else {
-      models::LayerCacheView view{cache.key(li), cache.value(li), past};
-      attn = layer.self_attn->forward(x, rope, mask, &view, !bias_after_sum);
-    }
-    attn = partial_sum(attn);
+    at::Tensor attn = partial_sum(attention(layer, static_cast<int64_t>(l), layer.input_layernorm->forward(h),
+                                            !bias_after_sum));
     const at::Tensor& o_bias = layer.self_attn->o_proj->bias;
     if (bias_after_sum && o_bias.defined()) attn = attn + o_bias;
     // Gemma2's post-attention / post-feedforward norms act on the reduced sums.
     h = layer.add_attention(h, attn);
     h = layer.add_mlp(h, partial_sum(layer.mlp->forward(layer.mlp_input(h))));
   }
-  cache.advance(T);
   return backbone.norm->forward(h);
+}
+
+// DecoderBackbone::forward_step (prefill), layer by layer.
+at::Tensor CausalLMStepModel::forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                           models::KVCache& cache, const at::Tensor& cache_mask) {
+  check_step_inputs(input_ids, position_ids, cache, cache_mask);
+  at::NoGradGuard no_grad;
+  const models::ModelConfig& c = model_->config();
+  const models::DecoderBackbone& backbone = model_->backbone();
+  const int64_t T = input_ids.size(1), past = cache.length();
+  at::Tensor h = backbone.embed(input_ids);
+  models::RotaryTables rope = models::make_rotary_tables(position_ids, c, h.scalar_type());
+  const at::Tensor visible = models::attention_visibility(cache_mask.narrow(1, 0, past + T), T, past);
+  const at::Tensor visible_window = backbone.window_visibility(cache_mask.narrow(1, 0, past + T), T, past);
+  at::Tensor out = run_layers(h, [&](const models::DecoderLayer& layer, int64_t li, const at::Tensor& x, bool bias) {
+    models::LayerCacheView view{cache.key(li), cache.value(li), past};
+    return layer.self_attn->forward(x, rope, layer.self_attn->window() > 0 ? visible_window : visible, &view, bias);
+  });
+  cache.advance(T);
+  return out;
+}
+
+at::Tensor CausalLMStepModel::decode_step(const at::Tensor& input_ids, const at::Tensor& position_ids, PagedKV& kv,
+                                          const PagedBatch& batch) {
+  at::NoGradGuard no_grad;
+  const models::ModelConfig& c = model_->config();
+  const models::DecoderBackbone& backbone = model_->backbone();
+  at::Tensor h = backbone.embed(input_ids);
+  models::RotaryTables rope = models::make_rotary_tables(position_ids, c, h.scalar_type());
+  // The CPU kernel computes plain scaled-dot-product scores (no Gemma2 scale or softcap); the
+  // CUDA kernel takes the layer's scale and softcap.
+  const at::Tensor& pool = kv.keys.front();
+  PagedRead read = PagedRead::gather;
+  if (kv.use_kernel && internal::paged_decode_attention_supported(pool) &&
+      backbone.layers.front()->self_attn->plain_scores()) {
+    read = PagedRead::cpu_kernel;
+  } else if (kv.use_kernel && internal::paged_decode_attention_cuda_supported(pool)) {
+    read = PagedRead::cuda_kernel;
+  }
+  at::Tensor visible, visible_window;
+  if (read == PagedRead::gather) {
+    const int64_t columns = batch.block_tables.size(1) * kv.block_size;
+    visible = paged_visibility(batch, columns, 0);
+    if (c.sliding_window) visible_window = paged_visibility(batch, columns, *c.sliding_window);
+  }
+  at::Tensor out = run_layers(h, [&](const models::DecoderLayer& layer, int64_t li, const at::Tensor& x, bool bias) {
+    const bool slides = layer.self_attn->window() > 0;
+    return paged_attention_block(*layer.self_attn, c, x, rope, kv, li, batch, read, slides ? visible_window : visible,
+                                 bias);
+  });
+  return out.select(1, 0);
 }
 
 at::Tensor CausalLMStepModel::logits(const at::Tensor& hidden) {

@@ -33,6 +33,11 @@
 #include "workers/models/kv_cache.hpp"
 #include "workers/models/model.hpp"
 #include "workers/models/safetensors.hpp"
+#include "workers/rollout/paged_kv.hpp"
+
+namespace tessera::models {
+class DecoderLayer;
+}  // namespace tessera::models
 
 namespace tessera::rollout {
 
@@ -50,6 +55,12 @@ class StepModel {
   /// states [B, T, hidden]. Runs without autograd.
   virtual at::Tensor forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids,
                                   models::KVCache& cache, const at::Tensor& cache_mask) = 0;
+  /// One decode step over the paged cache (paged_kv.hpp): row b's token input_ids[b, 0] at
+  /// position_ids[b, 0] has its keys/values written to slot batch.slot_mapping[b] and attends to
+  /// its row's context. Returns the final hidden states [B, hidden]. Runs without autograd, with
+  /// no host synchronisation, on tensors of fixed shape, so it can be captured in a CUDA graph.
+  virtual at::Tensor decode_step(const at::Tensor& input_ids, const at::Tensor& position_ids, PagedKV& kv,
+                                 const PagedBatch& batch) = 0;
   /// fp32 logits [N, vocab] for final hidden states [N, hidden].
   virtual at::Tensor logits(const at::Tensor& hidden) = 0;
   /// Makes every parameter alias the tensor of the same HF name (no copy). All names, shapes,
@@ -63,9 +74,10 @@ class StepModel {
 /// argument (in place, or by assigning a new tensor). See the Note.
 using PartialSumHook = std::function<void(at::Tensor& partial_sum)>;
 
-/// The StepModel over a models::CausalLM (shared, not copied). Decode steps (one token per row)
-/// of fp32 models read the KV cache with a dedicated kernel (internal/decode_attention.hpp);
-/// other steps use the models' attention module. Same maths as CausalLM::forward_step.
+/// The StepModel over a models::CausalLM (shared, not copied). Same maths as
+/// CausalLM::forward_step. Decode steps of fp32 models on the CPU read the paged cache with a
+/// dedicated kernel (internal/decode_attention.hpp); elsewhere they gather the rows' blocks and
+/// use the models' attention module.
 class CausalLMStepModel final : public StepModel {
  public:
   /// `all_reduce`: empty for a single rank; otherwise `model` is one of `tp_size` TP ranks'
@@ -78,6 +90,8 @@ class CausalLMStepModel final : public StepModel {
   c10::Device device() const override;
   at::Tensor forward_step(const at::Tensor& input_ids, const at::Tensor& position_ids, models::KVCache& cache,
                           const at::Tensor& cache_mask) override;
+  at::Tensor decode_step(const at::Tensor& input_ids, const at::Tensor& position_ids, PagedKV& kv,
+                         const PagedBatch& batch) override;
   at::Tensor logits(const at::Tensor& hidden) override;
   Status load_weights_by_reference(const models::TensorMap& tensors) override;
   int64_t tensor_parallel_size() const override { return tp_size_; }
@@ -86,7 +100,10 @@ class CausalLMStepModel final : public StepModel {
   models::CausalLM& model() const { return *model_; }
 
  private:
+  using AttentionCall =
+      std::function<at::Tensor(const models::DecoderLayer& layer, int64_t index, const at::Tensor& x, bool output_bias)>;
   at::Tensor partial_sum(at::Tensor t) const;
+  at::Tensor run_layers(at::Tensor h, const AttentionCall& attention) const;
 
   std::shared_ptr<models::CausalLM> model_;
   PartialSumHook all_reduce_;

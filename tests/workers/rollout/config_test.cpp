@@ -55,12 +55,13 @@ TEST(RolloutConfig, AcceptsVerlDefaultsAndReportsIgnoredKeys) {
   EXPECT_EQ(c.log_prob_max_token_len_per_gpu, 16384);
   EXPECT_EQ(c.batching, BatchingMode::continuous);
   const auto& ignored = parsed->ignored_keys;
-  for (const char* key : {"gpu_memory_utilization", "enforce_eager", "load_format", "enable_chunked_prefill",
+  for (const char* key : {"gpu_memory_utilization", "load_format",
                           "disable_log_stats", "multi_stage_wake_up", "engine_kwargs.vllm", "engine_kwargs.sglang",
                           "multi_turn.enable", "multi_turn.format", "agent", "trace", "name"}) {
     EXPECT_TRUE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
-  for (const char* key : {"temperature", "max_num_seqs", "dtype", "val_kwargs", "max_num_batched_tokens"}) {
+  for (const char* key : {"temperature", "max_num_seqs", "dtype", "val_kwargs", "max_num_batched_tokens",
+                          "enforce_eager", "enable_chunked_prefill"}) {
     EXPECT_FALSE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
 }
@@ -75,7 +76,9 @@ TEST(RolloutConfig, ParsesValuesAndTesseraEngineKwargs) {
                       {"seed", 17},
                       {"calculate_log_probs", true},
                       {"val_kwargs", {{"temperature", 0.3}, {"do_sample", true}, {"n", 4}}},
-                      {"engine_kwargs", {{"tessera", {{"batching", "static"}}}}}};
+                      {"enforce_eager", false},
+                      {"cudagraph_capture_sizes", {1, 8, 64}},
+                      {"engine_kwargs", {{"tessera", {{"batching", "static"}, {"kv_block_size", 32}}}}}};
   auto parsed = parse_rollout_config(j);
   ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
   const RolloutConfig& c = parsed->config;
@@ -88,7 +91,17 @@ TEST(RolloutConfig, ParsesValuesAndTesseraEngineKwargs) {
   EXPECT_DOUBLE_EQ(c.val_kwargs.temperature, 0.3);
   EXPECT_EQ(c.val_kwargs.n, 4);
   EXPECT_EQ(c.batching, BatchingMode::static_waves);
+  EXPECT_FALSE(c.enforce_eager);
+  EXPECT_EQ(c.cudagraph_capture_sizes, (std::vector<int64_t>{1, 8, 64}));
+  EXPECT_EQ(c.kv_block_size, 32);
   EXPECT_TRUE(parsed->ignored_keys.empty());
+  EXPECT_TRUE(parse_rollout_config({{"enforce_eager", true}})->config.enforce_eager);
+  auto bad = parse_rollout_config({{"cudagraph_capture_sizes", {4, 0}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cudagraph_capture_sizes[1]=0"), std::string::npos) << bad.status().to_string();
+  bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"kv_block_size", 0}}}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("kv_block_size"), std::string::npos);
   EXPECT_EQ(parse_rollout_config({{"top_k", nullptr}})->config.top_k, -1);  // null keeps the default
 }
 

@@ -8,6 +8,12 @@
 #include <algorithm>
 
 #include "tests/workers/rollout/rollout_test_util.hpp"
+#include "workers/rollout/internal/block_cache.hpp"
+#include "workers/rollout/internal/generation_loop.hpp"
+
+#if TESSERA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace tessera::rollout {
 namespace {
@@ -118,29 +124,26 @@ TEST(KVCacheEngine, SchedulingNeverChangesTheOutput) {
     proto::DataProto reference = testing::generate(*testing::make_engine(model, base, 9), prompts);
     struct Variant {
       BatchingMode mode;
-      int64_t slots, budget;
+      int64_t slots, budget, block_size;
     };
-    for (Variant v : {Variant{BatchingMode::continuous, 3, 64}, Variant{BatchingMode::continuous, 5, 8},
-                      Variant{BatchingMode::static_waves, 4, 16}, Variant{BatchingMode::continuous, 1024, 1}}) {
+    for (Variant v : {Variant{BatchingMode::continuous, 3, 64, 16}, Variant{BatchingMode::continuous, 5, 8, 3},
+                      Variant{BatchingMode::static_waves, 4, 16, 1}, Variant{BatchingMode::continuous, 1024, 1, 4}}) {
       RolloutConfig cfg = base;
       cfg.batching = v.mode;
       cfg.max_num_seqs = v.slots;
       cfg.max_num_batched_tokens = v.budget;
+      cfg.kv_block_size = v.block_size;
       auto engine = testing::make_engine(model, cfg, 9);
       proto::DataProto out = testing::generate(*engine, prompts);
       SCOPED_TRACE(::testing::Message() << "sample=" << sample << " mode=" << to_string(v.mode) << " slots=" << v.slots
-                                        << " budget=" << v.budget);
+                                        << " budget=" << v.budget << " block=" << v.block_size);
       EXPECT_TRUE(get(out, "responses").equal(get(reference, "responses")));
       EXPECT_TRUE(get(out, "attention_mask").equal(get(reference, "attention_mask")));
       EXPECT_LT((get(out, "rollout_log_probs") - get(reference, "rollout_log_probs")).abs().max().item<double>(), 1e-5);
       const GenerationStats& s = engine->last_stats();
-      std::printf("[schedule %s slots=%ld budget=%ld sample=%d] steps=%ld row_steps=%ld admissions=%ld shrinks=%ld "
-                  "defrags=%ld\n",
+      std::printf("[schedule %s slots=%ld budget=%ld sample=%d] steps=%ld row_steps=%ld admissions=%ld blocks=%ld\n",
                   to_string(v.mode), v.slots, v.budget, sample, s.decode_steps, s.decode_row_steps, s.admissions,
-                  s.shrinks, s.defrags);
-      if (v.mode == BatchingMode::continuous && v.slots == 3) {
-        EXPECT_GT(s.defrags, 0);  // 14 prompts through 3 slots outrun the cache capacity
-      }
+                  s.kv_blocks);
     }
     if (!sample) check_against_full_forward(*model, reference, /*greedy=*/true, 1.0);
   }
@@ -222,6 +225,7 @@ TEST(KVCacheEngine, SharedPromptPrefillEqualsPrefillingEveryCopy) {
       cfg.batching = sc.mode;
       cfg.max_num_seqs = sc.slots;
       cfg.max_num_batched_tokens = sc.budget;
+      cfg.kv_block_size = 2;
       cfg.enable_prefix_caching = false;
       auto every = testing::make_engine(model, cfg, 21);
       proto::DataProto want = testing::generate(*every, *repeated);
@@ -236,15 +240,193 @@ TEST(KVCacheEngine, SharedPromptPrefillEqualsPrefillingEveryCopy) {
       const GenerationStats &a = every->last_stats(), &b = shared->last_stats();
       EXPECT_EQ(a.shared_prompt_tokens, 0);
       EXPECT_GT(b.shared_prompt_tokens, 0);
+      EXPECT_EQ(a.shared_kv_blocks, 0);
+      EXPECT_GT(b.shared_kv_blocks, 0);
       EXPECT_EQ(b.prompt_tokens + b.shared_prompt_tokens, a.prompt_tokens);
       if (sc.slots == 64) {  // one admission: each prompt prefilled once, at the common width
         EXPECT_EQ(b.admissions, 1);
         EXPECT_EQ(b.prefill_tokens * n, a.prefill_tokens);
         EXPECT_EQ(b.prompt_tokens, 5 + 3 + 8 + 1 + 6);
+        // n - 1 samples of each prompt reuse its full blocks of 2 tokens: 2 + 1 + 4 + 0 + 3.
+        EXPECT_EQ(b.shared_kv_blocks, (n - 1) * (2 + 1 + 4 + 0 + 3));
       }
       if (sample) EXPECT_FALSE(get(got, "responses")[0].equal(get(got, "responses")[1]));  // samples still differ
     }
   }
+}
+
+// enable_chunked_prefill: a prefill over max_num_batched_tokens runs as several forwards, each
+// chunk of columns attending to the ones before; the output equals one forward per prefill.
+TEST(KVCacheEngine, ChunkedPrefillEqualsOneForward) {
+  auto model = testing::tiny_model(16);
+  proto::DataProto prompts = testing::prompt_batch({8, 3, 7, 1, 8, 5}, kP, 17, nlohmann::json::array({7, 11}));
+  for (bool sample : {false, true}) {
+    RolloutConfig cfg = testing::test_config(/*response_length=*/10);
+    cfg.do_sample = sample;
+    cfg.calculate_log_probs = true;
+    cfg.max_num_seqs = 6;
+    cfg.max_num_batched_tokens = 5;  // under one 8-token prompt: every prefill is chunked
+    cfg.enable_chunked_prefill = false;
+    auto whole = testing::make_engine(model, cfg, 2);
+    proto::DataProto want = testing::generate(*whole, prompts);
+    cfg.enable_chunked_prefill = true;
+    auto chunked = testing::make_engine(model, cfg, 2);
+    proto::DataProto got = testing::generate(*chunked, prompts);
+    EXPECT_TRUE(get(got, "responses").equal(get(want, "responses")));
+    EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-5);
+    const GenerationStats &w = whole->last_stats(), &c = chunked->last_stats();
+    EXPECT_EQ(w.prefill_forwards, w.admissions);
+    EXPECT_GT(c.prefill_forwards, c.admissions);
+    if (!sample) check_against_full_forward(*model, got, /*greedy=*/true, 1.0);
+  }
+}
+
+// Note [Paged KV cache]: samples of one prompt share its full blocks and own a copy of the partial
+// one; every token reads back what the prefill wrote; blocks return to the pool when the last
+// holder goes; appends open a new block at a boundary and padding rows use the scratch block.
+TEST(BlockCache, SharesFullPromptBlocksAndCopiesThePartialOne) {
+  const models::ModelConfig config = testing::tiny_config();
+  const int64_t bs = 4, W = 10;
+  auto cache = internal::BlockCache::create(config, at::kFloat, /*slots=*/5, /*max_length=*/16, bs, at::kCPU);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  const int64_t total = cache->free_blocks();
+  EXPECT_EQ(total, 5 * 4);  // every slot at 16 tokens, plus the scratch block not counted
+  auto prefill = models::KVCache::create(config, {2, W, at::kFloat, at::kCPU});
+  ASSERT_TRUE(prefill.ok());
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  for (int64_t l = 0; l < prefill->num_layers(); ++l) {
+    prefill->key(l).copy_(at::randn(prefill->key(l).sizes(), gen));
+    prefill->value(l).copy_(at::randn(prefill->value(l).sizes(), gen));
+  }
+  // Row 0: a 10-token prompt (2 full blocks + 2 tokens) for slots 0, 1, 2; row 1: 8 tokens (2
+  // full blocks, nothing partial) for slots 3, 4.
+  const std::vector<int64_t> lengths = {10, 8};
+  EXPECT_EQ(cache->admit(*prefill, lengths, {0, 1, 2, 3, 4}, {0, 0, 0, 1, 1}), 2 * 2 + 1 * 2);
+  EXPECT_EQ(cache->free_blocks(), total - (3 + 2 + 2));
+  for (int64_t s : {1, 2}) {
+    EXPECT_EQ(cache->blocks(s)[0], cache->blocks(0)[0]);
+    EXPECT_EQ(cache->blocks(s)[1], cache->blocks(0)[1]);
+    EXPECT_NE(cache->blocks(s)[2], cache->blocks(0)[2]);  // the partial block is each sample's own
+  }
+  EXPECT_EQ(cache->references(cache->blocks(0)[0]), 3);
+  EXPECT_EQ(cache->references(cache->blocks(0)[2]), 1);
+  EXPECT_EQ(cache->blocks(4), cache->blocks(3));
+  for (int64_t slot = 0; slot < 5; ++slot) {
+    const int64_t row = slot < 3 ? 0 : 1, len = lengths[static_cast<size_t>(row)];
+    ASSERT_EQ(cache->length(slot), len);
+    for (int64_t l = 0; l < prefill->num_layers(); ++l) {
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t block = cache->blocks(slot)[static_cast<size_t>(j / bs)];
+        EXPECT_TRUE(cache->kv().keys[l][block][j % bs].equal(prefill->key(l)[row].select(1, W - len + j)));
+        EXPECT_TRUE(cache->kv().values[l][block][j % bs].equal(prefill->value(l)[row].select(1, W - len + j)));
+      }
+    }
+  }
+  // Slot 3 (8 tokens) opens a block; slot 0 (10 tokens) writes into its own partial block.
+  auto [table, width] = cache->append({3, 0}, /*rows=*/4, /*table_width=*/4);
+  ASSERT_EQ(width, 4);
+  ASSERT_EQ(table.sizes(), (std::vector<int64_t>{4, 4 + kStepColumns}));
+  EXPECT_EQ(cache->blocks(3).size(), 3u);
+  EXPECT_EQ(table[0][width + kContextLen].item<int64_t>(), 9);
+  EXPECT_EQ(table[0][width + kSlot].item<int64_t>(), cache->blocks(3)[2] * bs + 0);
+  EXPECT_EQ(table[1][width + kContextLen].item<int64_t>(), 11);
+  EXPECT_EQ(table[1][width + kSlot].item<int64_t>(), cache->blocks(0)[2] * bs + 2);
+  EXPECT_EQ(table[1][3].item<int64_t>(), 0);  // past the row's blocks: the scratch block
+  for (int64_t r : {2, 3}) {                   // padding rows: one token in block 0
+    EXPECT_EQ(table[r][width + kContextLen].item<int64_t>(), 1);
+    EXPECT_EQ(table[r][width + kSlot].item<int64_t>(), 0);
+    EXPECT_EQ(table[r].narrow(0, 0, width).sum().item<int64_t>(), 0);
+  }
+  // Shared blocks stay until their last holder goes.
+  cache->release(0);
+  cache->release(1);
+  EXPECT_EQ(cache->references(cache->blocks(2)[0]), 1);
+  for (int64_t s : {2, 3, 4}) cache->release(s);
+  EXPECT_EQ(cache->free_blocks(), total);
+}
+
+// Note [Decode graphs]: the shapes a graph replays (batches padded to buckets, the widest block
+// table) give the same tokens and log-probs as compact eager steps, sampled and greedy, for any
+// buckets and block size. (The capture itself is a GPU test.)
+TEST(KVCacheEngine, GraphShapedDecodeEqualsCompactDecode) {
+  auto model = testing::tiny_model(13);
+  CausalLMStepModel step(model);
+  std::vector<std::vector<int64_t>> prompts;
+  at::Generator gen = at::detail::createCPUGenerator(4);
+  for (int64_t i = 0; i < 11; ++i) {
+    at::Tensor p = at::randint(3, testing::kVocab, {1 + (i * 3) % 7}, gen);
+    prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+  }
+  for (bool greedy : {true, false}) {
+    internal::LoopOptions base;
+    base.slots = 6;
+    base.prefill_token_budget = 16;
+    base.response_length = 9;
+    base.eos_token_ids = {7, 11, 13};
+    base.want_logprobs = true;
+    base.sampling.greedy = greedy;
+    base.call_seed = 99;
+    base.block_size = 4;
+    GenerationStats compact_stats;
+    auto want = internal::run_generation(step, prompts, base, compact_stats);
+    ASSERT_TRUE(want.ok()) << want.status().to_string();
+    for (std::vector<int64_t> buckets : {std::vector<int64_t>{}, std::vector<int64_t>{2, 5}, std::vector<int64_t>{8}}) {
+      internal::LoopOptions padded = base;
+      padded.decode.static_shapes = true;
+      padded.decode.buckets = buckets;
+      GenerationStats stats;
+      auto got = internal::run_generation(step, prompts, padded, stats);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      SCOPED_TRACE(::testing::Message() << "greedy=" << greedy << " buckets=" << buckets.size());
+      for (size_t r = 0; r < prompts.size(); ++r) {
+        EXPECT_EQ((*got)[r].tokens, (*want)[r].tokens) << "row " << r;
+        ASSERT_EQ((*got)[r].logprobs.size(), (*want)[r].logprobs.size());
+        for (size_t t = 0; t < (*got)[r].logprobs.size(); ++t) {
+          EXPECT_NEAR((*got)[r].logprobs[t], (*want)[r].logprobs[t], 1e-5) << "row " << r << " t " << t;
+        }
+      }
+      EXPECT_EQ(stats.generated_tokens, compact_stats.generated_tokens);
+      EXPECT_GE(stats.decode_row_steps, compact_stats.decode_row_steps);  // padding rows are computed
+    }
+  }
+}
+
+// Graph-captured decode equals eager decode token for token (greedy and sampled, fp32), replays
+// most steps, and leaves the device memory as it found it.
+TEST(KVCacheEngine, OnCudaGraphDecodeEqualsEagerDecode) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  auto allocated = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current; };
+  auto model = testing::tiny_model(14);
+  model->to(at::Device("cuda:0"));
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 24; ++i) lengths.push_back(1 + (i * 5) % kP);
+  proto::DataProto prompts = testing::prompt_batch(lengths, kP, 15, nlohmann::json::array({7, 11, 13}));
+  for (bool sample : {false, true}) {
+    RolloutConfig cfg = testing::test_config(/*response_length=*/20);
+    cfg.do_sample = sample;
+    cfg.calculate_log_probs = true;
+    cfg.max_num_seqs = 16;
+    proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+    cfg.enforce_eager = false;
+    testing::generate(*testing::make_engine(model, cfg, 3), prompts);  // first use: library workspaces
+    auto graphs = testing::make_engine(model, cfg, 3);
+    const int64_t before = allocated();
+    {
+      proto::DataProto got = testing::generate(*graphs, prompts);
+      const GenerationStats& s = graphs->last_stats();
+      std::printf("[graphs sample=%d] captured %ld, replayed %ld of %ld steps\n", sample, s.graphs_captured,
+                  s.graph_replays, s.decode_steps);
+      EXPECT_TRUE(get(got, "responses").to(at::kCPU).equal(get(want, "responses").to(at::kCPU)));
+      EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-4);
+      EXPECT_GT(s.graphs_captured, 0);
+      EXPECT_GT(s.graph_replays, s.decode_steps / 2);
+    }
+    EXPECT_EQ(allocated(), before);  // the cache, the graphs and their pool are gone with the call
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {

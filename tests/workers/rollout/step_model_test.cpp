@@ -1,8 +1,8 @@
-// The engine's model seam: the decode-attention kernel against plain torch attention; the rollout
-// forward against models::CausalLM::forward_step; and the tensor-parallel seam, exercised by two
-// in-process "ranks" (threads) that hold column/row slices and all-reduce through the hook (also
-// for a Qwen3 with q/k/v/o biases and dynamic RoPE: replicated q_norm/k_norm, o_proj bias added
-// once after the sum).
+// The engine's model seam: the paged decode-attention kernel against plain torch attention; the
+// rollout forward (prefill, and decode over the paged cache) against models::CausalLM::forward_step;
+// and the tensor-parallel seam, exercised by two in-process "ranks" (threads) that hold column/row
+// slices and all-reduce through the hook (also for a Qwen3 with q/k/v/o biases and dynamic RoPE:
+// replicated q_norm/k_norm, o_proj bias added once after the sum).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +14,7 @@
 #include "tests/workers/models/model_test_util.hpp"
 #include "tests/workers/rollout/rollout_test_util.hpp"
 #include "workers/models/kv_cache.hpp"
+#include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/step_model.hpp"
 #include "workers/rollout/tensor_parallel.hpp"
@@ -23,39 +24,90 @@ namespace {
 
 using testing::get;
 
-// softmax(q k^T / sqrt(D)) v with masked columns at the lowest float, as decoder.cpp computes it.
-at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                               const at::Tensor& visible, int64_t columns) {
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), groups = H / keys.size(1);
-  at::Tensor k = keys.narrow(2, 0, columns).repeat_interleave(groups, 1);
-  at::Tensor v = values.narrow(2, 0, columns).repeat_interleave(groups, 1);
-  at::Tensor scores = at::matmul(q.unsqueeze(2), k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
-  at::Tensor seen = visible.narrow(1, 0, columns).view({B, 1, 1, columns});
-  scores = scores.masked_fill(seen.logical_not(), std::numeric_limits<float>::lowest());
-  return at::matmul(at::softmax(scores, -1), v).reshape({B, H * D});
+// softmax(q k^T / sqrt(D)) v over positions [max(0, len - window), len) of each row, gathered
+// from the block pools position by position.
+at::Tensor reference_paged_attention(const at::Tensor& q, const at::Tensor& key_pool, const at::Tensor& value_pool,
+                                     const at::Tensor& tables, const at::Tensor& lens, int64_t window,
+                                     double softcap = 0) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), bs = key_pool.size(1), groups = H / key_pool.size(2);
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lens[b].item<int64_t>(), first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    std::vector<at::Tensor> ks, vs;
+    for (int64_t s = first; s < len; ++s) {
+      const int64_t block = tables[b][s / bs].item<int64_t>();
+      ks.push_back(key_pool[block][s % bs]);  // [KV, D]
+      vs.push_back(value_pool[block][s % bs]);
+    }
+    at::Tensor k = at::stack(ks, 1).repeat_interleave(groups, 0), v = at::stack(vs, 1).repeat_interleave(groups, 0);
+    at::Tensor scores = at::matmul(q[b].unsqueeze(1), k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
+    if (softcap > 0) scores = at::tanh(scores / softcap) * softcap;
+    rows.push_back(at::matmul(at::softmax(scores, -1), v).reshape({H * D}));
+  }
+  return at::stack(rows);
 }
 
-TEST(DecodeAttention, MatchesTorchAttention) {
+TEST(DecodeAttention, PagedKernelMatchesTorchAttention) {
   at::Generator gen = at::detail::createCPUGenerator(5);
   struct Shape {
-    int64_t B, H, KV, D, capacity, columns;
+    int64_t B, H, KV, D, block_size, window;
   };
-  for (Shape s : {Shape{3, 4, 2, 8, 20, 13}, Shape{2, 8, 8, 64, 40, 40}, Shape{2, 2, 1, 128, 9, 5},
-                  Shape{4, 3, 3, 6, 10, 7}}) {  // GQA, MHA, two 64-lane chunks, D % 8 != 0 (scalar path)
+  // GQA, MHA, two 64-lane chunks, D % 8 != 0 (scalar path), a sliding window, one-token blocks.
+  for (Shape s : {Shape{3, 4, 2, 8, 4, 0}, Shape{2, 8, 8, 64, 16, 0}, Shape{2, 2, 1, 128, 3, 0},
+                  Shape{4, 3, 3, 6, 2, 0}, Shape{3, 4, 2, 8, 4, 5}, Shape{2, 4, 2, 8, 1, 0}}) {
+    const int64_t blocks = 24, width = 6;
     at::Tensor q = at::randn({s.B, s.H, s.D}, gen);
-    at::Tensor keys = at::randn({s.B, s.KV, s.capacity, s.D}, gen), values = at::randn({s.B, s.KV, s.capacity, s.D}, gen);
-    at::Tensor visible = at::rand({s.B, s.capacity}, gen).lt(0.7);
-    visible[0].narrow(0, 0, s.columns).fill_(false);  // row 0 sees nothing: zeros, not NaN
-    visible[1][s.columns - 1] = true;
-    ASSERT_TRUE(internal::decode_attention_supported(keys));
-    at::Tensor got = internal::decode_attention(q, keys, values, visible, s.columns);
-    at::Tensor want = reference_attention(q, keys, values, visible, s.columns);
-    double diff = (got.narrow(0, 1, s.B - 1) - want.narrow(0, 1, s.B - 1)).abs().max().item<double>();
-    std::printf("[decode attention B=%ld H=%ld KV=%ld D=%ld S=%ld] max diff %.3g\n", s.B, s.H, s.KV, s.D, s.columns, diff);
+    at::Tensor keys = at::randn({blocks, s.block_size, s.KV, s.D}, gen);
+    at::Tensor values = at::randn({blocks, s.block_size, s.KV, s.D}, gen);
+    // Each row's blocks are a random distinct choice; its length leaves the last block partial.
+    at::Tensor tables = at::randperm(blocks, gen).narrow(0, 0, s.B * width).view({s.B, width}).contiguous();
+    at::Tensor lens = at::randint(1, width * s.block_size + 1, {s.B}, gen);
+    lens[0] = width * s.block_size;
+    ASSERT_TRUE(internal::paged_decode_attention_supported(keys));
+    at::Tensor got = internal::paged_decode_attention(q, keys, values, tables, lens, s.window);
+    at::Tensor want = reference_paged_attention(q, keys, values, tables, lens, s.window);
+    const double diff = (got - want).abs().max().item<double>();
+    std::printf("[paged attention B=%ld H=%ld KV=%ld D=%ld bs=%ld window=%ld] max diff %.3g\n", s.B, s.H, s.KV, s.D,
+                s.block_size, s.window, diff);
     EXPECT_LT(diff, 1e-5);
-    EXPECT_TRUE(got[0].eq(0).all().item<bool>());
   }
-  EXPECT_FALSE(internal::decode_attention_supported(at::zeros({1, 1, 4, 8}, at::kBFloat16)));
+  EXPECT_FALSE(internal::paged_decode_attention_supported(at::zeros({2, 4, 1, 8}, at::kBFloat16)));
+}
+
+// The CUDA kernel (cuda/paged_attention.hpp) against the same reference, in every dtype it
+// takes, with GQA, windows, a softcap, head sizes that are and are not multiples of 32, one-token
+// and 16-token blocks; and its self-check passes (Note [Kernel self-check]).
+TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const at::Device cuda("cuda:0");
+  at::Generator gen = at::detail::createCPUGenerator(6);
+  struct Shape {
+    int64_t B, H, KV, D, block_size, window;
+    double softcap;
+  };
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (Shape s : {Shape{3, 14, 2, 64, 16, 0, 0}, Shape{2, 8, 8, 128, 4, 0, 0}, Shape{4, 4, 2, 80, 1, 0, 0},
+                    Shape{3, 4, 2, 64, 16, 7, 0}, Shape{2, 4, 4, 32, 2, 0, 30.0}, Shape{2, 4, 2, 256, 16, 0, 0}}) {
+      const int64_t blocks = 40, width = 6;
+      at::Tensor q = at::randn({s.B, s.H, s.D}, gen).to(dtype);
+      at::Tensor keys = at::randn({blocks, s.block_size, s.KV, s.D}, gen).to(dtype);
+      at::Tensor values = at::randn({blocks, s.block_size, s.KV, s.D}, gen).to(dtype);
+      at::Tensor tables = at::randperm(blocks, gen).narrow(0, 0, s.B * width).view({s.B, width}).contiguous();
+      at::Tensor lens = at::randint(1, width * s.block_size + 1, {s.B}, gen);
+      lens[0] = width * s.block_size;
+      at::Tensor got = internal::paged_decode_attention_cuda(q.to(cuda), keys.to(cuda), values.to(cuda), tables.to(cuda),
+                                                             lens.to(cuda), s.window, 1.0 / std::sqrt(double(s.D)),
+                                                             s.softcap);
+      at::Tensor want = reference_paged_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), tables,
+                                                  lens, s.window, s.softcap);
+      const double diff = (got.to(at::kCPU).to(at::kFloat) - want).abs().max().item<double>();
+      std::printf("[cuda paged attention %s H=%ld KV=%ld D=%ld bs=%ld window=%ld softcap=%g] max diff %.3g\n",
+                  c10::toString(dtype), s.H, s.KV, s.D, s.block_size, s.window, s.softcap, diff);
+      EXPECT_LT(diff, dtype == at::kFloat ? 1e-5 : 2e-2);
+    }
+    Status check = internal::check_paged_decode_attention_cuda(cuda, dtype);
+    EXPECT_TRUE(check.ok()) << check.to_string();
+  }
 }
 
 // The rollout forward (prefill + decode steps, with holes in the mask) equals CausalLM::forward_step.
@@ -157,20 +209,48 @@ std::shared_ptr<models::CausalLM> qwen3_model(uint64_t seed) {
 
 // Prefill 5 columns (row 0 left-padded, a hole in row 2), then 4 decode steps: positions reach 8,
 // past max_position_embeddings. Returns each call's logits; the inputs depend only on `seed`.
-std::vector<at::Tensor> run_steps(StepModel& step, uint64_t seed) {
+std::vector<at::Tensor> run_steps(StepModel& step, uint64_t seed, bool hole = true) {
   const int64_t B = 3, P = 5, steps = 4, cap = P + steps + 2;
   auto cache = models::KVCache::create(step.cache_config(), {B, cap, at::kFloat, at::kCPU});
   EXPECT_TRUE(cache.ok()) << cache.status().to_string();
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor mask = at::ones({B, cap}, at::kLong);
   mask[0].narrow(0, 0, 3).fill_(0);
-  mask[2][P + 1] = 0;
+  if (hole) mask[2][P + 1] = 0;
   at::Tensor ids = at::randint(0, testing::kVocab, {B, P}, gen), pos = (mask.narrow(1, 0, P).cumsum(1) - 1).clamp_min(0);
   std::vector<at::Tensor> out;
   for (int64_t t = 0; t <= steps; ++t) {
     out.push_back(step.logits(step.forward_step(ids, pos, *cache, mask)));
     ids = at::randint(0, testing::kVocab, {B, 1}, gen);
     pos = pos.narrow(1, pos.size(1) - 1, 1) + 1;
+  }
+  return out;
+}
+
+// run_steps(step, seed, /*hole=*/false) through the paged cache: the same prefill, copied into
+// blocks of `block_size`, then the decode steps by decode_step. `padded` runs them as a graph
+// would: 5 rows (2 padding) and the widest block table.
+std::vector<at::Tensor> run_paged_steps(StepModel& step, uint64_t seed, int64_t block_size, bool padded) {
+  const int64_t B = 3, P = 5, steps = 4;
+  auto cache = internal::BlockCache::create(step.cache_config(), at::kFloat, B, P + steps, block_size, at::kCPU);
+  auto prefill = models::KVCache::create(step.cache_config(), {B, P, at::kFloat, at::kCPU});
+  EXPECT_TRUE(cache.ok() && prefill.ok());
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Tensor mask = at::ones({B, P}, at::kLong);
+  mask[0].narrow(0, 0, 3).fill_(0);
+  at::Tensor ids = at::randint(0, testing::kVocab, {B, P}, gen), pos = (mask.cumsum(1) - 1).clamp_min(0);
+  std::vector<at::Tensor> out{step.logits(step.forward_step(ids, pos, *prefill, mask))};
+  cache->admit(*prefill, {2, P, P}, {0, 1, 2}, {0, 1, 2});
+  const int64_t rows = padded ? 5 : B, width = padded ? (P + steps + block_size - 1) / block_size : 0;
+  for (int64_t t = 1; t <= steps; ++t) {
+    ids = at::randint(0, testing::kVocab, {B, 1}, gen);
+    pos = pos.narrow(1, pos.size(1) - 1, 1) + 1;
+    auto [table, w] = cache->append({0, 1, 2}, rows, width);
+    table.narrow(0, 0, B).select(1, w + kTokenId).copy_(ids.squeeze(1));
+    table.narrow(0, 0, B).select(1, w + kPosition).copy_(pos.squeeze(1));
+    StepInputs in = step_inputs(table, w);
+    out.push_back(step.logits(step.decode_step(in.input_ids, in.position_ids, cache->kv(), in.batch))
+                      .narrow(0, 0, B).unsqueeze(1));
   }
   return out;
 }
@@ -193,6 +273,9 @@ void expect_rollout_forward_like_models(const std::shared_ptr<models::CausalLM>&
                             const at::Tensor& mask) override {
       return model->forward_step(ids, pos, cache, mask);  // already logits
     }
+    at::Tensor decode_step(const at::Tensor&, const at::Tensor&, PagedKV&, const PagedBatch&) override {
+      TORCH_CHECK(false, "the reference decodes through forward_step");
+    }
     at::Tensor logits(const at::Tensor& already_logits) override { return already_logits; }
     Status load_weights_by_reference(const models::TensorMap&) override { return Status(); }
     std::shared_ptr<models::CausalLM> model;
@@ -203,6 +286,16 @@ void expect_rollout_forward_like_models(const std::shared_ptr<models::CausalLM>&
   const double single_diff = max_diff(run_steps(single, 5), want);
   std::printf("[rollout forward %s] max |logits - models forward_step| = %.3g\n", label.c_str(), single_diff);
   EXPECT_LT(single_diff, 1e-5);
+  // The paged decode (kernel or gathered attention, compact or padded like a graph) equals it too.
+  const std::vector<at::Tensor> want_paged = run_steps(reference, 5, /*hole=*/false);
+  for (int64_t block_size : {1, 2, 16}) {
+    for (bool padded : {false, true}) {
+      const double d = max_diff(run_paged_steps(single, 5, block_size, padded), want_paged);
+      std::printf("[paged decode %s bs=%ld padded=%d] max |logits - models forward_step| = %.3g\n", label.c_str(),
+                  block_size, padded, d);
+      EXPECT_LT(d, 1e-5);
+    }
+  }
   // Two TP ranks cut with the production split (tp_split_of / tp_slice / tp_rank_config).
   ThreadAllReduce all_reduce(2);
   std::vector<std::unique_ptr<CausalLMStepModel>> ranks;
@@ -225,6 +318,11 @@ void expect_rollout_forward_like_models(const std::shared_ptr<models::CausalLM>&
   std::vector<std::thread> threads;
   for (size_t r = 0; r < 2; ++r) threads.emplace_back([&, r] { outputs[r] = run_steps(*ranks[r], 5); });
   for (auto& t : threads) t.join();
+  std::vector<std::vector<at::Tensor>> paged(2);
+  threads.clear();
+  for (size_t r = 0; r < 2; ++r) threads.emplace_back([&, r] { paged[r] = run_paged_steps(*ranks[r], 5, 2, true); });
+  for (auto& t : threads) t.join();
+  for (size_t r = 0; r < 2; ++r) EXPECT_LT(max_diff(paged[r], want_paged), 1e-5) << "paged TP rank " << r;
   for (size_t r = 0; r < 2; ++r) {
     const double d = max_diff(outputs[r], want);
     std::printf("[rollout TP rank %zu %s] max |logits - unsplit| = %.3g\n", r, label.c_str(), d);

@@ -1,39 +1,39 @@
 // generation_loop.cpp: the per-call scheduler. The loop is
 //
 //   while prompts are pending or rows are in flight:
-//     start a cache if needed (once for continuous batching, once per wave for static)
 //     admit pending prompts into free slots (one batched prefill; samples their first token)
-//     repack the cache if finished slots can no longer be refilled, or if it is full
-//     one batched decode step for all slots; sample for the live ones; free finished slots
+//     one batched decode step for the live slots; sample; free the blocks of finished rows
 //
-// Note [Cache capacity]
-// A sequence of prompt length l occupies at most l + R - 1 columns (its last token is sampled,
-// never fed). A wave's cache therefore needs W + R columns (W = the longest prompt). With
-// continuous batching the shared cursor also advances while slots are refilled, so the cache gets
-// 50% slack and is defragmented (repacked in place) when the cursor reaches the capacity: after a
-// repack the cursor is at most W + R - 1, so each repack buys at least (W + R) / 2 steps.
+// The KV cache is paged (Note [Paged KV cache] in paged_kv.hpp) and sized once per call for
+// every slot at its longest (longest prompt + response_length tokens), so an admission never
+// waits for memory and a finished row's blocks go straight back to the pool. A decode step
+// computes the live rows only: there are no idle slots to carry and no columns to compact.
 //
 // Note [Shared prompt prefill]
 // GRPO asks for n samples of each prompt (the trainer repeats rows, interleaved), so an admission
 // usually holds each prompt n times. With rollout.enable_prefix_caching (verl's default, true)
-// an admission prefills each distinct prompt once and copies its K/V into the slots of all its
-// samples; each sample then decodes on its own, with its own random stream. The result equals
-// prefilling every copy (the same rows of the same computation), at 1/n of the prefill FLOPs;
-// GenerationStats::shared_prompt_tokens counts the prompt tokens whose prefill was saved. The
-// K/V bytes are still copied per slot (the slot cache has no shared blocks).
+// an admission prefills each distinct prompt once; its samples share the prompt's full KV blocks
+// and each gets a copy of the last, partial one (copy-on-write at the first divergent block).
+// Each sample then decodes on its own, with its own random stream. The result equals prefilling
+// every copy (the same rows of the same computation) at 1/n of the prefill FLOPs;
+// GenerationStats::shared_prompt_tokens counts the prompt tokens whose prefill was saved and
+// shared_kv_blocks the blocks that were not duplicated.
 #include "workers/rollout/internal/generation_loop.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include <time.h>
 
 #include <torch/torch.h>
 
-#include "workers/rollout/internal/slot_cache.hpp"
+#include "workers/rollout/internal/block_cache.hpp"
+#include "workers/rollout/internal/decode_attention.hpp"
+#include "workers/rollout/internal/decode_runner.hpp"
 
 namespace tessera::rollout::internal {
 namespace {
@@ -49,9 +49,6 @@ double process_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// Repack (shrink) once idle slots that cannot be refilled reach this fraction of the batch.
-constexpr int64_t kShrinkDivisor = 8;
-
 class GenerationLoop {
  public:
   GenerationLoop(StepModel& model, const std::vector<std::vector<int64_t>>& prompts, const LoopOptions& options,
@@ -65,8 +62,8 @@ class GenerationLoop {
   }
 
   Status run() {
+    if (!pending_.empty()) TESSERA_RETURN_IF_ERROR(start_cache());
     while (!pending_.empty() || live_count() > 0) {
-      if (needs_new_cache()) TESSERA_RETURN_IF_ERROR(start_cache());
       if (!pending_.empty() && accepting()) {
         // One prefill per step keeps continuous batching within the token budget; a static wave
         // fills all of its slots (in budget-sized prefills) before decoding starts.
@@ -74,36 +71,41 @@ class GenerationLoop {
           TESSERA_RETURN_IF_ERROR(admit());
         } while (!continuous() && !pending_.empty() && live_count() < cache_->slots());
       }
-      if (live_count() == 0) continue;
-      TESSERA_RETURN_IF_ERROR(maybe_repack());
-      decode_step();
+      if (live_count() > 0) decode_step();
     }
     return Status();
   }
 
   std::vector<GeneratedRow> take_rows() { return std::move(rows_); }
+  void count_graphs() {
+    if (!runner_) return;
+    stats_.graph_replays = runner_->replayed_steps();
+    stats_.graphs_captured = runner_->captured_graphs();
+  }
 
  private:
   bool continuous() const { return options_.batching == BatchingMode::continuous; }
-  bool can_refill() const { return continuous() && !pending_.empty(); }
   bool accepting() const { return continuous() || live_count() == 0; }
-  bool needs_new_cache() const {
-    return !pending_.empty() && (!cache_ || (!continuous() && live_count() == 0));
-  }
 
   int64_t live_count() const {
     return static_cast<int64_t>(std::count_if(slot_row_.begin(), slot_row_.end(), [](int64_t r) { return r >= 0; }));
   }
 
-  // Note [Cache capacity].
+  // A sequence holds at most its prompt + response_length - 1 tokens (the last one is sampled,
+  // never fed); the pools hold every slot at the longest such length.
   Status start_cache() {
-    const int64_t need = longest_prompt_ + options_.response_length;
-    const int64_t capacity = continuous() ? need + need / 2 : need;
     const int64_t slots = std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
-    TESSERA_ASSIGN_OR_RETURN(SlotCache cache, SlotCache::create(model_.cache_config(), model_.dtype(), slots, capacity,
-                                                                model_.device()));
+    TESSERA_ASSIGN_OR_RETURN(BlockCache cache,
+                             BlockCache::create(model_.cache_config(), model_.dtype(), slots,
+                                                longest_prompt_ + options_.response_length, options_.block_size,
+                                                model_.device()));
     cache_.emplace(std::move(cache));
+    cache_->kv().use_kernel = options_.kernel_attention;
+    runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_prompt_ + options_.response_length,
+                                             options_.decode);
     slot_row_.assign(static_cast<size_t>(slots), -1);
+    stats_.kv_blocks = cache_->kv().num_blocks();
+    stats_.kv_cache_bytes = cache_->kv().bytes();
     return Status();
   }
 
@@ -180,13 +182,23 @@ class GenerationLoop {
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
                                                                           {d, W, model_.dtype(), device}));
-    at::Tensor hidden = model_.forward_step(ids, pos, tmp, mask);
-    at::Tensor logits = model_.logits(hidden.select(1, W - 1));
+    // Chunked prefill: at most prefill_token_budget padded tokens per forward, each chunk
+    // attending to the columns before it in `tmp` (a single prompt longer than the budget too).
+    const int64_t chunk = options_.chunked_prefill ? std::max<int64_t>(1, options_.prefill_token_budget / d) : W;
+    at::Tensor last;
+    for (int64_t c0 = 0; c0 < W; c0 += chunk) {
+      const int64_t c = std::min(chunk, W - c0);
+      last = model_.forward_step(ids.narrow(1, c0, c), pos.narrow(1, c0, c), tmp, mask).select(1, c - 1);
+      stats_.prefill_forwards += 1;
+    }
+    at::Tensor logits = model_.logits(last);
     std::vector<int64_t> slots(free.begin(), free.begin() + k);
     if (d < k) {  // some slots share a prefilled row: each slot takes its source row's logits
       logits = logits.index_select(0, at::tensor(a.source, at::kLong).to(device, /*non_blocking=*/true));
     }
-    cache_->insert(tmp, mask, slots, a.source);
+    std::vector<int64_t> lengths;
+    for (int64_t row : a.distinct) lengths.push_back(static_cast<int64_t>(prompts_[static_cast<size_t>(row)].size()));
+    stats_.shared_kv_blocks += cache_->admit(tmp, lengths, slots, a.source);
     for (int64_t i = 0; i < k; ++i) {
       const int64_t row = a.taken[static_cast<size_t>(i)];
       slot_row_[static_cast<size_t>(slots[static_cast<size_t>(i)])] = row;
@@ -200,60 +212,23 @@ class GenerationLoop {
     return Status();
   }
 
-  // Shrinks finished slots away when they cannot be refilled; defragments a full cache.
-  Status maybe_repack() {
-    const int64_t slots = cache_->slots(), live = live_count();
-    std::vector<int64_t> keep;
-    const bool shrink = !can_refill() && live < slots && (slots - live) * kShrinkDivisor >= slots;
-    if (shrink) {
-      for (int64_t s = 0; s < slots; ++s) {
-        if (slot_row_[static_cast<size_t>(s)] >= 0) keep.push_back(s);
-      }
-    } else if (cache_->length() >= cache_->capacity()) {
-      for (int64_t s = 0; s < slots; ++s) keep.push_back(s);
-    } else {
-      return Status();
-    }
-    TESSERA_ASSIGN_OR_RETURN(SlotCache packed, cache_->repack(keep));
-    std::vector<int64_t> rows;
-    for (int64_t s : keep) rows.push_back(slot_row_[static_cast<size_t>(s)]);
-    cache_.emplace(std::move(packed));
-    slot_row_ = std::move(rows);
-    (shrink ? stats_.shrinks : stats_.defrags) += 1;
-    return Status();
-  }
-
   // Feeds every live row its last token and samples the next one.
   void decode_step() {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
-    const int64_t S = cache_->slots();
-    at::Tensor ids = at::zeros({S, 1}, at::kLong), pos = at::zeros({S, 1}, at::kLong);
-    at::Tensor live = at::zeros({S}, at::kBool);
-    auto id = ids.accessor<int64_t, 2>();
-    auto ps = pos.accessor<int64_t, 2>();
-    auto lv = live.accessor<bool, 1>();
-    std::vector<int64_t> live_slots;
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t row = slot_row_[static_cast<size_t>(s)];
+    std::vector<int64_t> live_slots, tokens, positions;
+    for (size_t s = 0; s < slot_row_.size(); ++s) {
+      const int64_t row = slot_row_[s];
       if (row < 0) continue;
-      const auto& tokens = rows_[static_cast<size_t>(row)].tokens;
-      id[s][0] = tokens.back();
-      ps[s][0] = static_cast<int64_t>(prompts_[static_cast<size_t>(row)].size() + tokens.size()) - 1;
-      lv[s] = true;
-      live_slots.push_back(s);
+      const auto& generated = rows_[static_cast<size_t>(row)].tokens;
+      live_slots.push_back(static_cast<int64_t>(s));
+      tokens.push_back(generated.back());
+      positions.push_back(static_cast<int64_t>(prompts_[static_cast<size_t>(row)].size() + generated.size()) - 1);
     }
-    // The step's inputs are made on the host and copied up in one go each (no device reads).
-    const c10::Device device = model_.device();
-    cache_->open_column(live.to(device, /*non_blocking=*/true));
-    at::Tensor hidden = model_.forward_step(ids.to(device, /*non_blocking=*/true), pos.to(device, /*non_blocking=*/true),
-                                            cache_->kv(), cache_->mask()).select(1, 0);
-    if (static_cast<int64_t>(live_slots.size()) < S) {
-      hidden = hidden.index_select(0, at::tensor(live_slots, at::kLong).to(device, /*non_blocking=*/true));
-    }
+    at::Tensor hidden = runner_->step(live_slots, tokens, positions);
     sample_and_record(model_.logits(hidden), live_slots);
     stats_.decode_steps += 1;
-    stats_.decode_row_steps += S;
+    stats_.decode_row_steps += runner_->last_rows();
     stats_.decode_seconds += seconds_since(t0);
     stats_.decode_cpu_seconds += process_cpu_seconds() - cpu0;
   }
@@ -281,7 +256,7 @@ class GenerationLoop {
       stats_.generated_tokens += 1;
       if (finished(row, token)) {
         slot_row_[static_cast<size_t>(slot)] = -1;
-        cache_->clear(slot);
+        cache_->release(slot);
       }
     }
   }
@@ -300,7 +275,8 @@ class GenerationLoop {
   std::vector<GeneratedRow> rows_;
   std::vector<std::optional<RowRng>> rngs_;
   std::deque<int64_t> pending_;
-  std::optional<SlotCache> cache_;
+  std::optional<BlockCache> cache_;
+  std::unique_ptr<DecodeRunner> runner_;  ///< Over cache_ (declared after it: destroyed first).
   std::vector<int64_t> slot_row_;  ///< Prompt index per slot; -1 when the slot is free.
   int64_t longest_prompt_ = 0;
 };
@@ -310,8 +286,16 @@ class GenerationLoop {
 Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::vector<std::vector<int64_t>>& prompts,
                                                  const LoopOptions& options, GenerationStats& stats) {
   at::NoGradGuard no_grad;
+  if (options.kernel_attention && model.device().is_cuda()) {  // Note [Kernel self-check]
+    const at::Tensor pool = at::empty({1, 1, 1, model.cache_config().head_dim},
+                                      at::TensorOptions(model.dtype()).device(model.device()));
+    if (paged_decode_attention_cuda_supported(pool)) {
+      TESSERA_RETURN_IF_ERROR(check_paged_decode_attention_cuda(model.device(), model.dtype()));
+    }
+  }
   GenerationLoop loop(model, prompts, options, stats);
   TESSERA_RETURN_IF_ERROR(loop.run());
+  loop.count_graphs();
   stats.rows = static_cast<int64_t>(prompts.size());
   return loop.take_rows();
 }

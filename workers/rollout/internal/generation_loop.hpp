@@ -1,6 +1,6 @@
 // generation_loop.hpp (internal): the scheduler of one generate_sequences call: admission and
 // prefill, batched decode steps, finishing, slot refill (continuous batching) or waves (static),
-// and repacking. kv_engine.hpp describes the behaviour; slot_cache.hpp the cache layout.
+// kv_engine.hpp describes the behaviour; paged_kv.hpp the cache layout.
 //
 // Thread-safety: one thread. Throws c10::Error only if the model does (the engine converts).
 #pragma once
@@ -12,6 +12,7 @@
 #include "workers/rollout/config.hpp"
 #include "workers/rollout/contract.hpp"
 #include "workers/rollout/engine.hpp"
+#include "workers/rollout/internal/decode_runner.hpp"
 #include "workers/rollout/sampling.hpp"
 #include "workers/rollout/step_model.hpp"
 
@@ -21,13 +22,17 @@ namespace tessera::rollout::internal {
 struct LoopOptions {
   int64_t slots = 1;                  ///< max_num_seqs.
   int64_t prefill_token_budget = 1;   ///< max_num_batched_tokens (padded tokens per prefill).
+  bool chunked_prefill = true;        ///< enable_chunked_prefill: split a prefill over the budget.
   int64_t response_length = 1;
+  int64_t block_size = 16;            ///< Tokens per KV block (Note [Paged KV cache]).
+  bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel).
   BatchingMode batching = BatchingMode::continuous;
   bool share_prompt_prefill = true;   ///< Note [Shared prompt prefill] (rollout.enable_prefix_caching).
   bool ignore_eos = false;
   bool want_logprobs = false;
   std::vector<int64_t> eos_token_ids;
   SamplingParams sampling;
+  DecodeOptions decode;               ///< Eager or CUDA graphs (Note [Decode graphs]).
   uint64_t call_seed = 0;             ///< Row r samples from RowRng(row_seed(call_seed, r)).
 };
 

@@ -1,0 +1,43 @@
+// paged_attention.hpp: the CUDA kernel of single-token attention over the paged KV cache (Note
+// [Paged KV cache] in ../paged_kv.hpp), behind a plain C++ interface: raw device pointers and a
+// stream, no LibTorch types, so its translation unit compiles with nvcc alone (no ATen headers).
+//
+// Maths: for each row b and query head h, over positions s in [max(0, len - window), len) of
+// the row (len = context_lens[b]; window 0 = none), with kv = h / (heads / kv_heads):
+//   score_s = (q[b, h] . K[s, kv]) * scale, then tanh(score / softcap) * softcap if softcap > 0
+//   out[b, h] = sum_s softmax(score)_s V[s, kv]
+// in fp32 (online softmax), written in the element type of q.
+//
+// Thread-safety: re-entrant; the launch is asynchronous on `stream` and can be graph-captured.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::rollout::cuda {
+
+enum class ElementType { f32, f16, bf16 };
+
+struct PagedDecodeArgs {
+  const void* q = nullptr;           ///< [B, heads, D] contiguous.
+  const void* key_pool = nullptr;    ///< [blocks, block_size, kv_heads, D] contiguous.
+  const void* value_pool = nullptr;  ///< Same shape as key_pool.
+  const int64_t* block_tables = nullptr;  ///< [B, M] with the strides below.
+  int64_t table_row_stride = 0, table_entry_stride = 1;
+  const int64_t* context_lens = nullptr;  ///< [B] with len_stride.
+  int64_t len_stride = 1;
+  void* out = nullptr;               ///< [B, heads, D] contiguous, element type of q.
+  int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0, block_size = 0;
+  int64_t window = 0;
+  float scale = 1.f;
+  float softcap = 0.f;
+  ElementType dtype = ElementType::f32;
+};
+
+/// Largest head_dim the kernel handles.
+constexpr int64_t kMaxHeadDim = 256;
+
+/// Launches the kernel on `stream` (a cudaStream_t). Returns nullptr on success, else the CUDA
+/// error string. REQUIRES: head_dim <= kMaxHeadDim, heads % kv_heads == 0, 1 <= len <= M * block_size.
+const char* launch_paged_decode_attention(const PagedDecodeArgs& args, void* stream);
+
+}  // namespace tessera::rollout::cuda

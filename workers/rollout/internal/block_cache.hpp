@@ -1,0 +1,72 @@
+// block_cache.hpp (internal): the block allocator over a PagedKV (Note [Paged KV cache] in
+// paged_kv.hpp): which blocks each sequence slot holds, reference counts for prompt blocks
+// shared between samples, and the per-step PagedBatch.
+//
+// Sequences are addressed by slot (0 .. slots-1), as the generation loop schedules them. The
+// allocator's bookkeeping is on the host; the only device work is copying prefilled keys/values
+// into blocks (admit) and uploading each step's three small index tensors (batch).
+//
+// Thread-safety: one thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "proto/status.hpp"
+#include "workers/models/config.hpp"
+#include "workers/models/kv_cache.hpp"
+#include "workers/rollout/paged_kv.hpp"
+
+namespace tessera::rollout::internal {
+
+/// Blocks handed to sequence slots. See the header comment.
+class BlockCache {
+ public:
+  /// Pools for `slots` sequences of up to `max_length` tokens each, enough for every slot at
+  /// that length at once (so append never runs out), plus the scratch block 0.
+  static Result<BlockCache> create(const models::ModelConfig& config, c10::ScalarType dtype, int64_t slots,
+                                   int64_t max_length, int64_t block_size, c10::Device device);
+
+  PagedKV& kv() { return kv_; }
+  int64_t slots() const { return static_cast<int64_t>(tables_.size()); }
+  int64_t block_size() const { return kv_.block_size; }
+  /// Blocks that no sequence holds (block 0 excluded).
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  /// Tokens stored for `slot`.
+  int64_t length(int64_t slot) const { return lengths_.at(static_cast<size_t>(slot)); }
+  /// The blocks of `slot`, in token order.
+  const std::vector<int64_t>& blocks(int64_t slot) const { return tables_.at(static_cast<size_t>(slot)); }
+  /// Holders of block `block` (0 when free).
+  int64_t references(int64_t block) const { return refs_.at(static_cast<size_t>(block)); }
+
+  /// Stores prefilled prompts: row sources[i] of `prefilled` (left-padded, width W = its
+  /// capacity; that row's prompt is its last lengths[sources[i]] columns) becomes the contents of
+  /// empty slot slot_ids[i]. Slots with the same source share its full blocks; each gets its own
+  /// copy of the last partial block. Returns the blocks that sharing saved.
+  /// REQUIRES: slot_ids distinct and empty; lengths in [1, W]; sources in [0, rows).
+  int64_t admit(const models::KVCache& prefilled, const std::vector<int64_t>& lengths,
+                const std::vector<int64_t>& slot_ids, const std::vector<int64_t>& sources);
+  /// The step table (paged_kv.hpp's StepColumn layout) for `slots` (rows in that order) each
+  /// appending one token: reserves the token's place (a new block when its last one is full) and
+  /// fills block tables, context lengths and slots for `rows` >= slots.size() rows; rows past
+  /// slots.size() are padding that read and write the scratch block. Token id and position
+  /// columns are left 0 for the caller. `table_width` > 0 fixes M (a graph's static shape); 0
+  /// sizes it to the longest row. Returns the host table and M.
+  std::pair<at::Tensor, int64_t> append(const std::vector<int64_t>& slots, int64_t rows, int64_t table_width = 0);
+  /// Frees the blocks `slot` holds (shared ones when their last holder goes).
+  void release(int64_t slot);
+
+ private:
+  BlockCache(PagedKV kv, int64_t slots);
+  int64_t allocate();
+
+  PagedKV kv_;
+  std::vector<std::vector<int64_t>> tables_;  ///< Per slot: its blocks.
+  std::vector<int64_t> lengths_;              ///< Per slot: tokens stored.
+  std::vector<int64_t> refs_;                 ///< Per block: holders.
+  std::vector<int64_t> free_;                 ///< Free block ids (a stack).
+};
+
+}  // namespace tessera::rollout::internal
