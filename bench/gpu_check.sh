@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything a GPU machine should check, in one command, from a bundle (deploy/bundle.sh):
-# the `gpu` tests side by side, then the GRPO benchmark against HF transformers with the last
-# step profiled and its trace summarised per worker method.
+# the `gpu` tests side by side, the decode benchmark (gpu_decode: eager and CUDA graphs against the
+# card's measured limits), then the GRPO benchmark against HF transformers with the last step
+# profiled and its trace summarised per worker method.
 #
 #   deploy/bundle.sh t.tar.gz tessera worker_test trainer_device_test models_hf_parity_test \
-#     models_test rollout_test collective_nccl_test           # where you build
+#     models_test rollout_test collective_nccl_test gpu_decode  # where you build
 #   tar xzf t.tar.gz && source tessera-bundle/env.sh          # on the GPU machine, in this repo
 #   TESSERA_SHARED_DIR=... bench/gpu_check.sh TOKENIZER_DIR OUT_DIR [STEPS]
 #
@@ -37,6 +38,10 @@ for entry in "${pids[@]}"; do
   else echo "$t: FAILED (see $OUT/$t.log)"; grep -E '^\[  FAILED  \]|Failure' "$OUT/$t.log" | head -5; status=1; fi
 done
 
+if [[ -x "$BIN/gpu_decode" ]]; then
+  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$BIN/gpu_decode" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1 \
+    && cat "$OUT/decode.log" || { echo "gpu_decode: FAILED (see $OUT/decode.log)"; tail -5 "$OUT/decode.log"; status=1; }
+fi
 if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$OUT/bench" "$STEPS" \
      "trainer.profile_steps=[$STEPS]" > "$OUT/bench.log" 2>&1; then
   sed -n '/^| step /,$p' "$OUT/bench.log"

@@ -1,0 +1,195 @@
+// gpu_decode: the rollout engine's decode throughput on the GPU issue's workload, beside the
+// limits of the same card measured in the same run.
+//
+//   gpu_decode [--device cuda] [--prompts 64] [--n 8] [--prompt-len 60] [--response 256]
+//              [--layers 24] [--json OUT]
+//
+// Model: the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads over 2 KV heads, MLP 4864,
+// vocabulary 151936, tied embeddings), random init, bf16 on a GPU (fp32 on the CPU, for a smoke
+// run). Workload: `prompts` random prompts x n samples (interleaved, as the trainer repeats them),
+// `response` tokens each (ignore_eos, sampled at temperature 1), all in flight at once. Runs the
+// engine eagerly and with CUDA graphs (enforce_eager=false), each after one warm-up call, and
+// reports decode tokens/s (generated tokens over the decode steps' time) and the step time.
+//
+// The limits: HBM bandwidth (a 2 GiB device-to-device copy: bytes read + written per second)
+// and the bf16 matmul rate (8192^3), timed right after. Per decode step the engine must read
+// every weight once (the tied lm_head included) and every live row's keys and values (the
+// average context of this fixed-length workload is prompt + response / 2), and compute
+// 2 x matmul parameters x rows plus the attention FLOPs; the fractions are those amounts over
+// the step time, divided by the measured limits.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "workers/models/model.hpp"
+#include "workers/rollout/kv_engine.hpp"
+
+namespace {
+
+using namespace tessera;
+
+struct Args {
+  std::string device = "cuda";
+  int64_t prompts = 64, n = 8, prompt_len = 60, response = 256, layers = 24;
+  std::string json;
+};
+
+models::ModelConfig qwen25_05b(int64_t layers) {
+  models::ModelConfig c;
+  c.architecture = "Qwen2ForCausalLM";
+  c.model_type = "qwen2";
+  c.vocab_size = 151936;
+  c.hidden_size = 896;
+  c.intermediate_size = 4864;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 14;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 4096;
+  c.tie_word_embeddings = true;
+  c.attention_bias = true;
+  return c;
+}
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+double seconds(const std::function<void()>& fn, const c10::Device& device, int reps) {
+  fn();  // warm-up
+  synchronize(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  synchronize(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+struct Run {
+  double decode_tok_s = 0, step_ms = 0, generate_s = 0;
+  int64_t steps = 0, graph_steps = 0;
+};
+
+Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::DataProto& prompts, const Args& a,
+                       bool graphs, c10::ScalarType dtype) {
+  rollout::RolloutConfig cfg;
+  cfg.dtype = dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  cfg.prompt_length = a.prompt_len;
+  cfg.response_length = a.response;
+  cfg.ignore_eos = true;
+  cfg.max_num_seqs = a.prompts * a.n;
+  cfg.max_num_batched_tokens = 8192;
+  cfg.n = a.n;
+  cfg.enforce_eager = !graphs;
+  TESSERA_ASSIGN_OR_RETURN(auto engine, rollout::KVCacheEngine::create(model, cfg, rollout::EngineOptions{1}));
+  TESSERA_RETURN_IF_ERROR(engine->generate_sequences(prompts).status());  // warm-up
+  TESSERA_RETURN_IF_ERROR(engine->generate_sequences(prompts).status());
+  const rollout::GenerationStats& s = engine->last_stats();
+  Run r;
+  r.steps = s.decode_steps;
+  r.graph_steps = s.graph_replays;
+  r.step_ms = 1e3 * s.decode_seconds / static_cast<double>(std::max<int64_t>(1, s.decode_steps));
+  r.decode_tok_s = static_cast<double>(s.generated_tokens - s.rows) / s.decode_seconds;  // first tokens: prefill
+  r.generate_s = s.total_seconds;
+  return r;
+}
+
+int run(const Args& a) {
+  const c10::Device device(a.device);
+  const c10::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  const models::ModelConfig config = qwen25_05b(a.layers);
+  auto created = models::CausalLM::create(config, models::ModelInit{dtype, 1});
+  if (!created.ok()) {
+    std::fprintf(stderr, "gpu_decode: %s\n", created.status().to_string().c_str());
+    return 1;
+  }
+  std::shared_ptr<models::CausalLM> model = *created;
+  model->to(device);
+  // Prompts: `prompts` random rows, each repeated n times in a row (the trainer's interleave).
+  const int64_t rows = a.prompts * a.n;
+  at::Tensor ids = at::randint(3, config.vocab_size, {a.prompts, a.prompt_len}, at::detail::createCPUGenerator(3),
+                               at::kLong).repeat_interleave(a.n, 0);
+  at::Tensor mask = at::ones({rows, a.prompt_len}, at::kLong);
+  at::Tensor pos = at::arange(a.prompt_len, at::kLong).repeat({rows, 1});
+  auto prompts = proto::DataProto::from_dict({{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos}});
+  if (!prompts.ok()) return 1;
+  prompts->meta_info()["eos_token_id"] = 151643;
+  prompts->meta_info()["pad_token_id"] = 151643;
+
+  auto eager = run_engine(model, *prompts, a, /*graphs=*/false, dtype);
+  auto graphs = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype) : eager;
+  if (!eager.ok() || !graphs.ok()) {
+    std::fprintf(stderr, "gpu_decode: %s\n", (!eager.ok() ? eager.status() : graphs.status()).to_string().c_str());
+    return 1;
+  }
+
+  // The card's limits, in the same run.
+  const auto opts = at::TensorOptions(dtype).device(device);
+  const int64_t elements = device.is_cuda() ? int64_t{1} << 30 : int64_t{1} << 26;  // 2 GiB each in bf16
+  at::Tensor src = at::empty({elements}, opts), dst = at::empty_like(src);
+  const double copy_s = seconds([&] { dst.copy_(src); }, device, 10);
+  const double bandwidth = 2.0 * static_cast<double>(src.numel() * src.element_size()) / copy_s;
+  src = dst = at::Tensor();
+  const int64_t m = device.is_cuda() ? 8192 : 1024;
+  at::Tensor x = at::randn({m, m}, opts), y = at::randn({m, m}, opts);
+  const double mm_s = seconds([&] { at::matmul(x, y); }, device, 10);
+  const double peak = 2.0 * static_cast<double>(m) * m * m / mm_s;
+
+  // What one decode step must move and compute (see the header).
+  const int64_t h = config.hidden_size, kv = config.num_key_value_heads * config.head_dim;
+  const double matmul_params = static_cast<double>(config.num_hidden_layers) *
+                                   (2.0 * h * h + 2.0 * h * kv + 3.0 * h * config.intermediate_size) +
+                               static_cast<double>(h) * config.vocab_size;
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  const double context = static_cast<double>(a.prompt_len) + a.response / 2.0;
+  const double kv_bytes = rows * context * config.num_hidden_layers * 2.0 * kv * element;
+  const double bytes = matmul_params * element + kv_bytes;
+  const double flops = 2.0 * matmul_params * rows +
+                       4.0 * rows * context * config.num_attention_heads * config.head_dim * config.num_hidden_layers;
+  const double step_s = graphs->step_ms / 1e3;
+  nlohmann::json out = {{"device", device.str()},
+                        {"rows", rows},
+                        {"eager_decode_tok_s", eager->decode_tok_s},
+                        {"eager_step_ms", eager->step_ms},
+                        {"graph_decode_tok_s", graphs->decode_tok_s},
+                        {"graph_step_ms", graphs->step_ms},
+                        {"graph_steps", graphs->graph_steps},
+                        {"steps", graphs->steps},
+                        {"generate_s", graphs->generate_s},
+                        {"hbm_bytes_per_s", bandwidth},
+                        {"matmul_flops_per_s", peak},
+                        {"step_bytes", bytes},
+                        {"step_flops", flops},
+                        {"bandwidth_fraction", bytes / step_s / bandwidth},
+                        {"matmul_fraction", flops / step_s / peak}};
+  std::printf("| decode, %ld rows on %s | eager | CUDA graphs |\n|---|---|---|\n", rows, device.str().c_str());
+  std::printf("| tokens/s | %.0f | %.0f |\n| step | %.2f ms | %.2f ms |\n", eager->decode_tok_s, graphs->decode_tok_s,
+              eager->step_ms, graphs->step_ms);
+  std::printf("limits: memory %.2f TB/s, %s matmul %.1f TFLOP/s; a step moves %.2f GB (%.0f%% of the bandwidth "
+              "limit at the graph step time) and computes %.0f GFLOP (%.0f%% of the matmul peak)\n",
+              bandwidth / 1e12, c10::toString(dtype), peak / 1e12, bytes / 1e9, 100.0 * bytes / step_s / bandwidth, flops / 1e9,
+              100.0 * flops / step_s / peak);
+  if (!a.json.empty()) std::ofstream(a.json) << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Rollout decode throughput against the card's limits"};
+  app.add_option("--device", a.device, "cuda | cuda:N | cpu (a smoke run)");
+  app.add_option("--prompts", a.prompts, "Distinct prompts");
+  app.add_option("--n", a.n, "Samples per prompt");
+  app.add_option("--prompt-len", a.prompt_len, "Prompt tokens");
+  app.add_option("--response", a.response, "Response tokens");
+  app.add_option("--layers", a.layers, "Decoder layers (24: Qwen2.5-0.5B)");
+  app.add_option("--json", a.json, "Write the figures here");
+  CLI11_PARSE(app, argc, argv);
+  return run(a);
+}
