@@ -1,17 +1,18 @@
-// kv_engine.hpp: Tessera's generation engine: batched autoregressive decoding over a
-// preallocated KV cache, with continuous batching.
+// kv_engine.hpp: Tessera's generation engine: batched autoregressive decoding over a paged KV
+// cache (paged_kv.hpp), with continuous batching and, on a CUDA device, CUDA-graph decode steps.
 //
 // How a call runs (internal/generation_loop.cpp has the details):
-//  - The prompts (left pads stripped) queue up; `max_num_seqs` KV-cache slots hold the sequences
-//    in flight. Newly admitted prompts are prefilled together (at most max_num_batched_tokens
-//    padded prompt tokens per prefill, at least one prompt), then every in-flight row advances
-//    one token per batched decode step.
+//  - The prompts (left pads stripped) queue up; up to `max_num_seqs` sequences are in flight,
+//    each holding KV blocks. Newly admitted prompts are prefilled together (the samples of one
+//    prompt once, Note [Shared prompt prefill]; at most max_num_batched_tokens padded prompt
+//    tokens per forward, a longer prefill in chunks when enable_chunked_prefill), then every
+//    in-flight row advances one token per batched decode step.
 //  - A row finishes at its first EOS (unless ignore_eos) or after response_length tokens. Its
-//    slot is freed at once: with continuous batching it is refilled from the pending prompts
-//    before the next step; with static batching ("waves") slots are refilled only when the whole
-//    wave is done. Finished rows stop costing compute: when no refill is possible, the cache is
-//    repacked without them once they make up 1/8 of the slots, and the vocabulary head only
-//    runs for live rows.
+//    blocks are freed at once: with continuous batching its place is refilled from the pending
+//    prompts before the next step; with static batching ("waves") only when the whole wave is
+//    done. Finished rows cost no compute: a decode step and the vocabulary head run for the live
+//    rows only (rounded up to a graph's batch-size bucket with enforce_eager=false, Note [Decode
+//    graphs] in internal/decode_runner.hpp).
 //  - Sampling follows sampling.hpp (vLLM rules, a per-row torch CPU generator). Each call draws
 //    its seed from the engine's generator (seeded by EngineOptions::seed), so consecutive calls
 //    differ, the same seed replays the same sequence of calls, and results do not depend on the
