@@ -299,6 +299,7 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
                                     // several samples, and the decode steps replayed from CUDA graphs.
                                     {"rollout/kv_cache_gb", static_cast<double>(stats.kv_cache_bytes) / 1e9},
                                     {"rollout/shared_kv_blocks", stats.shared_kv_blocks},
+                                    {"rollout/preemptions", stats.preemptions},
                                     {"rollout/graph_decode_steps", stats.graph_replays}};
   return out;
 }

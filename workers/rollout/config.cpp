@@ -207,6 +207,7 @@ const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"split_devices_per_node", set_field<&RolloutConfig::split_devices_per_node, RolloutConfig>},
     {"kv_block_size", set_field<&RolloutConfig::kv_block_size, RolloutConfig>},
     {"decode_attention", set_field<&RolloutConfig::decode_attention, RolloutConfig>},
+    {"max_kv_blocks", set_field<&RolloutConfig::max_kv_blocks, RolloutConfig>},
 };
 
 Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
@@ -271,6 +272,7 @@ const KeyRule<RolloutConfig> kRolloutRules[] = {
     {"layered_summon", set_field<&RolloutConfig::layered_summon, RolloutConfig>},
     {"enable_prefix_caching", set_field<&RolloutConfig::enable_prefix_caching, RolloutConfig>},
     {"enforce_eager", set_field<&RolloutConfig::enforce_eager, RolloutConfig>},
+    {"gpu_memory_utilization", set_field<&RolloutConfig::gpu_memory_utilization, RolloutConfig>},
     {"enable_chunked_prefill", set_field<&RolloutConfig::enable_chunked_prefill, RolloutConfig>},
     {"cudagraph_capture_sizes", set_field<&RolloutConfig::cudagraph_capture_sizes, RolloutConfig>},
     {"update_weights_bucket_megabytes", set_field<&RolloutConfig::update_weights_bucket_megabytes, RolloutConfig>},
@@ -286,7 +288,6 @@ const KeyRule<RolloutConfig> kRolloutRules[] = {
     {"limit_images", must_be_absent<RolloutConfig>},
     // vLLM/SGLang engine or server settings: no effect on Tessera's engine.
     {"_target_", nullptr},
-    {"gpu_memory_utilization", nullptr},
     {"load_format", nullptr},
     {"disable_log_stats", nullptr},
     {"multi_stage_wake_up", nullptr},
@@ -344,6 +345,14 @@ Status validate_rollout_config(const RolloutConfig& c) {
   TESSERA_RETURN_IF_ERROR(positive(c.tensor_model_parallel_size, "tensor_model_parallel_size"));
   TESSERA_RETURN_IF_ERROR(positive(c.update_weights_bucket_megabytes, "update_weights_bucket_megabytes"));
   TESSERA_RETURN_IF_ERROR(positive(c.kv_block_size, "engine_kwargs.tessera.kv_block_size"));
+  if (!(c.gpu_memory_utilization > 0.0 && c.gpu_memory_utilization <= 1.0)) {
+    return make_error(ErrorCode::invalid_argument, "{}gpu_memory_utilization={} must be in (0, 1]", kPrefix,
+                      c.gpu_memory_utilization);
+  }
+  if (c.max_kv_blocks < 0) {
+    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.max_kv_blocks={} must be >= 0", kPrefix,
+                      c.max_kv_blocks);
+  }
   if (c.decode_attention != "kernel" && c.decode_attention != "gather") {
     return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.decode_attention='{}': expected kernel|gather",
                       kPrefix, c.decode_attention);

@@ -6,7 +6,7 @@
 //    KV-cache engine (sampling, lengths, slots, dtype, log-probs, ...) or that other Tessera
 //    components read later (log_prob_* for the actor's recompute, layered_summon and
 //    update_weights_bucket_megabytes for the sharding manager) are stored in RolloutConfig.
-//  - Keys that only configure vLLM/SGLang (gpu_memory_utilization, load_format,
+//  - Keys that only configure vLLM/SGLang (load_format,
 //    engine_kwargs.vllm, ...) have no effect here. They are accepted and REPORTED: returned in
 //    ParsedRolloutConfig::ignored_keys (full dotted names) and logged in one info line.
 //  - A feature verl offers that Tessera does not implement is an `unimplemented` error when its
@@ -18,7 +18,8 @@
 // Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
-// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|gather`.
+// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|gather`,
+// `max_kv_blocks`.
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -89,6 +90,10 @@ struct RolloutConfig {
   bool enable_prefix_caching = true;
   /// false: decode steps on a CUDA device replay CUDA graphs (Note [Decode graphs] in
   /// internal/decode_runner.hpp). verl v0.5's default, true, decodes eagerly.
+  /// On a GPU: the fraction of the device's memory that everything allocated at a generation
+  /// call's start plus the KV cache may use; the cache gets the rest of it, at most what every
+  /// sequence at its longest needs (Note [Preemption] in internal/generation_loop.cpp).
+  double gpu_memory_utilization = 0.5;
   bool enforce_eager = true;
   /// A prefill over max_num_batched_tokens (padded) runs in chunks of columns, each attending
   /// to the ones before (a prompt longer than the budget included); false: one forward.
@@ -109,6 +114,9 @@ struct RolloutConfig {
   /// How decode steps read the paged cache: "kernel" (the paged attention kernel where there is
   /// one) or "gather" (copy each row's blocks out and run the models' attention).
   std::string decode_attention = "kernel";
+  /// Caps the paged KV cache at this many blocks (0: on a GPU what gpu_memory_utilization leaves,
+  /// elsewhere every sequence at its longest). Sequences beyond it wait or are preempted.
+  int64_t max_kv_blocks = 0;
 };
 
 /// The parsed config plus the keys that were accepted but have no effect here.

@@ -17,6 +17,8 @@ namespace tessera::rollout {
 struct GenerationStats {
   int64_t rows = 0;              ///< Prompts generated for.
   int64_t prompt_tokens = 0;     ///< Real prompt tokens prefilled.
+  int64_t preemptions = 0;       ///< Sequences preempted for KV blocks (Note [Preemption]).
+  int64_t recomputed_tokens = 0; ///< Tokens prefilled again for preempted sequences.
   int64_t prefill_tokens = 0;    ///< Tokens computed by prefill, left padding included.
   int64_t shared_prompt_tokens = 0;  ///< Prompt tokens not prefilled: a sample of the same prompt was.
   int64_t generated_tokens = 0;  ///< Response tokens produced (through EOS).

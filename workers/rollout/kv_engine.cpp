@@ -9,6 +9,12 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#if TESSERA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include "workers/rollout/contract.hpp"
 #include "workers/rollout/internal/generation_loop.hpp"
 #include "workers/rollout/sampling.hpp"
@@ -55,6 +61,37 @@ Status check_engine_config(const RolloutConfig& config, const StepModel& model) 
                       config.prompt_length, config.response_length, context);
   }
   return Status();
+}
+
+// The KV-cache cap of a call (Note [Preemption] in internal/generation_loop.cpp): the tessera
+// knob when set; on a GPU the blocks that fit in gpu_memory_utilization of the device's memory
+// beside what is allocated now (the weights, FSDP's state); elsewhere none (0). Sets `key` to the
+// config key an error should name.
+Result<int64_t> kv_block_cap(const RolloutConfig& config, const StepModel& model, std::string& key) {
+  if (config.max_kv_blocks > 0) {
+    key = "actor_rollout_ref.rollout.engine_kwargs.tessera.max_kv_blocks";
+    return config.max_kv_blocks;
+  }
+#if TESSERA_WITH_CUDA
+  const c10::Device device = model.device();
+  if (device.is_cuda()) {
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization";
+    const models::ModelConfig& c = model.cache_config();
+    const int64_t block_bytes = 2 * c.num_hidden_layers * config.kv_block_size * c.num_key_value_heads * c.head_dim *
+                                static_cast<int64_t>(c10::elementSize(model.dtype()));
+    c10::cuda::CUDAGuard guard(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      return make_error(ErrorCode::internal, "rollout: cannot read the memory of {}", device.str());
+    }
+    const auto allocated = static_cast<double>(
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current);
+    const double budget = config.gpu_memory_utilization * static_cast<double>(total_bytes) - allocated;
+    return std::max<int64_t>(1, static_cast<int64_t>(budget / static_cast<double>(block_bytes)));
+  }
+#endif
+  (void)model;
+  return int64_t{0};
 }
 
 }  // namespace
@@ -134,6 +171,7 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.response_length = config_.response_length;
   options.block_size = config_.kv_block_size;
   options.kernel_attention = config_.decode_attention == "kernel";
+  TESSERA_ASSIGN_OR_RETURN(options.max_kv_blocks, kv_block_cap(config_, *model_, options.max_kv_blocks_key));
   options.decode.cuda_graphs = !config_.enforce_eager && model_->device().is_cuda();
   if (config_.cudagraph_capture_sizes) options.decode.buckets = *config_.cudagraph_capture_sizes;
   options.batching = config_.batching;

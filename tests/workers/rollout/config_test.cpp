@@ -55,13 +55,13 @@ TEST(RolloutConfig, AcceptsVerlDefaultsAndReportsIgnoredKeys) {
   EXPECT_EQ(c.log_prob_max_token_len_per_gpu, 16384);
   EXPECT_EQ(c.batching, BatchingMode::continuous);
   const auto& ignored = parsed->ignored_keys;
-  for (const char* key : {"gpu_memory_utilization", "load_format",
+  for (const char* key : {"load_format",
                           "disable_log_stats", "multi_stage_wake_up", "engine_kwargs.vllm", "engine_kwargs.sglang",
                           "multi_turn.enable", "multi_turn.format", "agent", "trace", "name"}) {
     EXPECT_TRUE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
   for (const char* key : {"temperature", "max_num_seqs", "dtype", "val_kwargs", "max_num_batched_tokens",
-                          "enforce_eager", "enable_chunked_prefill"}) {
+                          "enforce_eager", "enable_chunked_prefill", "gpu_memory_utilization"}) {
     EXPECT_FALSE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
 }
@@ -99,6 +99,13 @@ TEST(RolloutConfig, ParsesValuesAndTesseraEngineKwargs) {
   auto bad = parse_rollout_config({{"cudagraph_capture_sizes", {4, 0}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("cudagraph_capture_sizes[1]=0"), std::string::npos) << bad.status().to_string();
+  EXPECT_DOUBLE_EQ(parse_rollout_config({{"gpu_memory_utilization", 0.7}})->config.gpu_memory_utilization, 0.7);
+  bad = parse_rollout_config({{"gpu_memory_utilization", 1.5}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gpu_memory_utilization=1.5"), std::string::npos);
+  bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"max_kv_blocks", -1}}}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("max_kv_blocks"), std::string::npos);
   bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"kv_block_size", 0}}}}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("kv_block_size"), std::string::npos);

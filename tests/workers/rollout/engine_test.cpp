@@ -250,7 +250,9 @@ TEST(KVCacheEngine, SharedPromptPrefillEqualsPrefillingEveryCopy) {
         // n - 1 samples of each prompt reuse its full blocks of 2 tokens: 2 + 1 + 4 + 0 + 3.
         EXPECT_EQ(b.shared_kv_blocks, (n - 1) * (2 + 1 + 4 + 0 + 3));
       }
-      if (sample) EXPECT_FALSE(get(got, "responses")[0].equal(get(got, "responses")[1]));  // samples still differ
+      if (sample) {
+        EXPECT_FALSE(get(got, "responses")[0].equal(get(got, "responses")[1]));  // samples still differ
+      }
     }
   }
 }
@@ -279,6 +281,47 @@ TEST(KVCacheEngine, ChunkedPrefillEqualsOneForward) {
     EXPECT_GT(c.prefill_forwards, c.admissions);
     if (!sample) check_against_full_forward(*model, got, /*greedy=*/true, 1.0);
   }
+}
+
+// Note [Preemption]: under a KV-cache cap too small for every sequence at once, prompts wait for
+// blocks and the latest admitted sequences are preempted and recomputed; the output equals an
+// uncapped run (greedy and sampled, continuous and static, with shared prompt blocks). A cap that
+// cannot hold one sequence is an error naming the key.
+TEST(KVCacheEngine, PreemptionUnderAKvCapEqualsUncapped) {
+  auto model = testing::tiny_model(18);
+  auto prompts = testing::prompt_batch({8, 3, 7, 1, 8, 5}, kP, 19, nlohmann::json::array({7, 11})).repeat(2, true);
+  ASSERT_TRUE(prompts.ok());
+  for (bool sample : {false, true}) {
+    for (BatchingMode mode : {BatchingMode::continuous, BatchingMode::static_waves}) {
+      RolloutConfig cfg = testing::test_config(/*response_length=*/16);
+      cfg.do_sample = sample;
+      cfg.calculate_log_probs = true;
+      cfg.batching = mode;
+      cfg.max_num_seqs = 6;
+      cfg.kv_block_size = 2;
+      proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 4), *prompts);
+      cfg.max_kv_blocks = 14;  // one sequence at its longest (8 + 16 tokens) takes 12
+      auto capped = testing::make_engine(model, cfg, 4);
+      proto::DataProto got = testing::generate(*capped, *prompts);
+      const GenerationStats& s = capped->last_stats();
+      SCOPED_TRACE(::testing::Message() << "sample=" << sample << " mode=" << to_string(mode));
+      std::printf("[preemption sample=%d %s] blocks=%ld preemptions=%ld recomputed=%ld steps=%ld\n", sample,
+                  to_string(mode), s.kv_blocks, s.preemptions, s.recomputed_tokens, s.decode_steps);
+      EXPECT_EQ(s.kv_blocks, 14 + 1);
+      EXPECT_GT(s.preemptions, 0);
+      EXPECT_GT(s.recomputed_tokens, 0);
+      EXPECT_TRUE(get(got, "responses").equal(get(want, "responses")));
+      EXPECT_TRUE(get(got, "attention_mask").equal(get(want, "attention_mask")));
+      EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-5);
+    }
+  }
+  RolloutConfig tiny = testing::test_config(/*response_length=*/16);
+  tiny.kv_block_size = 2;
+  tiny.max_kv_blocks = 5;
+  auto out = testing::make_engine(model, tiny)->generate_sequences(*prompts);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("engine_kwargs.tessera.max_kv_blocks"), std::string::npos)
+      << out.status().to_string();
 }
 
 // Note [Paged KV cache]: samples of one prompt share its full blocks and own a copy of the partial

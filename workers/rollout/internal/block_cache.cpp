@@ -16,14 +16,34 @@ BlockCache::BlockCache(PagedKV kv, int64_t slots)
 }
 
 Result<BlockCache> BlockCache::create(const models::ModelConfig& config, c10::ScalarType dtype, int64_t slots,
-                                      int64_t max_length, int64_t block_size, c10::Device device) {
+                                      int64_t max_length, int64_t block_size, c10::Device device, int64_t max_blocks,
+                                      const std::string& cap_key) {
   const int64_t per_sequence = (max_length + block_size - 1) / block_size;
-  TESSERA_ASSIGN_OR_RETURN(PagedKV kv, PagedKV::create(config, dtype, slots * per_sequence + 1, block_size, device));
+  int64_t blocks = slots * per_sequence;
+  if (max_blocks > 0 && max_blocks < blocks) {
+    if (max_blocks < per_sequence) {
+      return make_error(ErrorCode::resource_exhausted,
+                        "{}: the KV cache gets {} blocks of {} tokens, but one sequence of {} tokens (prompt + "
+                        "response) needs {}",
+                        cap_key, max_blocks, block_size, max_length, per_sequence);
+    }
+    blocks = max_blocks;
+  }
+  TESSERA_ASSIGN_OR_RETURN(PagedKV kv, PagedKV::create(config, dtype, blocks + 1, block_size, device));
   return BlockCache(std::move(kv), slots);
 }
 
+int64_t BlockCache::blocks_to_append(const std::vector<int64_t>& slots) const {
+  int64_t n = 0;
+  for (int64_t slot : slots) {
+    const auto s = static_cast<size_t>(slot);
+    n += lengths_[s] == static_cast<int64_t>(tables_[s].size()) * block_size() ? 1 : 0;
+  }
+  return n;
+}
+
 int64_t BlockCache::allocate() {
-  // The pools are sized for every slot at its longest (create), so this cannot run dry.
+  // Callers admit within free_blocks() and preempt before appends would run dry.
   TORCH_CHECK(!free_.empty(), "BlockCache: out of blocks (", kv_.num_blocks(), ")");
   const int64_t b = free_.back();
   free_.pop_back();

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -24,16 +25,24 @@ namespace tessera::rollout::internal {
 /// Blocks handed to sequence slots. See the header comment.
 class BlockCache {
  public:
-  /// Pools for `slots` sequences of up to `max_length` tokens each, enough for every slot at
-  /// that length at once (so append never runs out), plus the scratch block 0.
+  /// Pools for `slots` sequences of up to `max_length` tokens each: enough for every slot at that
+  /// length at once, or `max_blocks` (> 0) when that is fewer, plus the scratch block 0. With a
+  /// cap, the caller admits within free_blocks() and preempts when appends would run out
+  /// (Note [Preemption] in generation_loop.cpp). An error names `cap_key` when the cap cannot
+  /// hold even one sequence at max_length.
   static Result<BlockCache> create(const models::ModelConfig& config, c10::ScalarType dtype, int64_t slots,
-                                   int64_t max_length, int64_t block_size, c10::Device device);
+                                   int64_t max_length, int64_t block_size, c10::Device device,
+                                   int64_t max_blocks = 0, const std::string& cap_key = "");
 
   PagedKV& kv() { return kv_; }
   int64_t slots() const { return static_cast<int64_t>(tables_.size()); }
   int64_t block_size() const { return kv_.block_size; }
   /// Blocks that no sequence holds (block 0 excluded).
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  /// Blocks a sequence of `tokens` tokens occupies.
+  int64_t blocks_for(int64_t tokens) const { return (tokens + block_size() - 1) / block_size(); }
+  /// New blocks that appending one token to each of `slots` takes (those whose last block is full).
+  int64_t blocks_to_append(const std::vector<int64_t>& slots) const;
   /// Tokens stored for `slot`.
   int64_t length(int64_t slot) const { return lengths_.at(static_cast<size_t>(slot)); }
   /// The blocks of `slot`, in token order.

@@ -4,10 +4,21 @@
 //     admit pending prompts into free slots (one batched prefill; samples their first token)
 //     one batched decode step for the live slots; sample; free the blocks of finished rows
 //
-// The KV cache is paged (Note [Paged KV cache] in paged_kv.hpp) and sized once per call for
-// every slot at its longest (longest prompt + response_length tokens), so an admission never
-// waits for memory and a finished row's blocks go straight back to the pool. A decode step
-// computes the live rows only: there are no idle slots to carry and no columns to compact.
+// The KV cache is paged (Note [Paged KV cache] in paged_kv.hpp) and made once per call: for
+// every slot at its longest (longest prompt + response_length tokens), or fewer blocks when
+// LoopOptions::max_kv_blocks caps it (the memory gpu_memory_utilization leaves). A finished row's
+// blocks go straight back to the pool, and a decode step computes the live rows only: there are
+// no idle slots to carry and no columns to compact.
+//
+// Note [Preemption]
+// Under a cap, prompts are admitted only while the free blocks cover their prompt blocks and
+// leave one block per live sequence for its next step. When a decode step's appends would still
+// need more blocks than are free, the most recently admitted live sequences are preempted, as
+// vLLM does by recomputation: their blocks are freed and they go back to the front of the queue
+// with their tokens so far; readmitted, their prompt and generated tokens are prefilled again and
+// decoding goes on from there, with the same random stream (a row's sampler is never reseeded).
+// The cap holds at least one sequence at its longest, so the oldest live sequence always
+// finishes. GenerationStats::preemptions counts them.
 //
 // Note [Shared prompt prefill]
 // GRPO asks for n samples of each prompt (the trainer repeats rows, interleaved), so an admission
@@ -54,7 +65,7 @@ class GenerationLoop {
   GenerationLoop(StepModel& model, const std::vector<std::vector<int64_t>>& prompts, const LoopOptions& options,
                  GenerationStats& stats)
       : model_(model), prompts_(prompts), options_(options), stats_(stats), rows_(prompts.size()),
-        rngs_(prompts.size()) {
+        rngs_(prompts.size()), resumed_(prompts.size()) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       pending_.push_back(static_cast<int64_t>(i));
       longest_prompt_ = std::max<int64_t>(longest_prompt_, static_cast<int64_t>(prompts[i].size()));
@@ -69,7 +80,7 @@ class GenerationLoop {
         // fills all of its slots (in budget-sized prefills) before decoding starts.
         do {
           TESSERA_RETURN_IF_ERROR(admit());
-        } while (!continuous() && !pending_.empty() && live_count() < cache_->slots());
+        } while (!continuous() && admitted_ > 0 && !pending_.empty() && live_count() < cache_->slots());
       }
       if (live_count() > 0) decode_step();
     }
@@ -92,18 +103,19 @@ class GenerationLoop {
   }
 
   // A sequence holds at most its prompt + response_length - 1 tokens (the last one is sampled,
-  // never fed); the pools hold every slot at the longest such length.
+  // never fed); the pools hold every slot at the longest such length, or max_kv_blocks.
   Status start_cache() {
     const int64_t slots = std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
     TESSERA_ASSIGN_OR_RETURN(BlockCache cache,
                              BlockCache::create(model_.cache_config(), model_.dtype(), slots,
                                                 longest_prompt_ + options_.response_length, options_.block_size,
-                                                model_.device()));
+                                                model_.device(), options_.max_kv_blocks, options_.max_kv_blocks_key));
     cache_.emplace(std::move(cache));
     cache_->kv().use_kernel = options_.kernel_attention;
     runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_prompt_ + options_.response_length,
                                              options_.decode);
     slot_row_.assign(static_cast<size_t>(slots), -1);
+    admitted_at_.assign(static_cast<size_t>(slots), 0);
     stats_.kv_blocks = cache_->kv().num_blocks();
     stats_.kv_cache_bytes = cache_->kv().bytes();
     return Status();
@@ -118,17 +130,29 @@ class GenerationLoop {
     int64_t width = 0;
   };
 
-  // Takes pending prompts for the free slots, within the prefill token budget (at least one);
-  // a prompt equal to one already taken costs no budget when prefills are shared.
+  // What `row` prefills: its prompt, and for a preempted row the tokens it generated too.
+  const std::vector<int64_t>& sequence(int64_t row) const {
+    const auto& resumed = resumed_[static_cast<size_t>(row)];
+    return resumed.empty() ? prompts_[static_cast<size_t>(row)] : resumed;
+  }
+
+  // Takes pending prompts for the free slots, within the prefill token budget (at least one) and
+  // the free KV blocks (Note [Preemption]); a prompt equal to one already taken costs no budget
+  // and only its partial block when prefills are shared.
   Admission take_admissions(size_t free_slots) {
     Admission a;
     std::map<std::vector<int64_t>, int64_t> seen;  // prompt -> its row in the prefill
+    int64_t blocks = cache_->free_blocks() - live_count();  // one block of headroom per live sequence
     while (a.taken.size() < free_slots && !pending_.empty()) {
       const int64_t row = pending_.front();
-      const auto& prompt = prompts_[static_cast<size_t>(row)];
+      const auto& prompt = sequence(row);
+      const auto len = static_cast<int64_t>(prompt.size());
       auto same = options_.share_prompt_prefill ? seen.find(prompt) : seen.end();
+      const int64_t need = same == seen.end() ? cache_->blocks_for(len) : (len % cache_->block_size() != 0 ? 1 : 0);
+      const bool first = a.taken.empty() && live_count() == 0;  // always fits: the cap holds one sequence
+      if (need > blocks && !first) break;
       if (same == seen.end()) {
-        const int64_t w = std::max(a.width, static_cast<int64_t>(prompt.size()));
+        const int64_t w = std::max(a.width, len);
         const auto rows = static_cast<int64_t>(a.distinct.size() + 1);
         if (!a.taken.empty() && w * rows > options_.prefill_token_budget) break;
         a.width = w;
@@ -137,28 +161,31 @@ class GenerationLoop {
         a.distinct.push_back(row);
       } else {
         a.source.push_back(same->second);
-        stats_.shared_prompt_tokens += static_cast<int64_t>(prompt.size());
+        stats_.shared_prompt_tokens += len;
       }
+      blocks -= need;
       a.taken.push_back(row);
       pending_.pop_front();
     }
     return a;
   }
 
-  // The prompts of `rows`, right-aligned in width W: ids (0 under padding) and mask [k, W].
+  // The sequences of `rows`, right-aligned in width W: ids (0 under padding) and mask [k, W].
   std::pair<at::Tensor, at::Tensor> left_padded(const std::vector<int64_t>& rows, int64_t W) {
     const int64_t k = static_cast<int64_t>(rows.size());
     at::Tensor ids = at::zeros({k, W}, at::kLong), mask = at::zeros({k, W}, at::kLong);
     auto id = ids.accessor<int64_t, 2>();
     auto m = mask.accessor<int64_t, 2>();
     for (int64_t i = 0; i < k; ++i) {
-      const auto& p = prompts_[static_cast<size_t>(rows[static_cast<size_t>(i)])];
+      const int64_t row = rows[static_cast<size_t>(i)];
+      const auto& p = sequence(row);
       const int64_t off = W - static_cast<int64_t>(p.size());
       for (size_t t = 0; t < p.size(); ++t) {
         id[i][off + static_cast<int64_t>(t)] = p[t];
         m[i][off + static_cast<int64_t>(t)] = 1;
       }
-      stats_.prompt_tokens += static_cast<int64_t>(p.size());
+      (resumed_[static_cast<size_t>(row)].empty() ? stats_.prompt_tokens : stats_.recomputed_tokens) +=
+          static_cast<int64_t>(p.size());
     }
     return {ids, mask};
   }
@@ -170,10 +197,13 @@ class GenerationLoop {
     for (size_t s = 0; s < slot_row_.size(); ++s) {
       if (slot_row_[s] < 0) free.push_back(static_cast<int64_t>(s));
     }
+    admitted_ = 0;
     if (free.empty()) return Status();
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     Admission a = take_admissions(free.size());
+    if (a.taken.empty()) return Status();  // no blocks to spare until a live row finishes
+    admitted_ = static_cast<int64_t>(a.taken.size());
     const int64_t W = a.width;
     const auto k = static_cast<int64_t>(a.taken.size()), d = static_cast<int64_t>(a.distinct.size());
     auto [host_ids, host_mask] = left_padded(a.distinct, W);
@@ -197,12 +227,16 @@ class GenerationLoop {
       logits = logits.index_select(0, at::tensor(a.source, at::kLong).to(device, /*non_blocking=*/true));
     }
     std::vector<int64_t> lengths;
-    for (int64_t row : a.distinct) lengths.push_back(static_cast<int64_t>(prompts_[static_cast<size_t>(row)].size()));
+    for (int64_t row : a.distinct) lengths.push_back(static_cast<int64_t>(sequence(row).size()));
     stats_.shared_kv_blocks += cache_->admit(tmp, lengths, slots, a.source);
     for (int64_t i = 0; i < k; ++i) {
       const int64_t row = a.taken[static_cast<size_t>(i)];
       slot_row_[static_cast<size_t>(slots[static_cast<size_t>(i)])] = row;
-      if (!options_.sampling.greedy) rngs_[static_cast<size_t>(row)].emplace(row_seed(options_.call_seed, row));
+      admitted_at_[static_cast<size_t>(slots[static_cast<size_t>(i)])] = ++admissions_;
+      // A preempted row keeps its random stream where it stopped.
+      auto& rng = rngs_[static_cast<size_t>(row)];
+      if (!options_.sampling.greedy && !rng) rng.emplace(row_seed(options_.call_seed, row));
+      resumed_[static_cast<size_t>(row)].clear();
     }
     sample_and_record(logits, slots);
     stats_.admissions += 1;
@@ -212,10 +246,35 @@ class GenerationLoop {
     return Status();
   }
 
+  // Note [Preemption]: frees the blocks of the most recently admitted live rows until this
+  // step's appends fit, and queues those rows again (first) with their tokens so far.
+  void preempt_for_appends() {
+    for (;;) {
+      std::vector<int64_t> live;
+      for (size_t s = 0; s < slot_row_.size(); ++s) {
+        if (slot_row_[s] >= 0) live.push_back(static_cast<int64_t>(s));
+      }
+      if (live.size() <= 1 || cache_->blocks_to_append(live) <= cache_->free_blocks()) return;
+      const int64_t victim = *std::max_element(live.begin(), live.end(), [&](int64_t x, int64_t y) {
+        return admitted_at_[static_cast<size_t>(x)] < admitted_at_[static_cast<size_t>(y)];
+      });
+      const int64_t row = slot_row_[static_cast<size_t>(victim)];
+      std::vector<int64_t>& resumed = resumed_[static_cast<size_t>(row)];
+      resumed = prompts_[static_cast<size_t>(row)];
+      const auto& generated = rows_[static_cast<size_t>(row)].tokens;
+      resumed.insert(resumed.end(), generated.begin(), generated.end());
+      cache_->release(victim);
+      slot_row_[static_cast<size_t>(victim)] = -1;
+      pending_.push_front(row);
+      stats_.preemptions += 1;
+    }
+  }
+
   // Feeds every live row its last token and samples the next one.
   void decode_step() {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
+    preempt_for_appends();
     std::vector<int64_t> live_slots, tokens, positions;
     for (size_t s = 0; s < slot_row_.size(); ++s) {
       const int64_t row = slot_row_[s];
@@ -278,6 +337,10 @@ class GenerationLoop {
   std::optional<BlockCache> cache_;
   std::unique_ptr<DecodeRunner> runner_;  ///< Over cache_ (declared after it: destroyed first).
   std::vector<int64_t> slot_row_;  ///< Prompt index per slot; -1 when the slot is free.
+  std::vector<int64_t> admitted_at_;  ///< Per slot: when its row was admitted (a counter).
+  int64_t admissions_ = 0;
+  int64_t admitted_ = 0;  ///< Rows the last admit() took.
+  std::vector<std::vector<int64_t>> resumed_;  ///< Per row: prompt + tokens, while it is preempted.
   int64_t longest_prompt_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "proto/status.hpp"
@@ -26,6 +27,8 @@ struct LoopOptions {
   int64_t response_length = 1;
   int64_t block_size = 16;            ///< Tokens per KV block (Note [Paged KV cache]).
   bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel).
+  int64_t max_kv_blocks = 0;          ///< Caps the KV cache (0: every slot at its longest).
+  std::string max_kv_blocks_key;      ///< The config key behind the cap, for errors.
   BatchingMode batching = BatchingMode::continuous;
   bool share_prompt_prefill = true;   ///< Note [Shared prompt prefill] (rollout.enable_prefix_caching).
   bool ignore_eos = false;
