@@ -27,6 +27,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   std::string device = "cpu";
   std::string dtype = "auto";  // auto: the checkpoint's
+  bool cuda_graphs = false;    // rollout.enforce_eager=false
 };
 
 // --dtype: auto (the checkpoint's), float32, bfloat16 or float16.
@@ -93,6 +94,7 @@ Status generate(const GenerateArgs& a) {
   rc.response_length = a.max_new_tokens;
   rc.temperature = a.temperature > 0 ? a.temperature : 1.0;
   rc.do_sample = a.temperature > 0;
+  rc.enforce_eager = !a.cuda_graphs;
   TESSERA_ASSIGN_OR_RETURN(auto engine, rollout::KVCacheEngine::create(model, rc, rollout::EngineOptions{a.seed}));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, prompt_batch(ids, pad, *eos));
   TESSERA_RETURN_IF_ERROR(batch.to(device));
@@ -125,6 +127,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", args.seed, "sampling seed");
   cmd->add_option("--device", args.device, "where the model runs: cpu (default) or cuda[:I]");
   cmd->add_option("--dtype", args.dtype, "parameter dtype: auto (the checkpoint's, default), float32, bfloat16, float16");
+  cmd->add_flag("--cuda-graphs", args.cuda_graphs,
+                "on a CUDA device, replay decode steps from CUDA graphs (rollout.enforce_eager=false)");
   cmd->callback([] {
     Status st = generate(args);
     if (!st.ok()) std::fprintf(stderr, "tessera generate: %s\n", st.to_string().c_str());
