@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "proto/device.hpp"
 #include "workers/rollout/contract.hpp"
 #include "workers/rollout/internal/generation_loop.hpp"
 #include "workers/rollout/sampling.hpp"
@@ -185,6 +186,15 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   std::vector<GeneratedRow> rows;
   try {
     TESSERA_ASSIGN_OR_RETURN(rows, internal::run_generation(*model_, in.prompts, options, stats));
+  } catch (const c10::OutOfMemoryError& e) {
+    return make_error(ErrorCode::resource_exhausted,
+                      "generate_sequences ran out of device memory ({}); lower actor_rollout_ref.rollout."
+                      "max_num_seqs, max_num_batched_tokens or gpu_memory_utilization",
+                      proto::out_of_memory_summary(e));
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    what = what.substr(0, what.find('\n'));
+    return make_error(ErrorCode::internal, "generate_sequences: the model failed: {}", what);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "generate_sequences: the model failed: {}", e.what());
   }

@@ -490,6 +490,39 @@ TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {
   EXPECT_FALSE(get(testing::generate(*sampled_val, val_in), "responses").equal(greedy));
 }
 
+// A device running out of memory mid-generation is one line naming the keys that shrink the
+// engine's footprint, not a crash or a backtrace.
+TEST(KVCacheEngine, OutOfMemoryIsOneLineNamingTheKeys) {
+  struct ExhaustedStep final : StepModel {
+    explicit ExhaustedStep(std::shared_ptr<models::CausalLM> m) : inner(std::move(m)) {}
+    const models::ModelConfig& cache_config() const override { return inner.cache_config(); }
+    c10::ScalarType dtype() const override { return inner.dtype(); }
+    c10::Device device() const override { return inner.device(); }
+    at::Tensor forward_step(const at::Tensor& ids, const at::Tensor& pos, models::KVCache& cache,
+                            const at::Tensor& mask) override {
+      return inner.forward_step(ids, pos, cache, mask);
+    }
+    at::Tensor decode_step(const at::Tensor&, const at::Tensor&, PagedKV&, const PagedBatch&) override {
+      throw c10::OutOfMemoryError({"decode_step", "fake.cpp", 1},
+                                  "CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of "
+                                  "79.19 GiB of which 0.25 GiB is free. If reserved but unallocated memory is large "
+                                  "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    }
+    at::Tensor logits(const at::Tensor& hidden) override { return inner.logits(hidden); }
+    Status load_weights_by_reference(const models::TensorMap& t) override { return inner.load_weights_by_reference(t); }
+    CausalLMStepModel inner;
+  };
+  auto engine = KVCacheEngine::create(std::make_unique<ExhaustedStep>(testing::tiny_model(9)), testing::test_config());
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto out = (*engine)->generate_sequences(testing::prompt_batch({4, 2}, 4, 1, 95));
+  ASSERT_FALSE(out.ok());
+  const std::string message = out.status().to_string();
+  EXPECT_EQ(out.status().code(), ErrorCode::resource_exhausted);
+  EXPECT_NE(message.find("Tried to allocate 3.00 GiB"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_num_seqs"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
 TEST(KVCacheEngine, RejectsBadInputsAndConfigs) {
   auto model = testing::tiny_model(8);
   RolloutConfig cfg = testing::test_config();
