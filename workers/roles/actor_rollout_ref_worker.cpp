@@ -295,6 +295,8 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
                                     // Prefill work done and saved by sharing it between samples of a prompt.
                                     {"rollout/prefill_tokens", stats.prefill_tokens},
                                     {"rollout/shared_prompt_tokens", stats.shared_prompt_tokens},
+                                    {"rollout/prefill_tflops", stats.prefill_flops / 1e12},
+                                    {"rollout/shared_prefill_tflops", stats.shared_prefill_flops / 1e12},
                                     // The paged KV cache: its size, the prompt blocks held once for
                                     // several samples, and the decode steps replayed from CUDA graphs.
                                     {"rollout/kv_cache_gb", static_cast<double>(stats.kv_cache_bytes) / 1e9},

@@ -21,6 +21,11 @@ struct GenerationStats {
   int64_t recomputed_tokens = 0; ///< Tokens prefilled again for preempted sequences.
   int64_t prefill_tokens = 0;    ///< Tokens computed by prefill, left padding included.
   int64_t shared_prompt_tokens = 0;  ///< Prompt tokens not prefilled: a sample of the same prompt was.
+  /// Forward FLOPs of the prompts prefilled (their real tokens), and of those whose prefill
+  /// sharing saved (verl's count: 2 x dense layer parameters x tokens + 4 x len^2 x heads x
+  /// head_dim x layers; the lm_head runs on one token per prompt and is left out).
+  double prefill_flops = 0;
+  double shared_prefill_flops = 0;
   int64_t generated_tokens = 0;  ///< Response tokens produced (through EOS).
   int64_t decode_steps = 0;      ///< Batched decode forwards.
   int64_t decode_row_steps = 0;  ///< Sum over decode steps of the rows computed (graph padding included).

@@ -243,10 +243,13 @@ TEST(KVCacheEngine, SharedPromptPrefillEqualsPrefillingEveryCopy) {
       EXPECT_EQ(a.shared_kv_blocks, 0);
       EXPECT_GT(b.shared_kv_blocks, 0);
       EXPECT_EQ(b.prompt_tokens + b.shared_prompt_tokens, a.prompt_tokens);
+      EXPECT_EQ(a.shared_prefill_flops, 0);
+      EXPECT_NEAR(b.prefill_flops + b.shared_prefill_flops, a.prefill_flops, 1e-9 * a.prefill_flops);
       if (sc.slots == 64) {  // one admission: each prompt prefilled once, at the common width
         EXPECT_EQ(b.admissions, 1);
         EXPECT_EQ(b.prefill_tokens * n, a.prefill_tokens);
         EXPECT_EQ(b.prompt_tokens, 5 + 3 + 8 + 1 + 6);
+        EXPECT_NEAR(b.shared_prefill_flops, (n - 1) * b.prefill_flops, 1e-9 * b.prefill_flops);  // 1/n computed
         // n - 1 samples of each prompt reuse its full blocks of 2 tokens: 2 + 1 + 4 + 0 + 3.
         EXPECT_EQ(b.shared_kv_blocks, (n - 1) * (2 + 1 + 4 + 0 + 3));
       }

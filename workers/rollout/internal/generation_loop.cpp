@@ -27,8 +27,8 @@
 // and each gets a copy of the last, partial one (copy-on-write at the first divergent block).
 // Each sample then decodes on its own, with its own random stream. The result equals prefilling
 // every copy (the same rows of the same computation) at 1/n of the prefill FLOPs;
-// GenerationStats::shared_prompt_tokens counts the prompt tokens whose prefill was saved and
-// shared_kv_blocks the blocks that were not duplicated.
+// GenerationStats::shared_prompt_tokens counts the prompt tokens whose prefill was saved,
+// shared_prefill_flops their FLOPs, and shared_kv_blocks the blocks that were not duplicated.
 #include "workers/rollout/internal/generation_loop.hpp"
 
 #include <algorithm>
@@ -58,6 +58,15 @@ double process_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// GenerationStats::prefill_flops of one prompt of `len` tokens.
+double prompt_flops(const models::ModelConfig& c, int64_t len) {
+  const double h = static_cast<double>(c.hidden_size), q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double layer_params = h * (q + 2 * kv) + q * h + 3 * h * static_cast<double>(c.intermediate_size);
+  const auto n = static_cast<double>(len), layers = static_cast<double>(c.num_hidden_layers);
+  return 2 * layer_params * layers * n + 4 * n * n * q * layers;
 }
 
 class GenerationLoop {
@@ -162,6 +171,7 @@ class GenerationLoop {
       } else {
         a.source.push_back(same->second);
         stats_.shared_prompt_tokens += len;
+        stats_.shared_prefill_flops += prompt_flops(model_.cache_config(), len);
       }
       blocks -= need;
       a.taken.push_back(row);
@@ -186,6 +196,7 @@ class GenerationLoop {
       }
       (resumed_[static_cast<size_t>(row)].empty() ? stats_.prompt_tokens : stats_.recomputed_tokens) +=
           static_cast<int64_t>(p.size());
+      stats_.prefill_flops += prompt_flops(model_.cache_config(), static_cast<int64_t>(p.size()));
     }
     return {ids, mask};
   }
