@@ -102,7 +102,7 @@ at::Tensor DecodeRunner::step(const std::vector<int64_t>& slots, const std::vect
     // First step of this bucket: run it eagerly on a side stream (which also warms up the
     // libraries there), then capture the same step for later ones; capturing runs nothing.
     const StepInputs in = step_inputs(table, w);
-    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(model_.device().index());
     const c10::cuda::CUDAStream side = capture_stream(current.device_index());
     c10::cuda::CUDAEvent ready, done;
     ready.record(current);
