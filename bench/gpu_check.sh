@@ -48,6 +48,15 @@ if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BI
 else
   echo "benchmark: FAILED (see $OUT/bench.log)"; tail -5 "$OUT/bench.log"; status=1
 fi
+if [[ -f "$OUT/decode.json" && -f "$OUT/bench/hf.json" ]]; then  # the issue's decode goal: >= 10x HF
+  python3 - "$OUT/decode.json" "$OUT/bench/hf.json" <<'PY'
+import json, sys
+d, hf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"decode vs HF generate ({hf['card']}): Tessera {d['graph_generate_tok_s']:.0f} tok/s generate "
+      f"({d['graph_decode_tok_s']:.0f} decode) against HF {hf['generate_tok_s']:.0f}: "
+      f"{d['graph_generate_tok_s'] / hf['generate_tok_s']:.1f}x")
+PY
+fi
 trace="$OUT/bench/run/profile/step_$STEPS.pt.trace.json"
 if [[ -f "$trace" ]]; then
   python3 "$ROOT/bench/trace_summary.py" "$trace" > "$OUT/step_$STEPS.summary.txt" && head -40 "$OUT/step_$STEPS.summary.txt"

@@ -9,7 +9,8 @@
 // run). Workload: `prompts` random prompts x n samples (interleaved, as the trainer repeats them),
 // `response` tokens each (ignore_eos, sampled at temperature 1), all in flight at once. Runs the
 // engine eagerly and with CUDA graphs (enforce_eager=false), each after one warm-up call, and
-// reports decode tokens/s (generated tokens over the decode steps' time) and the step time.
+// reports decode tokens/s (generated tokens over the decode steps' time), the step time, and
+// generate tokens/s (over the whole call, as HF's `generate` figure in bench/hf_grpo_baseline.py).
 //
 // The limits: HBM bandwidth (a 2 GiB device-to-device copy: bytes read + written per second)
 // and the bf16 matmul rate (8192^3), timed right after. Per decode step the engine must read
@@ -71,7 +72,7 @@ double seconds(const std::function<void()>& fn, const c10::Device& device, int r
 }
 
 struct Run {
-  double decode_tok_s = 0, step_ms = 0, generate_s = 0;
+  double decode_tok_s = 0, generate_tok_s = 0, step_ms = 0, generate_s = 0;
   int64_t steps = 0, graph_steps = 0;
 };
 
@@ -96,6 +97,7 @@ Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::Dat
   r.step_ms = 1e3 * s.decode_seconds / static_cast<double>(std::max<int64_t>(1, s.decode_steps));
   r.decode_tok_s = static_cast<double>(s.generated_tokens - s.rows) / s.decode_seconds;  // first tokens: prefill
   r.generate_s = s.total_seconds;
+  r.generate_tok_s = static_cast<double>(s.generated_tokens) / s.total_seconds;  // HF's generate figure
   return r;
 }
 
@@ -161,6 +163,8 @@ int run(const Args& a) {
                         {"graph_steps", graphs->graph_steps},
                         {"steps", graphs->steps},
                         {"generate_s", graphs->generate_s},
+                        {"eager_generate_tok_s", eager->generate_tok_s},
+                        {"graph_generate_tok_s", graphs->generate_tok_s},
                         {"hbm_bytes_per_s", bandwidth},
                         {"matmul_flops_per_s", peak},
                         {"step_bytes", bytes},
@@ -168,8 +172,10 @@ int run(const Args& a) {
                         {"bandwidth_fraction", bytes / step_s / bandwidth},
                         {"matmul_fraction", flops / step_s / peak}};
   std::printf("| decode, %ld rows on %s | eager | CUDA graphs |\n|---|---|---|\n", rows, device.str().c_str());
-  std::printf("| tokens/s | %.0f | %.0f |\n| step | %.2f ms | %.2f ms |\n", eager->decode_tok_s, graphs->decode_tok_s,
-              eager->step_ms, graphs->step_ms);
+  std::printf("| decode tokens/s | %.0f | %.0f |\n| step | %.2f ms | %.2f ms |\n", eager->decode_tok_s,
+              graphs->decode_tok_s, eager->step_ms, graphs->step_ms);
+  std::printf("| generate tokens/s (prefill included) | %.0f | %.0f |\n", eager->generate_tok_s,
+              graphs->generate_tok_s);
   std::printf("limits: memory %.2f TB/s, %s matmul %.1f TFLOP/s; a step moves %.2f GB (%.0f%% of the bandwidth "
               "limit at the graph step time) and computes %.0f GFLOP (%.0f%% of the matmul peak)\n",
               bandwidth / 1e12, c10::toString(dtype), peak / 1e12, bytes / 1e9, 100.0 * bytes / step_s / bandwidth, flops / 1e9,
