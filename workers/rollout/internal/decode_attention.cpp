@@ -197,6 +197,8 @@ Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dty
       const double scale = 1.0 / std::sqrt(static_cast<double>(D));
       at::Tensor got = paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap);
       at::Tensor want = torch_paged_attention(q, key_pool, value_pool, tables, lens, window, scale, softcap);
+      // Host boundary, deliberate: a one-time check per process and (device, dtype), before any
+      // generation (never inside a step or a graph capture); its verdict must reach the host.
       worst = std::max(worst, (got.to(at::kFloat) - want).abs().max().item<double>());
     }
     const double tolerance = dtype == at::kFloat ? 1e-4 : 2e-2;
