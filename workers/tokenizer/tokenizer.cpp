@@ -171,10 +171,9 @@ Result<std::string> Tokenizer::decode(const std::vector<int32_t>& ids, const Dec
       if (!(options.skip_special_tokens && added->special)) tokens.push_back(added->content);
     } else if (const std::string* token = t.model.id_to_token(id)) {
       tokens.push_back(*token);
-    } else {
-      return make_error(ErrorCode::out_of_range, "{}: id {} is not in the vocabulary (vocab_size {})", t.source, id,
-                        t.vocab_size);
-    }
+    } else if (id < 0) {
+      return make_error(ErrorCode::out_of_range, "{}: id {} is negative", t.source, id);
+    }  // else a padding row of the model's embedding: no text (HF's decode skips it too)
   }
   std::string text = t.decoder.decode(std::move(tokens));
   if (options.lossy_utf8) text = unicode::to_valid_utf8_lossy(text);

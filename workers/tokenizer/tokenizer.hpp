@@ -84,7 +84,9 @@ class Tokenizer {
   /// The ids of `text` (HF `encode(text, add_special_tokens=...)`). `text` may hold any bytes.
   Result<std::vector<int32_t>> encode(std::string_view text, const EncodeOptions& options = {}) const;
 
-  /// The text of `ids`. An id that is neither in the vocab nor an added token is an error.
+  /// The text of `ids`. An id at or above the vocabulary with no added token there contributes
+  /// nothing, as in HF tokenizers: models pad their embedding past the tokenizer (Qwen2.5: 151936
+  /// rows, 151669 tokens) and a sampler may draw a padding row. A negative id is an error.
   Result<std::string> decode(const std::vector<int32_t>& ids, const DecodeOptions& options = {}) const;
 
   /// The id of a vocab entry or added token (exact string, byte-level form for vocab entries).
