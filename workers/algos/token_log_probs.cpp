@@ -14,12 +14,28 @@
 // and writes the chunk's gradient (divided by the temperature) straight into a logits-shaped,
 // logits-dtype buffer. Peak extra memory is a few fp32 [chunk, V] buffers; the values are the
 // same operations as the unchunked functions, row by row.
+//
+// Note [Fused token log-probs]
+// On a GPU those chunks still cost ~10 fp32 passes over the logits each way (the copy to fp32,
+// logsumexp's max / exp / sum, the gather, softmax and product for the entropy), which made the
+// log-prob phases slower than HF's. For fp32 / fp16 / bf16 logits on a CUDA device the same
+// maths runs as two kernels (cuda/token_log_probs.cu): forward reads each row once keeping an
+// online max, sum of exp and sum of x exp (so lse and the entropy come from one pass), backward
+// reads it once more and writes the gradient. No fp32 [N, V] buffer exists at all; the saved
+// tensors are the same (logits, labels, lse, entropy). fp64 logits and the CPU keep the chunks.
 #include <torch/torch.h>
 
 #include <algorithm>
 
 #include "workers/algos/internal/check.hpp"
 #include "workers/algos/torch_functional.hpp"
+
+#if TESSERA_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "workers/algos/cuda/token_log_probs.hpp"
+#endif
 
 namespace tessera::algos {
 namespace {
@@ -43,6 +59,40 @@ at::Tensor scaled_fp32(const at::Tensor& logits_chunk, double temperature) {
   return temperature == 1.0 ? x : x / temperature;
 }
 
+// Whether the fused kernels take `logits` [N, V] and `labels` [N] (Note [Fused token log-probs]).
+bool fused(const at::Tensor& logits, const at::Tensor& labels) {
+#if TESSERA_WITH_CUDA
+  const auto t = logits.scalar_type();
+  return logits.is_cuda() && labels.device() == logits.device() &&
+         (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) && logits.stride(1) == 1;
+#else
+  (void)logits, (void)labels;
+  return false;
+#endif
+}
+
+#if TESSERA_WITH_CUDA
+// The kernels' arguments for logits [N, V] and int64 labels [N] (contiguous).
+cuda::TokenLogProbArgs kernel_args(const at::Tensor& logits, const at::Tensor& labels, double temperature) {
+  cuda::TokenLogProbArgs a;
+  a.logits = logits.data_ptr();
+  a.row_stride = logits.stride(0);
+  a.labels = labels.data_ptr<int64_t>();
+  a.rows = logits.size(0);
+  a.vocab = logits.size(1);
+  a.temperature = static_cast<float>(temperature);
+  const auto t = logits.scalar_type();
+  a.dtype = t == at::kFloat ? cuda::ElementType::f32 : t == at::kHalf ? cuda::ElementType::f16 : cuda::ElementType::bf16;
+  return a;
+}
+
+void check_launch(const char* what, const char* error) {
+  TORCH_CHECK(error == nullptr, "token_log_probs: the ", what, " kernel failed to launch: ", error);
+}
+
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+#endif
+
 // See Note [Chunked token log-probs]. Inputs: logits [N, V], labels [N] (int64). Outputs: log-probs
 // [N] and, when `with_entropy`, entropies [N], both fp32.
 class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
@@ -53,7 +103,19 @@ class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
     const auto f32 = logits.options().dtype(math_dtype(logits));
     at::Tensor lp = at::empty({n}, f32), lse = at::empty({n}, f32);
     at::Tensor ent = with_entropy ? at::empty({n}, f32) : at::Tensor();
-    for (int64_t start = 0; start < n; start += chunk) {
+    const bool use_kernel = fused(logits, labels);
+#if TESSERA_WITH_CUDA
+    if (use_kernel) {
+      const c10::cuda::CUDAGuard guard(logits.device());
+      const at::Tensor ids = labels.contiguous();
+      cuda::TokenLogProbArgs a = kernel_args(logits, ids, temperature);
+      a.log_probs = lp.data_ptr<float>();
+      a.lse = lse.data_ptr<float>();
+      a.entropy = with_entropy ? ent.data_ptr<float>() : nullptr;
+      check_launch("forward", cuda::launch_token_log_probs_forward(a, stream_of(logits)));
+    }
+#endif
+    for (int64_t start = 0; !use_kernel && start < n; start += chunk) {
       const int64_t len = std::min(chunk, n - start);
       at::Tensor x = scaled_fp32(logits.narrow(0, start, len), temperature);
       at::Tensor l = at::logsumexp(x, {-1});
@@ -65,6 +127,7 @@ class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
     ctx->save_for_backward({logits, labels, lse, with_entropy ? ent : at::Tensor()});
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["fused"] = use_kernel;
     if (!with_entropy) return {lp};
     return {lp, ent};
   }
@@ -79,6 +142,23 @@ class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const at::Tensor grad_lp = grads[0];
     const at::Tensor grad_ent = grads.size() > 1 ? grads[1] : at::Tensor();
+    if (ctx->saved_data["fused"].toBool() && (grad_lp.defined() || grad_ent.defined())) {
+#if TESSERA_WITH_CUDA
+      const c10::cuda::CUDAGuard guard(logits.device());
+      // The gradients of a sum arrive expanded (stride 0): the kernel reads them contiguous.
+      const auto rows = [](const at::Tensor& g) { return g.defined() ? g.to(at::kFloat).contiguous() : g; };
+      const at::Tensor ids = labels.contiguous(), g_lp = rows(grad_lp), g_ent = rows(grad_ent);
+      at::Tensor grad_logits = at::empty(logits.sizes(), logits.options());
+      cuda::TokenLogProbArgs a = kernel_args(logits, ids, temperature);
+      a.saved_lse = lse.data_ptr<float>();
+      a.saved_entropy = g_ent.defined() ? ent.data_ptr<float>() : nullptr;
+      a.grad_log_probs = g_lp.defined() ? g_lp.data_ptr<float>() : nullptr;
+      a.grad_entropy = g_ent.defined() ? g_ent.data_ptr<float>() : nullptr;
+      a.grad_logits = grad_logits.data_ptr();
+      check_launch("backward", cuda::launch_token_log_probs_backward(a, stream_of(logits)));
+      return {grad_logits, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+#endif
+    }
     at::Tensor grad_logits = at::zeros_like(logits);
     if (grad_lp.defined() || grad_ent.defined()) {
       const int64_t n = logits.size(0);

@@ -100,6 +100,59 @@ TEST(TokenLogProbs, Bf16LogitsAreReducedInFp32) {
   EXPECT_LE(max_diff(got.grad, want.grad), 8e-3 * want.grad.abs().max().item<double>());
 }
 
+// The fused CUDA kernels (Note [Fused token log-probs]) against the same maths in fp64 on the CPU,
+// on the same values: Qwen's 151936-row vocabulary, a vocabulary whose rows are not 16-byte
+// aligned, rows with a stride (a narrowed tensor), temperature 1 and not, each output alone and
+// both. The entropy's loss is a plain sum, so its gradient reaches backward expanded (stride 0).
+// The reference is fp64 because at this vocabulary the fp32 chunked path is itself ~5e-4 off in
+// the entropy (lse - sum p x cancels two values of ~15), while the kernel's online sums stay
+// within ~2e-5.
+TEST(TokenLogProbs, OnCudaFusedKernelsMatchFp64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const torch::Device cuda("cuda:0");
+  torch::manual_seed(17);
+  struct Shape {
+    int64_t rows, vocab, pad;
+  };
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (Shape s : {Shape{37, 151936, 0}, Shape{5, 1001, 0}, Shape{6, 4099, 3}}) {
+      torch::Tensor wide = (torch::randn({s.rows, s.vocab + s.pad}) * 4).to(dtype);
+      torch::Tensor labels = torch::randint(0, s.vocab, {s.rows}, torch::kLong);
+      torch::Tensor g_lp = torch::randn({s.rows});
+      for (double t : {1.0, 0.7}) {
+        for (int which = 0; which < 3; ++which) {  // log-probs only, entropy only, both
+          SCOPED_TRACE(testing::Message() << "dtype " << dtype << " rows " << s.rows << " vocab " << s.vocab << " pad "
+                                          << s.pad << " t " << t << " which " << which);
+          const bool with_entropy = which != 0;
+          Grads r[2];
+          for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+            // On the GPU, the strided rows themselves; on the CPU, a contiguous fp64 copy.
+            torch::Tensor x = on_gpu ? wide.to(cuda).narrow(1, 0, s.vocab)
+                                     : wide.narrow(1, 0, s.vocab).to(torch::kDouble).contiguous();
+            x.requires_grad_(true);
+            torch::Tensor ids = on_gpu ? labels.to(cuda) : labels;
+            auto out = token_log_probs(x, ids, t, with_entropy);
+            ASSERT_TRUE(out.ok()) << out.status().to_string();
+            torch::Tensor loss = torch::zeros({}, out->log_probs.options());
+            if (which != 1) loss = loss + (out->log_probs * g_lp.to(loss.options())).sum();
+            if (with_entropy) loss = loss + out->entropy.sum();
+            loss.backward();
+            r[on_gpu] = {out->log_probs.cpu(), with_entropy ? out->entropy.cpu() : torch::Tensor(), x.grad().cpu()};
+          }
+          EXPECT_LE(max_diff(r[1].log_probs, r[0].log_probs), 1e-4);
+          if (with_entropy) {
+            EXPECT_LE(max_diff(r[1].entropy, r[0].entropy), 1e-4);
+          }
+          EXPECT_EQ(r[1].grad.scalar_type(), dtype);
+          // fp32: the entropy's error times p; 16-bit types: one rounding of each element.
+          const double rel = dtype == torch::kFloat ? 0.0 : dtype == torch::kHalf ? 1e-3 : 8e-3;
+          EXPECT_LE(max_diff(r[1].grad, r[0].grad), rel * r[0].grad.abs().max().item<double>() + 1e-4);
+        }
+      }
+    }
+  }
+}
+
 TEST(TokenLogProbs, BadArgumentsAreErrors) {
   torch::Tensor logits = torch::randn({2, 4});
   EXPECT_FALSE(token_log_probs(logits, torch::tensor({0, 1, 2}), 1.0, false).ok());

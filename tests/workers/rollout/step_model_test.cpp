@@ -87,7 +87,10 @@ TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
   };
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     for (Shape s : {Shape{3, 14, 2, 64, 16, 0, 0}, Shape{2, 8, 8, 128, 4, 0, 0}, Shape{4, 4, 2, 80, 1, 0, 0},
-                    Shape{3, 4, 2, 64, 16, 7, 0}, Shape{2, 4, 4, 32, 2, 0, 30.0}, Shape{2, 4, 2, 256, 16, 0, 0}}) {
+                    Shape{3, 4, 2, 64, 16, 7, 0}, Shape{2, 4, 4, 32, 2, 0, 30.0}, Shape{2, 4, 2, 256, 16, 0, 0},
+                    // KV groups of 16 (two blocks per KV head) and 6 (a partly filled block); a head
+                    // dimension that is no multiple of the kernel's 8-element chunks; a window.
+                    Shape{3, 16, 1, 64, 16, 0, 0}, Shape{5, 12, 2, 128, 16, 40, 0}, Shape{2, 6, 2, 20, 4, 0, 0}}) {
       const int64_t blocks = 40, width = 6;
       at::Tensor q = at::randn({s.B, s.H, s.D}, gen).to(dtype);
       at::Tensor keys = at::randn({blocks, s.block_size, s.KV, s.D}, gen).to(dtype);

@@ -1,21 +1,36 @@
-// paged_attention.cu: see paged_attention.hpp. One thread block of kWarps warps per (row, query
-// head): each warp walks every kWarps-th position of the row keeping an online softmax (running
-// max, sum and weighted value sum, lane l holding head elements l, l + 32, ...), then warp 0
-// merges the warps' partial results. A decode step is memory-bound: each key and value row is
-// read once per query head, and the query heads of one KV head run as neighbouring blocks
-// (blockIdx.x), so the repeats come from L2.
+// paged_attention.cu: see paged_attention.hpp.
+//
+// One thread block of kThreads per (row, KV head, group of up to G query heads). The query heads
+// that share a KV head share its key and value loads: each position's key and value are read
+// from memory once per block rather than once per query head. A position's head vector is split
+// into chunks of kVec elements (16 bytes for 16-bit types), one per lane, and the L lanes that
+// hold one position (L = head_dim / kVec rounded up to a power of two) form a token slot: a warp
+// holds 32 / L slots, the block kThreads / L. Each slot walks every (kThreads / L)-th position of
+// the row, two at a time (both positions' loads are issued before either is used), keeping per
+// query head an online softmax (running max, sum, and weighted value chunk) in fp32; a position's
+// score is the L lanes' partial dot products summed by shuffles. At the end the slots of a warp
+// merge by shuffles, the warps through shared memory, and the block writes its heads.
+//
+// Decode is memory-bound: the time is the key and value bytes of the rows' contexts, read once
+// each; every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks.
 #include "workers/rollout/cuda/paged_attention.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 namespace tessera::rollout::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kLanes = 32;
-constexpr int kPerLane = static_cast<int>(kMaxHeadDim) / kLanes;
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kVec = 8;                        ///< Head elements per lane and position.
+constexpr int kMaxChunks = static_cast<int>(kMaxHeadDim) / kVec;  // 32: one warp spans a head
+static_assert(kMaxChunks <= 32, "a token slot must fit in a warp");
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int64_t kMaxHeadsPerBlock = 4;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -30,81 +45,195 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// Elements [d0, d0 + kVec) of p as floats; past `dim` reads as 0. `aligned`: dim % kVec == 0
+// and p + d0 is 16-byte aligned, so the chunk is whole and moves in 16-byte loads.
 template <class T>
-__global__ void __launch_bounds__(kWarps * kLanes) paged_decode_kernel(PagedDecodeArgs a) {
-  const int64_t h = blockIdx.x, b = blockIdx.y;
-  const int warp = static_cast<int>(threadIdx.x) / kLanes, lane = static_cast<int>(threadIdx.x) % kLanes;
-  const int64_t D = a.head_dim, kv = h / (a.heads / a.kv_heads);
-  const T* q = static_cast<const T*>(a.q) + (b * a.heads + h) * D;
-  float qr[kPerLane];
+__device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, bool aligned, float (&out)[kVec]) {
+  if (aligned) {
+    constexpr int kLoads = kVec * static_cast<int>(sizeof(T)) / 16;
+    uint4 raw[kLoads];
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int64_t d = lane + kLanes * e;
-    qr[e] = d < D ? to_float(q[d]) : 0.f;
+    for (int i = 0; i < kLoads; ++i) raw[i] = reinterpret_cast<const uint4*>(p + d0)[i];
+    const T* e = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out[i] = to_float(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out[i] = d0 + i < dim ? to_float(p[d0 + i]) : 0.f;
   }
-  const int64_t len = a.context_lens[b * a.len_stride];
-  const int64_t first = a.window > 0 && len > a.window ? len - a.window : 0;
-  const int64_t* table = a.block_tables + b * a.table_row_stride;
+}
+
+// The online-softmax state of one token slot for G query heads (this lane's chunk of each).
+template <int G>
+struct Partial {
+  float m[G], l[G], acc[G][kVec];
+};
+
+// Folds position (k, v) into `st` for every head: score = q . k (q carries the scale), reduced
+// over the slot's L lanes. `valid` false: the lanes still shuffle (the whole warp must) but the
+// state is unchanged.
+template <int G>
+__device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec], const float (&k)[kVec],
+                                       const float (&v)[kVec], bool valid, int L, float softcap) {
+  float score[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) dot += q[g][i] * k[i];
+    score[g] = dot;
+  }
+  for (int offset = L / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) score[g] += __shfl_xor_sync(kFullMask, score[g], offset);
+  }
+  if (!valid) return;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float s = score[g];
+    if (softcap > 0.f) s = tanhf(s / softcap) * softcap;
+    const float m_new = fmaxf(st.m[g], s);
+    const float keep = __expf(st.m[g] - m_new), p = __expf(s - m_new);  // keep = 0 at m = -inf
+    st.l[g] = st.l[g] * keep + p;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) st.acc[g][i] = st.acc[g][i] * keep + p * v[i];
+    st.m[g] = m_new;
+  }
+}
+
+// exp(m - m_total) as a merge weight; 0 for a part that saw no position.
+__device__ __forceinline__ float part_weight(float m, float m_total) {
+  return m == -INFINITY ? 0.f : __expf(m - m_total);
+}
+
+template <class T, int G>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs a, int lanes_per_slot) {
+  const int L = lanes_per_slot;
+  const int slots = kThreads / L;
+  const int slot = static_cast<int>(threadIdx.x) / L, lane_in_slot = static_cast<int>(threadIdx.x) % L;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t D = a.head_dim, group = a.heads / a.kv_heads, chunks = (group + G - 1) / G;
+  const int64_t kv = blockIdx.x / chunks, b = blockIdx.y;
+  const int64_t first_in_group = (blockIdx.x % chunks) * G;
+  const int heads_here = static_cast<int>(min(static_cast<int64_t>(G), group - first_in_group));
+  const int64_t h0 = kv * group + first_in_group;
+  const int64_t d0 = static_cast<int64_t>(lane_in_slot) * kVec;
+  const bool active = d0 < D;
+
+  float q[G][kVec];
+  const T* qp = static_cast<const T*>(a.q) + (b * a.heads + h0) * D;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      q[g][i] = g < heads_here && d0 + i < D ? to_float(qp[g * D + d0 + i]) * a.scale : 0.f;
+    }
+  }
+
   const int64_t token_stride = a.kv_heads * D;
   const T* keys = static_cast<const T*>(a.key_pool) + kv * D;
   const T* values = static_cast<const T*>(a.value_pool) + kv * D;
+  const bool aligned = D % kVec == 0 && (token_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(keys) % 16 == 0 && reinterpret_cast<uintptr_t>(values) % 16 == 0;
+  const int64_t len = a.context_lens[b * a.len_stride];
+  const int64_t first = a.window > 0 && len > a.window ? len - a.window : 0;
+  const int64_t* table = a.block_tables + b * a.table_row_stride;
 
-  float m = -INFINITY, l = 0.f, acc[kPerLane];
+  Partial<G> st;
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
-  for (int64_t s = first + warp; s < len; s += kWarps) {
-    const int64_t row = table[(s / a.block_size) * a.table_entry_stride] * a.block_size + s % a.block_size;
-    const T* k = keys + row * token_stride;
-    const T* v = values + row * token_stride;
-    float dot = 0.f;
+  for (int g = 0; g < G; ++g) {
+    st.m[g] = -INFINITY;
+    st.l[g] = 0.f;
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int64_t d = lane + kLanes * e;
-      if (d < D) dot += qr[e] * to_float(k[d]);
+    for (int i = 0; i < kVec; ++i) st.acc[g][i] = 0.f;
+  }
+  // Every thread runs the same iterations (the shuffles need the whole warp); a slot past the
+  // row's end loads nothing and changes nothing.
+  for (int64_t base = first; base < len; base += 2 * slots) {
+    const int64_t s0 = base + slot, s1 = s0 + slots;
+    const bool valid0 = s0 < len, valid1 = s1 < len;
+    float k0[kVec] = {}, v0[kVec] = {}, k1[kVec] = {}, v1[kVec] = {};
+    if (valid0 && active) {
+      const int64_t row = table[(s0 / a.block_size) * a.table_entry_stride] * a.block_size + s0 % a.block_size;
+      load_chunk(keys + row * token_stride, d0, D, aligned, k0);
+      load_chunk(values + row * token_stride, d0, D, aligned, v0);
     }
-#pragma unroll
-    for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    float score = dot * a.scale;
-    if (a.softcap > 0.f) score = tanhf(score / a.softcap) * a.softcap;
-    const float m_new = fmaxf(m, score);
-    const float keep = expf(m - m_new), p = expf(score - m_new);
-    l = l * keep + p;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int64_t d = lane + kLanes * e;
-      if (d < D) acc[e] = acc[e] * keep + p * to_float(v[d]);
+    if (valid1 && active) {
+      const int64_t row = table[(s1 / a.block_size) * a.table_entry_stride] * a.block_size + s1 % a.block_size;
+      load_chunk(keys + row * token_stride, d0, D, aligned, k1);
+      load_chunk(values + row * token_stride, d0, D, aligned, v1);
     }
-    m = m_new;
+    attend(st, q, k0, v0, valid0, L, a.softcap);
+    attend(st, q, k1, v1, valid1, L, a.softcap);
   }
 
-  __shared__ float warp_max[kWarps], warp_sum[kWarps];
-  __shared__ float warp_acc[kWarps][kMaxHeadDim];
-  if (lane == 0) {
-    warp_max[warp] = m;
-    warp_sum[warp] = l;
-  }
+  // Merge the slots of each warp (lanes L, 2L, ... apart hold the same chunk of other slots).
+  for (int offset = L; offset < 32; offset *= 2) {
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int64_t d = lane + kLanes * e;
-    if (d < D) warp_acc[warp][d] = acc[e];
+    for (int g = 0; g < G; ++g) {
+      const float m_other = __shfl_xor_sync(kFullMask, st.m[g], offset);
+      const float l_other = __shfl_xor_sync(kFullMask, st.l[g], offset);
+      const float m_total = fmaxf(st.m[g], m_other);
+      const float w_mine = part_weight(st.m[g], m_total), w_other = part_weight(m_other, m_total);
+      st.l[g] = st.l[g] * w_mine + l_other * w_other;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        st.acc[g][i] = st.acc[g][i] * w_mine + __shfl_xor_sync(kFullMask, st.acc[g][i], offset) * w_other;
+      }
+      st.m[g] = m_total;
+    }
+  }
+  // Then the warps, through shared memory: lanes [0, L) of each warp hold its merged state.
+  __shared__ float warp_m[kWarps][G], warp_l[kWarps][G];
+  __shared__ float warp_acc[kWarps][G][kMaxHeadDim];
+  if (lane < L) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (lane == 0) {
+        warp_m[warp][g] = st.m[g];
+        warp_l[warp][g] = st.l[g];
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (d0 + i < D) warp_acc[warp][g][d0 + i] = st.acc[g][i];
+      }
+    }
   }
   __syncthreads();
-  if (warp != 0) return;
-  float total_max = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) total_max = fmaxf(total_max, warp_max[w]);
-  float weight[kWarps], total = 0.f;
-  for (int w = 0; w < kWarps; ++w) {
-    weight[w] = warp_max[w] == -INFINITY ? 0.f : expf(warp_max[w] - total_max);  // a warp with no position
-    total += warp_sum[w] * weight[w];
+  T* out = static_cast<T*>(a.out) + (b * a.heads + h0) * D;
+  for (int64_t e = threadIdx.x; e < heads_here * D; e += kThreads) {
+    const int64_t g = e / D, d = e % D;
+    float m_total = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m_total = fmaxf(m_total, warp_m[w][g]);
+    float total = 0.f, o = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = part_weight(warp_m[w][g], m_total);
+      total += warp_l[w][g] * weight;
+      o += warp_acc[w][g][d] * weight;
+    }
+    out[g * D + d] = from_float<T>(total > 0.f ? o / total : 0.f);
   }
-  T* out = static_cast<T*>(a.out) + (b * a.heads + h) * D;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int64_t d = lane + kLanes * e;
-    if (d >= D) continue;
-    float o = 0.f;
-    for (int w = 0; w < kWarps; ++w) o += warp_acc[w][d] * weight[w];
-    out[d] = from_float<T>(total > 0.f ? o / total : 0.f);
+}
+
+// Query heads per block: the KV group's size rounded up to a power of two, at most 8 (larger
+// groups take several blocks per KV head, each loading the KV rows again).
+template <class T>
+void launch(const PagedDecodeArgs& args, cudaStream_t stream) {
+  const int64_t group = args.heads / args.kv_heads, per_block = std::min(group, kMaxHeadsPerBlock);
+  int lanes = 1;
+  while (lanes * kVec < args.head_dim) lanes *= 2;
+  auto run = [&](auto kernel, int64_t g) {
+    const dim3 grid(static_cast<unsigned>(args.kv_heads * ((group + g - 1) / g)), static_cast<unsigned>(args.batch));
+    kernel<<<grid, kThreads, 0, stream>>>(args, lanes);
+  };
+  if (per_block <= 1) {
+    run(paged_decode_kernel<T, 1>, 1);
+  } else if (per_block <= 2) {
+    run(paged_decode_kernel<T, 2>, 2);
+  } else if (per_block <= 4) {
+    run(paged_decode_kernel<T, 4>, 4);
+  } else {
+    run(paged_decode_kernel<T, 8>, 8);
   }
 }
 
@@ -112,13 +241,11 @@ __global__ void __launch_bounds__(kWarps * kLanes) paged_decode_kernel(PagedDeco
 
 const char* launch_paged_decode_attention(const PagedDecodeArgs& args, void* stream) {
   if (args.batch == 0) return nullptr;
-  const dim3 grid(static_cast<unsigned>(args.heads), static_cast<unsigned>(args.batch));
-  const dim3 block(kWarps * kLanes);
   auto s = static_cast<cudaStream_t>(stream);
   switch (args.dtype) {
-    case ElementType::f32: paged_decode_kernel<float><<<grid, block, 0, s>>>(args); break;
-    case ElementType::f16: paged_decode_kernel<__half><<<grid, block, 0, s>>>(args); break;
-    case ElementType::bf16: paged_decode_kernel<__nv_bfloat16><<<grid, block, 0, s>>>(args); break;
+    case ElementType::f32: launch<float>(args, s); break;
+    case ElementType::f16: launch<__half>(args, s); break;
+    case ElementType::bf16: launch<__nv_bfloat16>(args, s); break;
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
