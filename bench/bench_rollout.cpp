@@ -32,6 +32,7 @@
 
 #include "bench/bench_util.hpp"
 #include "workers/models/model.hpp"
+#include "workers/models/param_count.hpp"
 #include "workers/rollout/kv_engine.hpp"
 
 namespace {
@@ -43,8 +44,7 @@ using namespace tessera::rollout;
 ModelConfig bench_config() { return tessera::bench::bench_decoder_config("llama", 1408); }
 
 double matmul_params(const ModelConfig& c) {
-  const double h = c.hidden_size, i = c.intermediate_size, kv = c.num_key_value_heads * c.head_dim;
-  return c.num_hidden_layers * (2 * h * h + 2 * h * kv + 3 * h * i) + h * c.vocab_size;
+  return c.num_hidden_layers * tessera::models::layer_matmul_params(c) + static_cast<double>(c.hidden_size) * c.vocab_size;
 }
 
 std::shared_ptr<CausalLM> bench_model() {

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "workers/models/fused_layers.hpp"
 #include "workers/models/kv_cache.hpp"
 
 namespace tessera::models {
@@ -21,6 +22,19 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const 
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+namespace {
+
+// Whether a layer with its fused switch `on` runs the fused kernel on x: on a GPU, once the
+// kernels have passed their check for x's device and dtype (Note [Fused layers]).
+bool use_fused(bool on, const at::Tensor& x) {
+  if (!on || !x.is_cuda()) return false;
+  const Status checked = check_fused_layers(x.device(), x.scalar_type());
+  TORCH_CHECK(checked.ok(), checked.to_string());
+  return true;
+}
+
+}  // namespace
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {
   weight = register_parameter("weight", at::empty({num_embeddings, dim}, options));
@@ -34,6 +48,11 @@ RMSNorm::RMSNorm(int64_t dim, double eps_, const at::TensorOptions& options, boo
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  if (!unit_offset && use_fused(fused, x)) {
+    // One kernel each way (PyTorch's fused RMSNorm, fp32 inside, its own backward) for the seven
+    // element-wise ops below; the weight multiply stays in x's dtype after the cast, as in HF.
+    return weight * std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, std::nullopt, eps));
+  }
   at::Tensor h = x.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + eps);
@@ -181,6 +200,9 @@ std::pair<at::Tensor, at::Tensor> Attention::queries_and_keys(const at::Tensor& 
   at::Tensor k = split_heads(k_proj->forward(x), num_kv_heads_, head_dim_);
   if (q_norm) q = q_norm->forward(q);
   if (k_norm) k = k_norm->forward(k);
+  if (use_fused(fused_rotary, q) && q.scalar_type() == rope.cos.scalar_type()) {
+    return {models::fused_rotary(q, rope.cos, rope.sin), models::fused_rotary(k, rope.cos, rope.sin)};
+  }
   return {apply_rotary(q, rope), apply_rotary(k, rope)};
 }
 
@@ -295,6 +317,7 @@ MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) : gelu_tanh_(c.
 
 at::Tensor MLP::forward(const at::Tensor& x) const {
   at::Tensor gate = gate_proj->forward(x);
+  if (!gelu_tanh_ && use_fused(fused_swiglu, gate)) return down_proj->forward(models::fused_swiglu(gate, up_proj->forward(x)));
   gate = gelu_tanh_ ? at::gelu(gate, "tanh") : at::silu(gate);
   return down_proj->forward(gate * up_proj->forward(x));
 }

@@ -75,6 +75,7 @@ class RMSNorm : public torch::nn::Module {
   at::Tensor weight;
   double eps;
   bool unit_offset;  ///< Gemma2: scale by (1 + weight), in fp32.
+  bool fused = false;  ///< On a GPU: one fused kernel (model.use_liger; Note [Fused layers]).
 };
 
 /// cos/sin tables for one batch of position ids, [B, 1, T, head_dim] in the compute dtype.
@@ -156,6 +157,7 @@ class Attention : public torch::nn::Module {
 
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< Qwen3 only ([head_dim] weights); null otherwise.
+  bool fused_rotary = false;  ///< On a GPU: one rotary kernel (model.use_liger; Note [Fused layers]).
 
  private:
   at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -176,6 +178,7 @@ class MLP : public torch::nn::Module {
   MLP(const ModelConfig& config, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x) const;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+  bool fused_swiglu = false;  ///< On a GPU, SwiGLU only: one kernel (model.use_liger; Note [Fused layers]).
 
  private:
   bool gelu_tanh_ = false;

@@ -2,18 +2,15 @@
 #include "workers/ppo/flops_counter.hpp"
 
 #include "proto/device.hpp"
+#include "workers/models/param_count.hpp"
 
 namespace tessera::ppo {
 
 double training_flops(const models::ModelConfig& c, const std::vector<int64_t>& seqlens) {
   const double hidden = static_cast<double>(c.hidden_size);
   const double head_dim = static_cast<double>(c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads);
-  const double q = static_cast<double>(c.num_attention_heads) * head_dim;
-  const double kv = static_cast<double>(c.num_key_value_heads) * head_dim;
-  const double mlp = hidden * static_cast<double>(c.intermediate_size) * 3;
-  const double attn_linear = hidden * (q + 2 * kv + q);  // q, k, v and o projections
   const double embed_and_head = static_cast<double>(c.vocab_size) * hidden * 2;
-  const double dense = (mlp + attn_linear) * static_cast<double>(c.num_hidden_layers) + embed_and_head;
+  const double dense = models::layer_matmul_params(c) * static_cast<double>(c.num_hidden_layers) + embed_and_head;
   double tokens = 0, square_sum = 0;
   for (int64_t s : seqlens) {
     tokens += static_cast<double>(s);

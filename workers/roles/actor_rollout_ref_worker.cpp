@@ -104,6 +104,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.optim_path = "actor_rollout_ref.actor.optim";
   b.gradient_checkpointing = config_.model.gradient_checkpointing;
   b.grad_clip = config_.actor.grad_clip;
+  b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
   if (config_.is_actor) {
     config_.actor.use_remove_padding = config_.model.use_remove_padding;
@@ -125,6 +126,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
     o.config = config_.rollout;
     o.engine = engine_options(dp_rank);
     o.generation_seed = dp_rank + 1000;
+    o.fused_layers = config_.model.use_liger;
     TESSERA_ASSIGN_OR_RETURN(sharding_, rollout::FsdpShardingManager::create(actor_module_->engine(), model_config_, o));
   }
   return Status();
@@ -149,6 +151,7 @@ Status ActorRolloutRefWorker::build_ref() {
   b.fsdp_config = config_.ref.fsdp_config;
   b.fsdp_config_path = fsdp_path;
   b.force_param_offload = true;  // verl: the reference policy is always CPU-offloaded
+  b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(ref_module_, build_fsdp_module(model, world_, b));
   // The reference runs only compute_log_prob, whose batching comes from meta_info; its actor
   // config only has to be valid.

@@ -76,6 +76,7 @@ Status CriticWorker::init_model() {
   b.optim_path = "critic.optim";
   b.gradient_checkpointing = model_.gradient_checkpointing;
   b.grad_clip = config_.grad_clip;
+  b.fused_layers = model_.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
   TESSERA_ASSIGN_OR_RETURN(critic_, ppo::DataParallelPPOCritic::create(config_, module_, ppo::make_dp_count_sync(world_)));
   return check_on_device(module_->engine(), device(), context().rank);

@@ -115,6 +115,7 @@ Status RewardModelWorker::init_model() {
   b.fsdp_config = config_.model.fsdp_config;
   b.fsdp_config_path = fsdp_path;
   b.force_param_offload = true;
+  b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
   return check_on_device(module_->engine(), device(), context().rank);
 }

@@ -37,6 +37,7 @@ struct SftWorkerConfig {
   int64_t micro_batch_size_per_gpu = 1;
   bool gradient_checkpointing = false;  // model.enable_gradient_checkpointing
   bool use_remove_padding = false;      // padding-free micro-batches (workers/ppo/packing.hpp)
+  bool use_liger = false;               // model.use_liger: fused layer ops on a GPU (Note [Fused layers])
 };
 
 // sft_loss_terms over a packed micro-batch: logits [n, V] at the packed tokens of columns [0, T-1).
@@ -48,7 +49,7 @@ Result<SftLossTerms> sft_loss_terms_packed(const at::Tensor& logits, const ppo::
   TESSERA_ASSIGN_OR_RETURN(auto lp, algos::token_log_probs(logits, labels, /*temperature=*/1.0, /*with_entropy=*/false));
   SftLossTerms out;
   out.loss_sum = -(lp.log_probs * mask).sum();
-  out.tokens = static_cast<int64_t>(mask.sum().item<double>());
+  out.tokens = mask.sum();
   return out;
 }
 
@@ -79,7 +80,8 @@ Status read_model_block(const json& model, SftWorkerConfig& out) {
   r.field("lora_rank", lora_rank);
   const json& external = r.nested("external_lib");
   r.field("enable_gradient_checkpointing", out.gradient_checkpointing);
-  for (const char* key : {"trust_remote_code", "use_liger", "use_shm", "strategy", "lora_alpha", "target_modules"}) {
+  r.field("use_liger", out.use_liger);
+  for (const char* key : {"trust_remote_code", "use_shm", "strategy", "lora_alpha", "target_modules"}) {
     r.skip(key);
   }
   TESSERA_RETURN_IF_ERROR(r.finish());
@@ -213,6 +215,7 @@ class SftWorker : public dispatch::WorkerBase {
     b.optim = config_.optim;
     b.optim_path = "optim";
     b.gradient_checkpointing = config_.gradient_checkpointing;
+    b.fused_layers = config_.use_liger;
     b.grad_clip = config_.grad_clip;
     TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
     return check_on_device(module_->engine(), device(), context().rank);
@@ -226,7 +229,9 @@ class SftWorker : public dispatch::WorkerBase {
   }
 
   // One micro-batch: forward, loss terms, and (train) backward of the globally normalised loss.
-  Result<double> micro_step(const SftBatch& b, int64_t start, int64_t rows, bool train, double global_tokens) {
+  // Returns the micro-batch's summed loss as a 0-dim tensor on the device: the caller reads the
+  // batch's total once, so micro-batches queue on the GPU without a host wait between them.
+  Result<at::Tensor> micro_step(const SftBatch& b, int64_t start, int64_t rows, bool train, double global_tokens) {
     const ppo::ForwardMode mode = train ? ppo::ForwardMode::train : ppo::ForwardMode::eval;
     std::optional<torch::NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
@@ -248,7 +253,7 @@ class SftWorker : public dispatch::WorkerBase {
       const double scale = static_cast<double>(world_->size()) / std::max(global_tokens, 1.0);
       TESSERA_RETURN_IF_ERROR(module_->backward(terms->loss_sum * scale));
     }
-    return terms->loss_sum.detach().item<double>();
+    return terms->loss_sum.detach().to(at::kDouble);
   }
 
   Result<proto::DataProto> run_batch(const proto::DataProto& d, bool train) {
@@ -262,10 +267,13 @@ class SftWorker : public dispatch::WorkerBase {
     const int64_t rows = b.input_ids.size(0), micro = config_.micro_batch_size_per_gpu;
     double loss_sum = 0.0;
     try {
+      at::Tensor total;
       for (int64_t start = 0; start < rows; start += micro) {
-        TESSERA_ASSIGN_OR_RETURN(double s, micro_step(b, start, std::min(micro, rows - start), train, global_tokens));
-        loss_sum += s;
+        TESSERA_ASSIGN_OR_RETURN(at::Tensor s, micro_step(b, start, std::min(micro, rows - start), train, global_tokens));
+        total = total.defined() ? total + s : s;
       }
+      // Host boundary, deliberate: the batch's loss, once per batch (the metric and the world sum).
+      if (total.defined()) loss_sum = total.item<double>();
     } catch (...) {
       return ppo::status_from_current_exception(fmt::format("sft {} (rank {})", method, context().rank));
     }
@@ -315,7 +323,7 @@ Result<SftLossTerms> sft_loss_terms(const at::Tensor& logits, const at::Tensor& 
   TESSERA_ASSIGN_OR_RETURN(auto lp, algos::token_log_probs(logits, labels, /*temperature=*/1.0, /*with_entropy=*/false));
   SftLossTerms out;
   out.loss_sum = -(lp.log_probs * mask).sum();
-  out.tokens = static_cast<int64_t>(mask.sum().item<double>());
+  out.tokens = mask.sum();
   return out;
 }
 

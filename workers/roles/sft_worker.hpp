@@ -56,7 +56,7 @@ Status register_sft_worker(runtime::WorkerTypeRegistry& registry);
 /// The summed token cross-entropy of a batch and the number of trained tokens.
 struct SftLossTerms {
   at::Tensor loss_sum;  ///< 0-dim fp32, differentiable through `logits`.
-  int64_t tokens = 0;   ///< Σ loss_mask[:, :-1].
+  at::Tensor tokens;    ///< 0-dim fp32 Σ loss_mask[:, :-1], on the logits' device (no host read).
 };
 
 /// Σ_t CE(logits[:, t], input_ids[:, t+1]) · loss_mask[:, t] over t < T-1, and the token count.

@@ -19,6 +19,7 @@
 #include "workers/fsdp/checkpoint.hpp"
 #include "workers/fsdp/options.hpp"
 #include "workers/fsdp/units.hpp"
+#include "workers/models/fused_layers.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 
 namespace tessera::workers {
@@ -103,7 +104,7 @@ namespace {
 constexpr const char* kModelKeysAccepted[] = {
     "_target_",        "tokenizer_path",         "custom_chat_template", "use_shm",
     "enable_activation_offload",
-    "use_liger",       "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
+    "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
     "lora_alpha",      "target_modules",         "exclude_modules",      "tiled_mlp",
 };
 
@@ -139,6 +140,12 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
                       rmpad.dump());
   }
   m.use_remove_padding = rmpad.is_boolean() && rmpad.get<bool>();
+  const json& liger = r.nested("use_liger");
+  if (!liger.is_null() && !liger.is_boolean()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected true or false", r.key_path("use_liger"),
+                      liger.dump());
+  }
+  m.use_liger = liger.is_boolean() && liger.get<bool>();
   const json& tok = r.nested("input_tokenizer");
   if (tok.is_string()) m.input_tokenizer = tok.get<std::string>();
   TESSERA_RETURN_IF_ERROR(r.finish());
@@ -155,6 +162,7 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
                                                                std::shared_ptr<collective::Communicator> world,
                                                                const FsdpBuildOptions& o) {
   TESSERA_ASSIGN_OR_RETURN(fsdp::FsdpConfig config, fsdp::parse_fsdp_config(o.fsdp_config, o.fsdp_config_path));
+  models::set_fused_layers(*model, o.fused_layers);
   const bool trainable = !o.optim.is_null();
   fsdp::OptimizerOptions optim;
   if (trainable) {

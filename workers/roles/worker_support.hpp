@@ -62,6 +62,9 @@ struct ModelSection {
   /// use_remove_padding: actor, reference and critic forwards pack their micro-batches without
   /// padding (workers/ppo/packing.hpp). The reward model's one forward per batch stays padded.
   bool use_remove_padding = false;
+  /// use_liger: on a GPU, RMSNorm, rotary and SwiGLU run as one fused kernel each way (verl applies
+  /// Liger's kernels; models' Note [Fused layers]). No effect on the CPU.
+  bool use_liger = false;
 };
 
 /// Parses a model block; `path` (e.g. "critic.model") prefixes errors. Unknown keys are errors.
@@ -78,6 +81,7 @@ struct FsdpBuildOptions {
   /// (FULL_SHARD / HYBRID_SHARD). Frozen modules always free after forward (no backward).
   bool gradient_checkpointing = true;
   bool force_param_offload = false; ///< verl's reference / reward model: always CPU-offloaded.
+  bool fused_layers = false;        ///< model.use_liger (ModelSection::use_liger).
 };
 
 /// Wraps `model` in an FsdpModule over `world` (mesh and strategy from fsdp_config: fsdp_size,

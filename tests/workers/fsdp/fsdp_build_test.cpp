@@ -11,6 +11,7 @@
 #include "runtime/collective/communicator.hpp"
 #include "tests/runtime/collective/collective_test_util.hpp"
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
+#include "workers/models/decoder.hpp"
 #include "workers/roles/worker_support.hpp"
 
 namespace tessera::workers {
@@ -132,6 +133,36 @@ TEST(ModelSection, EnableGradientCheckpointingIsReadLikeVerl) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("critic.model.enable_gradient_checkpointing"), std::string::npos)
       << bad.status().to_string();
+}
+
+// model.use_liger: off unless set; a non-boolean is an error naming the key. build_fsdp_module
+// turns the model's fused layer switches on (they act on a GPU only: Note [Fused layers]).
+TEST(ModelSection, UseLigerTurnsTheFusedLayersOn) {
+  auto on = parse_model_section(json{{"path", "/m"}, {"use_liger", true}}, "actor_rollout_ref.model");
+  auto absent = parse_model_section(json{{"path", "/m"}}, "actor_rollout_ref.model");
+  ASSERT_TRUE(on.ok() && absent.ok());
+  EXPECT_TRUE(on->use_liger);
+  EXPECT_FALSE(absent->use_liger);
+  auto bad = parse_model_section(json{{"path", "/m"}, {"use_liger", 1}}, "actor_rollout_ref.model");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("actor_rollout_ref.model.use_liger"), std::string::npos)
+      << bad.status().to_string();
+
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    auto model = make_model();
+    FsdpBuildOptions b;
+    b.fused_layers = true;
+    auto module = build_fsdp_module(model, std::shared_ptr<Communicator>(&w, [](Communicator*) {}), b);
+    ASSERT_TRUE(module.ok()) << module.status().to_string();
+    int on = 0, off = 0;
+    for (const auto& m : model->modules()) {
+      if (auto* n = dynamic_cast<models::RMSNorm*>(m.get())) (n->fused ? on : off) += 1;
+      if (auto* a = dynamic_cast<models::Attention*>(m.get())) (a->fused_rotary ? on : off) += 1;
+      if (auto* p = dynamic_cast<models::MLP*>(m.get())) (p->fused_swiglu ? on : off) += 1;
+    }
+    EXPECT_GT(on, 0);
+    EXPECT_EQ(off, 0);
+  });
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ double reference_loss(const std::string& model_dir, const proto::DataProto& b) {
   at::Tensor lp = torch::log_softmax(logits.narrow(1, 0, T - 1), -1).gather(2, ids.narrow(1, 1, T - 1).unsqueeze(-1)).squeeze(-1);
   at::Tensor m = lm.narrow(1, 0, T - 1).to(torch::kFloat32);
   const double want = (-(lp * m).sum() / m.sum()).item<double>();
-  EXPECT_NEAR(terms->loss_sum.item<double>() / terms->tokens, want, 1e-5);
+  EXPECT_NEAR(terms->loss_sum.item<double>() / terms->tokens.item<double>(), want, 1e-5);
   return want;
 }
 

@@ -88,7 +88,9 @@ TEST_P(OnDevice, GenerationGivesItsMemoryBackOnExit) {
   proto::synchronize(device_);
   const proto::DeviceMemory after = proto::memory_stats(device_);
   EXPECT_EQ(after.allocated, before);
-  if (device_.is_cuda()) EXPECT_GT(after.max_allocated, before);
+  if (device_.is_cuda()) {
+    EXPECT_GT(after.max_allocated, before);
+  }
 }
 
 // model.use_remove_padding through the worker on its device: the actor's and the reference's

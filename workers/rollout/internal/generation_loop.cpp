@@ -42,6 +42,7 @@
 
 #include <torch/torch.h>
 
+#include "workers/models/param_count.hpp"
 #include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/internal/decode_runner.hpp"
@@ -62,11 +63,9 @@ double process_cpu_seconds() {
 
 // GenerationStats::prefill_flops of one prompt of `len` tokens.
 double prompt_flops(const models::ModelConfig& c, int64_t len) {
-  const double h = static_cast<double>(c.hidden_size), q = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double layer_params = h * (q + 2 * kv) + q * h + 3 * h * static_cast<double>(c.intermediate_size);
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
   const auto n = static_cast<double>(len), layers = static_cast<double>(c.num_hidden_layers);
-  return 2 * layer_params * layers * n + 4 * n * n * q * layers;
+  return 2 * models::layer_matmul_params(c) * layers * n + 4 * n * n * q * layers;
 }
 
 class GenerationLoop {

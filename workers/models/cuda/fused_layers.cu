@@ -1,0 +1,115 @@
+// fused_layers.cu: see fused_layers.hpp. One thread per rotary pair (d, d + D/2) of one
+// (row, head, token), one thread per SwiGLU element; grid-stride loops.
+#include "workers/models/cuda/fused_layers.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace tessera::models::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) rotary_kernel(RotaryArgs a) {
+  const int64_t half = a.head_dim / 2;
+  const int64_t pairs = a.batch * a.heads * a.tokens * half;
+  const T* x = static_cast<const T*>(a.x);
+  const T* cos = static_cast<const T*>(a.cos);
+  const T* sin = static_cast<const T*>(a.sin);
+  T* out = static_cast<T*>(a.out);
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < pairs;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = e % half, t = (e / half) % a.tokens, h = (e / (half * a.tokens)) % a.heads;
+    const int64_t b = e / (half * a.tokens * a.heads);
+    const T* xr = x + b * a.x_stride[0] + h * a.x_stride[1] + t * a.x_stride[2];
+    const int64_t tab = b * a.table_stride[0] + t * a.table_stride[1];
+    const float x1 = to_float(xr[d * a.x_stride[3]]), x2 = to_float(xr[(d + half) * a.x_stride[3]]);
+    const float c1 = to_float(cos[tab + d * a.table_stride[2]]), c2 = to_float(cos[tab + (d + half) * a.table_stride[2]]);
+    const float s1 = to_float(sin[tab + d * a.table_stride[2]]), s2 = to_float(sin[tab + (d + half) * a.table_stride[2]]);
+    float o1, o2;
+    if (!a.backward) {
+      o1 = x1 * c1 - x2 * s1;
+      o2 = x2 * c2 + x1 * s2;
+    } else {
+      o1 = x1 * c1 + x2 * s2;
+      o2 = x2 * c2 - x1 * s1;
+    }
+    T* orow = out + ((b * a.heads + h) * a.tokens + t) * a.head_dim;
+    orow[d] = from_float<T>(o1);
+    orow[d + half] = from_float<T>(o2);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluArgs a) {
+  const T* gate = static_cast<const T*>(a.gate);
+  const T* up = static_cast<const T*>(a.up);
+  const T* grad = static_cast<const T*>(a.grad);
+  T* out = static_cast<T*>(a.out);
+  T* out_up = static_cast<T*>(a.out_up);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = to_float(gate[i]), u = to_float(up[i]);
+    const float sig = 1.f / (1.f + expf(-g));
+    const float silu = g * sig;
+    if (!a.backward) {
+      out[i] = from_float<T>(silu * u);
+    } else {
+      const float dy = to_float(grad[i]);
+      out[i] = from_float<T>(dy * u * sig * (1.f + g * (1.f - sig)));
+      out_up[i] = from_float<T>(dy * silu);
+    }
+  }
+}
+
+unsigned blocks_for(int64_t work) {
+  const int64_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);  // grid-stride beyond
+}
+
+const char* last_error() {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace
+
+const char* launch_rotary(const RotaryArgs& args, void* stream) {
+  const int64_t pairs = args.batch * args.heads * args.tokens * (args.head_dim / 2);
+  if (pairs == 0) return nullptr;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (args.dtype) {
+    case ElementType::f32: rotary_kernel<float><<<blocks_for(pairs), kThreads, 0, s>>>(args); break;
+    case ElementType::f16: rotary_kernel<__half><<<blocks_for(pairs), kThreads, 0, s>>>(args); break;
+    case ElementType::bf16: rotary_kernel<__nv_bfloat16><<<blocks_for(pairs), kThreads, 0, s>>>(args); break;
+  }
+  return last_error();
+}
+
+const char* launch_swiglu(const SwigluArgs& args, void* stream) {
+  if (args.n == 0) return nullptr;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (args.dtype) {
+    case ElementType::f32: swiglu_kernel<float><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
+    case ElementType::f16: swiglu_kernel<__half><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
+    case ElementType::bf16: swiglu_kernel<__nv_bfloat16><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
+  }
+  return last_error();
+}
+
+}  // namespace tessera::models::cuda

@@ -1,0 +1,47 @@
+// fused_layers.hpp: CUDA kernels for the decoder's element-wise layer ops (rotary embedding and
+// SwiGLU), forward and backward, behind a plain C++ interface (raw device pointers and a stream,
+// no LibTorch types) so their translation unit compiles with nvcc alone. Each computes in fp32
+// and rounds once to the element type. See Note [Fused layers] in ../fused_layers.cpp.
+//
+// Thread-safety: re-entrant; launches are asynchronous on `stream` and can be graph-captured.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::models::cuda {
+
+enum class ElementType { f32, f16, bf16 };
+
+/// Rotary embedding over x [B, H, T, D] (any strides, last dim contiguous) with tables cos, sin
+/// [B, 1, T, D] (any strides, last dim contiguous), into out [B, H, T, D] contiguous:
+///   forward:  out = x * cos + rotate_half(x) * sin,  rotate_half(x) = cat(-x[D/2:], x[:D/2])
+///   backward: out = g * cos + rotate_half^T(g * sin), rotate_half^T(y) = cat(y[D/2:], -y[:D/2])
+/// (x is then the incoming gradient g). REQUIRES: D even.
+struct RotaryArgs {
+  const void* x = nullptr;
+  int64_t x_stride[4] = {};
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t table_stride[3] = {};  ///< Strides of cos and sin over B, T, D (the same for both).
+  void* out = nullptr;
+  int64_t batch = 0, heads = 0, tokens = 0, head_dim = 0;
+  bool backward = false;
+  ElementType dtype = ElementType::f32;
+};
+const char* launch_rotary(const RotaryArgs& args, void* stream);
+
+/// SwiGLU over gate, up [n] (contiguous): forward out = silu(gate) * up; backward, with the
+/// incoming gradient g, grad_gate = g * up * silu'(gate) and grad_up = g * silu(gate).
+struct SwigluArgs {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  const void* grad = nullptr;  ///< Backward only.
+  void* out = nullptr;         ///< Forward: out. Backward: grad_gate.
+  void* out_up = nullptr;      ///< Backward: grad_up.
+  int64_t n = 0;
+  bool backward = false;
+  ElementType dtype = ElementType::f32;
+};
+const char* launch_swiglu(const SwigluArgs& args, void* stream);
+
+}  // namespace tessera::models::cuda

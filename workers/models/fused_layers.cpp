@@ -1,0 +1,238 @@
+// fused_layers.cpp: see fused_layers.hpp.
+//
+// Note [Fused layers]
+// verl's `model.use_liger` patches Liger's Triton kernels into the HF model: RMSNorm, rotary
+// embedding and SwiGLU as one kernel each way instead of a chain of element-wise ops (an RMSNorm
+// is seven ops forward: the fp32 copy, square, mean, add, rsqrt, multiply and the cast back).
+// In a training step those chains are most of the kernels that run: ~150 per layer per
+// micro-batch with the recomputed forward, each a full pass over the activations. With the switch
+// on and the model on a GPU:
+//   RMSNorm  PyTorch's fused kernel (at::_fused_rms_norm: fp32 inside, its own backward), then the
+//            weight multiply in the input dtype as HF does (Gemma's (1 + weight) form stays unfused);
+//   rotary   cuda/fused_layers.cu, one thread per rotated pair, forward and backward;
+//   SwiGLU   cuda/fused_layers.cu, silu(gate) * up, and both input gradients in one pass.
+// They compute in fp32 and round once where the op chains round after every op, so values
+// differ from HF's by about one unit in the last place of the dtype (none in fp32 beyond
+// rounding). On the CPU the switch changes nothing. The kernels are new code: check_fused_layers
+// compares them with the op chains once per process and (device, dtype) before first use, and a
+// disagreement is an error naming the key.
+#include "workers/models/fused_layers.hpp"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "workers/models/decoder.hpp"
+
+#if TESSERA_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "workers/models/cuda/fused_layers.hpp"
+#endif
+
+namespace tessera::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+#if TESSERA_WITH_CUDA
+cuda::ElementType element_type(const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16, "fused layers: unsupported dtype ",
+              c10::toString(s));
+  return s == at::kFloat ? cuda::ElementType::f32 : s == at::kHalf ? cuda::ElementType::f16 : cuda::ElementType::bf16;
+}
+
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void check_launch(const char* what, const char* error) {
+  TORCH_CHECK(error == nullptr, "fused layers: the ", what, " kernel failed to launch: ", error);
+}
+
+// x (or the incoming gradient) [B, H, T, D] through the rotary kernel into a new contiguous tensor.
+at::Tensor run_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+  TORCH_CHECK(x.dim() == 4 && cos.dim() == 4 && x.size(3) % 2 == 0, "fused rotary: x ", x.sizes(), " cos ", cos.sizes());
+  const at::Tensor c = cos.expand({x.size(0), 1, x.size(2), x.size(3)});
+  const at::Tensor s = sin.expand_as(c);
+  TORCH_CHECK(c.strides() == s.strides(), "fused rotary: cos and sin must share a layout");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  cuda::RotaryArgs a;
+  a.x = x.data_ptr();
+  for (int i = 0; i < 4; ++i) a.x_stride[i] = x.stride(i);
+  a.cos = c.data_ptr();
+  a.sin = s.data_ptr();
+  a.table_stride[0] = c.stride(0);
+  a.table_stride[1] = c.stride(2);
+  a.table_stride[2] = c.stride(3);
+  a.out = out.data_ptr();
+  a.batch = x.size(0);
+  a.heads = x.size(1);
+  a.tokens = x.size(2);
+  a.head_dim = x.size(3);
+  a.backward = backward;
+  a.dtype = element_type(x);
+  check_launch("rotary", cuda::launch_rotary(a, stream_of(x)));
+  return out;
+}
+
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return run_rotary(x, cos, sin, /*backward=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {run_rotary(grads[0], saved[0], saved[1], /*backward=*/true), at::Tensor(), at::Tensor()};
+  }
+};
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
+    TORCH_CHECK(gate_in.sizes() == up_in.sizes() && gate_in.scalar_type() == up_in.scalar_type(),
+                "fused swiglu: gate ", gate_in.sizes(), " and up ", up_in.sizes(), " differ");
+    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+    ctx->save_for_backward({gate, up});
+    const c10::cuda::CUDAGuard guard(gate.device());
+    at::Tensor out = at::empty_like(gate, at::MemoryFormat::Contiguous);
+    cuda::SwigluArgs a;
+    a.gate = gate.data_ptr();
+    a.up = up.data_ptr();
+    a.out = out.data_ptr();
+    a.n = gate.numel();
+    a.dtype = element_type(gate);
+    check_launch("swiglu", cuda::launch_swiglu(a, stream_of(gate)));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& gate = saved[0];
+    const at::Tensor& up = saved[1];
+    const at::Tensor grad = grads[0].to(gate.scalar_type()).contiguous();
+    const c10::cuda::CUDAGuard guard(gate.device());
+    at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
+    cuda::SwigluArgs a;
+    a.gate = gate.data_ptr();
+    a.up = up.data_ptr();
+    a.grad = grad.data_ptr();
+    a.out = grad_gate.data_ptr();
+    a.out_up = grad_up.data_ptr();
+    a.n = gate.numel();
+    a.backward = true;
+    a.dtype = element_type(gate);
+    check_launch("swiglu backward", cuda::launch_swiglu(a, stream_of(gate)));
+    return {grad_gate, grad_up};
+  }
+};
+#endif
+
+// The op chains the fused ops replace (decoder.cpp's unfused paths, HF's order).
+at::Tensor chain_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+}
+
+at::Tensor chain_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// max |fused - chain| / max |chain| over the outputs and input gradients of the three ops.
+double fused_error(c10::Device device, c10::ScalarType dtype) {
+  at::Generator gen = at::detail::createCPUGenerator(20261126);
+  const auto on = [&](const at::Tensor& t) { return t.to(dtype).to(device); };
+  double worst = 0;
+  const auto compare = [&](const variable_list& got, const variable_list& want) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, max_diff(got[i], want[i]) / std::max(want[i].abs().max().item<double>(), 1e-30));
+    }
+  };
+  // Rotary on a transposed view (as the attention's split heads give it).
+  const at::Tensor x0 = on(at::randn({2, 5, 3, 16}, gen)).transpose(1, 2);
+  const at::Tensor angles = at::randn({2, 1, 5, 8}, gen).repeat({1, 1, 1, 2});
+  const at::Tensor cos = on(angles.cos()), sin = on(angles.sin()), g_rot = on(at::randn({2, 3, 5, 16}, gen));
+  // SwiGLU and RMSNorm on [3, 7, 24].
+  const at::Tensor gate0 = on(at::randn({3, 7, 24}, gen) * 3), up0 = on(at::randn({3, 7, 24}, gen));
+  const at::Tensor weight = on(at::rand({24}, gen) + 0.5), g_mlp = on(at::randn({3, 7, 24}, gen));
+  variable_list results[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    at::Tensor x = x0.detach().clone().requires_grad_(true);
+    at::Tensor gate = gate0.detach().clone().requires_grad_(true), up = up0.detach().clone().requires_grad_(true);
+    at::Tensor n_in = gate0.detach().clone().requires_grad_(true);
+    at::Tensor r = fused ? fused_rotary(x, cos, sin) : chain_rotary(x, cos, sin);
+    at::Tensor m = fused ? fused_swiglu(gate, up) : at::silu(gate) * up;
+    at::Tensor n = fused ? weight * std::get<0>(at::_fused_rms_norm(n_in, {24}, std::nullopt, 1e-6))
+                         : chain_rms_norm(n_in, weight, 1e-6);
+    ((r * g_rot).sum() + (m * g_mlp).sum() + (n * g_mlp).sum()).backward();
+    results[fused] = {r, m, n, x.grad(), gate.grad(), up.grad(), n_in.grad()};
+  }
+  compare(results[1], results[0]);
+  return worst;
+}
+
+}  // namespace
+
+void set_fused_layers(torch::nn::Module& root, bool on) {
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (auto* norm = dynamic_cast<RMSNorm*>(m.get())) norm->fused = on;
+    if (auto* attn = dynamic_cast<Attention*>(m.get())) attn->fused_rotary = on;
+    if (auto* mlp = dynamic_cast<MLP*>(m.get())) mlp->fused_swiglu = on;
+  }
+}
+
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#if TESSERA_WITH_CUDA
+  return RotaryFunction::apply(x, cos, sin);
+#else
+  (void)x, (void)cos, (void)sin;
+  TORCH_CHECK(false, "fused_rotary: this build has no CUDA");
+#endif
+}
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+#if TESSERA_WITH_CUDA
+  return SwigluFunction::apply(gate, up);
+#else
+  (void)gate, (void)up;
+  TORCH_CHECK(false, "fused_swiglu: this build has no CUDA");
+#endif
+}
+
+Status check_fused_layers(c10::Device device, c10::ScalarType dtype) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, c10::ScalarType>, Status> checked;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device.str(), dtype);
+  if (auto it = checked.find(key); it != checked.end()) return it->second;
+  Status status;
+  try {
+    // Host boundary, deliberate: once per process and (device, dtype), before the first fused op.
+    const double worst = fused_error(device, dtype);
+    const double tolerance = dtype == at::kFloat ? 1e-5 : dtype == at::kHalf ? 4e-3 : 3e-2;
+    if (!(worst <= tolerance)) {
+      status = make_error(ErrorCode::internal,
+                          "fused layer kernels disagree with the unfused ops on {} in {} (relative error {:.3g}); set "
+                          "model.use_liger=false",
+                          device.str(), c10::toString(dtype), worst);
+    }
+  } catch (const std::exception& e) {
+    status = make_error(ErrorCode::internal, "fused layer kernels failed on {}: {}; set model.use_liger=false",
+                        device.str(), std::string(e.what()).substr(0, 200));
+  }
+  checked.emplace(key, status);
+  return status;
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,31 @@
+// fused_layers.hpp: the decoder's element-wise layer ops as one kernel each way on a GPU
+// (verl's `model.use_liger`), and the switch that turns them on for a model. See Note [Fused
+// layers] in fused_layers.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+
+#include "proto/status.hpp"
+
+namespace tessera::models {
+
+/// Turns the fused layer ops on or off in every RMSNorm, Attention and MLP under `root`.
+void set_fused_layers(torch::nn::Module& root, bool on);
+
+/// x * cos + rotate_half(x) * sin (x [B, H, T, D], cos / sin [B, 1, T, D]) as one CUDA kernel,
+/// with a one-kernel backward. REQUIRES: x on a CUDA device, of the tables' dtype.
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// silu(gate) * up as one CUDA kernel, with a one-kernel backward. REQUIRES: CUDA, same shape
+/// and dtype.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+/// Compares the fused ops (forward and backward) with the op sequences on a small random problem,
+/// once per process and (device, dtype); later calls return the first verdict. An error names
+/// `model.use_liger`. Reads the host (call it outside CUDA-graph capture).
+Status check_fused_layers(c10::Device device, c10::ScalarType dtype);
+
+}  // namespace tessera::models
