@@ -9,6 +9,9 @@
 #          TESSERA_MALLOC (the configured allocator) and TESSERA_PYTHON (reference Python).
 #   tessera_add_bench(<name> SOURCES <src>... [DEPS <target>...])
 #       -> Google Benchmark executable bin/<name>, run by bench/run.
+#   tessera_add_cuda_kernels(<name> SOURCES <src.cu>...)
+#       -> with TESSERA_WITH_CUDA, static library tessera_<name>_cuda of the component's kernels,
+#          linked privately into tessera_<name> (Note [CUDA kernels] in the top CMakeLists.txt).
 # Executables also link tessera_malloc (Note [Allocator] in the top CMakeLists.txt).
 #
 # Every C++ target links the same third-party set (tessera_deps) and reuses one precompiled
@@ -141,6 +144,19 @@ function(tessera_add_bench name)
   _tessera_target_common(${name})
   _tessera_executable_link(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark tessera_malloc)
+endfunction()
+
+# The .cu files include CUDA's headers and repo-rooted ones only, never LibTorch's.
+function(tessera_add_cuda_kernels name)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  if(NOT TESSERA_WITH_CUDA)
+    return()
+  endif()
+  set(tgt tessera_${name}_cuda)
+  add_library(${tgt} STATIC ${ARG_SOURCES})
+  target_include_directories(${tgt} PRIVATE ${CMAKE_SOURCE_DIR})
+  set_target_properties(${tgt} PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+  target_link_libraries(tessera_${name} PRIVATE ${tgt} CUDA::cudart)
 endfunction()
 
 # Note [Include-free libraries] (CMakeLists.txt): `dir` goes on `tgt`'s include path only where it

@@ -12,9 +12,11 @@
 
 #include <cstdint>
 
+#include "proto/cuda/element.hpp"
+
 namespace tessera::algos::cuda {
 
-enum class ElementType { f32, f16, bf16 };
+using ElementType = proto::cuda::ElementType;
 
 struct TokenLogProbArgs {
   const void* logits = nullptr;    ///< [rows, vocab], elements contiguous within a row.

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 
+#include "proto/cuda/element.hpp"
+
 namespace tessera::models::cuda {
 
-enum class ElementType { f32, f16, bf16 };
+using ElementType = proto::cuda::ElementType;
 
 /// Rotary embedding over x [B, H, T, D] (any strides, last dim contiguous) with tables cos, sin
 /// [B, 1, T, D] (any strides, last dim contiguous), into out [B, H, T, D] contiguous:

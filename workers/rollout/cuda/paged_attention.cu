@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "proto/cuda/element.cuh"
+
 #include <algorithm>
 
 namespace tessera::rollout::cuda {
@@ -35,18 +37,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // blocks per SM) and 61.4k with blocks of 2.
 constexpr int64_t kMaxHeadsPerBlock = 4;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using proto::cuda::from_float;
+using proto::cuda::to_float;
 
 // Elements [d0, d0 + kVec) of p as floats; past `dim` reads as 0. `aligned`: dim % kVec == 0
 // and p + d0 is 16-byte aligned, so the chunk is whole and moves in 16-byte loads.

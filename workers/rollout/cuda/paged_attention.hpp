@@ -13,9 +13,11 @@
 
 #include <cstdint>
 
+#include "proto/cuda/element.hpp"
+
 namespace tessera::rollout::cuda {
 
-enum class ElementType { f32, f16, bf16 };
+using ElementType = proto::cuda::ElementType;
 
 struct PagedDecodeArgs {
   const void* q = nullptr;           ///< [B, heads, D] contiguous.
