@@ -12,7 +12,8 @@
 # TESSERA_SHARED_DIR holds the golden fixtures the tests read. OUT_DIR gets one log per test,
 # bench.log, and step_<STEPS>.summary.txt (the trace itself stays in OUT_DIR/bench/run/profile:
 # it is about 1 GB for this workload). Exit status: non-zero when a test or the benchmark failed.
-# TESSERA_TEST_TIMEOUT_S (default 300) and TESSERA_BENCH_TIMEOUT_S (default 600) bound them.
+# TESSERA_TEST_TIMEOUT_S (default 300) and TESSERA_BENCH_TIMEOUT_S (default 600) bound them;
+# TESSERA_GPU_VARIANTS adds GRPO runs with overrides (see below) beside the main one.
 set -uo pipefail
 TOK="${1:?TOKENIZER_DIR}"; OUT="${2:?OUT_DIR}"; STEPS="${3:-3}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -57,6 +58,20 @@ print(f"decode vs HF generate ({hf['card']}): Tessera {d['graph_generate_tok_s']
       f"{d['graph_generate_tok_s'] / hf['generate_tok_s']:.1f}x")
 PY
 fi
+# Variants of the GRPO benchmark on the same model and HF figures, one line each (step STEPS):
+# TESSERA_GPU_VARIANTS="name:key=value,key=value name2:..." (e.g. liger:actor_rollout_ref.model.use_liger=true).
+for variant in ${TESSERA_GPU_VARIANTS:-}; do
+  name=${variant%%:*}; IFS=',' read -r -a overrides <<< "${variant#*:}"
+  vdir="$OUT/variant_$name"; mkdir -p "$vdir"
+  [[ -d "$OUT/bench/model" ]] && ln -sfn "$OUT/bench/model" "$vdir/model"
+  [[ -f "$OUT/bench/hf.json" ]] && cp "$OUT/bench/hf.json" "$vdir/hf.json"
+  if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$vdir" "$STEPS" "${overrides[@]}" \
+       > "$OUT/variant_$name.log" 2>&1; then
+    echo "variant $name (${overrides[*]}):"; grep -E "^\| $STEPS \||step / HF" "$OUT/variant_$name.log"
+  else
+    echo "variant $name: FAILED (see $OUT/variant_$name.log)"; tail -3 "$OUT/variant_$name.log"; status=1
+  fi
+done
 trace="$OUT/bench/run/profile/step_$STEPS.pt.trace.json"
 if [[ -f "$trace" ]]; then
   python3 "$ROOT/bench/trace_summary.py" "$trace" > "$OUT/step_$STEPS.summary.txt" && head -40 "$OUT/step_$STEPS.summary.txt"

@@ -11,7 +11,8 @@
 # GRPO with the KL loss of examples/grpo_gsm8k.yaml, with the speed settings a verl user turns on
 # (use_remove_padding=true, rollout.enforce_eager=false: CUDA-graph decode). Writes
 # OUT_DIR/{model,data,run}, OUT_DIR/hf.json and prints Tessera's timing_s/* and perf/* of each
-# step beside HF's phases. Python: the interpreter on PATH, with torch and transformers.
+# step beside HF's phases (HF runs once per OUT_DIR: a second run there reuses hf.json). Python:
+# the interpreter on PATH, with torch and transformers.
 set -euo pipefail
 BIN="${1:?BIN_DIR}"; TOK="${2:?TOKENIZER_DIR}"; OUT="${3:?OUT_DIR}"; STEPS="${4:-3}"
 shift $(( $# < 4 ? $# : 4 ))  # the rest: overrides for tessera train (e.g. trainer.profile_steps=[3])
@@ -34,7 +35,8 @@ with open(sys.argv[1], "w") as f:
                             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a + b)},
                             "extra_info": {"split": "train", "index": i}}) + "\n")
 PY
-python3 "$ROOT/bench/hf_grpo_baseline.py" "$OUT/model" --json "$OUT/hf.json"
+# HF's figures are made once per OUT_DIR (a variant run reuses its model and hf.json).
+[[ -f "$OUT/hf.json" ]] || python3 "$ROOT/bench/hf_grpo_baseline.py" "$OUT/model" --json "$OUT/hf.json"
 "$BIN/tessera" train "$ROOT/examples/grpo_gsm8k.yaml" \
   data.train_files="$OUT/data/train.jsonl" data.val_files="$OUT/data/train.jsonl" \
   data.train_batch_size=64 data.max_prompt_length=128 data.max_response_length=256 \
