@@ -77,7 +77,7 @@ case "${1:-}" in
     export_env
     site="$(python_site)"
     cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DTESSERA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DTESSERA_WITH_CUDA=ON -DTESSERA_CUDA_ARCHITECTURES=90 \
       -DCMAKE_PREFIX_PATH="$PREFIX/usr;$site/torch/share/cmake" \
       -DNCCL_LIBRARY="$site/nvidia/nccl/lib/libnccl.so.2" \
       -DNCCL_INCLUDE_DIR="$site/nvidia/nccl/include" \
