@@ -32,8 +32,8 @@
 
 #if TESSERA_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
+#include "proto/cuda/launch.hpp"
 #include "workers/algos/cuda/token_log_probs.hpp"
 #endif
 
@@ -81,16 +81,9 @@ cuda::TokenLogProbArgs kernel_args(const at::Tensor& logits, const at::Tensor& l
   a.rows = logits.size(0);
   a.vocab = logits.size(1);
   a.temperature = static_cast<float>(temperature);
-  const auto t = logits.scalar_type();
-  a.dtype = t == at::kFloat ? cuda::ElementType::f32 : t == at::kHalf ? cuda::ElementType::f16 : cuda::ElementType::bf16;
+  a.dtype = proto::cuda::element_type_of(logits, "token_log_probs");
   return a;
 }
-
-void check_launch(const char* what, const char* error) {
-  TORCH_CHECK(error == nullptr, "token_log_probs: the ", what, " kernel failed to launch: ", error);
-}
-
-cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 #endif
 
 // See Note [Chunked token log-probs]. Inputs: logits [N, V], labels [N] (int64). Outputs: log-probs
@@ -112,7 +105,8 @@ class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
       a.log_probs = lp.data_ptr<float>();
       a.lse = lse.data_ptr<float>();
       a.entropy = with_entropy ? ent.data_ptr<float>() : nullptr;
-      check_launch("forward", cuda::launch_token_log_probs_forward(a, stream_of(logits)));
+      proto::cuda::check_launch("token_log_probs forward",
+                                cuda::launch_token_log_probs_forward(a, proto::cuda::stream_of(logits)));
     }
 #endif
     for (int64_t start = 0; !use_kernel && start < n; start += chunk) {
@@ -155,7 +149,8 @@ class ChunkedLogSoftmax : public torch::autograd::Function<ChunkedLogSoftmax> {
       a.grad_log_probs = g_lp.defined() ? g_lp.data_ptr<float>() : nullptr;
       a.grad_entropy = g_ent.defined() ? g_ent.data_ptr<float>() : nullptr;
       a.grad_logits = grad_logits.data_ptr();
-      check_launch("backward", cuda::launch_token_log_probs_backward(a, stream_of(logits)));
+      proto::cuda::check_launch("token_log_probs backward",
+                                cuda::launch_token_log_probs_backward(a, proto::cuda::stream_of(logits)));
       return {grad_logits, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 #endif
     }

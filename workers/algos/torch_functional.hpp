@@ -54,8 +54,9 @@ struct TokenLogProbs {
 /// logprobs_from_logits and entropy_from_logits of logits / temperature, computed in fp32 over
 /// chunks of `chunk_rows` rows (0: about 256 MiB of fp32 logits per chunk) for any logits dtype
 /// (fp64 stays fp64), with a backward that recomputes each chunk's softmax instead of keeping fp32 [N, V]
-/// buffers (Note [Chunked token log-probs] in token_log_probs.cpp). Gradients reach `logits` in
-/// its own dtype. Labels are NOT range-checked here (that needs a host read; see
+/// buffers (Note [Chunked token log-probs] in token_log_probs.cpp). On a CUDA device, fp32 / fp16 /
+/// bf16 logits go through two fused kernels instead and `chunk_rows` is unused (Note [Fused token
+/// log-probs]). Gradients reach `logits` in its own dtype. Labels are NOT range-checked here (that needs a host read; see
 /// check_labels_in_vocab).
 // REQUIRES: logits (..., V) floating; labels integral with shape logits.shape[:-1], in [0, V).
 Result<TokenLogProbs> token_log_probs(const at::Tensor& logits, const at::Tensor& labels, double temperature,

@@ -155,38 +155,37 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(TokenLogProbArgs a) 
   }
 }
 
-// Launches kernel<T> for the logits' element type, one block per row.
-template <template <class> class Pick>
-const char* launch(const TokenLogProbArgs& args, void* stream) {
+// Launches the forward or backward kernel for `T`, one block per row.
+template <class T>
+void run(const TokenLogProbArgs& a, cudaStream_t s, bool backward) {
+  const dim3 grid(static_cast<unsigned>(a.rows));
+  if (backward) {
+    backward_kernel<T><<<grid, kThreads, 0, s>>>(a);
+  } else {
+    forward_kernel<T><<<grid, kThreads, 0, s>>>(a);
+  }
+}
+
+const char* launch(const TokenLogProbArgs& args, void* stream, bool backward) {
   if (args.rows == 0) return nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid(static_cast<unsigned>(args.rows));
   switch (args.dtype) {
-    case ElementType::f32: Pick<float>::kernel<<<grid, kThreads, 0, s>>>(args); break;
-    case ElementType::f16: Pick<__half>::kernel<<<grid, kThreads, 0, s>>>(args); break;
-    case ElementType::bf16: Pick<__nv_bfloat16>::kernel<<<grid, kThreads, 0, s>>>(args); break;
+    case ElementType::f32: run<float>(args, s, backward); break;
+    case ElementType::f16: run<__half>(args, s, backward); break;
+    case ElementType::bf16: run<__nv_bfloat16>(args, s, backward); break;
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <class T>
-struct Forward {
-  static constexpr auto kernel = forward_kernel<T>;
-};
-template <class T>
-struct Backward {
-  static constexpr auto kernel = backward_kernel<T>;
-};
-
 }  // namespace
 
 const char* launch_token_log_probs_forward(const TokenLogProbArgs& args, void* stream) {
-  return launch<Forward>(args, stream);
+  return launch(args, stream, /*backward=*/false);
 }
 
 const char* launch_token_log_probs_backward(const TokenLogProbArgs& args, void* stream) {
-  return launch<Backward>(args, stream);
+  return launch(args, stream, /*backward=*/true);
 }
 
 }  // namespace tessera::algos::cuda

@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,9 +14,9 @@
 #include <immintrin.h>
 #include <torch/torch.h>
 
-#if TESSERA_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
+#include "proto/cuda/launch.hpp"
 
+#if TESSERA_WITH_CUDA
 #include "workers/rollout/cuda/paged_attention.hpp"
 #endif
 
@@ -173,15 +171,8 @@ at::Tensor torch_paged_attention(const at::Tensor& q, const at::Tensor& key_pool
   return at::matmul(at::softmax(scores, -1).unsqueeze(2), gather(value_pool)).squeeze(2).reshape({B, H * D});
 }
 
-}  // namespace
-
-Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype) {
-  static std::mutex mu;
-  static std::map<std::pair<std::string, c10::ScalarType>, Status> checked;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(device.str(), dtype);
-  auto it = checked.find(key);
-  if (it != checked.end()) return it->second;
+// The kernel against torch_paged_attention on a small random problem (Note [Kernel self-check]).
+Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype) {
   Status status;
   try {
     at::Generator gen = at::detail::createCPUGenerator(20261126);
@@ -214,8 +205,14 @@ Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dty
                         "actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather",
                         device.str(), std::string(e.what()).substr(0, 200));
   }
-  checked.emplace(key, status);
   return status;
+}
+
+}  // namespace
+
+Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype) {
+  static proto::cuda::CheckOnce verdicts;
+  return verdicts.get(device, dtype, [&] { return compare_paged_kernel_with_torch(device, dtype); });
 }
 
 bool paged_decode_attention_cuda_supported(const at::Tensor& pool) {
@@ -257,11 +254,9 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& ke
   args.window = window;
   args.scale = static_cast<float>(scale);
   args.softcap = static_cast<float>(softcap);
-  const auto dtype = key_pool.scalar_type();
-  args.dtype = dtype == at::kFloat ? cuda::ElementType::f32
-               : dtype == at::kHalf ? cuda::ElementType::f16 : cuda::ElementType::bf16;
-  const char* error = cuda::launch_paged_decode_attention(args, c10::cuda::getCurrentCUDAStream(key_pool.device().index()).stream());
-  TORCH_CHECK(error == nullptr, "paged decode attention kernel launch failed: ", error);
+  args.dtype = proto::cuda::element_type_of(key_pool, "paged decode attention");
+  proto::cuda::check_launch("paged decode attention",
+                            cuda::launch_paged_decode_attention(args, proto::cuda::stream_of(key_pool)));
   return out;
 #else
   (void)q, (void)key_pool, (void)value_pool, (void)block_tables, (void)context_lens, (void)window, (void)scale,
