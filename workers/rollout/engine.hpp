@@ -36,8 +36,11 @@ struct GenerationStats {
   int64_t shared_kv_blocks = 0;  ///< Prompt blocks held once for several samples (not copied).
   int64_t graphs_captured = 0;   ///< CUDA graphs captured (one per batch-size bucket used).
   int64_t graph_replays = 0;     ///< Decode steps replayed from a CUDA graph.
-  double prefill_seconds = 0;    ///< Wall time of the prefills (first tokens sampled included).
-  double decode_seconds = 0;     ///< Wall time of the decode steps (sampling included).
+  /// Wall time of the prefills: launching them and waiting for their first tokens.
+  double prefill_seconds = 0;
+  /// Wall time of the decode steps: launching them (sampling included) and waiting for their
+  /// tokens (Note [Lagged token reads] in generation_loop.cpp).
+  double decode_seconds = 0;
   double prefill_cpu_seconds = 0;  ///< Process CPU time (all threads) of the prefills.
   double decode_cpu_seconds = 0;   ///< Process CPU time (all threads) of the decode steps.
   double total_seconds = 0;      ///< The whole call, input checks and output assembly included.

@@ -437,6 +437,68 @@ TEST(KVCacheEngine, GraphShapedDecodeEqualsCompactDecode) {
   }
 }
 
+// Note [Lagged token reads]: reading each launch's tokens one step late (the default) gives every
+// row the tokens and log-probs that reading them before the next launch gives, under EOS,
+// continuous and static batching, shared prompts and preemption under a KV cap; rows that sampled
+// an EOS run one step more, whose tokens are dropped.
+TEST(KVCacheEngine, LaggedTokenReadsEqualReadingEveryStep) {
+  auto model = testing::tiny_model(21);
+  CausalLMStepModel step(model);
+  std::vector<std::vector<int64_t>> prompts;
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  for (int64_t i = 0; i < 9; ++i) {
+    at::Tensor p = at::randint(3, testing::kVocab, {1 + (i * 4) % 9}, gen);
+    prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+    if (i % 3 == 0) prompts.push_back(prompts.back());  // shared prompt prefill
+  }
+  for (bool greedy : {true, false}) {
+    for (BatchingMode mode : {BatchingMode::continuous, BatchingMode::static_waves}) {
+      for (int64_t cap : {int64_t{0}, int64_t{12}}) {
+        internal::LoopOptions every;
+        every.slots = 5;
+        every.prefill_token_budget = 24;
+        every.response_length = 12;
+        every.eos_token_ids = {5, 9, 13, 17, 19};
+        every.want_logprobs = true;
+        every.sampling.greedy = greedy;
+        every.call_seed = 7;
+        every.block_size = 2;
+        every.batching = mode;
+        every.max_kv_blocks = cap;
+        every.lag_token_reads = false;
+        internal::LoopOptions lagged = every;
+        lagged.lag_token_reads = true;
+        GenerationStats want_stats, got_stats;
+        auto want = internal::run_generation(step, prompts, every, want_stats);
+        ASSERT_TRUE(want.ok()) << want.status().to_string();
+        auto got = internal::run_generation(step, prompts, lagged, got_stats);
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        SCOPED_TRACE(::testing::Message() << "greedy=" << greedy << " mode=" << to_string(mode) << " cap=" << cap);
+        int64_t eos_rows = 0;
+        for (size_t r = 0; r < prompts.size(); ++r) {
+          EXPECT_EQ((*got)[r].tokens, (*want)[r].tokens) << "row " << r;
+          ASSERT_EQ((*got)[r].logprobs.size(), (*want)[r].logprobs.size());
+          for (size_t t = 0; t < (*got)[r].logprobs.size(); ++t) {
+            EXPECT_NEAR((*got)[r].logprobs[t], (*want)[r].logprobs[t], 1e-5) << "row " << r << " t " << t;
+          }
+          eos_rows += static_cast<int64_t>((*want)[r].tokens.size()) < every.response_length;
+        }
+        std::printf("[lagged greedy=%d %s cap=%ld] eos rows=%ld row steps %ld (every step: %ld) preemptions %ld (%ld)\n",
+                    greedy, to_string(mode), cap, eos_rows, got_stats.decode_row_steps, want_stats.decode_row_steps,
+                    got_stats.preemptions, want_stats.preemptions);
+        EXPECT_GT(eos_rows, 0);
+        EXPECT_EQ(got_stats.generated_tokens, want_stats.generated_tokens);
+        EXPECT_GT(got_stats.shared_prompt_tokens, 0);
+        if (cap > 0) {
+          EXPECT_GT(got_stats.preemptions, 0);
+        }
+        // An EOS row's extra step is computed and dropped; none is computed without EOS rows.
+        EXPECT_GT(got_stats.decode_row_steps, want_stats.decode_row_steps);
+      }
+    }
+  }
+}
+
 // Graph-captured decode equals eager decode token for token (greedy and sampled, fp32), replays
 // most steps, and leaves the device memory as it found it.
 TEST(KVCacheEngine, OnCudaGraphDecodeEqualsEagerDecode) {

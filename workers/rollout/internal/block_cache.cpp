@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include "workers/rollout/internal/host_transfer.hpp"
+
 namespace tessera::rollout::internal {
 
 BlockCache::BlockCache(PagedKV kv, int64_t slots)
@@ -92,8 +94,7 @@ int64_t BlockCache::admit(const models::KVCache& prefilled, const std::vector<in
   }
   if (dst.empty()) return saved;
   const c10::Device device = kv_.keys.front().device();
-  auto up = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device, /*non_blocking=*/true); };
-  const at::Tensor rows = up(src_rows), cols = up(src_cols), slots = up(dst);
+  const at::Tensor rows = upload(src_rows, device), cols = upload(src_cols, device), slots = upload(dst, device);
   at::NoGradGuard no_grad;
   for (size_t l = 0; l < kv_.keys.size(); ++l) {
     // [rows, kv_heads, W, D] viewed as [rows, W, kv_heads, D]: (row, column) pairs pick [N, kv_heads, D].
@@ -121,7 +122,8 @@ std::pair<at::Tensor, int64_t> BlockCache::append(const std::vector<int64_t>& sl
     if (table_width == 0) width = std::max(width, static_cast<int64_t>(table.size()));
   }
   TORCH_CHECK(width * bs >= longest, "BlockCache::append: table width ", width, " < ", longest, " tokens");
-  at::Tensor host = at::zeros({rows, width + kStepColumns}, at::kLong);
+  // Pinned on a GPU: the upload then leaves the host free (Note [Host transfers in decode]).
+  at::Tensor host = staging_tensor({rows, width + kStepColumns}, at::kLong, kv_.keys.front().device()).zero_();
   auto h = host.accessor<int64_t, 2>();
   for (int64_t r = 0; r < rows; ++r) {
     if (r >= static_cast<int64_t>(slots.size())) {  // padding: one token in the scratch block

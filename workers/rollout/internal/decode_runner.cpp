@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "workers/rollout/internal/host_transfer.hpp"
+
 #if TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAEvent.h>
@@ -70,8 +72,8 @@ DecodeRunner::DecodeRunner(StepModel& model, BlockCache& cache, int64_t max_leng
 
 DecodeRunner::~DecodeRunner() = default;
 
-at::Tensor DecodeRunner::step(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens,
-                              const std::vector<int64_t>& positions) {
+at::Tensor DecodeRunner::step(const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
+                              const at::Tensor& slot_tokens) {
   const auto B = static_cast<int64_t>(slots.size());
   int64_t rows = B, width = 0;  // width 0: as wide as the longest row needs
   if (options_.cuda_graphs || options_.static_shapes) {
@@ -83,16 +85,17 @@ at::Tensor DecodeRunner::step(const std::vector<int64_t>& slots, const std::vect
   }
   auto [host, w] = cache_.append(slots, rows, width);
   auto h = host.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < B; ++b) {
-    h[b][w + kTokenId] = tokens[static_cast<size_t>(b)];
-    h[b][w + kPosition] = positions[static_cast<size_t>(b)];
-  }
+  for (int64_t b = 0; b < B; ++b) h[b][w + kPosition] = positions[static_cast<size_t>(b)];
   last_rows_ = rows;
+  // The table on the device, its token column filled there from the last sampled tokens.
+  const auto with_tokens = [&](const at::Tensor& table) {
+    table.select(1, w + kTokenId).narrow(0, 0, B).copy_(slot_tokens.index_select(0, upload(slots, model_.device())));
+    return table;
+  };
 #if TESSERA_WITH_CUDA
   if (options_.cuda_graphs && width > 0) {
     Graphs& g = *graphs_;
-    at::Tensor table = g.table.narrow(0, 0, rows);
-    table.copy_(host);  // from pageable memory: done with `host` when this returns
+    const at::Tensor table = with_tokens(g.table.narrow(0, 0, rows).copy_(host, /*non_blocking=*/true));
     auto found = g.captured.find(rows);
     if (found != g.captured.end()) {
       found->second.graph->replay();
@@ -125,7 +128,7 @@ at::Tensor DecodeRunner::step(const std::vector<int64_t>& slots, const std::vect
     return eager.narrow(0, 0, B);
   }
 #endif
-  const StepInputs in = step_inputs(host.to(model_.device(), /*non_blocking=*/true), w);
+  const StepInputs in = step_inputs(with_tokens(host.to(model_.device(), /*non_blocking=*/true)), w);
   return model_.decode_step(in.input_ids, in.position_ids, cache_.kv(), in.batch).narrow(0, 0, B);
 }
 

@@ -11,8 +11,8 @@
 //  - the batch is padded up to its bucket; padding rows read and write only the scratch block
 //    (Note [Paged KV cache]);
 //  - the block table has the width of the longest sequence the call can produce;
-//  - the step's inputs are copied into one device buffer the graphs were captured on, and the
-//    KV pools and the weights (which the engine aliases, kv_engine.hpp) stay put for the call.
+//  - the step's inputs are copied into one device buffer the graphs were captured on (the token
+//    ids from the device, the rest from the host through pinned memory), and the KV pools and the weights (which the engine aliases, kv_engine.hpp) stay put for the call.
 // A bucket is captured the first time a step needs it: that step runs eagerly on the same
 // buffer (it also warms up cuBLAS on the capture stream), then the capture records the kernels
 // without running them, and later steps replay. The graphs live as long as the call, in one
@@ -53,9 +53,12 @@ class DecodeRunner {
   DecodeRunner(const DecodeRunner&) = delete;
   DecodeRunner& operator=(const DecodeRunner&) = delete;
 
-  /// One step: slots[i] appends tokens[i] at positions[i]. Returns hidden states [slots, hidden].
-  at::Tensor step(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens,
-                  const std::vector<int64_t>& positions);
+  /// One step: slots[i] appends its last token, slot_tokens[slots[i]], at positions[i]. The
+  /// tokens stay on the device (`slot_tokens` [cache slots] int64 on the model's device, written
+  /// by the previous step's sampling): the host never reads them to feed them back.
+  /// Returns hidden states [slots, hidden].
+  at::Tensor step(const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
+                  const at::Tensor& slot_tokens);
 
   /// Rows computed by the last step (its bucket, padding included).
   int64_t last_rows() const { return last_rows_; }

@@ -29,6 +29,21 @@
 // every copy (the same rows of the same computation) at 1/n of the prefill FLOPs;
 // GenerationStats::shared_prompt_tokens counts the prompt tokens whose prefill was saved,
 // shared_prefill_flops their FLOPs, and shared_kv_blocks the blocks that were not duplicated.
+//
+// Note [Lagged token reads]
+// A decode step needs its rows' last tokens, and the host needs them to know which rows have
+// finished. Reading them back at the end of every step leaves the device idle while the host
+// reads, records, and builds and launches the next step, and the host idle while the device
+// computes. Instead the sampled tokens stay on the device (slot_tokens_, one per slot, which the
+// next step's input table is filled from) and their copy to the host is read one step late:
+// step n+1 is launched first, then the host waits for step n's tokens and records them while
+// step n+1 runs. What the host cannot know yet it does not need: the rows that reach
+// response_length are retired when their last token is sampled (a count, not a token), so only
+// a row that sampled an EOS runs one step more than it needs, and that token is dropped when it
+// is read. Preemption needs every row's tokens and so reads all pending ones first. Each row's
+// tokens, random stream included, are what reading every step gives; the one difference is the
+// schedule: a row's slot and blocks come free one step later (LoopOptions::lag_token_reads=false
+// restores reading every step, for the tests that compare the two).
 #include "workers/rollout/internal/generation_loop.hpp"
 
 #include <algorithm>
@@ -46,6 +61,7 @@
 #include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/internal/decode_runner.hpp"
+#include "workers/rollout/internal/host_transfer.hpp"
 
 namespace tessera::rollout::internal {
 namespace {
@@ -73,7 +89,7 @@ class GenerationLoop {
   GenerationLoop(StepModel& model, const std::vector<std::vector<int64_t>>& prompts, const LoopOptions& options,
                  GenerationStats& stats)
       : model_(model), prompts_(prompts), options_(options), stats_(stats), rows_(prompts.size()),
-        rngs_(prompts.size()), resumed_(prompts.size()) {
+        rngs_(prompts.size()), resumed_(prompts.size()), issued_(prompts.size(), 0), done_(prompts.size(), false) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       pending_.push_back(static_cast<int64_t>(i));
       longest_prompt_ = std::max<int64_t>(longest_prompt_, static_cast<int64_t>(prompts[i].size()));
@@ -82,7 +98,7 @@ class GenerationLoop {
 
   Status run() {
     if (!pending_.empty()) TESSERA_RETURN_IF_ERROR(start_cache());
-    while (!pending_.empty() || live_count() > 0) {
+    while (!pending_.empty() || live_count() > 0 || !in_flight_.empty()) {
       if (!pending_.empty() && accepting()) {
         // One prefill per step keeps continuous batching within the token budget; a static wave
         // fills all of its slots (in budget-sized prefills) before decoding starts.
@@ -91,6 +107,10 @@ class GenerationLoop {
         } while (!continuous() && admitted_ > 0 && !pending_.empty() && live_count() < cache_->slots());
       }
       if (live_count() > 0) decode_step();
+      // Note [Lagged token reads]: the step just launched stays in flight while the host reads
+      // the one before it; with nothing left to launch, every pending read is taken.
+      const size_t keep = live_count() > 0 ? 1 : 0;
+      while (in_flight_.size() > keep) read_tokens();
     }
     return Status();
   }
@@ -123,6 +143,7 @@ class GenerationLoop {
     runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_prompt_ + options_.response_length,
                                              options_.decode);
     slot_row_.assign(static_cast<size_t>(slots), -1);
+    slot_tokens_ = at::zeros({slots}, at::TensorOptions(at::kLong).device(model_.device()));
     admitted_at_.assign(static_cast<size_t>(slots), 0);
     stats_.kv_blocks = cache_->kv().num_blocks();
     stats_.kv_cache_bytes = cache_->kv().bytes();
@@ -248,7 +269,7 @@ class GenerationLoop {
       if (!options_.sampling.greedy && !rng) rng.emplace(row_seed(options_.call_seed, row));
       resumed_[static_cast<size_t>(row)].clear();
     }
-    sample_and_record(logits, slots);
+    launch_sampling(logits, slots, /*prefill=*/true);
     stats_.admissions += 1;
     stats_.prefill_tokens += d * W;
     stats_.prefill_seconds += seconds_since(t0);
@@ -284,50 +305,99 @@ class GenerationLoop {
   void decode_step() {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
-    preempt_for_appends();
-    std::vector<int64_t> live_slots, tokens, positions;
-    for (size_t s = 0; s < slot_row_.size(); ++s) {
-      const int64_t row = slot_row_[s];
-      if (row < 0) continue;
-      const auto& generated = rows_[static_cast<size_t>(row)].tokens;
-      live_slots.push_back(static_cast<int64_t>(s));
-      tokens.push_back(generated.back());
-      positions.push_back(static_cast<int64_t>(prompts_[static_cast<size_t>(row)].size() + generated.size()) - 1);
+    if (cache_->blocks_to_append(live_slots()) > cache_->free_blocks()) {
+      read_all_tokens();  // Note [Lagged token reads]: preemption needs every row's tokens
+      preempt_for_appends();
     }
-    at::Tensor hidden = runner_->step(live_slots, tokens, positions);
-    sample_and_record(model_.logits(hidden), live_slots);
+    std::vector<int64_t> live = live_slots(), positions;
+    if (live.empty()) return;  // the reads just taken finished them all
+    for (int64_t s : live) {
+      const auto row = static_cast<size_t>(slot_row_[static_cast<size_t>(s)]);
+      positions.push_back(static_cast<int64_t>(prompts_[row].size()) + issued_[row] - 1);
+    }
+    at::Tensor hidden = runner_->step(live, positions, slot_tokens_);
+    launch_sampling(model_.logits(hidden), live, /*prefill=*/false);
     stats_.decode_steps += 1;
     stats_.decode_row_steps += runner_->last_rows();
     stats_.decode_seconds += seconds_since(t0);
     stats_.decode_cpu_seconds += process_cpu_seconds() - cpu0;
   }
 
-  // logits [n, V] belong to slots[0..n): draws, appends, and frees the slots of finished rows.
-  void sample_and_record(const at::Tensor& logits, const std::vector<int64_t>& slots) {
+  std::vector<int64_t> live_slots() const {
+    std::vector<int64_t> live;
+    for (size_t s = 0; s < slot_row_.size(); ++s) {
+      if (slot_row_[s] >= 0) live.push_back(static_cast<int64_t>(s));
+    }
+    return live;
+  }
+
+  // Frees `slot`, whose row needs no more steps.
+  void retire(int64_t slot) {
+    slot_row_[static_cast<size_t>(slot)] = -1;
+    cache_->release(slot);
+  }
+
+  // The tokens one launch sampled, on their way to the host (Note [Lagged token reads]).
+  struct InFlight {
+    std::vector<int64_t> slots, rows;  ///< Per sampled row: its slot and its prompt index.
+    HostReadback values;               ///< Tokens, then log-probs when asked for, as doubles.
+    bool prefill = false;
+  };
+
+  // logits [n, V] belong to slots[0..n): draws each row's next token on the device, keeps it
+  // there for the next step, starts its copy to the host, and retires the rows that have sampled
+  // their last token.
+  void launch_sampling(const at::Tensor& logits, const std::vector<int64_t>& slots, bool prefill) {
+    InFlight f;
+    f.slots = slots;
+    f.prefill = prefill;
     std::vector<double> uniforms;
-    if (!options_.sampling.greedy) {
-      for (int64_t s : slots) uniforms.push_back(rngs_[static_cast<size_t>(slot_row_[static_cast<size_t>(s)])]->next_uniform());
+    for (int64_t s : slots) {
+      const int64_t row = slot_row_[static_cast<size_t>(s)];
+      f.rows.push_back(row);
+      if (!options_.sampling.greedy) uniforms.push_back(rngs_[static_cast<size_t>(row)]->next_uniform());
     }
     SampledTokens picked = sample_tokens(logits, options_.sampling, uniforms, options_.want_logprobs);
-    // The step's one device-to-host copy: the tokens, and the log-probs beside them (a float and
-    // a token id below 2^53 are both exact as doubles).
+    slot_tokens_.index_copy_(0, upload(slots, slot_tokens_.device()), picked.tokens);
+    // One copy to the host per launch: the tokens, and the log-probs beside them (a float and a
+    // token id below 2^53 are both exact as doubles).
     at::Tensor drawn = picked.tokens.to(at::kDouble);
     if (options_.want_logprobs) drawn = at::cat({drawn, picked.logprobs.to(at::kFloat).to(at::kDouble)});
-    drawn = drawn.to(at::kCPU).contiguous();
-    const double* values = drawn.data_ptr<double>();
-    const size_t n = slots.size();
+    f.values = HostReadback(drawn);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const auto row = static_cast<size_t>(f.rows[i]);
+      if (++issued_[row] >= options_.response_length) retire(slots[i]);
+    }
+    in_flight_.push_back(std::move(f));
+    if (!options_.lag_token_reads) read_all_tokens();
+  }
+
+  // Waits for the oldest launch's tokens and records them: appends, and retires the rows that
+  // sampled an EOS. Tokens of rows already finished (sampled by the step after their EOS) are dropped.
+  void read_tokens() {
+    const auto t0 = Clock::now();
+    InFlight f = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    const double* values = f.values.wait().data_ptr<double>();
+    (f.prefill ? stats_.prefill_seconds : stats_.decode_seconds) += seconds_since(t0);
+    const size_t n = f.slots.size();
     for (size_t i = 0; i < n; ++i) {
-      const int64_t slot = slots[i];
-      GeneratedRow& row = rows_[static_cast<size_t>(slot_row_[static_cast<size_t>(slot)])];
+      const int64_t slot = f.slots[i], r = f.rows[i];
+      if (done_[static_cast<size_t>(r)]) continue;
+      GeneratedRow& row = rows_[static_cast<size_t>(r)];
       const auto token = static_cast<int64_t>(values[i]);
       row.tokens.push_back(token);
       if (options_.want_logprobs) row.logprobs.push_back(static_cast<float>(values[n + i]));
       stats_.generated_tokens += 1;
       if (finished(row, token)) {
-        slot_row_[static_cast<size_t>(slot)] = -1;
-        cache_->release(slot);
+        done_[static_cast<size_t>(r)] = true;
+        if (slot_row_[static_cast<size_t>(slot)] == r) retire(slot);  // at response_length: retired at launch
       }
     }
+  }
+
+  void read_all_tokens() {
+    while (!in_flight_.empty()) read_tokens();
   }
 
   bool finished(const GeneratedRow& row, int64_t token) const {
@@ -351,6 +421,10 @@ class GenerationLoop {
   int64_t admissions_ = 0;
   int64_t admitted_ = 0;  ///< Rows the last admit() took.
   std::vector<std::vector<int64_t>> resumed_;  ///< Per row: prompt + tokens, while it is preempted.
+  std::vector<int64_t> issued_;  ///< Per row: tokens sampled, read or not.
+  std::vector<bool> done_;       ///< Per row: finished (known once its last token is read).
+  at::Tensor slot_tokens_;       ///< [slots] int64 on the device: each slot's last sampled token.
+  std::deque<InFlight> in_flight_;  ///< Launches whose tokens the host has not read, oldest first.
   int64_t longest_prompt_ = 0;
 };
 

@@ -36,6 +36,9 @@ struct LoopOptions {
   std::vector<int64_t> eos_token_ids;
   SamplingParams sampling;
   DecodeOptions decode;               ///< Eager or CUDA graphs (Note [Decode graphs]).
+  /// Read each launch's tokens while the next step runs (Note [Lagged token reads]); false reads
+  /// them before launching anything else.
+  bool lag_token_reads = true;
   uint64_t call_seed = 0;             ///< Row r samples from RowRng(row_seed(call_seed, r)).
 };
 
