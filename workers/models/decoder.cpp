@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "proto/host_transfer.hpp"
 #include "workers/models/fused_layers.hpp"
 #include "workers/models/kv_cache.hpp"
 
@@ -264,7 +265,7 @@ at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k,
     for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
       longest = std::max(longest, packed.starts[i + 1] - packed.starts[i]);
     }
-    const at::Tensor cum = at::tensor(cu, at::kInt).to(q.device(), /*non_blocking=*/true);
+    const at::Tensor cum = proto::upload(cu, q.device());  // Note [Host transfers]
     auto heads_first = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1).contiguous(); };
     std::optional<int64_t> left, right;
     if (window_ > 0) {

@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "proto/host_transfer.hpp"
+
 namespace tessera::ppo {
 
 Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -35,7 +37,8 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   }
   if (flat.empty()) return make_error(ErrorCode::invalid_argument, "use_remove_padding: the micro-batch has no tokens");
   const c10::Device device = input_ids.device();
-  auto to_device = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
+  // Without blocking: the previous micro-batch's backward may still be running (Note [Host transfers]).
+  auto to_device = [&](const std::vector<int64_t>& v) { return proto::upload(v, device); };
   const at::Tensor flat_index = to_device(flat);
   PackedBatch p;
   p.input_ids = input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);

@@ -9,6 +9,8 @@
 
 #include <torch/torch.h>
 
+#include "proto/host_transfer.hpp"
+
 namespace tessera::ppo {
 
 // ---- Metrics ------------------------------------------------------------------------------------
@@ -304,7 +306,7 @@ Result<at::Tensor> restore_dynamic_batch(const at::Tensor& stacked,
     seen[static_cast<size_t>(idx)] = true;
   }
   std::vector<int64_t> reverse = get_reverse_idx(flat);
-  at::Tensor order = at::tensor(reverse, at::TensorOptions().dtype(at::kLong)).to(stacked.device());
+  at::Tensor order = proto::upload(reverse, stacked.device());
   return stacked.index_select(0, order);
 }
 

@@ -7,7 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "workers/rollout/internal/host_transfer.hpp"
+#include "proto/host_transfer.hpp"
 
 namespace tessera::rollout {
 namespace {
@@ -54,8 +54,8 @@ at::Tensor inverse_cdf(const at::Tensor& filtered_logits, const std::vector<doub
   // below the total. The uniforms come from the host's per-row generators, so a GPU draws the
   // same tokens as the CPU from the same seed.
   // Through pinned memory: a pageable upload would wait for the step's forward to finish
-  // (Note [Host transfers in decode]).
-  at::Tensor u = internal::upload(uniforms, cdf.device()).view({n, 1});
+  // (Note [Host transfers]).
+  at::Tensor u = proto::upload(uniforms, cdf.device()).view({n, 1});
   at::Tensor scaled = (u * total.to(at::kDouble)).to(at::kFloat);
   at::Tensor target = at::minimum(scaled, at::nextafter(total, at::zeros_like(total)));
   at::Tensor idx = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true);

@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "workers/rollout/internal/host_transfer.hpp"
+#include "proto/host_transfer.hpp"
 
 namespace tessera::rollout::internal {
 
@@ -94,7 +94,8 @@ int64_t BlockCache::admit(const models::KVCache& prefilled, const std::vector<in
   }
   if (dst.empty()) return saved;
   const c10::Device device = kv_.keys.front().device();
-  const at::Tensor rows = upload(src_rows, device), cols = upload(src_cols, device), slots = upload(dst, device);
+  const at::Tensor rows = proto::upload(src_rows, device), cols = proto::upload(src_cols, device);
+  const at::Tensor slots = proto::upload(dst, device);
   at::NoGradGuard no_grad;
   for (size_t l = 0; l < kv_.keys.size(); ++l) {
     // [rows, kv_heads, W, D] viewed as [rows, W, kv_heads, D]: (row, column) pairs pick [N, kv_heads, D].
@@ -122,8 +123,9 @@ std::pair<at::Tensor, int64_t> BlockCache::append(const std::vector<int64_t>& sl
     if (table_width == 0) width = std::max(width, static_cast<int64_t>(table.size()));
   }
   TORCH_CHECK(width * bs >= longest, "BlockCache::append: table width ", width, " < ", longest, " tokens");
-  // Pinned on a GPU: the upload then leaves the host free (Note [Host transfers in decode]).
-  at::Tensor host = staging_tensor({rows, width + kStepColumns}, at::kLong, kv_.keys.front().device()).zero_();
+  // Pinned on a GPU: the upload then leaves the host free (Note [Host transfers]).
+  const c10::Device device = kv_.keys.front().device();
+  at::Tensor host = proto::staging_tensor({rows, width + kStepColumns}, at::kLong, device).zero_();
   auto h = host.accessor<int64_t, 2>();
   for (int64_t r = 0; r < rows; ++r) {
     if (r >= static_cast<int64_t>(slots.size())) {  // padding: one token in the scratch block

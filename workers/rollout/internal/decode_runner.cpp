@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "workers/rollout/internal/host_transfer.hpp"
+#include "proto/host_transfer.hpp"
 
 #if TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -89,7 +89,8 @@ at::Tensor DecodeRunner::step(const std::vector<int64_t>& slots, const std::vect
   last_rows_ = rows;
   // The table on the device, its token column filled there from the last sampled tokens.
   const auto with_tokens = [&](const at::Tensor& table) {
-    table.select(1, w + kTokenId).narrow(0, 0, B).copy_(slot_tokens.index_select(0, upload(slots, model_.device())));
+    const at::Tensor rows_slots = proto::upload(slots, model_.device());
+    table.select(1, w + kTokenId).narrow(0, 0, B).copy_(slot_tokens.index_select(0, rows_slots));
     return table;
   };
 #if TESSERA_WITH_CUDA

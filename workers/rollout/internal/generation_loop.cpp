@@ -61,7 +61,7 @@
 #include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/internal/decode_runner.hpp"
-#include "workers/rollout/internal/host_transfer.hpp"
+#include "proto/host_transfer.hpp"
 
 namespace tessera::rollout::internal {
 namespace {
@@ -340,7 +340,7 @@ class GenerationLoop {
   // The tokens one launch sampled, on their way to the host (Note [Lagged token reads]).
   struct InFlight {
     std::vector<int64_t> slots, rows;  ///< Per sampled row: its slot and its prompt index.
-    HostReadback values;               ///< Tokens, then log-probs when asked for, as doubles.
+    proto::HostReadback values;               ///< Tokens, then log-probs when asked for, as doubles.
     bool prefill = false;
   };
 
@@ -358,12 +358,12 @@ class GenerationLoop {
       if (!options_.sampling.greedy) uniforms.push_back(rngs_[static_cast<size_t>(row)]->next_uniform());
     }
     SampledTokens picked = sample_tokens(logits, options_.sampling, uniforms, options_.want_logprobs);
-    slot_tokens_.index_copy_(0, upload(slots, slot_tokens_.device()), picked.tokens);
+    slot_tokens_.index_copy_(0, proto::upload(slots, slot_tokens_.device()), picked.tokens);
     // One copy to the host per launch: the tokens, and the log-probs beside them (a float and a
     // token id below 2^53 are both exact as doubles).
     at::Tensor drawn = picked.tokens.to(at::kDouble);
     if (options_.want_logprobs) drawn = at::cat({drawn, picked.logprobs.to(at::kFloat).to(at::kDouble)});
-    f.values = HostReadback(drawn);
+    f.values = proto::HostReadback(drawn);
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto row = static_cast<size_t>(f.rows[i]);
       if (++issued_[row] >= options_.response_length) retire(slots[i]);

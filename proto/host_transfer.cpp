@@ -1,5 +1,5 @@
-// host_transfer.cpp: see Note [Host transfers in decode] in host_transfer.hpp.
-#include "workers/rollout/internal/host_transfer.hpp"
+// host_transfer.cpp: see Note [Host transfers] in host_transfer.hpp.
+#include "proto/host_transfer.hpp"
 
 #include <algorithm>
 
@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-namespace tessera::rollout::internal {
+namespace tessera::proto {
 namespace {
 
 template <typename T>
@@ -28,6 +28,10 @@ at::Tensor staging_tensor(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Dev
 
 at::Tensor upload(const std::vector<int64_t>& values, c10::Device device) {
   return upload_values(values, at::kLong, device);
+}
+
+at::Tensor upload(const std::vector<int32_t>& values, c10::Device device) {
+  return upload_values(values, at::kInt, device);
 }
 
 at::Tensor upload(const std::vector<double>& values, c10::Device device) {
@@ -70,4 +74,4 @@ const at::Tensor& HostReadback::wait() {
   return host_;
 }
 
-}  // namespace tessera::rollout::internal
+}  // namespace tessera::proto

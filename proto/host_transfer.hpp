@@ -1,14 +1,15 @@
-// host_transfer.hpp (internal): the generation loop's small host <-> device copies, made so that
-// they never stall the host on the device's queue.
+// host_transfer.hpp: small host <-> device copies (indices, offsets, sampled tokens) made so
+// that they never stall the host on the device's queue.
 //
-// Note [Host transfers in decode]
-// A copy from pageable host memory to a CUDA device waits for the stream to drain first, and a
-// copy back to pageable memory waits for the copy itself: either one makes the host idle while
-// the device finishes the step, and the device idle while the host prepares the next. Uploads
-// here go through pinned memory (the caching host allocator keeps a block alive until its copy
-// has run), and HostReadback copies into pinned memory in stream order and records an event that
-// the host waits on only when it needs the values (Note [Lagged token reads] in
-// generation_loop.cpp). Off CUDA both are plain tensors.
+// Note [Host transfers]
+// A blocking copy to or from a CUDA device (Tensor::to without non_blocking) waits for the
+// stream to drain: the host idles while the device finishes the queued work, then the device
+// idles while the host prepares and launches the next. In a decode step or a micro-batch that is
+// launch-bound, that gap is the cost. Uploads here go through pinned memory without blocking (the
+// caching host allocator keeps a block alive until its copy has run), and HostReadback copies
+// into pinned memory in stream order and records an event that the host waits on only when it
+// needs the values (Note [Lagged token reads] in the rollout's generation_loop.cpp). Off CUDA
+// both are plain tensors.
 //
 // Thread-safety: one thread per object.
 #pragma once
@@ -19,7 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace tessera::rollout::internal {
+namespace tessera::proto {
 
 /// A host tensor of `sizes` and `dtype` that copies to `device` without stalling: pinned memory
 /// when `device` is CUDA, pageable otherwise.
@@ -27,6 +28,7 @@ at::Tensor staging_tensor(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Dev
 
 /// `values` on `device` (1-D), copied through pinned memory when `device` is CUDA.
 at::Tensor upload(const std::vector<int64_t>& values, c10::Device device);
+at::Tensor upload(const std::vector<int32_t>& values, c10::Device device);
 at::Tensor upload(const std::vector<double>& values, c10::Device device);
 
 /// A device tensor's values on their way to the host: on CUDA a copy into pinned memory queued
@@ -48,4 +50,4 @@ class HostReadback {
   std::unique_ptr<Event> event_;
 };
 
-}  // namespace tessera::rollout::internal
+}  // namespace tessera::proto
