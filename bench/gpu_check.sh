@@ -64,7 +64,7 @@ for variant in ${TESSERA_GPU_VARIANTS:-}; do
   name=${variant%%:*}; IFS=',' read -r -a overrides <<< "${variant#*:}"
   vdir="$OUT/variant_$name"; mkdir -p "$vdir"
   [[ -d "$OUT/bench/model" ]] && ln -sfn "$OUT/bench/model" "$vdir/model"
-  [[ -f "$OUT/bench/hf.json" ]] && cp "$OUT/bench/hf.json" "$vdir/hf.json"
+  for f in "$OUT"/bench/hf*.json; do [[ -f "$f" ]] && cp "$f" "$vdir/"; done
   if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$vdir" "$STEPS" "${overrides[@]}" \
        > "$OUT/variant_$name.log" 2>&1; then
     echo "variant $name (${overrides[*]}):"; grep -E "^\| $STEPS \||step / HF" "$OUT/variant_$name.log"

@@ -35,8 +35,14 @@ with open(sys.argv[1], "w") as f:
                             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a + b)},
                             "extra_info": {"split": "train", "index": i}}) + "\n")
 PY
-# HF's figures are made once per OUT_DIR (a variant run reuses its model and hf.json).
-[[ -f "$OUT/hf.json" ]] || python3 "$ROOT/bench/hf_grpo_baseline.py" "$OUT/model" --json "$OUT/hf.json"
+# HF's figures are made once per OUT_DIR (a variant run reuses its model and hf.json). HF trains
+# with gradient checkpointing as Tessera does by default (verl's enable_gradient_checkpointing);
+# a run that turns it off compares with HF without it (hf-nockpt.json).
+HF_JSON="$OUT/hf.json"; HF_ARGS=()
+for o in "$@"; do
+  [[ ${o,,} == *model.enable_gradient_checkpointing=false ]] && { HF_JSON="$OUT/hf-nockpt.json"; HF_ARGS=(--no-gradient-checkpointing); }
+done
+[[ -f "$HF_JSON" ]] || python3 "$ROOT/bench/hf_grpo_baseline.py" "$OUT/model" "${HF_ARGS[@]}" --json "$HF_JSON"
 "$BIN/tessera" train "$ROOT/examples/grpo_gsm8k.yaml" \
   data.train_files="$OUT/data/train.jsonl" data.val_files="$OUT/data/train.jsonl" \
   data.train_batch_size=64 data.max_prompt_length=128 data.max_response_length=256 \
@@ -49,7 +55,7 @@ PY
   trainer.device=cuda trainer.n_gpus_per_node=1 trainer.val_before_train=false trainer.test_freq=-1 \
   trainer.save_freq=-1 trainer.total_training_steps="$STEPS" trainer.logger=[console,jsonl] \
   trainer.default_local_dir="$OUT/run" "$@"
-python3 - "$OUT/run/metrics.jsonl" "$OUT/hf.json" <<'PY'
+python3 - "$OUT/run/metrics.jsonl" "$HF_JSON" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 hf = json.load(open(sys.argv[2]))
@@ -59,7 +65,8 @@ keys = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/updat
 print("| step | " + " | ".join(keys) + " |")
 for r in rows:
     print(f"| {r.get('step', '?')} | " + " | ".join(f"{r[k]:.3g}" if k in r else "-" for k in keys) + " |")
-print(f"HF ({hf['card']}, transformers {hf['transformers']}): generate {hf['generate_s']:.2f} s "
+print(f"HF ({hf['card']}, transformers {hf['transformers']}, gradient checkpointing "
+      f"{'on' if hf.get('gradient_checkpointing', True) else 'off'}): generate {hf['generate_s']:.2f} s "
       f"({hf['generate_tok_s']:.0f} tok/s), log-prob {hf['log_prob_s']:.2f} s, update {hf['update_s']:.2f} s "
       f"(MFU {hf['update_mfu']:.1%}), composed step {hf['composed_step_s']:.2f} s")
 last = rows[-1]

@@ -3,11 +3,12 @@
 (bench/gpu_grpo.sh) reports beside its own figures, on the same model directory in the same run.
 
   hf_grpo_baseline.py MODEL_DIR [--prompts 64] [--n 8] [--prompt-len 64] [--response-len 256]
-                      [--logprob-micro 32] [--train-micro 16] [--json OUT]
+                      [--logprob-micro 32] [--train-micro 16] [--no-gradient-checkpointing] [--json OUT]
 
 Phases (as in the reference measurements): generate (sdpa, bf16, sampling, min_new_tokens =
 max_new_tokens), a log-prob forward (fp32 master weights under bf16 autocast), and one AdamW
-training step over the same sequences with gradient checkpointing and clip 1.0. Prints one JSON
+training step over the same sequences with gradient checkpointing (as verl's default
+enable_gradient_checkpointing; --no-gradient-checkpointing keeps the activations) and clip 1.0. Prints one JSON
 object with each phase's seconds, tokens/s and the step's MFU against the card's bf16 peak.
 """
 import argparse
@@ -56,6 +57,7 @@ def main():
     p.add_argument("--response-len", type=int, default=256)
     p.add_argument("--logprob-micro", type=int, default=32)
     p.add_argument("--train-micro", type=int, default=16)
+    p.add_argument("--no-gradient-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--json")
     a = p.parse_args()
     torch.manual_seed(0)
@@ -86,7 +88,8 @@ def main():
 
     forward_all()  # warm-up
     _, logprob_s = timed(forward_all)
-    model.gradient_checkpointing_enable()
+    if a.checkpointing:
+        model.gradient_checkpointing_enable()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
@@ -103,7 +106,7 @@ def main():
     peak, card = peak_flops()
     flops = training_flops(model.config, rows * T, T)
     result = {
-        "card": card, "transformers": transformers.__version__, "torch": torch.__version__,
+        "card": card, "gradient_checkpointing": a.checkpointing, "transformers": transformers.__version__, "torch": torch.__version__,
         "generate_s": gen_s, "generate_tok_s": rows * a.response_len / gen_s,
         "log_prob_s": logprob_s, "update_s": train_s,
         "update_mfu": flops / train_s / peak if peak else 0.0,

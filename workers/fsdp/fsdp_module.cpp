@@ -212,7 +212,6 @@ Status FsdpModule::check_device(const c10::Device& device) const {
     TESSERA_RETURN_IF_ERROR(check(s.adam.exp_avg, unit, "AdamW exp_avg"));
     TESSERA_RETURN_IF_ERROR(check(s.adam.exp_avg_sq, unit, "AdamW exp_avg_sq"));
     TESSERA_RETURN_IF_ERROR(check(s.full, unit, "the gathered parameters"));
-    TESSERA_RETURN_IF_ERROR(check(s.full_grad, unit, "the gathered gradient"));
   }
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (item.value().device() != device) {
@@ -273,12 +272,11 @@ Status FsdpModule::gather_unit(int u, bool train) {
   } else {
     s.full.copy_(local);
   }
-  bool with_grad = train && s.trainable;
-  if (with_grad) s.full_grad = at::zeros({layout.padded_numel}, at::TensorOptions(param_dtype).device(device_));
+  const bool with_grad = train && s.trainable;
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto& e = layout.params[i];
     s.params[i].set_data(s.full.narrow(0, e.offset, e.numel).view(e.shape));
-    if (with_grad) s.params[i].mutable_grad() = s.full_grad.narrow(0, e.offset, e.numel).view(e.shape);
+    s.params[i].mutable_grad() = at::Tensor();  // Note [Gradients taken over]
   }
   s.pending_reduce = with_grad;
   return Status();
@@ -290,7 +288,19 @@ Status FsdpModule::reduce_unit(int u) {
   if (!s.pending_reduce) return Status();
   s.pending_reduce = false;
   std::string ctx = "FSDP gradient reduction of unit '" + layout.unit + "'";
-  at::Tensor g = s.full_grad.to(options_.mixed_precision.reduce_dtype);
+  // Note [Gradients taken over]: the flat gradient is the parameters' own gradients laid end to
+  // end, zeros where one got none, and the layout's padding.
+  const auto param_dtype = options_.mixed_precision.param_dtype;
+  const auto zeros = [&](int64_t n) { return at::zeros({n}, at::TensorOptions(param_dtype).device(device_)); };
+  std::vector<at::Tensor> parts;
+  parts.reserve(layout.params.size() + 1);
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const at::Tensor& grad = s.params[i].grad();
+    parts.push_back(grad.defined() ? grad.reshape({-1}).to(param_dtype) : zeros(layout.params[i].numel));
+  }
+  if (layout.padded_numel > layout.numel) parts.push_back(zeros(layout.padded_numel - layout.numel));
+  at::Tensor g = at::cat(parts).to(options_.mixed_precision.reduce_dtype);
+  for (auto& p : s.params) p.mutable_grad() = at::Tensor();
   at::Tensor reduced = g;
   if (shard_group_) {
     reduced = at::empty({layout.shard_numel()}, g.options());
@@ -316,7 +326,6 @@ void FsdpModule::release_unit(int u) {
     p.mutable_grad() = at::Tensor();
   }
   s.full = at::Tensor();
-  s.full_grad = at::Tensor();
   s.pending_reduce = false;
 }
 

@@ -8,11 +8,19 @@
 //
 // Forward: gathering a unit all-gathers the shards (cast to param_dtype) into a full flat buffer
 // and points every module parameter at its slice with Tensor::set_data (no copy; the parameter
-// stays a leaf, see models' Note [Swapping parameters]). For training, each parameter's .grad is
-// pre-set to a slice of a zeroed flat gradient buffer, so autograd accumulates straight into it.
-// Backward: after autograd, the flat gradient is cast to reduce_dtype and reduce-scattered
+// stays a leaf, see models' Note [Swapping parameters]).
+// Backward: after autograd, the unit's flat gradient is cast to reduce_dtype and reduce-scattered
 // (average over the data-parallel ranks) into the shard gradient; then the unit is released
 // (its parameters point at empty tensors again).
+//
+// Note [Gradients taken over]
+// A parameter's .grad is left undefined while its unit is gathered, so autograd's
+// AccumulateGrad keeps the gradient tensor backward computed (no copy, no kernel) rather than
+// adding it into a pre-set buffer (one more kernel and a read-modify-write per parameter per
+// micro-batch, after a zero-fill of the whole buffer). The reduction lays the gradients end to
+// end in one concatenation (zeros for a parameter that got none, and the padding), which is the
+// copy the cast to reduce_dtype needed anyway when the dtypes differ. The values are the same:
+// 0 + g is g, and a tied parameter's two gradients are summed by autograd in the same order.
 //
 // Strategies (DeviceMesh groups: "fsdp" shards, "ddp" replicates):
 //   FULL_SHARD     K = |fsdp|; units routed through run_unit() are freed right after their
@@ -245,7 +253,6 @@ struct FsdpModule::UnitState {
   at::Tensor offload_shard;        ///< CPU copy while offloaded (kept allocated).
   AdamWState offload_adam;         ///< CPU copies of the moments.
   at::Tensor full;                 ///< [padded] param_dtype while gathered.
-  at::Tensor full_grad;            ///< [padded] param_dtype while gathered for training.
   bool pending_reduce = false;     ///< Gathered for training, gradient not yet reduced.
   at::Tensor anchor;               ///< Zero-size leaf that makes run_unit outputs require grad.
 };

@@ -137,8 +137,12 @@ TEST(Checkpoint, ErrorBeforePublicationKeepsThePreviousCheckpoint) {
     };
     Status st = save_checkpoint(*e, dir, failing);
     ASSERT_FALSE(st.ok());
-    if (rank == 1) EXPECT_NE(st.message().find("disk full (simulated)"), std::string::npos) << st.message();
-    if (rank == 0) EXPECT_NE(st.message().find("another rank failed"), std::string::npos) << st.message();
+    if (rank == 1) {
+      EXPECT_NE(st.message().find("disk full (simulated)"), std::string::npos) << st.message();
+    }
+    if (rank == 0) {
+      EXPECT_NE(st.message().find("another rank failed"), std::string::npos) << st.message();
+    }
   });
   EXPECT_TRUE(fs::exists(dir + ".tmp"));                     // the partial attempt is left aside
   EXPECT_FALSE(fs::exists(dir + ".tmp/manifest.json"));
