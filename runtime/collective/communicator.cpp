@@ -145,8 +145,42 @@ Status Communicator::finish(const char* op, Status st) {
   return out;
 }
 
+PendingCollective::PendingCollective() = default;
+PendingCollective::PendingCollective(std::function<Status()> wait) : wait_(std::move(wait)) {}
+PendingCollective::PendingCollective(PendingCollective&& other) noexcept : wait_(std::move(other.wait_)) {
+  other.wait_ = nullptr;
+}
+PendingCollective& PendingCollective::operator=(PendingCollective&& other) noexcept {
+  if (this != &other) {
+    (void)wait();
+    wait_ = std::move(other.wait_);
+    other.wait_ = nullptr;
+  }
+  return *this;
+}
+PendingCollective::~PendingCollective() { (void)wait(); }
+
+Status PendingCollective::wait() {
+  if (!wait_) return Status();
+  std::function<Status()> fn = std::move(wait_);
+  wait_ = nullptr;
+  return fn();
+}
+
 Status Communicator::all_gather(const at::Tensor& input, const at::Tensor& output,
                                 const CollectiveOptions& opts) {
+  return all_gather_impl(input, output, opts, nullptr);
+}
+
+Result<PendingCollective> Communicator::start_all_gather(const at::Tensor& input, const at::Tensor& output,
+                                                         const CollectiveOptions& opts) {
+  PendingCollective pending;
+  TESSERA_RETURN_IF_ERROR(all_gather_impl(input, output, opts, &pending));
+  return pending;
+}
+
+Status Communicator::all_gather_impl(const at::Tensor& input, const at::Tensor& output,
+                                     const CollectiveOptions& opts, PendingCollective* pending) {
   const char* op = "all_gather";
   TESSERA_RETURN_IF_ERROR(fail_if_broken(op));
   Status v = check_scaled_pair(input, "input", output, "output", size_);
@@ -156,11 +190,24 @@ Status Communicator::all_gather(const at::Tensor& input, const at::Tensor& outpu
     if (output.data_ptr() != input.data_ptr()) output.copy_(input);
     return Status();
   }
-  return finish(op, guarded([&] { return do_all_gather(input, output, resolve(opts)); }));
+  if (pending == nullptr) return finish(op, guarded([&] { return do_all_gather(input, output, resolve(opts)); }));
+  return finish(op, guarded([&] { return do_start_all_gather(input, output, resolve(opts), *pending); }));
 }
 
 Status Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp rop,
                                     const CollectiveOptions& opts) {
+  return reduce_scatter_impl(input, output, rop, opts, nullptr);
+}
+
+Result<PendingCollective> Communicator::start_reduce_scatter(const at::Tensor& input, const at::Tensor& output,
+                                                             ReduceOp rop, const CollectiveOptions& opts) {
+  PendingCollective pending;
+  TESSERA_RETURN_IF_ERROR(reduce_scatter_impl(input, output, rop, opts, &pending));
+  return pending;
+}
+
+Status Communicator::reduce_scatter_impl(const at::Tensor& input, const at::Tensor& output, ReduceOp rop,
+                                         const CollectiveOptions& opts, PendingCollective* pending) {
   const char* op = "reduce_scatter";
   TESSERA_RETURN_IF_ERROR(fail_if_broken(op));
   Status v = check_scaled_pair(output, "output", input, "input", size_);
@@ -171,7 +218,20 @@ Status Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& o
     if (output.data_ptr() != input.data_ptr()) output.copy_(input);
     return Status();
   }
-  return finish(op, guarded([&] { return do_reduce_scatter(input, output, rop, resolve(opts)); }));
+  if (pending == nullptr) {
+    return finish(op, guarded([&] { return do_reduce_scatter(input, output, rop, resolve(opts)); }));
+  }
+  return finish(op, guarded([&] { return do_start_reduce_scatter(input, output, rop, resolve(opts), *pending); }));
+}
+
+Status Communicator::do_start_all_gather(const at::Tensor& input, const at::Tensor& output,
+                                         std::chrono::milliseconds timeout, PendingCollective&) {
+  return do_all_gather(input, output, timeout);
+}
+
+Status Communicator::do_start_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                                             std::chrono::milliseconds timeout, PendingCollective&) {
+  return do_reduce_scatter(input, output, op, timeout);
 }
 
 Status Communicator::all_reduce(const at::Tensor& tensor, ReduceOp rop,

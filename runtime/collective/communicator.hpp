@@ -14,6 +14,20 @@
 // issue the same collectives in the same order (the c10d contract). Different Communicators
 // (e.g. the sub-groups of a DeviceMesh) may be used from different threads.
 //
+// Note [Deferred collectives]
+// start_all_gather and start_reduce_scatter leave the collective running and return a
+// PendingCollective; its wait() is what makes the result visible to the caller's later work.
+// This is how FSDP overlaps communication with compute (prefetching the next unit's parameters,
+// reducing a unit's gradient while backward goes on). On the NCCL backend with device tensors the
+// collective is queued on the communicator's stream after the work the caller had queued so far,
+// and wait() makes the caller's current CUDA stream wait for it (the host never blocks; the
+// buffers are recorded on the communicator's stream, so freeing them early is safe). The other
+// backends, and host tensors on NCCL, finish the collective inside the start call and wait()
+// returns at once. Either way the numbers are those of the blocking call. Validation errors and
+// failures seen while starting are the start call's Status; a failure found later (an NCCL
+// timeout) breaks the group as usual and is reported by wait() or the next call. A
+// PendingCollective must not outlive its communicator; destroying one unwaited waits for it.
+//
 // Failure contract: a validation error (bad shape, bad root) is reported before any byte moves
 // and leaves the communicator usable. A timeout or transport error leaves the group in an
 // unknown state, so the communicator marks itself broken: every later call fails fast with an
@@ -22,6 +36,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,6 +74,29 @@ struct CommunicatorOptions {
   std::string inproc_key;               ///< inproc: rendezvous id; empty: "master_addr:master_port".
 };
 
+/// A collective left running by Communicator::start_* (Note [Deferred collectives]).
+class PendingCollective {
+ public:
+  /// Nothing pending: wait() returns OK.
+  PendingCollective();
+  /// Pending work; `wait` orders the caller after it and returns its status.
+  explicit PendingCollective(std::function<Status()> wait);
+  PendingCollective(PendingCollective&& other) noexcept;
+  PendingCollective& operator=(PendingCollective&& other) noexcept;
+  PendingCollective(const PendingCollective&) = delete;
+  PendingCollective& operator=(const PendingCollective&) = delete;
+  ~PendingCollective();
+
+  /// Makes the caller's later work see the result (see the Note) and returns the collective's
+  /// status; later calls return OK.
+  Status wait();
+  /// True until wait() has run.
+  bool pending() const { return static_cast<bool>(wait_); }
+
+ private:
+  std::function<Status()> wait_;
+};
+
 /// A group of ranks that run collectives together. See the file comment for the contracts.
 class Communicator {
  public:
@@ -91,6 +129,12 @@ class Communicator {
   Status reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
                         const CollectiveOptions& opts = {});
 
+  /// all_gather and reduce_scatter left running (Note [Deferred collectives]): same arguments,
+  /// same results once the returned PendingCollective has been waited for.
+  Result<PendingCollective> start_all_gather(const at::Tensor& input, const at::Tensor& output,
+                                             const CollectiveOptions& opts = {});
+  Result<PendingCollective> start_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                                                 const CollectiveOptions& opts = {});
   /// tensor = op over ranks of tensor, in place. REQUIRES: contiguous; avg needs a floating dtype.
   Status all_reduce(const at::Tensor& tensor, ReduceOp op, const CollectiveOptions& opts = {});
 
@@ -126,6 +170,12 @@ class Communicator {
                                    std::chrono::milliseconds timeout) = 0;
   virtual Status do_all_reduce(const at::Tensor& tensor, ReduceOp op,
                                std::chrono::milliseconds timeout) = 0;
+  /// The deferred forms (Note [Deferred collectives]): a backend that can leave the collective
+  /// running sets `pending`; the defaults run the blocking hook and leave it empty.
+  virtual Status do_start_all_gather(const at::Tensor& input, const at::Tensor& output,
+                                     std::chrono::milliseconds timeout, PendingCollective& pending);
+  virtual Status do_start_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                                         std::chrono::milliseconds timeout, PendingCollective& pending);
   virtual Status do_broadcast(const at::Tensor& tensor, int root,
                               std::chrono::milliseconds timeout) = 0;
   virtual Status do_barrier(std::chrono::milliseconds timeout) = 0;
@@ -146,6 +196,10 @@ class Communicator {
   std::chrono::milliseconds resolve(const CollectiveOptions& opts) const;
   std::string context(const char* op) const;
   Status finish(const char* op, Status st);  // prefixes context; marks broken on comm failure
+  Status all_gather_impl(const at::Tensor& input, const at::Tensor& output, const CollectiveOptions& opts,
+                         PendingCollective* pending);
+  Status reduce_scatter_impl(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                             const CollectiveOptions& opts, PendingCollective* pending);
   Status fail_if_broken(const char* op) const;
 
   int rank_;

@@ -332,12 +332,21 @@ class NcclCommunicator final : public Communicator {
   }
   Status do_reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
                            std::chrono::milliseconds t) override {
+    return reduce_scatter(in, out, op, t, nullptr);
+  }
+  Status do_start_all_gather(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t,
+                             PendingCollective& pending) override {
     TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
-    return run(in, out, t, -1, [&](void* src, void* dst) {
-      return gpu_status(ncclReduceScatter(src, dst, out.numel(), dt, nccl_op(op), comm_->comm(),
-                                          comm_->stream()),
-                        "ncclReduceScatter");
-    });
+    return run(
+        in, out, t, -1,
+        [&](void* src, void* dst) {
+          return gpu_status(ncclAllGather(src, dst, in.numel(), dt, comm_->comm(), comm_->stream()), "ncclAllGather");
+        },
+        &pending);
+  }
+  Status do_start_reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
+                                 std::chrono::milliseconds t, PendingCollective& pending) override {
+    return reduce_scatter(in, out, op, t, &pending);
   }
   Status do_all_reduce(const at::Tensor& tensor, ReduceOp op, std::chrono::milliseconds t) override {
     TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(tensor.scalar_type()));
@@ -437,17 +446,31 @@ class NcclCommunicator final : public Communicator {
     return DeviceView{p, true};
   }
 
+  Status reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op, std::chrono::milliseconds t,
+                        PendingCollective* pending) {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
+    return run(
+        in, out, t, -1,
+        [&](void* src, void* dst) {
+          return gpu_status(
+              ncclReduceScatter(src, dst, out.numel(), dt, nccl_op(op), comm_->comm(), comm_->stream()),
+              "ncclReduceScatter");
+        },
+        pending);
+  }
+
   // Enqueues `op(src, dst)` on the communicator's stream. Device tensors are used in place and
-  // the call returns once it is queued (Note [NCCL on device tensors]); host tensors are staged
+  // the call returns once it is queued (Note [NCCL on device tensors]); with `pending` the
+  // caller's stream is not made to wait (Note [Deferred collectives]). Host tensors are staged
   // and the call waits, bounded, for their bytes.
   template <class Op>
   Status run(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t, int peer,
-             Op op) {
+             Op op, PendingCollective* pending = nullptr) {
     TESSERA_RETURN_IF_ERROR(comm_->failure());
     auto deadline = Clock::now() + t;
     TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
     const bool on_device = (!in.defined() || in.is_cuda()) && (!out.defined() || out.is_cuda());
-    if (on_device) return run_in_place(in, out, t, deadline, peer, op);
+    if (on_device) return run_in_place(in, out, t, deadline, peer, op, pending);
     bool in_place = in.defined() && out.defined() && in.data_ptr() == out.data_ptr();
     TESSERA_ASSIGN_OR_RETURN(DeviceView src, to_device(in, 0, /*copy_in=*/true));
     DeviceView dst = src;
@@ -464,7 +487,7 @@ class NcclCommunicator final : public Communicator {
 
   template <class Op>
   Status run_in_place(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t,
-                      Clock::time_point deadline, int peer, Op op) {
+                      Clock::time_point deadline, int peer, Op op, PendingCollective* pending) {
     const auto device = static_cast<c10::DeviceIndex>(comm_->device());
     for (const at::Tensor* x : {&in, &out}) {
       if (x->defined() && x->device().index() != device) {
@@ -475,17 +498,37 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device).stream();
     TESSERA_RETURN_IF_ERROR(order_after(caller, comm_->stream()));  // after the producers
     TESSERA_RETURN_IF_ERROR(op(in.defined() ? in.data_ptr() : nullptr, out.defined() ? out.data_ptr() : nullptr));
-    return finish_in_place({in, out}, caller, deadline, t, peer);
+    return finish_in_place({in, out}, caller, deadline, t, peer, pending);
   }
 
-  // The tail of every in-place call: the caller's stream waits for the collective, the buffers
-  // are recorded on the communicator's stream, and the watchdog takes the completion event.
+  // The tail of every in-place call: the caller's stream waits for the collective (or, with
+  // `pending`, will wait when the caller says so), the buffers are recorded on the communicator's
+  // stream, and the watchdog takes the completion event.
   Status finish_in_place(const std::vector<at::Tensor>& used, cudaStream_t caller, Clock::time_point deadline,
-                         std::chrono::milliseconds t, int peer) {
+                         std::chrono::milliseconds t, int peer, PendingCollective* pending = nullptr) {
     cudaEvent_t done = nullptr;
     TESSERA_GPU_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     Status recorded = gpu_status(cudaEventRecord(done, comm_->stream()), "cudaEventRecord");
-    if (recorded.ok()) recorded = gpu_status(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent");
+    if (recorded.ok() && pending != nullptr) {
+      // The watchdog owns `done`; the caller's wait gets an event of its own.
+      cudaEvent_t visible = nullptr;
+      recorded = gpu_status(cudaEventCreateWithFlags(&visible, cudaEventDisableTiming), "cudaEventCreate");
+      if (recorded.ok()) recorded = gpu_status(cudaEventRecord(visible, comm_->stream()), "cudaEventRecord");
+      if (recorded.ok()) {
+        const auto device = static_cast<c10::DeviceIndex>(comm_->device());
+        NcclComm* comm = comm_.get();
+        *pending = PendingCollective([visible, device, comm]() -> Status {
+          cudaStream_t now = c10::cuda::getCurrentCUDAStream(device).stream();
+          Status st = gpu_status(cudaStreamWaitEvent(now, visible, 0), "cudaStreamWaitEvent");
+          cudaEventDestroy(visible);  // released once the wait is satisfied; the wait stays queued
+          return st.ok() ? comm->failure() : st;
+        });
+      } else if (visible != nullptr) {
+        cudaEventDestroy(visible);
+      }
+    } else if (recorded.ok()) {
+      recorded = gpu_status(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent");
+    }
     if (!recorded.ok()) {
       cudaEventDestroy(done);
       return recorded;

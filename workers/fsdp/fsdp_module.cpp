@@ -2,6 +2,9 @@
 // The design is Note [FSDP engine] in fsdp_module.hpp.
 #include "workers/fsdp/fsdp_module.hpp"
 
+#include <algorithm>
+#include <iterator>
+
 #include <torch/torch.h>
 
 #include <set>
@@ -66,6 +69,7 @@ FsdpOptions fsdp_options_from_config(const FsdpConfig& config, int world_size) {
   o.model_dtype = config.model_dtype;
   o.param_offload = config.param_offload;
   o.optimizer_offload = config.optimizer_offload;
+  o.forward_prefetch = config.forward_prefetch;
   return o;
 }
 
@@ -260,26 +264,51 @@ bool FsdpModule::recompute_in_backward() const {
          options_.strategy == ShardingStrategy::hybrid_shard;
 }
 
-Status FsdpModule::gather_unit(int u, bool train) {
+Status FsdpModule::start_gather(int u) {
   UnitState& s = *units_[u];
+  if (s.full.defined()) return Status();  // gathered, or its gather is under way
   const FlatLayout& layout = layouts_[u];
   const auto param_dtype = options_.mixed_precision.param_dtype;
   at::Tensor local = s.shard.to(param_dtype);
-  s.full = at::empty({layout.padded_numel}, at::TensorOptions(param_dtype).device(device_));
+  at::Tensor full = at::empty({layout.padded_numel}, at::TensorOptions(param_dtype).device(device_));
   if (shard_group_) {
-    Status st = shard_group_->all_gather(local, s.full, options_.comm);
-    if (!st.ok()) return st.with_context("FSDP gather of unit '" + layout.unit + "'");
+    auto started = shard_group_->start_all_gather(local, full, options_.comm);
+    if (!started.ok()) return started.status().with_context("FSDP gather of unit '" + layout.unit + "'");
+    s.gathering = std::move(*started);
   } else {
-    s.full.copy_(local);
+    full.copy_(local);
   }
+  s.full = full;
+  return Status();
+}
+
+Status FsdpModule::gather_unit(int u, bool train) {
+  TESSERA_RETURN_IF_ERROR(start_gather(u));
+  UnitState& s = *units_[u];
+  const FlatLayout& layout = layouts_[u];
+  Status gathered = s.gathering.wait();
+  if (!gathered.ok()) return gathered.with_context("FSDP gather of unit '" + layout.unit + "'");
   const bool with_grad = train && s.trainable;
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto& e = layout.params[i];
     s.params[i].set_data(s.full.narrow(0, e.offset, e.numel).view(e.shape));
     s.params[i].mutable_grad() = at::Tensor();  // Note [Gradients taken over]
   }
-  s.pending_reduce = with_grad;
+  s.pending_reduce = s.pending_reduce || with_grad;
   return Status();
+}
+
+Status FsdpModule::prefetch_after(int unit, bool backward) {
+  int next = -1;
+  if (backward) {  // the unit that ran before `unit` in this forward
+    auto it = std::find(forward_order_.rbegin(), forward_order_.rend(), unit);
+    if (it != forward_order_.rend() && std::next(it) != forward_order_.rend()) next = *std::next(it);
+  } else if (options_.forward_prefetch) {  // the next recomputed unit in module order
+    for (size_t v = static_cast<size_t>(unit) + 1; v < units_.size() && next < 0; ++v) {
+      if (units_[v]->recompute) next = static_cast<int>(v);
+    }
+  }
+  return next < 0 ? Status() : start_gather(next);
 }
 
 Status FsdpModule::reduce_unit(int u) {
@@ -287,6 +316,9 @@ Status FsdpModule::reduce_unit(int u) {
   const FlatLayout& layout = layouts_[u];
   if (!s.pending_reduce) return Status();
   s.pending_reduce = false;
+  // The reductions started by the units before this one have run beside this unit's backward:
+  // their results are added now (Note [FSDP overlap]).
+  TESSERA_RETURN_IF_ERROR(finish_reductions());
   std::string ctx = "FSDP gradient reduction of unit '" + layout.unit + "'";
   // Note [Gradients taken over]: the flat gradient is the parameters' own gradients laid end to
   // end, zeros where one got none, and the layout's padding.
@@ -304,23 +336,43 @@ Status FsdpModule::reduce_unit(int u) {
   at::Tensor reduced = g;
   if (shard_group_) {
     reduced = at::empty({layout.shard_numel()}, g.options());
-    Status st = shard_group_->reduce_scatter(g, reduced, ReduceOp::avg, options_.comm);
-    if (!st.ok()) return st.with_context(ctx);
+    if (replicate_group_) {  // the all-reduce needs the reduce-scatter's result: both blocking
+      Status st = shard_group_->reduce_scatter(g, reduced, ReduceOp::avg, options_.comm);
+      if (!st.ok()) return st.with_context(ctx);
+    } else {
+      auto started = shard_group_->start_reduce_scatter(g, reduced, ReduceOp::avg, options_.comm);
+      if (!started.ok()) return started.status().with_context(ctx);
+      s.reducing = std::move(*started);
+    }
   }
   if (replicate_group_) {
     Status st = replicate_group_->all_reduce(reduced, ReduceOp::avg, options_.comm);
     if (!st.ok()) return st.with_context(ctx);
   }
-  if (s.shard_grad.defined()) {
-    s.shard_grad.add_(reduced.to(options_.model_dtype));
-  } else {
-    s.shard_grad = reduced.to(options_.model_dtype, /*non_blocking=*/false, /*copy=*/true);
+  s.reduced = reduced;
+  return Status();
+}
+
+Status FsdpModule::finish_reductions() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& s = *units_[u];
+    if (!s.reduced.defined()) continue;
+    Status st = s.reducing.wait();
+    const at::Tensor reduced = std::move(s.reduced);
+    s.reduced = at::Tensor();
+    if (!st.ok()) return st.with_context("FSDP gradient reduction of unit '" + layouts_[u].unit + "'");
+    if (s.shard_grad.defined()) {
+      s.shard_grad.add_(reduced.to(options_.model_dtype));
+    } else {
+      s.shard_grad = reduced.to(options_.model_dtype, /*non_blocking=*/false, /*copy=*/true);
+    }
   }
   return Status();
 }
 
 void FsdpModule::release_unit(int u) {
   UnitState& s = *units_[u];
+  (void)s.gathering.wait();  // a failure has broken the group: its next call reports it
   for (auto& p : s.params) {
     p.set_data(empty_param(options_.mixed_precision.param_dtype, device_));
     p.mutable_grad() = at::Tensor();
@@ -340,6 +392,7 @@ Status FsdpModule::begin_forward(ForwardMode mode) {
   in_forward_ = true;
   mode_ = mode;
   recompute_fns_.clear();
+  forward_order_.clear();
   try {
     for (size_t u = 0; u < units_.size(); ++u) {
       if (units_[u]->recompute && recompute_in_backward()) continue;  // run_unit gathers it
@@ -352,8 +405,14 @@ Status FsdpModule::begin_forward(ForwardMode mode) {
 }
 
 Status FsdpModule::end_forward() {
-  for (size_t u = 0; u < units_.size(); ++u) release_unit(static_cast<int>(u));
+  for (size_t u = 0; u < units_.size(); ++u) {
+    release_unit(static_cast<int>(u));
+    UnitState& s = *units_[u];  // an abandoned backward's reductions are dropped
+    (void)s.reducing.wait();
+    s.reduced = at::Tensor();
+  }
   recompute_fns_.clear();
+  forward_order_.clear();
   in_forward_ = false;
   return Status();
 }
@@ -363,7 +422,7 @@ Status FsdpModule::reduce_pending() {
     TESSERA_RETURN_IF_ERROR(reduce_unit(static_cast<int>(u)));
     release_unit(static_cast<int>(u));
   }
-  return Status();
+  return finish_reductions();
 }
 
 Status FsdpModule::backward(const at::Tensor& loss) {

@@ -33,6 +33,22 @@
 // Averaging over all ranks means: N ranks each computing the mean loss of an equal share of a
 // global batch produce the gradient of the mean loss over the whole batch, as one process would.
 //
+// Note [FSDP overlap]
+// Collectives run beside compute where the backend allows it (Note [Deferred collectives]):
+//  - backward prefetch (always): when a recomputed unit starts its backward, the all-gather of
+//    the unit whose backward comes next is started too, so it runs during this unit's recompute
+//    and backward (torch FSDP's BACKWARD_PRE);
+//  - forward prefetch (fsdp_config.forward_prefetch): likewise in forward, the next unit's
+//    all-gather starts before this unit's forward runs;
+//  - gradient reduction: a unit's reduce-scatter is started when its backward ends and finished
+//    (its result added into the shard gradient) when the next unit's backward ends, or when
+//    backward() returns; with a replicate group (HYBRID_SHARD, NO_SHARD) the reduction stays
+//    blocking (its all-reduce needs the reduce-scatter's result).
+// "Next" is the neighbouring recomputed unit in module order (forward) and the one that ran
+// before in this forward (backward). At most two units are gathered at once. Nothing changes
+// the numbers: the same collectives run on the same tensors in the same order, and each unit's
+// shard gradient is accumulated in the same order.
+//
 // Step: global grad norm = sqrt(sum of squared shard gradients over the fsdp group); non-finite
 // skips the update and zeroes gradients (verl); otherwise clip (torch's clip_grad_norm_ formula)
 // and run AdamW (optim.hpp) on every shard. A unit that received no gradient since the last step
@@ -85,6 +101,7 @@ struct FsdpOptions {
   bool param_offload = false;      ///< Offload shards right after wrapping.
   bool optimizer_offload = false;  ///< Offload the AdamW moments right after wrapping.
   bool sync_module_states = true;  ///< Broadcast world rank 0's parameters when wrapping.
+  bool forward_prefetch = false;   ///< Note [FSDP overlap].
   /// No optimizer: no AdamW moments or gradient buffers; training calls fail. See Note [FSDP engine].
   bool frozen = false;
   std::string name;  ///< Names the module in errors (e.g. its config path); may be empty.
@@ -206,6 +223,9 @@ class FsdpModule {
 
   // ---- used by the recompute autograd function (recompute.cpp) ------------------------------
   Status gather_unit(int unit, bool train);
+  /// Starts gathering the unit that runs after `unit` (in forward, or in backward), if any and
+  /// not gathered yet (Note [FSDP overlap]).
+  Status prefetch_after(int unit, bool backward);
   Status reduce_unit(int unit);
   void release_unit(int unit);
 
@@ -217,6 +237,8 @@ class FsdpModule {
   Status check_trainable(const char* what) const;
   bool recompute_in_backward() const;
   Status reduce_pending();
+  Status start_gather(int unit);
+  Status finish_reductions();
   Result<double> global_grad_norm();
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -232,6 +254,7 @@ class FsdpModule {
   std::vector<FlatLayout> layouts_;
   std::vector<std::unique_ptr<UnitState>> units_;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> recompute_fns_;  // live until backward
+  std::vector<int> forward_order_;  // recomputed units in the order this forward ran them
   int64_t optimizer_steps_ = 0;
   bool params_offloaded_ = false;
   bool optimizer_offloaded_ = false;
@@ -252,7 +275,10 @@ struct FsdpModule::UnitState {
   AdamWState adam;                 ///< Moments; undefined while offloaded or frozen.
   at::Tensor offload_shard;        ///< CPU copy while offloaded (kept allocated).
   AdamWState offload_adam;         ///< CPU copies of the moments.
-  at::Tensor full;                 ///< [padded] param_dtype while gathered.
+  at::Tensor full;                 ///< [padded] param_dtype while gathered (or being gathered).
+  collective::PendingCollective gathering;  ///< The all-gather into `full`, until gather_unit waits.
+  collective::PendingCollective reducing;   ///< The reduction into `reduced`, until it is added.
+  at::Tensor reduced;              ///< [S] reduce_dtype: this micro-batch's reduced gradient, in flight.
   bool pending_reduce = false;     ///< Gathered for training, gradient not yet reduced.
   at::Tensor anchor;               ///< Zero-size leaf that makes run_unit outputs require grad.
 };

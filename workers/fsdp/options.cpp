@@ -111,7 +111,7 @@ const KeyTable<FsdpConfig>& fsdp_keys() {
          if (name == "fsdp" || name == "fsdp2") return Status();
          return make_error(ErrorCode::invalid_argument, "{}: '{}' is not fsdp or fsdp2", k, name);
        }},
-      TESSERA_FIELD(FsdpConfig, "forward_prefetch", bool, (void)x),
+      TESSERA_FIELD(FsdpConfig, "forward_prefetch", bool, o.forward_prefetch = x),
       TESSERA_FIELD(FsdpConfig, "use_orig_params", bool, (void)x),
       {"offload_policy",
        [](FsdpConfig&, const nlohmann::json& v, const std::string& k) -> Status {

@@ -10,8 +10,10 @@
 //   mixed_precision.{param_dtype, reduce_dtype, buffer_dtype}   defaults bf16 / fp32 / fp32.
 //   model_dtype               dtype of the sharded master weights (default fp32).
 //   wrap_policy.{transformer_layer_cls_to_wrap, min_num_params, disable}
-//   strategy (fsdp | fsdp2), forward_prefetch, use_orig_params: accepted; they select nothing
-//   here (one engine; original names are always kept; gathers are issued in order).
+//   forward_prefetch          start the next unit's all-gather before the current unit's forward
+//                             runs (Note [FSDP overlap]); backward always prefetches.
+//   strategy (fsdp | fsdp2), use_orig_params: accepted; they select nothing here (one engine;
+//   original names are always kept).
 //   offload_policy: true is refused (FSDP2-native offload during compute is not implemented).
 // optim (actor.optim): lr, betas, eps, weight_decay, lr_warmup_steps, lr_warmup_steps_ratio,
 //   total_training_steps, warmup_style | lr_scheduler_type (constant | cosine), min_lr_ratio,
@@ -59,6 +61,7 @@ struct FsdpConfig {
   bool strategy_explicit = false;  ///< sharding_strategy was given.
   bool param_offload = false;
   bool optimizer_offload = false;
+  bool forward_prefetch = false;
   MixedPrecision mixed_precision;
   c10::ScalarType model_dtype = c10::ScalarType::Float;
   WrapPolicy wrap_policy;

@@ -32,6 +32,7 @@ struct RecomputeUnit : public torch::autograd::Function<RecomputeUnit> {
     ctx->saved_data["fn"] = fn_index;
     ctx->save_for_backward({input});
     throw_if_error(engine->gather_unit(static_cast<int>(unit), /*train=*/false));
+    throw_if_error(engine->prefetch_after(static_cast<int>(unit), /*backward=*/false));
     at::Tensor out = engine->recompute_fns_[fn_index](input);
     engine->release_unit(static_cast<int>(unit));
     return {out};
@@ -43,6 +44,7 @@ struct RecomputeUnit : public torch::autograd::Function<RecomputeUnit> {
     int64_t fn_index = ctx->saved_data["fn"].toInt();
     at::Tensor input = ctx->get_saved_variables()[0];
     throw_if_error(engine->gather_unit(unit, /*train=*/true));
+    throw_if_error(engine->prefetch_after(unit, /*backward=*/true));  // Note [FSDP overlap]
     at::Tensor x = input.detach().requires_grad_(input.requires_grad());
     at::Tensor out;
     {
@@ -80,11 +82,13 @@ Result<at::Tensor> FsdpModule::run_unit(int unit, std::function<at::Tensor(const
     }
     if (mode_ == ForwardMode::eval || !at::GradMode::is_enabled()) {
       TESSERA_RETURN_IF_ERROR(gather_unit(unit, /*train=*/false));
+      TESSERA_RETURN_IF_ERROR(prefetch_after(unit, /*backward=*/false));
       at::Tensor out = fn(input);
       release_unit(unit);
       return out;
     }
     recompute_fns_.push_back(std::move(fn));
+    forward_order_.push_back(unit);
     int64_t index = static_cast<int64_t>(recompute_fns_.size()) - 1;
     return RecomputeUnit::apply(input, s.anchor, this, static_cast<int64_t>(unit), index)[0];
   } catch (const std::exception& e) {

@@ -97,5 +97,40 @@ TEST(Nccl, InPlaceDeviceTensorsAreOrderedAfterTheirProducer) {
   }
 }
 
+// Note [Deferred collectives] on NCCL: a started all-gather is queued after its input's producer
+// and runs beside the caller's later kernels; after wait() the caller's stream reads the result.
+TEST(Nccl, StartedAllGatherIsOrderedByWait) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const int world = 2;
+  int port = testing::free_port();
+  std::string key = testing::fresh_key("nccl_started");
+  std::vector<at::Tensor> results(world);
+  testing::run_ranks(world, [&](int rank) {
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(rank));
+    c10::cuda::CUDAGuard guard(device);
+    auto o = testing::world_options("nccl", rank, world, port, key);
+    o.cuda_device = rank;
+    auto c = make_communicator(o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    at::Tensor w = at::eye(1024, at::TensorOptions(at::kFloat).device(device)) * 1.0001;
+    at::Tensor x = at::full({1024, 1024}, static_cast<float>(rank + 1), at::TensorOptions(at::kFloat).device(device));
+    for (int i = 0; i < 100; ++i) x = at::matmul(x, w);  // the producer
+    at::Tensor out = at::empty({world * 1024 * 1024}, x.options());
+    auto started = (*c)->start_all_gather(x.view(-1), out);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    at::Tensor busy = x;
+    for (int i = 0; i < 100; ++i) busy = at::matmul(busy, w);  // compute beside the collective
+    ASSERT_TRUE(started->wait().ok());
+    results[rank] = (out * 2).to(at::kCPU);
+  });
+  const float scale = std::pow(1.0001f, 100.0f) * 2;
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(results[r].defined());
+    at::Tensor want = at::cat({at::full({1024 * 1024}, 1.0f * scale), at::full({1024 * 1024}, 2.0f * scale)});
+    EXPECT_TRUE(at::allclose(results[r], want, 1e-4, 1e-4)) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::collective

@@ -151,6 +151,41 @@ TEST_P(CollectiveOps, BadArgumentsAreReportedWithoutBreakingTheGroup) {
   });
 }
 
+// Note [Deferred collectives]: a started all-gather or reduce-scatter gives the blocking call's
+// numbers once waited for, several may be in flight at once, wait() is idempotent, a destroyed
+// handle waits by itself, and bad arguments are the start call's error.
+TEST_P(CollectiveOps, StartedCollectivesEqualBlockingOnes) {
+  auto [backend, world] = GetParam();
+  with_world(backend, world, [&](int rank, Communicator& c) {
+    at::Tensor in = to_tensor(rank_values(rank, kChunk));
+    at::Tensor gathered = at::full({world * kChunk}, -1.0f), want_gathered = at::full({world * kChunk}, -1.0f);
+    at::Tensor grads = to_tensor(rank_values(rank, world * kChunk));
+    at::Tensor reduced = at::empty({kChunk}, at::kFloat), want_reduced = at::empty({kChunk}, at::kFloat);
+    ASSERT_TRUE(c.all_gather(in, want_gathered).ok());
+    ASSERT_TRUE(c.reduce_scatter(grads, want_reduced, ReduceOp::avg).ok());
+    auto gather = c.start_all_gather(in, gathered);
+    ASSERT_TRUE(gather.ok()) << gather.status().to_string();
+    auto reduce = c.start_reduce_scatter(grads, reduced, ReduceOp::avg);
+    ASSERT_TRUE(reduce.ok()) << reduce.status().to_string();
+    ASSERT_TRUE(reduce->wait().ok());
+    ASSERT_TRUE(gather->wait().ok());
+    EXPECT_FALSE(gather->pending());
+    EXPECT_TRUE(gather->wait().ok());  // idempotent
+    EXPECT_TRUE(at::equal(gathered, want_gathered)) << "rank " << rank;
+    EXPECT_TRUE(at::equal(reduced, want_reduced)) << "rank " << rank;
+    {
+      auto dropped = c.start_all_gather(in, gathered);  // destroyed unwaited: waits by itself
+      ASSERT_TRUE(dropped.ok());
+    }
+    EXPECT_TRUE(at::equal(gathered, want_gathered)) << "rank " << rank;
+    auto bad = c.start_reduce_scatter(grads, at::empty({kChunk + 1}), ReduceOp::sum);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), ErrorCode::invalid_argument);
+    EXPECT_NE(bad.status().message().find("reduce_scatter (rank"), std::string::npos) << bad.status().message();
+    EXPECT_FALSE(c.broken());
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CollectiveOps,
                          ::testing::Values(Param{"inproc", 1}, Param{"inproc", 2},
                                            Param{"inproc", 4}, Param{"gloo", 1}, Param{"gloo", 2},

@@ -1,8 +1,9 @@
 // The engine on the models helper's HF decoder, wrapped as the workers wrap it
 // (make_decoder_units + install_layer_runner): every strategy at world 2 (HYBRID_SHARD at world
 // 4) equals single-process training of the same CausalLM (losses, grad norms and parameters
-// within 1e-5) with the layer runner active; under FULL_SHARD each layer is gathered only while it
-// runs (forward, and its recompute in backward), so right after forward only the root unit is
+// within 1e-5) with the layer runner active, with and without forward prefetch; under FULL_SHARD
+// each layer is gathered only while it runs (forward, and its recompute in backward) or is
+// prefetched for the next one (Note [FSDP overlap]), so right after forward only the root unit is
 // gathered, versus every unit under SHARD_GRAD_OP (read from the engine's own state).
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
 #include "workers/models/model.hpp"
@@ -49,12 +50,13 @@ OptimizerOptions decoder_optim() {
 /// The FSDP engine of one rank over `model`, wrapped the way build_fsdp_module wraps decoders.
 std::unique_ptr<FsdpModule> wrap_decoder(std::shared_ptr<models::CausalLM> model,
                                          std::shared_ptr<Communicator> world, S strategy,
-                                         int fsdp_size = -1) {
+                                         int fsdp_size = -1, bool forward_prefetch = false) {
   auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
   EXPECT_TRUE(units.ok()) << units.status().to_string();
   FsdpOptions fo;
   fo.strategy = strategy;
   fo.mixed_precision.param_dtype = at::kFloat;
+  fo.forward_prefetch = forward_prefetch;
   auto mesh = collective::DeviceMesh::for_fsdp(world, fsdp_size);
   EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
   auto e = FsdpModule::wrap(model, *units, *mesh, fo, decoder_optim());
@@ -76,6 +78,7 @@ struct DecoderCase {
   S strategy;
   int world;
   int fsdp_size;
+  bool forward_prefetch = false;
 };
 
 class FsdpDecoder : public ::testing::TestWithParam<DecoderCase> {};
@@ -86,7 +89,7 @@ TEST_P(FsdpDecoder, CausalLMMatchesSingleProcessWithLayerRunner) {
   testing::RunResult want = reference_decoder_run(kSteps);
   collective::testing::with_world("inproc", c.world, [&](int rank, Communicator& w) {
     auto model = make_llama();
-    auto e = wrap_decoder(model, borrow(w), c.strategy, c.fsdp_size);
+    auto e = wrap_decoder(model, borrow(w), c.strategy, c.fsdp_size, c.forward_prefetch);
     ASSERT_TRUE(e);
     ASSERT_EQ(e->layouts().size(), 3u);
     EXPECT_EQ(e->layouts()[0].unit, "model.layers.0");
@@ -112,10 +115,12 @@ TEST_P(FsdpDecoder, CausalLMMatchesSingleProcessWithLayerRunner) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpDecoder,
-                         ::testing::Values(DecoderCase{S::full_shard, 2, -1}, DecoderCase{S::shard_grad_op, 2, -1},
-                                           DecoderCase{S::hybrid_shard, 4, 2}),
+                         ::testing::Values(DecoderCase{S::full_shard, 2, -1}, DecoderCase{S::full_shard, 2, -1, true},
+                                           DecoderCase{S::shard_grad_op, 2, -1}, DecoderCase{S::hybrid_shard, 4, 2},
+                                           DecoderCase{S::hybrid_shard, 4, 2, true}),
                          [](const ::testing::TestParamInfo<DecoderCase>& info) {
-                           return std::string(to_string(info.param.strategy)) + "_world" + std::to_string(info.param.world);
+                           return std::string(to_string(info.param.strategy)) + "_world" + std::to_string(info.param.world) +
+                                  (info.param.forward_prefetch ? "_prefetch" : "");
                          });
 
 // Wraps the installed runner so every layer call records which units are gathered while it runs.
@@ -129,38 +134,46 @@ void record_gathered_in_calls(FsdpModule& e, models::CausalLM& model, std::vecto
   });
 }
 
-TEST(FsdpDecoderMemory, FullShardFreesEachLayerAfterForwardShardGradOpKeepsThem) {
+TEST(FsdpDecoderMemory, FullShardGathersALayerAndItsPrefetchShardGradOpKeepsThemAll) {
   using V = std::vector<int>;
   collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
     for (S strategy : {S::full_shard, S::shard_grad_op}) {
-      auto model = make_llama();
-      auto e = wrap_decoder(model, borrow(w), strategy);
-      ASSERT_TRUE(e);
-      std::vector<V> log;
-      record_gathered_in_calls(*e, *model, log);
-      ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
-      at::Tensor loss = llama_loss(*model, llama_batch(0, rank, 2));
-      const V after_forward = e->gathered_units();
-      ASSERT_TRUE(e->backward(loss).ok());
-      EXPECT_TRUE(e->gathered_units().empty());
-      if (strategy == S::full_shard) {
-        EXPECT_EQ(after_forward, (V{2})) << "only the root stays gathered";
-        // Forward: layer 0, layer 1; backward recomputes layer 1, then layer 0: one layer at a time.
-        EXPECT_EQ(log, (std::vector<V>{{0, 2}, {1, 2}, {1, 2}, {0, 2}}));
-      } else {
-        EXPECT_EQ(after_forward, (V{0, 1, 2}));
-        EXPECT_EQ(log, (std::vector<V>{{0, 1, 2}, {0, 1, 2}}));  // no recompute
+      for (bool prefetch : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << to_string(strategy) << " forward_prefetch=" << prefetch);
+        auto model = make_llama();
+        auto e = wrap_decoder(model, borrow(w), strategy, -1, prefetch);
+        ASSERT_TRUE(e);
+        std::vector<V> log;
+        record_gathered_in_calls(*e, *model, log);
+        ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
+        at::Tensor loss = llama_loss(*model, llama_batch(0, rank, 2));
+        const V after_forward = e->gathered_units();
+        ASSERT_TRUE(e->backward(loss).ok());
+        EXPECT_TRUE(e->gathered_units().empty());
+        if (strategy == S::full_shard) {
+          EXPECT_EQ(after_forward, (V{2})) << "only the root stays gathered";
+          // Forward: layer 0 (with layer 1 prefetched when asked), layer 1; backward recomputes
+          // layer 1 with layer 0 prefetched, then layer 0: at most two layers at a time.
+          const V first = prefetch ? V{0, 1, 2} : V{0, 2};
+          EXPECT_EQ(log, (std::vector<V>{first, {1, 2}, {0, 1, 2}, {0, 2}}));
+        } else {
+          EXPECT_EQ(after_forward, (V{0, 1, 2}));
+          EXPECT_EQ(log, (std::vector<V>{{0, 1, 2}, {0, 1, 2}}));  // no recompute
+        }
+        // Eval: each layer is freed after its forward too; end_forward() frees the root.
+        log.clear();
+        ASSERT_TRUE(e->begin_forward(ForwardMode::eval).ok());
+        {
+          torch::NoGradGuard no_grad;
+          llama_loss(*model, llama_batch(1, rank, 2));
+        }
+        if (strategy == S::full_shard) {
+          EXPECT_EQ(log, (std::vector<V>{prefetch ? V{0, 1, 2} : V{0, 2}, {1, 2}}));
+        }
+        EXPECT_EQ(e->gathered_units(), strategy == S::full_shard ? V({2}) : V({0, 1, 2}));
+        ASSERT_TRUE(e->end_forward().ok());
+        EXPECT_TRUE(e->gathered_units().empty());
       }
-      // Eval: each layer is freed after its forward too; end_forward() frees the root.
-      log.clear();
-      ASSERT_TRUE(e->begin_forward(ForwardMode::eval).ok());
-      {
-        torch::NoGradGuard no_grad;
-        llama_loss(*model, llama_batch(1, rank, 2));
-      }
-      EXPECT_EQ(e->gathered_units(), strategy == S::full_shard ? V({2}) : V({0, 1, 2}));
-      ASSERT_TRUE(e->end_forward().ok());
-      EXPECT_TRUE(e->gathered_units().empty());
     }
   });
 }
