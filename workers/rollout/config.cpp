@@ -208,6 +208,7 @@ const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"kv_block_size", set_field<&RolloutConfig::kv_block_size, RolloutConfig>},
     {"decode_attention", set_field<&RolloutConfig::decode_attention, RolloutConfig>},
     {"max_kv_blocks", set_field<&RolloutConfig::max_kv_blocks, RolloutConfig>},
+    {"sampler", set_field<&RolloutConfig::sampler, RolloutConfig>},
 };
 
 Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
@@ -356,6 +357,10 @@ Status validate_rollout_config(const RolloutConfig& c) {
   if (c.decode_attention != "kernel" && c.decode_attention != "gather") {
     return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.decode_attention='{}': expected kernel|gather",
                       kPrefix, c.decode_attention);
+  }
+  if (c.sampler != "fused" && c.sampler != "torch") {
+    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.sampler='{}': expected fused|torch", kPrefix,
+                      c.sampler);
   }
   if (c.cudagraph_capture_sizes) {
     for (size_t i = 0; i < c.cudagraph_capture_sizes->size(); ++i) {

@@ -19,7 +19,7 @@
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
 // (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|gather`,
-// `max_kv_blocks`.
+// `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp).
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -117,6 +117,9 @@ struct RolloutConfig {
   /// Caps the paged KV cache at this many blocks (0: on a GPU what gpu_memory_utilization leaves,
   /// elsewhere every sequence at its longest). Sequences beyond it wait or are preempted.
   int64_t max_kv_blocks = 0;
+  /// How tokens are drawn: "fused" (on a GPU, without top-k / top-p: one CUDA kernel per step,
+  /// Note [Fused sampling]) or "torch" (softmax, cumulative sum and search as torch ops).
+  std::string sampler = "fused";
 };
 
 /// The parsed config plus the keys that were accepted but have no effect here.

@@ -181,6 +181,7 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.want_logprobs = config_.calculate_log_probs;
   options.eos_token_ids = in.eos_token_ids;
   options.sampling = resolve_sampling(config_, in.do_sample, in.validate);
+  options.sampling.fused = config_.sampler == "fused";
   options.call_seed = call_seed(prompts.meta_info());
   GenerationStats stats;
   std::vector<GeneratedRow> rows;

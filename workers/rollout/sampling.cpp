@@ -7,10 +7,18 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "proto/cuda/launch.hpp"
 #include "proto/host_transfer.hpp"
+#include "workers/rollout/cuda/fused_sampling.hpp"
 
 namespace tessera::rollout {
 namespace {
+
+#if TESSERA_WITH_CUDA
+constexpr bool kWithCuda = true;
+#else
+constexpr bool kWithCuda = false;
+#endif
 
 // vLLM's _SAMPLING_EPS: a temperature below it is greedy decoding.
 constexpr double kSamplingEps = 1e-5;
@@ -62,7 +70,89 @@ at::Tensor inverse_cdf(const at::Tensor& filtered_logits, const std::vector<doub
   return idx.squeeze(1).clamp_max(filtered_logits.size(1) - 1);
 }
 
+// The fused kernel's draw (Note [Fused sampling]); fused_sampling_applies(logits, ...) holds.
+SampledTokens fused_sample(const at::Tensor& logits, double temperature, const std::vector<double>& uniforms,
+                           bool want_logprobs) {
+  SampledTokens out;
+#if TESSERA_WITH_CUDA
+  const at::Tensor x = logits.contiguous();
+  const int64_t n = x.size(0);
+  const at::Tensor u = proto::upload(uniforms, x.device());
+  out.tokens = at::empty({n}, x.options().dtype(at::kLong));
+  if (want_logprobs) out.logprobs = at::empty({n}, x.options());
+  cuda::FusedSamplingArgs args;
+  args.logits = x.data_ptr<float>();
+  args.row_stride = x.stride(0);
+  args.uniforms = u.data_ptr<double>();
+  args.tokens = out.tokens.data_ptr<int64_t>();
+  args.logprobs = want_logprobs ? out.logprobs.data_ptr<float>() : nullptr;
+  args.rows = n;
+  args.vocab = x.size(1);
+  args.temperature = static_cast<float>(temperature);
+  proto::cuda::check_launch("fused sampling", cuda::launch_fused_sampling(args, proto::cuda::stream_of(x)));
+#else
+  (void)logits, (void)temperature, (void)uniforms, (void)want_logprobs;
+  TORCH_CHECK(false, "fused sampling: this build has no CUDA");
+#endif
+  return out;
+}
+
+// The kernel's draws against the float64 CDF (Note [Kernel self-check] in internal/decode_attention.hpp):
+// each token must have positive probability and sit where u falls in the exact CDF, up to the
+// rounding of fp32 sums; its log-prob must be log p.
+Status compare_fused_sampling(c10::Device device) {
+  const char* fix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.sampler=torch";
+  try {
+    at::Generator gen = at::detail::createCPUGenerator(20261126);
+    const int64_t rows = 6, vocab = 5003;
+    at::Tensor logits = at::randn({rows, vocab}, gen) * 3;
+    logits.index_put_({0, at::indexing::Slice(0, 100)}, -std::numeric_limits<float>::infinity());
+    logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -std::numeric_limits<float>::infinity());
+    logits.index_put_({2, 17}, 40.0f);  // one token holds almost all the mass
+    const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999};
+    SamplingParams params;
+    params.temperature = 0.7;
+    params.fused = true;
+    const at::Tensor on_device = logits.to(device);
+    if (!fused_sampling_applies(on_device, params)) return Status();
+    SampledTokens got = fused_sample(on_device, params.temperature, uniforms, /*want_logprobs=*/true);
+    // Host boundary, deliberate: a one-time check per process and device, before any generation.
+    const at::Tensor tokens = got.tokens.cpu(), logprobs = got.logprobs.cpu();
+    const at::Tensor p = at::softmax(logits.to(at::kDouble) / params.temperature, 1);
+    const at::Tensor cdf = p.cumsum(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = tokens[r].item<int64_t>();
+      const double u = uniforms[static_cast<size_t>(r)];
+      const double lo = t > 0 ? cdf[r][t - 1].item<double>() : 0.0, hi = t >= 0 && t < vocab ? cdf[r][t].item<double>() : -1;
+      const double pt = t >= 0 && t < vocab ? p[r][t].item<double>() : 0.0;
+      const bool placed = pt > 0 && lo <= u + 1e-5 && hi >= u - 1e-5;
+      const double lp_err = placed ? std::abs(std::log(pt) - logprobs[r].item<double>()) : 0.0;
+      if (!placed || !(lp_err < 1e-3)) {
+        return make_error(ErrorCode::internal,
+                          "rollout: the fused sampling kernel on {} drew token {} for u={} (probability {:.3g}, "
+                          "CDF [{:.6f}, {:.6f}], log-prob error {:.3g}); {}",
+                          device.str(), t, u, pt, lo, hi, lp_err, fix);
+      }
+    }
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "rollout: the fused sampling kernel failed on {}: {}; {}", device.str(),
+                      std::string(e.what()).substr(0, 200), fix);
+  }
+  return Status();
+}
+
 }  // namespace
+
+bool fused_sampling_applies(const at::Tensor& logits, const SamplingParams& params) {
+  return kWithCuda && params.fused && !params.greedy && (params.top_k <= 0 || params.top_k >= logits.size(-1)) &&
+         params.top_p >= 1.0 && logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+         logits.size(1) < std::numeric_limits<int32_t>::max();
+}
+
+Status check_fused_sampling_cuda(c10::Device device) {
+  static proto::cuda::CheckOnce verdicts;
+  return verdicts.get(device, at::kFloat, [&] { return compare_fused_sampling(device); });
+}
 
 SamplingParams resolve_sampling(const RolloutConfig& config, bool do_sample, bool validate) {
   SamplingParams p;
@@ -104,6 +194,7 @@ SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& para
     if (want_logprobs) out.logprobs = at::log_softmax(logits, 1).gather(1, out.tokens.unsqueeze(1)).squeeze(1);
     return out;
   }
+  if (fused_sampling_applies(logits, params)) return fused_sample(logits, params.temperature, uniforms, want_logprobs);
   at::Tensor scaled = params.temperature == 1.0 ? logits : logits / params.temperature;
   out.tokens = inverse_cdf(apply_top_k_top_p(scaled, params.top_k, params.top_p), uniforms);
   if (want_logprobs) out.logprobs = at::log_softmax(scaled, 1).gather(1, out.tokens.unsqueeze(1)).squeeze(1);

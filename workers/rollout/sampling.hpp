@@ -11,6 +11,9 @@
 //    continuous and static batching sample identically for the same seed.
 //  - Log-probs (calculate_log_probs) are log_softmax(logits / temperature) at the chosen token,
 //    before top-k/top-p filtering (what the actor recomputes); greedy rows use temperature 1.
+//  - On a GPU, with top-k and top-p off and SamplingParams::fused (engine_kwargs.tessera.sampler=
+//    fused, the default), one CUDA kernel makes the draw and the log-prob (Note [Fused sampling]
+//    in cuda/fused_sampling.hpp): the same rule summed in another order.
 //
 // Thread-safety: the free functions are re-entrant; a RowRng is used by one thread at a time.
 #pragma once
@@ -21,6 +24,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include "proto/status.hpp"
 #include "workers/rollout/config.hpp"
 
 namespace tessera::rollout {
@@ -31,6 +35,7 @@ struct SamplingParams {
   double temperature = 1.0;
   int64_t top_k = -1;
   double top_p = 1.0;
+  bool fused = false;  ///< Draw with the fused CUDA kernel where it applies (see the file comment).
 };
 
 /// verl's vLLM rollout rules: do_sample=false -> greedy; else validate -> val_kwargs; else the
@@ -66,5 +71,12 @@ struct SampledTokens {
 /// REQUIRES: uniforms.size() == N unless greedy; every row has a finite maximum.
 SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params,
                             const std::vector<double>& uniforms, bool want_logprobs);
+
+/// Whether sample_tokens draws `logits` with the fused kernel under `params`.
+bool fused_sampling_applies(const at::Tensor& logits, const SamplingParams& params);
+
+/// The fused kernel against the exact (float64) inverse CDF on a small random problem, once per
+/// process and device; the error names engine_kwargs.tessera.sampler=torch.
+Status check_fused_sampling_cuda(c10::Device device);
 
 }  // namespace tessera::rollout

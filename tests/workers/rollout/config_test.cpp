@@ -106,6 +106,12 @@ TEST(RolloutConfig, ParsesValuesAndTesseraEngineKwargs) {
   bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"max_kv_blocks", -1}}}}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("max_kv_blocks"), std::string::npos);
+  EXPECT_EQ(parse_rollout_config(nlohmann::json::object())->config.sampler, "fused");
+  EXPECT_EQ(parse_rollout_config({{"engine_kwargs", {{"tessera", {{"sampler", "torch"}}}}}})->config.sampler, "torch");
+  bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"sampler", "gumbel"}}}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("engine_kwargs.tessera.sampler='gumbel'"), std::string::npos)
+      << bad.status().to_string();
   bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"kv_block_size", 0}}}}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("kv_block_size"), std::string::npos);

@@ -107,6 +107,91 @@ TEST(Sampler, ExtremeUniformsNeverPickZeroProbabilityTokens) {
   }
 }
 
+// The fused flag only selects the CUDA kernel: on the CPU the draws and log-probs are the torch
+// path's, bit for bit.
+TEST(Sampler, FusedFlagChangesNothingOnTheCpu) {
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  at::Tensor logits = at::randn({16, 50}, gen) * 2;
+  std::vector<double> u(16);
+  RowRng rng(9);
+  for (double& x : u) x = rng.next_uniform();
+  SamplingParams plain{false, 0.8, -1, 1.0}, fused = plain;
+  fused.fused = true;
+  EXPECT_FALSE(fused_sampling_applies(logits, fused));
+  SampledTokens a = sample_tokens(logits, plain, u, true), b = sample_tokens(logits, fused, u, true);
+  EXPECT_TRUE(a.tokens.equal(b.tokens));
+  EXPECT_TRUE(a.logprobs.equal(b.logprobs));
+}
+
+// Note [Fused sampling]: the CUDA kernel passes its self-check; over many draws its frequencies
+// match the softmax (chi-square, as above); at Qwen's vocabulary every token it draws sits where
+// its uniform falls in the float64 CDF (up to fp32 summation) with the log-prob of log_softmax;
+// extreme uniforms never draw a zero-probability token.
+TEST(Sampler, OnCudaFusedKernelDrawsFromTheSoftmax) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const c10::Device cuda("cuda:0");
+  Status st = check_fused_sampling_cuda(cuda);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  for (double temperature : {1.0, 0.6}) {
+    const int64_t n = 40000;
+    std::vector<double> p = expected_distribution(temperature, -1, 1.0);
+    at::Tensor logits = at::tensor(kLogits, at::kDouble).to(at::kFloat).unsqueeze(0).expand({n, -1}).contiguous().to(cuda);
+    RowRng rng(77);
+    std::vector<double> u(static_cast<size_t>(n));
+    for (double& x : u) x = rng.next_uniform();
+    SamplingParams params{false, temperature, -1, 1.0};
+    params.fused = true;
+    ASSERT_TRUE(fused_sampling_applies(logits, params));
+    at::Tensor tokens = sample_tokens(logits, params, u, false).tokens.cpu();
+    std::vector<int64_t> counts(kLogits.size(), 0);
+    for (int64_t i = 0; i < n; ++i) counts[static_cast<size_t>(tokens[i].item<int64_t>())] += 1;
+    double chi2 = 0;
+    for (size_t v = 0; v < p.size(); ++v) {
+      const double e = p[v] * static_cast<double>(n);
+      chi2 += (static_cast<double>(counts[v]) - e) * (static_cast<double>(counts[v]) - e) / e;
+    }
+    std::printf("[fused sampler T=%.1f] chi2 %.2f (df 7)\n", temperature, chi2);
+    EXPECT_LT(chi2, 29.9);
+  }
+  {
+    at::Generator gen = at::detail::createCPUGenerator(11);
+    const int64_t rows = 64, vocab = 151936;
+    at::Tensor logits = at::randn({rows, vocab}, gen) * 4;
+    std::vector<double> u(static_cast<size_t>(rows));
+    RowRng rng(5);
+    for (double& x : u) x = rng.next_uniform();
+    SamplingParams params{false, 0.9, -1, 1.0};
+    params.fused = true;
+    SampledTokens got = sample_tokens(logits.to(cuda), params, u, true);
+    const at::Tensor tokens = got.tokens.cpu(), lp = got.logprobs.cpu();
+    const at::Tensor prob = at::softmax(logits.to(at::kDouble) / 0.9, 1), cdf = prob.cumsum(1);
+    const at::Tensor want_lp = at::log_softmax(logits / 0.9, 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = tokens[r].item<int64_t>();
+      ASSERT_TRUE(t >= 0 && t < vocab) << "row " << r;
+      const double lo = t > 0 ? cdf[r][t - 1].item<double>() : 0.0, hi = cdf[r][t].item<double>();
+      const double ur = u[static_cast<size_t>(r)];
+      EXPECT_TRUE(lo <= ur + 1e-5 && hi >= ur - 1e-5) << "row " << r << " u " << ur << " CDF [" << lo << ", " << hi << "]";
+      EXPECT_NEAR(lp[r].item<double>(), want_lp[r][t].item<double>(), 1e-4) << "row " << r;
+    }
+  }
+  {
+    const float inf = std::numeric_limits<float>::infinity();
+    at::Tensor row = at::tensor({-inf, 1.0f, -inf, 2.0f, -inf, -inf});
+    std::vector<double> u = {0.0, 1e-300, 0.5, 1.0 - 0x1.0p-53, 0.9999999};
+    at::Tensor logits = row.unsqueeze(0).expand({static_cast<int64_t>(u.size()), -1}).contiguous().to(cuda);
+    SamplingParams params{false, 1.0, -1, 1.0};
+    params.fused = true;
+    at::Tensor tokens = sample_tokens(logits, params, u, false).tokens.cpu();
+    EXPECT_EQ(tokens[0].item<int64_t>(), 1);
+    EXPECT_EQ(tokens[3].item<int64_t>(), 3);
+    for (int64_t i = 0; i < tokens.size(0); ++i) {
+      const int64_t t = tokens[i].item<int64_t>();
+      EXPECT_TRUE(t == 1 || t == 3) << "u=" << u[static_cast<size_t>(i)] << " drew " << t;
+    }
+  }
+}
+
 TEST(Sampler, GreedyIsArgmaxAndLogProbsAreLogSoftmax) {
   at::Tensor logits = at::randn({5, 11}, at::detail::createCPUGenerator(3));
   SamplingParams greedy{true, 0.0, -1, 1.0};

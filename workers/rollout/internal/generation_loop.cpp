@@ -440,6 +440,9 @@ Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::ve
       TESSERA_RETURN_IF_ERROR(check_paged_decode_attention_cuda(model.device(), model.dtype()));
     }
   }
+  if (options.sampling.fused && !options.sampling.greedy && model.device().is_cuda()) {
+    TESSERA_RETURN_IF_ERROR(check_fused_sampling_cuda(model.device()));  // Note [Kernel self-check]
+  }
   GenerationLoop loop(model, prompts, options, stats);
   TESSERA_RETURN_IF_ERROR(loop.run());
   loop.count_graphs();
