@@ -391,18 +391,39 @@ TEST(BlockCache, SharesFullPromptBlocksAndCopiesThePartialOne) {
   EXPECT_EQ(cache->free_blocks(), total);
 }
 
+// `count` random prompts of 1 + (i * step) % modulo tokens; with `repeat_every` > 0 every
+// repeat_every-th prompt appears twice in a row (shared prompt prefill).
+std::vector<std::vector<int64_t>> random_prompts(uint64_t seed, int64_t count, int64_t step, int64_t modulo,
+                                                 int64_t repeat_every = 0) {
+  std::vector<std::vector<int64_t>> prompts;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (int64_t i = 0; i < count; ++i) {
+    at::Tensor p = at::randint(3, testing::kVocab, {1 + (i * step) % modulo}, gen);
+    prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+    if (repeat_every > 0 && i % repeat_every == 0) prompts.push_back(prompts.back());
+  }
+  return prompts;
+}
+
+// Every row has the same tokens, and log-probs within 1e-5.
+void expect_same_rows(const std::vector<GeneratedRow>& got, const std::vector<GeneratedRow>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    EXPECT_EQ(got[r].tokens, want[r].tokens) << "row " << r;
+    ASSERT_EQ(got[r].logprobs.size(), want[r].logprobs.size());
+    for (size_t t = 0; t < got[r].logprobs.size(); ++t) {
+      EXPECT_NEAR(got[r].logprobs[t], want[r].logprobs[t], 1e-5) << "row " << r << " t " << t;
+    }
+  }
+}
+
 // Note [Decode graphs]: the shapes a graph replays (batches padded to buckets, the widest block
 // table) give the same tokens and log-probs as compact eager steps, sampled and greedy, for any
 // buckets and block size. (The capture itself is a GPU test.)
 TEST(KVCacheEngine, GraphShapedDecodeEqualsCompactDecode) {
   auto model = testing::tiny_model(13);
   CausalLMStepModel step(model);
-  std::vector<std::vector<int64_t>> prompts;
-  at::Generator gen = at::detail::createCPUGenerator(4);
-  for (int64_t i = 0; i < 11; ++i) {
-    at::Tensor p = at::randint(3, testing::kVocab, {1 + (i * 3) % 7}, gen);
-    prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
-  }
+  const auto prompts = random_prompts(4, 11, 3, 7);
   for (bool greedy : {true, false}) {
     internal::LoopOptions base;
     base.slots = 6;
@@ -424,13 +445,7 @@ TEST(KVCacheEngine, GraphShapedDecodeEqualsCompactDecode) {
       auto got = internal::run_generation(step, prompts, padded, stats);
       ASSERT_TRUE(got.ok()) << got.status().to_string();
       SCOPED_TRACE(::testing::Message() << "greedy=" << greedy << " buckets=" << buckets.size());
-      for (size_t r = 0; r < prompts.size(); ++r) {
-        EXPECT_EQ((*got)[r].tokens, (*want)[r].tokens) << "row " << r;
-        ASSERT_EQ((*got)[r].logprobs.size(), (*want)[r].logprobs.size());
-        for (size_t t = 0; t < (*got)[r].logprobs.size(); ++t) {
-          EXPECT_NEAR((*got)[r].logprobs[t], (*want)[r].logprobs[t], 1e-5) << "row " << r << " t " << t;
-        }
-      }
+      expect_same_rows(*got, *want);
       EXPECT_EQ(stats.generated_tokens, compact_stats.generated_tokens);
       EXPECT_GE(stats.decode_row_steps, compact_stats.decode_row_steps);  // padding rows are computed
     }
@@ -444,13 +459,7 @@ TEST(KVCacheEngine, GraphShapedDecodeEqualsCompactDecode) {
 TEST(KVCacheEngine, LaggedTokenReadsEqualReadingEveryStep) {
   auto model = testing::tiny_model(21);
   CausalLMStepModel step(model);
-  std::vector<std::vector<int64_t>> prompts;
-  at::Generator gen = at::detail::createCPUGenerator(5);
-  for (int64_t i = 0; i < 9; ++i) {
-    at::Tensor p = at::randint(3, testing::kVocab, {1 + (i * 4) % 9}, gen);
-    prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
-    if (i % 3 == 0) prompts.push_back(prompts.back());  // shared prompt prefill
-  }
+  const auto prompts = random_prompts(5, 9, 4, 9, /*repeat_every=*/3);
   for (bool greedy : {true, false}) {
     for (BatchingMode mode : {BatchingMode::continuous, BatchingMode::static_waves}) {
       for (int64_t cap : {int64_t{0}, int64_t{12}}) {
@@ -474,15 +483,9 @@ TEST(KVCacheEngine, LaggedTokenReadsEqualReadingEveryStep) {
         auto got = internal::run_generation(step, prompts, lagged, got_stats);
         ASSERT_TRUE(got.ok()) << got.status().to_string();
         SCOPED_TRACE(::testing::Message() << "greedy=" << greedy << " mode=" << to_string(mode) << " cap=" << cap);
+        expect_same_rows(*got, *want);
         int64_t eos_rows = 0;
-        for (size_t r = 0; r < prompts.size(); ++r) {
-          EXPECT_EQ((*got)[r].tokens, (*want)[r].tokens) << "row " << r;
-          ASSERT_EQ((*got)[r].logprobs.size(), (*want)[r].logprobs.size());
-          for (size_t t = 0; t < (*got)[r].logprobs.size(); ++t) {
-            EXPECT_NEAR((*got)[r].logprobs[t], (*want)[r].logprobs[t], 1e-5) << "row " << r << " t " << t;
-          }
-          eos_rows += static_cast<int64_t>((*want)[r].tokens.size()) < every.response_length;
-        }
+        for (const GeneratedRow& row : *want) eos_rows += static_cast<int64_t>(row.tokens.size()) < every.response_length;
         std::printf("[lagged greedy=%d %s cap=%ld] eos rows=%ld row steps %ld (every step: %ld) preemptions %ld (%ld)\n",
                     greedy, to_string(mode), cap, eos_rows, got_stats.decode_row_steps, want_stats.decode_row_steps,
                     got_stats.preemptions, want_stats.preemptions);
