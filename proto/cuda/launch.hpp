@@ -38,15 +38,23 @@ inline void check_launch(const char* what, const char* error) {
 }
 
 /// The verdicts of a kernel's self-check, one per (device, dtype) for the process: get() runs
-/// `check` the first time a pair is asked for and returns that Status ever after. Thread-safe.
+/// `check` the first time a pair is asked for and returns that Status ever after. A `check`
+/// that throws fails too: "<what> failed on <device>: <message>; <fix>". Thread-safe.
 class CheckOnce {
  public:
   template <class Check>
-  Status get(const c10::Device& device, c10::ScalarType dtype, Check&& check) {
+  Status get(const c10::Device& device, c10::ScalarType dtype, const char* what, const char* fix, Check&& check) {
     std::lock_guard<std::mutex> lock(mu_);
     const auto key = std::make_pair(device.str(), dtype);
     if (auto it = verdicts_.find(key); it != verdicts_.end()) return it->second;
-    return verdicts_.emplace(key, check()).first->second;
+    Status verdict;
+    try {
+      verdict = check();
+    } catch (const std::exception& e) {
+      verdict = make_error(ErrorCode::internal, "{} failed on {}: {}; {}", what, device.str(),
+                           std::string(e.what()).substr(0, 200), fix);
+    }
+    return verdicts_.emplace(key, std::move(verdict)).first->second;
   }
 
  private:

@@ -97,46 +97,47 @@ SampledTokens fused_sample(const at::Tensor& logits, double temperature, const s
   return out;
 }
 
+constexpr const char* kFusedSampling = "rollout: the fused sampling kernel";
+constexpr const char* kFusedSamplingFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.sampler=torch";
+
 // The kernel's draws against the float64 CDF (Note [Kernel self-check] in internal/decode_attention.hpp):
 // each token must have positive probability and sit where u falls in the exact CDF, up to the
 // rounding of fp32 sums; its log-prob must be log p.
 Status compare_fused_sampling(c10::Device device) {
-  const char* fix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.sampler=torch";
-  try {
-    at::Generator gen = at::detail::createCPUGenerator(20261126);
-    const int64_t rows = 6, vocab = 5003;
-    at::Tensor logits = at::randn({rows, vocab}, gen) * 3;
-    logits.index_put_({0, at::indexing::Slice(0, 100)}, -std::numeric_limits<float>::infinity());
-    logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -std::numeric_limits<float>::infinity());
-    logits.index_put_({2, 17}, 40.0f);  // one token holds almost all the mass
-    const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999};
-    SamplingParams params;
-    params.temperature = 0.7;
-    params.fused = true;
-    const at::Tensor on_device = logits.to(device);
-    if (!fused_sampling_applies(on_device, params)) return Status();
-    SampledTokens got = fused_sample(on_device, params.temperature, uniforms, /*want_logprobs=*/true);
-    // Host boundary, deliberate: a one-time check per process and device, before any generation.
-    const at::Tensor tokens = got.tokens.cpu(), logprobs = got.logprobs.cpu();
-    const at::Tensor p = at::softmax(logits.to(at::kDouble) / params.temperature, 1);
-    const at::Tensor cdf = p.cumsum(1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = tokens[r].item<int64_t>();
-      const double u = uniforms[static_cast<size_t>(r)];
-      const double lo = t > 0 ? cdf[r][t - 1].item<double>() : 0.0, hi = t >= 0 && t < vocab ? cdf[r][t].item<double>() : -1;
-      const double pt = t >= 0 && t < vocab ? p[r][t].item<double>() : 0.0;
-      const bool placed = pt > 0 && lo <= u + 1e-5 && hi >= u - 1e-5;
-      const double lp_err = placed ? std::abs(std::log(pt) - logprobs[r].item<double>()) : 0.0;
-      if (!placed || !(lp_err < 1e-3)) {
-        return make_error(ErrorCode::internal,
-                          "rollout: the fused sampling kernel on {} drew token {} for u={} (probability {:.3g}, "
-                          "CDF [{:.6f}, {:.6f}], log-prob error {:.3g}); {}",
-                          device.str(), t, u, pt, lo, hi, lp_err, fix);
-      }
+  at::Generator gen = at::detail::createCPUGenerator(20261126);
+  const int64_t rows = 6, vocab = 5003;
+  at::Tensor logits = at::randn({rows, vocab}, gen) * 3;
+  logits.index_put_({0, at::indexing::Slice(0, 100)}, -std::numeric_limits<float>::infinity());
+  logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -std::numeric_limits<float>::infinity());
+  logits.index_put_({2, 17}, 40.0f);  // one token holds almost all the mass
+  const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999};
+  SamplingParams params;
+  params.temperature = 0.7;
+  params.fused = true;
+  const at::Tensor on_device = logits.to(device);
+  if (!fused_sampling_applies(on_device, params)) return Status();
+  SampledTokens got = fused_sample(on_device, params.temperature, uniforms, /*want_logprobs=*/true);
+  // Host boundary, deliberate: a one-time check per process and device, before any generation;
+  // the draws are compared on the host with the float64 CDF.
+  const at::Tensor tokens = got.tokens.cpu(), logprobs = got.logprobs.cpu();
+  const at::Tensor p = at::softmax(logits.to(at::kDouble) / params.temperature, 1), cdf = p.cumsum(1);
+  const auto tok = tokens.accessor<int64_t, 1>();
+  const auto lp = logprobs.accessor<float, 1>();
+  const auto prob = p.accessor<double, 2>(), cum = cdf.accessor<double, 2>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = tok[r];
+    const double u = uniforms[static_cast<size_t>(r)];
+    const bool in_vocab = t >= 0 && t < vocab;
+    const double lo = in_vocab && t > 0 ? cum[r][t - 1] : 0.0, hi = in_vocab ? cum[r][t] : -1.0;
+    const double pt = in_vocab ? prob[r][t] : 0.0;
+    const bool placed = pt > 0 && lo <= u + 1e-5 && hi >= u - 1e-5;
+    const double lp_err = placed ? std::abs(std::log(pt) - lp[r]) : 0.0;
+    if (!placed || !(lp_err < 1e-3)) {
+      return make_error(ErrorCode::internal,
+                        "{} on {} drew token {} for u={} (probability {:.3g}, CDF [{:.6f}, {:.6f}], log-prob error "
+                        "{:.3g}); {}",
+                        kFusedSampling, device.str(), t, u, pt, lo, hi, lp_err, kFusedSamplingFix);
     }
-  } catch (const std::exception& e) {
-    return make_error(ErrorCode::internal, "rollout: the fused sampling kernel failed on {}: {}; {}", device.str(),
-                      std::string(e.what()).substr(0, 200), fix);
   }
   return Status();
 }
@@ -151,7 +152,8 @@ bool fused_sampling_applies(const at::Tensor& logits, const SamplingParams& para
 
 Status check_fused_sampling_cuda(c10::Device device) {
   static proto::cuda::CheckOnce verdicts;
-  return verdicts.get(device, at::kFloat, [&] { return compare_fused_sampling(device); });
+  return verdicts.get(device, at::kFloat, kFusedSampling, kFusedSamplingFix,
+                      [&] { return compare_fused_sampling(device); });
 }
 
 SamplingParams resolve_sampling(const RolloutConfig& config, bool do_sample, bool validate) {

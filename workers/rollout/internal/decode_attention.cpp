@@ -171,48 +171,40 @@ at::Tensor torch_paged_attention(const at::Tensor& q, const at::Tensor& key_pool
   return at::matmul(at::softmax(scores, -1).unsqueeze(2), gather(value_pool)).squeeze(2).reshape({B, H * D});
 }
 
+constexpr const char* kPagedKernel = "rollout: the paged decode-attention CUDA kernel";
+constexpr const char* kPagedFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather";
+
 // The kernel against torch_paged_attention on a small random problem (Note [Kernel self-check]).
 Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype) {
-  Status status;
-  try {
-    at::Generator gen = at::detail::createCPUGenerator(20261126);
-    const auto on = [&](const at::Tensor& t) { return t.to(device); };
-    const int64_t blocks = 9, bs = 4, KV = 2, H = 6, D = 80, B = 3, M = 3;
-    const at::Tensor key_pool = on(at::randn({blocks, bs, KV, D}, gen).to(dtype));
-    const at::Tensor value_pool = on(at::randn({blocks, bs, KV, D}, gen).to(dtype));
-    const at::Tensor q = on(at::randn({B, H, D}, gen).to(dtype));
-    const at::Tensor tables = on(at::tensor({3, 1, 7, 5, 2, 0, 8, 6, 4}, at::kLong).view({B, M}));
-    const at::Tensor lens = on(at::tensor({11, 6, 12}, at::kLong));
-    double worst = 0;
-    for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {5, 0.0}, {0, 3.0}}) {
-      const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-      at::Tensor got = paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap);
-      at::Tensor want = torch_paged_attention(q, key_pool, value_pool, tables, lens, window, scale, softcap);
-      // Host boundary, deliberate: a one-time check per process and (device, dtype), before any
-      // generation (never inside a step or a graph capture); its verdict must reach the host.
-      worst = std::max(worst, (got.to(at::kFloat) - want).abs().max().item<double>());
-    }
-    const double tolerance = dtype == at::kFloat ? 1e-4 : 2e-2;
-    if (!(worst <= tolerance)) {
-      status = make_error(ErrorCode::internal,
-                          "rollout: the paged decode-attention CUDA kernel disagrees with torch on {} in {} (max diff "
-                          "{:.3g}); set actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather",
-                          device.str(), c10::toString(dtype), worst);
-    }
-  } catch (const std::exception& e) {
-    status = make_error(ErrorCode::internal,
-                        "rollout: the paged decode-attention CUDA kernel failed on {}: {}; set "
-                        "actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather",
-                        device.str(), std::string(e.what()).substr(0, 200));
+  at::Generator gen = at::detail::createCPUGenerator(20261126);
+  const auto on = [&](const at::Tensor& t) { return t.to(device); };
+  const int64_t blocks = 9, bs = 4, KV = 2, H = 6, D = 80, B = 3, M = 3;
+  const at::Tensor key_pool = on(at::randn({blocks, bs, KV, D}, gen).to(dtype));
+  const at::Tensor value_pool = on(at::randn({blocks, bs, KV, D}, gen).to(dtype));
+  const at::Tensor q = on(at::randn({B, H, D}, gen).to(dtype));
+  const at::Tensor tables = on(at::tensor({3, 1, 7, 5, 2, 0, 8, 6, 4}, at::kLong).view({B, M}));
+  const at::Tensor lens = on(at::tensor({11, 6, 12}, at::kLong));
+  double worst = 0;
+  for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {5, 0.0}, {0, 3.0}}) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    at::Tensor got = paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap);
+    at::Tensor want = torch_paged_attention(q, key_pool, value_pool, tables, lens, window, scale, softcap);
+    // Host boundary, deliberate: a one-time check per process and (device, dtype), before any
+    // generation (never inside a step or a graph capture); its verdict must reach the host.
+    worst = std::max(worst, (got.to(at::kFloat) - want).abs().max().item<double>());
   }
-  return status;
+  const double tolerance = dtype == at::kFloat ? 1e-4 : 2e-2;
+  if (worst <= tolerance) return Status();
+  return make_error(ErrorCode::internal, "{} disagrees with torch on {} in {} (max diff {:.3g}); {}", kPagedKernel,
+                    device.str(), c10::toString(dtype), worst, kPagedFix);
 }
 
 }  // namespace
 
 Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype) {
   static proto::cuda::CheckOnce verdicts;
-  return verdicts.get(device, dtype, [&] { return compare_paged_kernel_with_torch(device, dtype); });
+  return verdicts.get(device, dtype, kPagedKernel, kPagedFix,
+                      [&] { return compare_paged_kernel_with_torch(device, dtype); });
 }
 
 bool paged_decode_attention_cuda_supported(const at::Tensor& pool) {
