@@ -13,7 +13,10 @@
 //   SwiGLU   cuda/fused_layers.cu, silu(gate) * up, and both input gradients in one pass.
 // They compute in fp32 and round once where the op chains round after every op, so values
 // differ from HF's by about one unit in the last place of the dtype (none in fp32 beyond
-// rounding). On the CPU the switch changes nothing. The kernels are new code: check_fused_layers
+// rounding). The rollout engine runs them by default (engine_kwargs.tessera.fused_layers=true, as
+// vLLM always runs its fused RMSNorm, rotary and SiluAndMul ops): in a decode step at 512 rows
+// the op chains are ~13 small kernels per layer beside the attention and the matmuls. On the
+// CPU the switch changes nothing. The kernels are new code: check_fused_layers
 // compares them with the op chains once per process and (device, dtype) before first use, and a
 // disagreement is an error naming the key.
 #include "workers/models/fused_layers.hpp"
@@ -160,7 +163,9 @@ double fused_error(c10::Device device, c10::ScalarType dtype) {
 }
 
 constexpr const char* kFusedLayers = "fused layer kernels";
-constexpr const char* kFusedLayersFix = "set model.use_liger=false";
+constexpr const char* kFusedLayersFix =
+    "set model.use_liger=false (the actor) or actor_rollout_ref.rollout.engine_kwargs.tessera.fused_layers=false "
+    "(the rollout)";
 
 // fused_error against the tolerance, as a Status naming the key (Note [Fused layers]).
 Status compare_with_the_op_chains(c10::Device device, c10::ScalarType dtype) {

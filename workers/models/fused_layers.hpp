@@ -25,7 +25,7 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 /// Compares the fused ops (forward and backward) with the op sequences on a small random problem,
 /// once per process and (device, dtype); later calls return the first verdict. An error names
-/// `model.use_liger`. Reads the host (call it outside CUDA-graph capture).
+/// `model.use_liger` and the rollout's `engine_kwargs.tessera.fused_layers`. Reads the host (call it outside CUDA-graph capture).
 Status check_fused_layers(c10::Device device, c10::ScalarType dtype);
 
 }  // namespace tessera::models

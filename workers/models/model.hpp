@@ -123,9 +123,10 @@ class CausalLM : public PretrainedModel {
   /// Logits [..., vocab] (fp32) of final-norm hidden states: the projection, then Gemma2's
   /// final_logit_softcapping in the compute dtype.
   at::Tensor logits(const at::Tensor& hidden) const;
+  /// The same logits in the compute dtype (logits() is their fp32 copy).
+  at::Tensor compute_dtype_logits(const at::Tensor& hidden) const;
 
  private:
-  at::Tensor compute_dtype_logits(const at::Tensor& hidden) const;
   std::shared_ptr<Linear> lm_head_;  ///< Null when tie_word_embeddings.
 };
 

@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "workers/models/fused_layers.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 
 namespace tessera::workers {
@@ -63,7 +62,6 @@ Status ActorRolloutRefWorker::build_split_rollout() {
   models::ModelInit init;
   init.dtype = dtype;
   TESSERA_ASSIGN_OR_RETURN(auto model, models::CausalLM::create(model_config_, init));
-  models::set_fused_layers(*model, config_.model.use_liger);
   model->to(device());  // the placeholders the imported weights replace live on the worker's device
   // TP is 1 here: the dp rank is the rank.
   auto engine = rollout::KVCacheEngine::create(model, config_.rollout, engine_options(static_cast<uint64_t>(context().rank)));

@@ -209,6 +209,7 @@ const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"decode_attention", set_field<&RolloutConfig::decode_attention, RolloutConfig>},
     {"max_kv_blocks", set_field<&RolloutConfig::max_kv_blocks, RolloutConfig>},
     {"sampler", set_field<&RolloutConfig::sampler, RolloutConfig>},
+    {"fused_layers", set_field<&RolloutConfig::fused_layers, RolloutConfig>},
 };
 
 Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {

@@ -19,7 +19,7 @@
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
 // (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|gather`,
-// `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp).
+// `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`.
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -120,6 +120,10 @@ struct RolloutConfig {
   /// How tokens are drawn: "fused" (on a GPU, without top-k / top-p: one CUDA kernel per step,
   /// Note [Fused sampling]) or "torch" (softmax, cumulative sum and search as torch ops).
   std::string sampler = "fused";
+  /// Whether the engine's model runs RMSNorm, rotary embedding and SwiGLU as one CUDA kernel each
+  /// (Note [Fused layers] in workers/models/fused_layers.cpp), as vLLM's custom ops do; on the
+  /// CPU it changes nothing. The actor's own switch is model.use_liger.
+  bool fused_layers = true;
 };
 
 /// The parsed config plus the keys that were accepted but have no effect here.

@@ -104,6 +104,7 @@ Result<std::unique_ptr<KVCacheEngine>> KVCacheEngine::create(std::unique_ptr<Ste
                                                              const EngineOptions& options) {
   if (model == nullptr) return make_error(ErrorCode::invalid_argument, "KVCacheEngine: no model");
   TESSERA_RETURN_IF_ERROR(check_engine_config(config, *model));
+  model->set_fused_layers(config.fused_layers);
   return std::unique_ptr<KVCacheEngine>(new KVCacheEngine(std::move(model), std::move(config), options));
 }
 
@@ -172,6 +173,7 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.response_length = config_.response_length;
   options.block_size = config_.kv_block_size;
   options.kernel_attention = config_.decode_attention == "kernel";
+  options.fused_layers = config_.fused_layers;
   TESSERA_ASSIGN_OR_RETURN(options.max_kv_blocks, kv_block_cap(config_, *model_, options.max_kv_blocks_key));
   options.decode.cuda_graphs = !config_.enforce_eager && model_->device().is_cuda();
   if (config_.cudagraph_capture_sizes) options.decode.buckets = *config_.cudagraph_capture_sizes;

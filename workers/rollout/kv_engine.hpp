@@ -56,7 +56,8 @@ class KVCacheEngine final : public RolloutEngine {
  public:
   /// An engine over `model` (shared, no copy). Checks the config (tensor_model_parallel_size must
   /// be the step model's TP size: 1 here), that config.dtype matches the model's dtype (unless "auto"), and that
-  /// prompt_length + response_length fits max_position_embeddings.
+  /// prompt_length + response_length fits max_position_embeddings. Sets the model's fused-layer
+  /// switches to engine_kwargs.tessera.fused_layers (StepModel::set_fused_layers).
   static Result<std::unique_ptr<KVCacheEngine>> create(std::shared_ptr<models::CausalLM> model, RolloutConfig config,
                                                        const EngineOptions& options = {});
   /// An engine over a model built on `tensors` by reference (models::CausalLM::from_parameters).

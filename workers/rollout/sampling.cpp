@@ -79,9 +79,10 @@ SampledTokens fused_sample(const at::Tensor& logits, double temperature, const s
   const int64_t n = x.size(0);
   const at::Tensor u = proto::upload(uniforms, x.device());
   out.tokens = at::empty({n}, x.options().dtype(at::kLong));
-  if (want_logprobs) out.logprobs = at::empty({n}, x.options());
+  if (want_logprobs) out.logprobs = at::empty({n}, x.options().dtype(at::kFloat));
   cuda::FusedSamplingArgs args;
-  args.logits = x.data_ptr<float>();
+  args.logits = x.data_ptr();
+  args.dtype = proto::cuda::element_type_of(x, "fused sampling");
   args.row_stride = x.stride(0);
   args.uniforms = u.data_ptr<double>();
   args.tokens = out.tokens.data_ptr<int64_t>();
@@ -101,20 +102,21 @@ constexpr const char* kFusedSampling = "rollout: the fused sampling kernel";
 constexpr const char* kFusedSamplingFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.sampler=torch";
 
 // The kernel's draws against the float64 CDF (Note [Kernel self-check] in internal/decode_attention.hpp):
-// each token must have positive probability and sit where u falls in the exact CDF, up to the
-// rounding of fp32 sums; its log-prob must be log p.
-Status compare_fused_sampling(c10::Device device) {
+// each token must have positive probability and sit where u falls in the exact CDF of the logits
+// as `dtype` holds them, up to the rounding of fp32 sums; its log-prob must be log p.
+Status compare_fused_sampling(c10::Device device, c10::ScalarType dtype) {
   at::Generator gen = at::detail::createCPUGenerator(20261126);
   const int64_t rows = 6, vocab = 5003;
   at::Tensor logits = at::randn({rows, vocab}, gen) * 3;
   logits.index_put_({0, at::indexing::Slice(0, 100)}, -std::numeric_limits<float>::infinity());
   logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -std::numeric_limits<float>::infinity());
   logits.index_put_({2, 17}, 40.0f);  // one token holds almost all the mass
+  logits = logits.to(dtype).to(at::kFloat);  // the values the kernel reads
   const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999};
   SamplingParams params;
   params.temperature = 0.7;
   params.fused = true;
-  const at::Tensor on_device = logits.to(device);
+  const at::Tensor on_device = logits.to(dtype).to(device);
   if (!fused_sampling_applies(on_device, params)) return Status();
   SampledTokens got = fused_sample(on_device, params.temperature, uniforms, /*want_logprobs=*/true);
   // Host boundary, deliberate: a one-time check per process and device, before any generation;
@@ -145,15 +147,17 @@ Status compare_fused_sampling(c10::Device device) {
 }  // namespace
 
 bool fused_sampling_applies(const at::Tensor& logits, const SamplingParams& params) {
+  const auto dtype = logits.scalar_type();
   return kWithCuda && params.fused && !params.greedy && (params.top_k <= 0 || params.top_k >= logits.size(-1)) &&
-         params.top_p >= 1.0 && logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+         params.top_p >= 1.0 && logits.is_cuda() &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf) && logits.dim() == 2 &&
          logits.size(1) < std::numeric_limits<int32_t>::max();
 }
 
-Status check_fused_sampling_cuda(c10::Device device) {
+Status check_fused_sampling_cuda(c10::Device device, c10::ScalarType dtype) {
   static proto::cuda::CheckOnce verdicts;
-  return verdicts.get(device, at::kFloat, kFusedSampling, kFusedSamplingFix,
-                      [&] { return compare_fused_sampling(device); });
+  return verdicts.get(device, dtype, kFusedSampling, kFusedSamplingFix,
+                      [&] { return compare_fused_sampling(device, dtype); });
 }
 
 SamplingParams resolve_sampling(const RolloutConfig& config, bool do_sample, bool validate) {
@@ -187,16 +191,18 @@ at::Tensor apply_top_k_top_p(const at::Tensor& logits, int64_t top_k, double top
   return apply_top_p(apply_top_k(logits, top_k), top_p);
 }
 
-SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params,
+SampledTokens sample_tokens(const at::Tensor& given, const SamplingParams& params,
                             const std::vector<double>& uniforms, bool want_logprobs) {
   at::NoGradGuard no_grad;
+  if (fused_sampling_applies(given, params)) return fused_sample(given, params.temperature, uniforms, want_logprobs);
+  // The torch ops compute in fp32; widening a bf16 or fp16 logit is exact.
+  const at::Tensor logits = given.to(at::kFloat);
   SampledTokens out;
   if (params.greedy) {
     out.tokens = logits.argmax(1);
     if (want_logprobs) out.logprobs = at::log_softmax(logits, 1).gather(1, out.tokens.unsqueeze(1)).squeeze(1);
     return out;
   }
-  if (fused_sampling_applies(logits, params)) return fused_sample(logits, params.temperature, uniforms, want_logprobs);
   at::Tensor scaled = params.temperature == 1.0 ? logits : logits / params.temperature;
   out.tokens = inverse_cdf(apply_top_k_top_p(scaled, params.top_k, params.top_p), uniforms);
   if (want_logprobs) out.logprobs = at::log_softmax(scaled, 1).gather(1, out.tokens.unsqueeze(1)).squeeze(1);

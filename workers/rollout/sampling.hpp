@@ -66,8 +66,9 @@ struct SampledTokens {
   at::Tensor logprobs;  ///< Undefined unless want_logprobs.
 };
 
-/// Picks one token per row of `logits` [N, V] (fp32). `uniforms` holds N draws in [0, 1) and is
-/// ignored (may be empty) when params.greedy.
+/// Picks one token per row of `logits` [N, V] (fp32, bf16 or fp16: the rules above apply to the
+/// values widened to fp32). `uniforms` holds N draws in [0, 1) and is ignored (may be empty) when
+/// params.greedy.
 /// REQUIRES: uniforms.size() == N unless greedy; every row has a finite maximum.
 SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params,
                             const std::vector<double>& uniforms, bool want_logprobs);
@@ -75,8 +76,9 @@ SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& para
 /// Whether sample_tokens draws `logits` with the fused kernel under `params`.
 bool fused_sampling_applies(const at::Tensor& logits, const SamplingParams& params);
 
-/// The fused kernel against the exact (float64) inverse CDF on a small random problem, once per
-/// process and device; the error names engine_kwargs.tessera.sampler=torch.
-Status check_fused_sampling_cuda(c10::Device device);
+/// The fused kernel on logits of `dtype` against the exact (float64) inverse CDF on a small
+/// random problem, once per process, device and dtype; the error names
+/// engine_kwargs.tessera.sampler=torch.
+Status check_fused_sampling_cuda(c10::Device device, c10::ScalarType dtype);
 
 }  // namespace tessera::rollout

@@ -11,7 +11,6 @@
 
 #include "runtime/collective/device_mesh.hpp"
 #include "runtime/collective/exchange.hpp"
-#include "workers/models/fused_layers.hpp"
 
 namespace tessera::rollout {
 
@@ -82,7 +81,6 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
       TESSERA_ASSIGN_OR_RETURN(model_config, tp_rank_config(model_config, tp));
     }
     TESSERA_ASSIGN_OR_RETURN(auto model, models::CausalLM::create(std::move(model_config), init));
-    models::set_fused_layers(*model, options.fused_layers);
     drop_weight_storage(*model, fsdp.device());
     PartialSumHook all_reduce;
     if (tp > 1) {

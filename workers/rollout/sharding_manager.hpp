@@ -66,7 +66,6 @@ struct ShardingManagerOptions {
   uint64_t generation_seed = 1000;  ///< Seed of the generation RNG state (verl: dp_rank + 1000).
   /// The rollout TP group (config.tensor_model_parallel_size ranks); null when that is 1.
   std::shared_ptr<collective::Communicator> tp_group;
-  bool fused_layers = false;  ///< model.use_liger: the engine's model runs the fused layer ops.
 };
 
 /// What the last enter() did.

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "workers/models/decoder.hpp"
+#include "workers/models/fused_layers.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/paged_kv.hpp"
 
@@ -178,9 +179,11 @@ at::Tensor CausalLMStepModel::decode_step(const at::Tensor& input_ids, const at:
   return out.select(1, 0);
 }
 
+void CausalLMStepModel::set_fused_layers(bool on) { models::set_fused_layers(*model_, on); }
+
 at::Tensor CausalLMStepModel::logits(const at::Tensor& hidden) {
   at::NoGradGuard no_grad;
-  return model_->logits(hidden);
+  return model_->compute_dtype_logits(hidden);
 }
 
 Status CausalLMStepModel::load_weights_by_reference(const models::TensorMap& tensors) {

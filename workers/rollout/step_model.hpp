@@ -61,13 +61,17 @@ class StepModel {
   /// no host synchronisation, on tensors of fixed shape, so it can be captured in a CUDA graph.
   virtual at::Tensor decode_step(const at::Tensor& input_ids, const at::Tensor& position_ids, PagedKV& kv,
                                  const PagedBatch& batch) = 0;
-  /// fp32 logits [N, vocab] for final hidden states [N, hidden].
+  /// Logits [N, vocab] in the compute dtype for final hidden states [N, hidden] (sample_tokens
+  /// reads them as fp32 values; Note [Fused sampling] draws without an fp32 copy).
   virtual at::Tensor logits(const at::Tensor& hidden) = 0;
   /// Makes every parameter alias the tensor of the same HF name (no copy). All names, shapes,
   /// dtypes and devices are checked before anything is swapped: on error nothing changed.
   virtual Status load_weights_by_reference(const models::TensorMap& tensors) = 0;
   /// Number of tensor-parallel ranks this model is one of (1: the whole model).
   virtual int64_t tensor_parallel_size() const { return 1; }
+  /// Turns the fused layer ops on or off (engine_kwargs.tessera.fused_layers; models without
+  /// them ignore it).
+  virtual void set_fused_layers(bool on) { (void)on; }
 };
 
 /// Receives a partial sum that tensor parallelism must all-reduce, and leaves the sum in its
@@ -95,6 +99,7 @@ class CausalLMStepModel final : public StepModel {
   at::Tensor logits(const at::Tensor& hidden) override;
   Status load_weights_by_reference(const models::TensorMap& tensors) override;
   int64_t tensor_parallel_size() const override { return tp_size_; }
+  void set_fused_layers(bool on) override;
 
   /// The wrapped model (its parameters are what the engine computes with).
   models::CausalLM& model() const { return *model_; }

@@ -108,6 +108,8 @@ TEST(RolloutConfig, ParsesValuesAndTesseraEngineKwargs) {
   EXPECT_NE(bad.status().message().find("max_kv_blocks"), std::string::npos);
   EXPECT_EQ(parse_rollout_config(nlohmann::json::object())->config.sampler, "fused");
   EXPECT_EQ(parse_rollout_config({{"engine_kwargs", {{"tessera", {{"sampler", "torch"}}}}}})->config.sampler, "torch");
+  EXPECT_TRUE(parse_rollout_config(nlohmann::json::object())->config.fused_layers);
+  EXPECT_FALSE(parse_rollout_config({{"engine_kwargs", {{"tessera", {{"fused_layers", false}}}}}})->config.fused_layers);
   bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"sampler", "gumbel"}}}}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("engine_kwargs.tessera.sampler='gumbel'"), std::string::npos)

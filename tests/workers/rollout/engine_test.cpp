@@ -540,6 +540,51 @@ TEST(KVCacheEngine, OnCudaGraphDecodeEqualsEagerDecode) {
 #endif
 }
 
+// The rollout's fused layer ops (engine_kwargs.tessera.fused_layers, on by default) decode what
+// the op chains decode (greedy, fp32), and the fused sampler reading a bf16 model's logits uncast
+// draws what the torch sampler draws from their fp32 copy (the same uniforms; only the order of
+// the fp32 sums differs, which moves a draw only where u falls within rounding of a boundary).
+TEST(KVCacheEngine, OnCudaFusedLayersAndBf16SamplingMatchTheOpChains) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const at::Device cuda("cuda:0");
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 16; ++i) lengths.push_back(1 + (i * 3) % kP);
+  proto::DataProto prompts = testing::prompt_batch(lengths, kP, 16, nlohmann::json::array({7, 11, 13}));
+  {
+    auto model = testing::tiny_model(15);
+    model->to(cuda);
+    RolloutConfig cfg = testing::test_config(/*response_length=*/20);
+    cfg.do_sample = false;
+    cfg.calculate_log_probs = true;
+    cfg.fused_layers = false;
+    proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+    cfg.fused_layers = true;
+    proto::DataProto got = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+    EXPECT_TRUE(get(got, "responses").to(at::kCPU).equal(get(want, "responses").to(at::kCPU)));
+    EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-4);
+  }
+  {
+    auto model = testing::tiny_model(16);
+    model->to(cuda, at::kBFloat16);
+    RolloutConfig cfg = testing::test_config(/*response_length=*/20);
+    cfg.dtype = "bfloat16";
+    cfg.do_sample = true;
+    cfg.calculate_log_probs = true;
+    cfg.sampler = "torch";
+    proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+    cfg.sampler = "fused";
+    proto::DataProto got = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+    const at::Tensor same_rows = get(got, "responses").eq(get(want, "responses")).all(1).cpu();
+    std::printf("[bf16 fused sampler] %ld of %ld rows drew the torch sampler's tokens\n",
+                same_rows.sum().item<int64_t>(), same_rows.size(0));
+    EXPECT_GE(same_rows.sum().item<int64_t>(), same_rows.size(0) - 1);
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
 TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {
   auto model = testing::tiny_model(7);
   proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 9, 95);

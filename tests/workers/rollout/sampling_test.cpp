@@ -123,6 +123,23 @@ TEST(Sampler, FusedFlagChangesNothingOnTheCpu) {
   EXPECT_TRUE(a.logprobs.equal(b.logprobs));
 }
 
+// Logits in the model's dtype (the engine hands them over uncast) sample as their fp32 values:
+// the same tokens and log-probs, bit for bit, greedy and sampled.
+TEST(Sampler, Bf16LogitsSampleAsTheirFp32Values) {
+  at::Generator gen = at::detail::createCPUGenerator(4);
+  const at::Tensor logits = (at::randn({16, 50}, gen) * 2).to(at::kBFloat16);
+  std::vector<double> u(16);
+  RowRng rng(10);
+  for (double& x : u) x = rng.next_uniform();
+  for (const SamplingParams& params : {SamplingParams{true, 0.0, -1, 1.0}, SamplingParams{false, 0.8, -1, 1.0},
+                                       SamplingParams{false, 1.0, 5, 0.9}}) {
+    SampledTokens a = sample_tokens(logits, params, u, true), b = sample_tokens(logits.to(at::kFloat), params, u, true);
+    EXPECT_TRUE(a.tokens.equal(b.tokens));
+    EXPECT_TRUE(a.logprobs.equal(b.logprobs));
+    EXPECT_EQ(a.logprobs.scalar_type(), at::kFloat);
+  }
+}
+
 // Note [Fused sampling]: the CUDA kernel passes its self-check; over many draws its frequencies
 // match the softmax (chi-square, as above); at Qwen's vocabulary every token it draws sits where
 // its uniform falls in the float64 CDF (up to fp32 summation) with the log-prob of log_softmax;
@@ -130,8 +147,10 @@ TEST(Sampler, FusedFlagChangesNothingOnTheCpu) {
 TEST(Sampler, OnCudaFusedKernelDrawsFromTheSoftmax) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   const c10::Device cuda("cuda:0");
-  Status st = check_fused_sampling_cuda(cuda);
-  ASSERT_TRUE(st.ok()) << st.to_string();
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    Status st = check_fused_sampling_cuda(cuda, dtype);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
   for (double temperature : {1.0, 0.6}) {
     const int64_t n = 40000;
     std::vector<double> p = expected_distribution(temperature, -1, 1.0);
@@ -153,16 +172,18 @@ TEST(Sampler, OnCudaFusedKernelDrawsFromTheSoftmax) {
     std::printf("[fused sampler T=%.1f] chi2 %.2f (df 7)\n", temperature, chi2);
     EXPECT_LT(chi2, 29.9);
   }
-  {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {  // bf16: the kernel widens the logits as it reads them
     at::Generator gen = at::detail::createCPUGenerator(11);
     const int64_t rows = 64, vocab = 151936;
-    at::Tensor logits = at::randn({rows, vocab}, gen) * 4;
+    const at::Tensor logits = (at::randn({rows, vocab}, gen) * 4).to(dtype).to(at::kFloat);
     std::vector<double> u(static_cast<size_t>(rows));
     RowRng rng(5);
     for (double& x : u) x = rng.next_uniform();
     SamplingParams params{false, 0.9, -1, 1.0};
     params.fused = true;
-    SampledTokens got = sample_tokens(logits.to(cuda), params, u, true);
+    ASSERT_TRUE(fused_sampling_applies(logits.to(dtype).to(cuda), params));
+    SampledTokens got = sample_tokens(logits.to(dtype).to(cuda), params, u, true);
+    ASSERT_EQ(got.logprobs.scalar_type(), at::kFloat);
     const at::Tensor tokens = got.tokens.cpu(), lp = got.logprobs.cpu();
     const at::Tensor prob = at::softmax(logits.to(at::kDouble) / 0.9, 1), cdf = prob.cumsum(1);
     const at::Tensor want_lp = at::log_softmax(logits / 0.9, 1);

@@ -4,7 +4,11 @@
 #include <climits>
 #include <cmath>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include "proto/cuda/element.cuh"
 
 namespace tessera::rollout::cuda {
 namespace {
@@ -25,8 +29,11 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
-__device__ __forceinline__ float scaled(const float* row, int64_t i, float temperature) {
-  return temperature == 1.f ? row[i] : row[i] / temperature;
+// Column i of the row as fp32, divided by the temperature (the torch path's fp32 division).
+template <class T>
+__device__ __forceinline__ float scaled(const T* row, int64_t i, float temperature) {
+  const float x = proto::cuda::to_float(row[i]);
+  return temperature == 1.f ? x : x / temperature;
 }
 
 // The block's MaxSum, returned to every thread.
@@ -76,13 +83,14 @@ __device__ float block_exclusive_scan(float x, float* warp_sums, float* total) {
   return before_warp + inclusive - x;
 }
 
+template <class T>
 __global__ void __launch_bounds__(kThreads) fused_sampling_kernel(FusedSamplingArgs a) {
   __shared__ MaxSum reduce[kWarps];
   __shared__ float warp_sums[kWarps];
   __shared__ int found;
   __shared__ int last_positive;
   const int64_t r = blockIdx.x;
-  const float* row = a.logits + r * a.row_stride;
+  const T* row = static_cast<const T*>(a.logits) + r * a.row_stride;
   const float t = a.temperature;
 
   // Pass 1: the maximum and the sum of exponentials under it.
@@ -164,7 +172,13 @@ __global__ void __launch_bounds__(kThreads) fused_sampling_kernel(FusedSamplingA
 
 const char* launch_fused_sampling(const FusedSamplingArgs& args, void* stream) {
   if (args.rows == 0) return nullptr;
-  fused_sampling_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+  const auto blocks = static_cast<unsigned>(args.rows);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (args.dtype) {
+    case ElementType::f32: fused_sampling_kernel<float><<<blocks, kThreads, 0, s>>>(args); break;
+    case ElementType::f16: fused_sampling_kernel<__half><<<blocks, kThreads, 0, s>>>(args); break;
+    case ElementType::bf16: fused_sampling_kernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(args); break;
+  }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -13,17 +13,26 @@
 // draw can differ only where u * S falls within rounding of a boundary between two columns. If
 // rounding leaves the last running sum at or below u * S, the last column of positive
 // probability is taken (the torch path's clamp). The log-prob of the chosen column,
-// x / T - M - log S, comes out of the same pass (log_softmax's formula).
+// x / T - M - log S, comes out of the same pass (log_softmax's formula). The kernel reads the
+// logits in the model's dtype (bf16, fp16 or fp32) and widens each to fp32 as it loads it: the
+// same values as the torch path's fp32 copy, without writing that copy (at 512 rows of Qwen's
+// vocabulary in bf16, 0.3 GB written and 0.15 GB read fewer per decode step, and the two passes
+// read half the bytes).
 //
 // Thread-safety: re-entrant; the launch is asynchronous on `stream` and can be graph-captured.
 #pragma once
 
 #include <cstdint>
 
+#include "proto/cuda/element.hpp"
+
 namespace tessera::rollout::cuda {
 
+using ElementType = proto::cuda::ElementType;
+
 struct FusedSamplingArgs {
-  const float* logits = nullptr;   ///< [rows, vocab], row stride `row_stride`, unit column stride.
+  const void* logits = nullptr;    ///< [rows, vocab] of `dtype`, row stride `row_stride`, unit column stride.
+  ElementType dtype = ElementType::f32;
   int64_t row_stride = 0;
   const double* uniforms = nullptr;  ///< [rows] in [0, 1).
   int64_t* tokens = nullptr;         ///< [rows] out.

@@ -57,6 +57,7 @@
 
 #include <torch/torch.h>
 
+#include "workers/models/fused_layers.hpp"
 #include "workers/models/param_count.hpp"
 #include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
@@ -441,7 +442,10 @@ Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::ve
     }
   }
   if (options.sampling.fused && !options.sampling.greedy && model.device().is_cuda()) {
-    TESSERA_RETURN_IF_ERROR(check_fused_sampling_cuda(model.device()));  // Note [Kernel self-check]
+    TESSERA_RETURN_IF_ERROR(check_fused_sampling_cuda(model.device(), model.dtype()));  // Note [Kernel self-check]
+  }
+  if (options.fused_layers && model.device().is_cuda()) {  // Note [Kernel self-check]
+    TESSERA_RETURN_IF_ERROR(models::check_fused_layers(model.device(), model.dtype()));
   }
   GenerationLoop loop(model, prompts, options, stats);
   TESSERA_RETURN_IF_ERROR(loop.run());
