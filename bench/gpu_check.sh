@@ -14,6 +14,9 @@
 # it is about 1 GB for this workload). Exit status: non-zero when a test or the benchmark failed.
 # TESSERA_TEST_TIMEOUT_S (default 300) and TESSERA_BENCH_TIMEOUT_S (default 600) bound them;
 # TESSERA_GPU_VARIANTS adds GRPO runs with overrides (see below) beside the main one.
+# TESSERA_GPU_PARTS picks what runs, so that a short lease can split the work over calls:
+# any of `tests decode grpo variants 7b` (default: all but 7b; `7b` runs bench/gpu_7b.sh into
+# OUT_DIR/7b, about 15 GB of model written first).
 set -uo pipefail
 TOK="${1:?TOKENIZER_DIR}"; OUT="${2:?OUT_DIR}"; STEPS="${3:-3}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,9 +26,12 @@ mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 export TESSERA_SOURCE_DIR="$ROOT" TESSERA_PYTHON="${TESSERA_PYTHON:-python3}"
 
+PARTS=" ${TESSERA_GPU_PARTS:-tests decode grpo variants} "
+part() { [[ $PARTS == *" $1 "* ]]; }
+
 status=0
 pids=()
-for t in collective_nccl_test worker_test trainer_device_test models_hf_parity_test models_test rollout_test algos_test; do
+part tests && for t in collective_nccl_test worker_test trainer_device_test models_hf_parity_test models_test rollout_test algos_test; do
   [[ -x "$BIN/$t" ]] || { echo "gpu_check: $t is not in the bundle; skipped"; continue; }
   filter=()
   [[ $t == worker_test ]] && filter=(--gtest_filter='*OnDevice*:*DevicePlacement*')
@@ -33,17 +39,19 @@ for t in collective_nccl_test worker_test trainer_device_test models_hf_parity_t
   ( OMP_NUM_THREADS=1 timeout "${TESSERA_TEST_TIMEOUT_S:-300}" "$BIN/$t" "${filter[@]}" > "$OUT/$t.log" 2>&1 ) &
   pids+=("$!:$t")
 done
-for entry in "${pids[@]}"; do
+for entry in "${pids[@]+"${pids[@]}"}"; do
   pid=${entry%%:*}; t=${entry#*:}
   if wait "$pid"; then echo "$t: passed ($(grep -c '^\[       OK \]' "$OUT/$t.log") ok, $(awk '/^\[  SKIPPED \] [A-Za-z]/ {print $4}' "$OUT/$t.log" | sort -u | wc -l) skipped)"
   else echo "$t: FAILED (see $OUT/$t.log)"; grep -E '^\[  FAILED  \]|Failure' "$OUT/$t.log" | head -5; status=1; fi
 done
 
-if [[ -x "$BIN/gpu_decode" ]]; then
+if part decode && [[ -x "$BIN/gpu_decode" ]]; then
   timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$BIN/gpu_decode" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1 \
     && cat "$OUT/decode.log" || { echo "gpu_decode: FAILED (see $OUT/decode.log)"; tail -5 "$OUT/decode.log"; status=1; }
 fi
-if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$OUT/bench" "$STEPS" \
+if ! part grpo; then
+  :
+elif timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$OUT/bench" "$STEPS" \
      "trainer.profile_steps=[$STEPS]" > "$OUT/bench.log" 2>&1; then
   sed -n '/^| step /,$p' "$OUT/bench.log"
 else
@@ -60,7 +68,7 @@ PY
 fi
 # Variants of the GRPO benchmark on the same model and HF figures, one line each (step STEPS):
 # TESSERA_GPU_VARIANTS="name:key=value,key=value name2:..." (e.g. liger:actor_rollout_ref.model.use_liger=true).
-for variant in ${TESSERA_GPU_VARIANTS:-}; do
+part variants && for variant in ${TESSERA_GPU_VARIANTS:-}; do
   name=${variant%%:*}; IFS=',' read -r -a overrides <<< "${variant#*:}"
   vdir="$OUT/variant_$name"; mkdir -p "$vdir"
   [[ -d "$OUT/bench/model" ]] && ln -sfn "$OUT/bench/model" "$vdir/model"
@@ -72,8 +80,15 @@ for variant in ${TESSERA_GPU_VARIANTS:-}; do
     echo "variant $name: FAILED (see $OUT/variant_$name.log)"; tail -3 "$OUT/variant_$name.log"; status=1
   fi
 done
+if part 7b; then
+  if timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" bash "$ROOT/bench/gpu_7b.sh" "$BIN" "$TOK" "$OUT/7b" > "$OUT/7b.log" 2>&1; then
+    sed -n '/^| step /,$p' "$OUT/7b.log"
+  else
+    echo "7b: FAILED (see $OUT/7b.log)"; tail -5 "$OUT/7b.log"; status=1
+  fi
+fi
 trace="$OUT/bench/run/profile/step_$STEPS.pt.trace.json"
-if [[ -f "$trace" ]]; then
+if part grpo && [[ -f "$trace" ]]; then
   python3 "$ROOT/bench/trace_summary.py" "$trace" > "$OUT/step_$STEPS.summary.txt" && head -40 "$OUT/step_$STEPS.summary.txt"
 fi
 exit $status

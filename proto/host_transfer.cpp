@@ -1,13 +1,17 @@
 // host_transfer.cpp: see Note [Host transfers] in host_transfer.hpp.
 #include "proto/host_transfer.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 
 #include <torch/torch.h>
 
 #if TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #endif
 
 namespace tessera::proto {
@@ -24,6 +28,35 @@ at::Tensor upload_values(const std::vector<T>& values, c10::ScalarType dtype, c1
 
 at::Tensor staging_tensor(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device) {
   return at::empty(sizes, at::TensorOptions(dtype).pinned_memory(device.is_cuda()));
+}
+
+at::Tensor offload_buffer(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device) {
+  const at::TensorOptions options(dtype);
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const auto bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (!device.is_cuda() || bytes == 0) return at::empty(sizes, options);
+#if TESSERA_WITH_CUDA
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t length = (bytes + page - 1) / page * page;
+  void* p = nullptr;
+  TORCH_CHECK(posix_memalign(&p, page, length) == 0, "offload buffer: the host cannot allocate ", length, " bytes");
+  const cudaError_t err = cudaHostRegister(p, length, cudaHostRegisterDefault);
+  if (err != cudaSuccess) {
+    std::free(p);
+    (void)cudaGetLastError();  // clears the error
+    TORCH_CHECK(false, "offload buffer: page-locking ", length, " bytes of host memory failed: ", cudaGetErrorString(err));
+  }
+  return at::from_blob(
+      p, sizes,
+      [](void* q) {
+        (void)cudaHostUnregister(q);
+        std::free(q);
+      },
+      options);
+#else
+  TORCH_CHECK(false, "offload buffer for ", device.str(), ": this build has no CUDA");
+#endif
 }
 
 at::Tensor upload(const std::vector<int64_t>& values, c10::Device device) {

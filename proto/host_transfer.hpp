@@ -26,6 +26,14 @@ namespace tessera::proto {
 /// when `device` is CUDA, pageable otherwise.
 at::Tensor staging_tensor(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device);
 
+/// A long-lived host buffer that working copies on `device` are offloaded into (FSDP's parameter
+/// and optimizer offload): on CUDA, page-locked at exactly its size (cudaHostRegister), so copies
+/// to and from it need no staging and can run without blocking; pageable elsewhere. Pinned
+/// tensors from the caching host allocator are rounded up to a power of two: a 7B model's 4.4 GB
+/// embedding-and-head shard would pin 8 GB, and its offloaded shards and moments ~17 GB more
+/// host memory than they hold. Throws c10::Error naming the bytes when the host cannot give them.
+at::Tensor offload_buffer(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device);
+
 /// `values` on `device` (1-D), copied through pinned memory when `device` is CUDA.
 at::Tensor upload(const std::vector<int64_t>& values, c10::Device device);
 at::Tensor upload(const std::vector<int32_t>& values, c10::Device device);

@@ -146,9 +146,10 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
                       "{}: saved from a frozen module (no optimizer state), cannot restore the optimizer "
                       "of trainable module '{}'", what, e.options().name);
   }
+  // Offloaded moments are restored into their host buffers, never all onto the device (Note
+  // [Streamed optimizer step] in fsdp_step.cpp).
   bool params_off = e.params_offloaded(), optim_off = e.optimizer_offloaded();
   TESSERA_RETURN_IF_ERROR(e.load_params());
-  TESSERA_RETURN_IF_ERROR(e.load_optimizer());
   internal::ShardFiles files(dir, manifest["shard_count"].get<int>());
   try {
     for (size_t u = 0; u < old_layouts.size(); ++u) {
@@ -158,14 +159,21 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
       TESSERA_ASSIGN_OR_RETURN(s.shard, files.recut(old_layouts[u], begin, end, "model", unit, e.options().model_dtype));
       s.shard_grad = at::Tensor();
       if (e.frozen()) continue;  // a frozen module reads no optimizer files
-      TESSERA_ASSIGN_OR_RETURN(s.adam.exp_avg, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg", e.options().model_dtype));
-      TESSERA_ASSIGN_OR_RETURN(s.adam.exp_avg_sq, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg_sq", e.options().model_dtype));
+      AdamWState& into = optim_off ? s.offload_adam : s.adam;
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor exp_avg, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg", e.options().model_dtype));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor exp_avg_sq, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg_sq", e.options().model_dtype));
+      if (optim_off) {  // the same shapes (check_same_units): into the kept host buffers
+        into.exp_avg.copy_(exp_avg);
+        into.exp_avg_sq.copy_(exp_avg_sq);
+      } else {
+        into = AdamWState{std::move(exp_avg), std::move(exp_avg_sq)};
+      }
     }
-    // The files are read on the host; the state lives on the engine's device.
+    // The files are read on the host; the working state lives on the engine's device.
     for (size_t u = 0; u < old_layouts.size(); ++u) {
       auto& s = e.unit_state(static_cast<int>(u));
       s.shard = s.shard.to(e.device());
-      if (e.frozen()) continue;
+      if (e.frozen() || optim_off) continue;
       s.adam.exp_avg = s.adam.exp_avg.to(e.device());
       s.adam.exp_avg_sq = s.adam.exp_avg_sq.to(e.device());
     }
@@ -177,7 +185,6 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
   const auto& world = e.mesh().world();
   TESSERA_RETURN_IF_ERROR(internal::restore_rng(dir, world->rank(), manifest["world_size"].get<int>()));
   if (params_off) TESSERA_RETURN_IF_ERROR(e.offload_params());
-  if (optim_off) TESSERA_RETURN_IF_ERROR(e.offload_optimizer());
   return Status();
 }
 

@@ -119,7 +119,7 @@ Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::
     return from_exception("FSDP wrap", e);
   }
   if (options.param_offload) TESSERA_RETURN_IF_ERROR(m->offload_params());
-  if (options.optimizer_offload) TESSERA_RETURN_IF_ERROR(m->offload_optimizer());
+  m->optimizer_offloaded_ = options.optimizer_offload && !options.frozen;  // init_moments put them there
   return m;
 }
 
@@ -192,10 +192,7 @@ Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
   }
   auto [begin, end] = layout.shard_range(shard_index_);
   state.shard = flat.narrow(0, begin, end - begin).clone();
-  if (!options_.frozen) {
-    state.adam.exp_avg = at::zeros_like(state.shard);
-    state.adam.exp_avg_sq = at::zeros_like(state.shard);
-  }
+  if (!options_.frozen) init_moments(state);
   state.anchor = at::empty({0}, at::TensorOptions(at::kFloat).device(device_)).requires_grad_(true);
   for (auto& p : state.params) p.set_data(empty_param(options_.mixed_precision.param_dtype, device_));
   return Status();

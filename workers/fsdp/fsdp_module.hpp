@@ -60,7 +60,9 @@
 //
 // Offload: param_offload / optimizer_offload move the shards / moments into separate CPU buffers
 // (pinned on CUDA builds) and free the working copies; load_* copies them back bitwise. While
-// offloaded, forward and step fail with an error saying what to load.
+// the shards are offloaded, forward and step fail with an error saying what to load. Offloaded
+// moments need no loading: step() streams them through the device one unit at a time, and with
+// optimizer_offload they are created on the host (Note [Streamed optimizer step] in fsdp_step.cpp).
 //
 // Thread contract: one thread drives one FsdpModule; all ranks call the collective methods
 // (everything except the accessors and offload/load) in the same order.
@@ -159,7 +161,8 @@ class FsdpModule {
   Status end_forward();
 
   /// Clips by the global norm and runs AdamW on every shard (or skips on a non-finite norm),
-  /// then zeroes the gradients. Does not advance the LR schedule. Collective.
+  /// then zeroes the gradients. Does not advance the LR schedule. Collective. With the moments
+  /// offloaded they stay offloaded (Note [Streamed optimizer step]).
   Result<StepResult> step();
 
   /// Advances the LR schedule by one (verl: once per update_actor call).
@@ -233,6 +236,8 @@ class FsdpModule {
   explicit FsdpModule(collective::DeviceMesh mesh) : mesh_(std::move(mesh)) {}
   Status init_units(const std::vector<UnitSpec>& units);
   Status shard_unit(UnitState& state, const FlatLayout& layout);
+  /// Zero AdamW moments for a trainable unit: in the offload buffers with optimizer_offload.
+  void init_moments(UnitState& state);
   Status check_loaded(const char* what) const;
   Status check_trainable(const char* what) const;
   bool recompute_in_backward() const;

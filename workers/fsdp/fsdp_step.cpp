@@ -1,21 +1,36 @@
 // fsdp_step.cpp: the optimizer step (global-norm clipping, non-finite skip, AdamW on shards) and
 // parameter / optimizer-state offload. See Note [FSDP engine] in fsdp_module.hpp.
+//
+// Note [Streamed optimizer step]
+// With optimizer_offload the AdamW moments live in host buffers (pinned on CUDA) between steps.
+// verl loads all of them onto the device before update_actor and offloads them after, so the
+// update holds parameters, gradients and both moments at once: 16 bytes per parameter in fp32,
+// 122 GB for a 7B model, more than an 80 GB card. Here the moments never leave the host for
+// longer than their own unit's update: step() copies one unit's moments in (without blocking,
+// from pinned memory), runs that unit's AdamW, and queues their copy back, unit after unit; the
+// device holds the parameters and gradients (8 bytes per parameter: 61 GB at 7B) and one unit's
+// moments, which the caching allocator reuses in stream order. The bytes moved per step are
+// verl's (every moment in and out once), and so are the numbers, bit for bit: AdamW is
+// element-wise, and the fused kernel computes each element alike whatever shares its launch.
+// The moments are created on the host too (init_moments), and a checkpoint restores them there,
+// so a 7B model's moments never touch the device all at once. step() returns once the host
+// buffers hold the new moments (one synchronisation per step).
 #include <torch/torch.h>
 
 #include <cmath>
 #include <vector>
 
+#include "proto/device.hpp"
+#include "proto/host_transfer.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
 
 namespace tessera::fsdp {
 namespace {
 
-// The offload destination: a separate host buffer (pinned when the working copy is on a GPU, so
-// the copies can be asynchronous on CUDA builds).
+// The offload destination: a separate host buffer (page-locked at its size when the working copy
+// is on a GPU, so the copies can be asynchronous on CUDA builds).
 at::Tensor host_buffer_like(const at::Tensor& t) {
-  auto options = t.options().device(at::kCPU);
-  if (t.is_cuda()) options = options.pinned_memory(true);
-  return at::empty(t.sizes(), options);
+  return proto::offload_buffer(t.sizes(), t.scalar_type(), t.device());
 }
 
 // Copies `src` into the (reused) host buffer `dst`. The copy is synchronous: the working copy is
@@ -53,13 +68,19 @@ Result<double> FsdpModule::global_grad_norm() {
   return std::sqrt(total.item<double>());
 }
 
+void FsdpModule::init_moments(UnitState& state) {
+  if (!options_.optimizer_offload) {
+    state.adam.exp_avg = at::zeros_like(state.shard);
+    state.adam.exp_avg_sq = at::zeros_like(state.shard);
+    return;
+  }
+  state.offload_adam.exp_avg = host_buffer_like(state.shard).zero_();  // Note [Streamed optimizer step]
+  state.offload_adam.exp_avg_sq = host_buffer_like(state.shard).zero_();
+}
+
 Result<StepResult> FsdpModule::step() {
   TESSERA_RETURN_IF_ERROR(check_trainable("step"));
   TESSERA_RETURN_IF_ERROR(check_loaded("step"));
-  if (optimizer_offloaded_) {
-    return make_error(ErrorCode::invalid_argument,
-                      "FSDP step: optimizer state is offloaded to CPU; call load_optimizer() first");
-  }
   if (in_forward_) {
     return make_error(ErrorCode::invalid_argument, "FSDP step: a forward is still in progress");
   }
@@ -76,16 +97,29 @@ Result<StepResult> FsdpModule::step() {
     double clip = optim_.clip_grad;
     double coef = clip > 0 ? clip / (result.grad_norm + 1e-6) : 1.0;
     ++optimizer_steps_;
+    std::vector<UnitState*> stepped;
     std::vector<at::Tensor> params, grads;
     std::vector<AdamWState*> states;
     for (auto& s : units_) {
       if (!s->shard_grad.defined() || !s->trainable) continue;
+      stepped.push_back(s.get());
       params.push_back(s->shard);
       grads.push_back(s->shard_grad);
       states.push_back(&s->adam);
     }
     if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
-    adamw_step(params, grads, states, optim_.adamw, result.lr, optimizer_steps_);
+    if (!optimizer_offloaded_) {
+      adamw_step(params, grads, states, optim_.adamw, result.lr, optimizer_steps_);
+    } else {
+      for (size_t i = 0; i < stepped.size(); ++i) {  // Note [Streamed optimizer step]
+        AdamWState& host = stepped[i]->offload_adam;
+        AdamWState working{load_from(host.exp_avg, device_), load_from(host.exp_avg_sq, device_)};
+        adamw_step({params[i]}, {grads[i]}, {&working}, optim_.adamw, result.lr, optimizer_steps_);
+        host.exp_avg.copy_(working.exp_avg, /*non_blocking=*/true);
+        host.exp_avg_sq.copy_(working.exp_avg_sq, /*non_blocking=*/true);
+      }
+      proto::synchronize(device_);  // the host buffers hold the new moments before anything reads them
+    }
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);

@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "proto/device.hpp"
+
 namespace tessera::ppo {
 
 // ---- Config parsing -----------------------------------------------------------------------------
@@ -132,6 +134,9 @@ Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequen
 Status status_from_current_exception(const std::string& context) {
   try {
     throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    return make_error(ErrorCode::resource_exhausted, "{}: out of device memory ({})", context,
+                      proto::out_of_memory_summary(e));
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();
     std::replace(msg.begin(), msg.end(), '\n', ' ');

@@ -126,7 +126,6 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
     o.config = config_.rollout;
     o.engine = engine_options(dp_rank);
     o.generation_seed = dp_rank + 1000;
-    o.fused_layers = config_.model.use_liger;
     TESSERA_ASSIGN_OR_RETURN(sharding_, rollout::FsdpShardingManager::create(actor_module_->engine(), model_config_, o));
   }
   return Status();
@@ -191,29 +190,35 @@ Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataP
     return make_error(ErrorCode::unimplemented, "compute_log_prob: meta_info.is_lora (LoRA reference) is not implemented");
   }
   const auto& fc = actor_module_->engine().options();
-  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(actor_module_->engine(), fc.param_offload, false));
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(actor_module_->engine(), fc.param_offload));
   const auto& r = config_.rollout;
-  TESSERA_ASSIGN_OR_RETURN(ppo::LogProbOutput lp, log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu,
-                                                       r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
-                                                       /*calculate_entropy=*/true));
+  Result<ppo::LogProbOutput> lp = log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu,
+                                            r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
+                                            /*calculate_entropy=*/true);
+  if (!lp.ok()) {
+    return name_memory_keys(lp.status(), micro_batch_key("actor_rollout_ref.rollout.log_prob", r.log_prob_use_dynamic_bsz));
+  }
   TESSERA_RETURN_IF_ERROR(scope->exit());
   proto::TensorDict t;
-  t.insert_or_assign("old_log_probs", lp.log_probs);
-  t.insert_or_assign("entropys", lp.entropys);
+  t.insert_or_assign("old_log_probs", lp->log_probs);
+  t.insert_or_assign("entropys", lp->entropys);
   return proto::DataProto::from_dict(std::move(t), {}, json{{"temperature", r.temperature}});
 }
 
 Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto::DataProto& data) {
   TESSERA_RETURN_IF_ERROR(require(ref_policy_ != nullptr, "compute_ref_log_prob", "reference model"));
   Stopwatch timer;
-  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(ref_module_->engine(), true, false));
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(ref_module_->engine(), true));
   const auto& ref = config_.ref;
-  TESSERA_ASSIGN_OR_RETURN(ppo::LogProbOutput lp, log_probs(*ref_policy_, data, ref.log_prob_micro_batch_size_per_gpu,
-                                                       ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
-                                                       /*calculate_entropy=*/false));
+  Result<ppo::LogProbOutput> lp = log_probs(*ref_policy_, data, ref.log_prob_micro_batch_size_per_gpu,
+                                            ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
+                                            /*calculate_entropy=*/false);
+  if (!lp.ok()) {
+    return name_memory_keys(lp.status(), micro_batch_key("actor_rollout_ref.ref.log_prob", ref.log_prob_use_dynamic_bsz));
+  }
   TESSERA_RETURN_IF_ERROR(scope->exit());
   proto::TensorDict t;
-  t.insert_or_assign("ref_log_prob", lp.log_probs);
+  t.insert_or_assign("ref_log_prob", lp->log_probs);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
   record_call_metrics(out, "compute_ref_log_prob", timer.seconds());
   return out;
@@ -224,15 +229,20 @@ Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto
 Result<proto::DataProto> ActorRolloutRefWorker::update_actor(const proto::DataProto& data) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "update_actor", "actor"));
   fsdp::FsdpModule& engine = actor_module_->engine();
-  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(engine, engine.options().param_offload,
-                                                           engine.options().optimizer_offload));
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(engine, engine.options().param_offload));
   Stopwatch timer;
-  TESSERA_ASSIGN_OR_RETURN(ppo::Metrics metrics, actor_->update_policy(data));
+  Result<ppo::Metrics> metrics = actor_->update_policy(data);
+  if (!metrics.ok()) {
+    std::string keys = micro_batch_key("actor_rollout_ref.actor.ppo", config_.actor.use_dynamic_bsz);
+    if (!config_.model.gradient_checkpointing) keys += ", or set actor_rollout_ref.model.enable_gradient_checkpointing=true";
+    if (!engine.options().optimizer_offload) keys += ", or set actor_rollout_ref.actor.fsdp_config.optimizer_offload=true";
+    return name_memory_keys(metrics.status(), keys);
+  }
   const double seconds = timer.seconds();
   const double lr = engine.current_lr();
   engine.lr_scheduler_step();  // verl: once per update_actor call
   TESSERA_RETURN_IF_ERROR(scope->exit());
-  json m = ppo::metrics_to_json(metrics);
+  json m = ppo::metrics_to_json(*metrics);
   m["actor/lr"] = lr;
   m["perf/mfu/actor"] = ppo::model_flops_utilization(model_config_, data.meta_info(), config_.actor.ppo_epochs,
                                                      seconds, device(), context().world_size);

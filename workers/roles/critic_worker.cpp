@@ -86,16 +86,17 @@ Result<proto::DataProto> CriticWorker::compute_values(const proto::DataProto& da
   TESSERA_RETURN_IF_ERROR(require_init("compute_values"));
   Stopwatch timer;
   TESSERA_ASSIGN_OR_RETURN(auto scope,
-                           OffloadScope::enter(module_->engine(), module_->engine().options().param_offload, false));
+                           OffloadScope::enter(module_->engine(), module_->engine().options().param_offload));
   proto::DataProto d = data;
   json& meta = d.meta_info();
   if (config_.forward_micro_batch_size_per_gpu) meta["micro_batch_size"] = *config_.forward_micro_batch_size_per_gpu;
   meta["max_token_len"] = config_.forward_max_token_len_per_gpu.value_or(config_.ppo_max_token_len_per_gpu);
   meta["use_dynamic_bsz"] = config_.use_dynamic_bsz;
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor values, critic_->compute_values(d));
+  Result<at::Tensor> values = critic_->compute_values(d);
+  if (!values.ok()) return name_memory_keys(values.status(), micro_batch_key("critic.forward", config_.use_dynamic_bsz));
   TESSERA_RETURN_IF_ERROR(scope->exit());
   proto::TensorDict t;
-  t.insert_or_assign("values", values);
+  t.insert_or_assign("values", *values);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
   record_call_metrics(out, "compute_values", timer.seconds());
   return out;
@@ -104,14 +105,18 @@ Result<proto::DataProto> CriticWorker::compute_values(const proto::DataProto& da
 Result<proto::DataProto> CriticWorker::update_critic(const proto::DataProto& data) {
   TESSERA_RETURN_IF_ERROR(require_init("update_critic"));
   fsdp::FsdpModule& engine = module_->engine();
-  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(engine, engine.options().param_offload,
-                                                           engine.options().optimizer_offload));
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(engine, engine.options().param_offload));
   Stopwatch timer;
-  TESSERA_ASSIGN_OR_RETURN(ppo::Metrics metrics, critic_->update_critic(data));
+  Result<ppo::Metrics> metrics = critic_->update_critic(data);
+  if (!metrics.ok()) {
+    std::string keys = micro_batch_key("critic.ppo", config_.use_dynamic_bsz);
+    if (!model_.gradient_checkpointing) keys += ", or set critic.model.enable_gradient_checkpointing=true";
+    return name_memory_keys(metrics.status(), keys);
+  }
   const double seconds = timer.seconds();
   engine.lr_scheduler_step();
   TESSERA_RETURN_IF_ERROR(scope->exit());
-  json m = ppo::metrics_to_json(metrics);
+  json m = ppo::metrics_to_json(*metrics);
   m["critic/lr"] = engine.current_lr();  // verl v0.5.0 reads get_last_lr() after stepping
   m["perf/mfu/critic"] = ppo::model_flops_utilization(model_config_, data.meta_info(), config_.ppo_epochs, seconds,
                                                       device(), context().world_size);

@@ -160,7 +160,7 @@ Result<proto::DataProto> RewardModelWorker::compute_rm_score(const proto::DataPr
     return proto::DataProto::from_dict(std::move(t));
   }
   Stopwatch timer;
-  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(module_->engine(), true, false));
+  TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(module_->engine(), true));
   Result<at::Tensor> scores = [&]() -> Result<at::Tensor> {
     try {
       return sequence_scores(data);
@@ -169,7 +169,10 @@ Result<proto::DataProto> RewardModelWorker::compute_rm_score(const proto::DataPr
     }
   }();
   TESSERA_RETURN_IF_ERROR(scope->exit());
-  if (!scores.ok()) return scores.status();
+  if (!scores.ok()) {
+    return name_memory_keys(scores.status(), config_.use_dynamic_bsz ? "reward_model.forward_max_token_len_per_gpu"
+                                                                     : "reward_model.micro_batch_size_per_gpu");
+  }
   proto::TensorDict t;
   t.insert_or_assign("rm_scores", expand_to_token_level(*scores, seq.attention_mask, seq.position_ids,
                                                         seq.response_length));

@@ -265,19 +265,25 @@ class SftWorker : public dispatch::WorkerBase {
     const double local_tokens = b.loss_mask.narrow(1, 0, b.loss_mask.size(1) - 1).sum().item<double>();
     TESSERA_ASSIGN_OR_RETURN(double global_tokens, world_sum(local_tokens));
     const int64_t rows = b.input_ids.size(0), micro = config_.micro_batch_size_per_gpu;
-    double loss_sum = 0.0;
-    try {
-      at::Tensor total;
-      for (int64_t start = 0; start < rows; start += micro) {
-        TESSERA_ASSIGN_OR_RETURN(at::Tensor s, micro_step(b, start, std::min(micro, rows - start), train, global_tokens));
-        total = total.defined() ? total + s : s;
+    Result<double> loss_sum = [&]() -> Result<double> {
+      try {
+        at::Tensor total;
+        for (int64_t start = 0; start < rows; start += micro) {
+          TESSERA_ASSIGN_OR_RETURN(at::Tensor s, micro_step(b, start, std::min(micro, rows - start), train, global_tokens));
+          total = total.defined() ? total + s : s;
+        }
+        // Host boundary, deliberate: the batch's loss, once per batch (the metric and the world sum).
+        return total.defined() ? total.item<double>() : 0.0;
+      } catch (...) {
+        return ppo::status_from_current_exception(fmt::format("sft {} (rank {})", method, context().rank));
       }
-      // Host boundary, deliberate: the batch's loss, once per batch (the metric and the world sum).
-      if (total.defined()) loss_sum = total.item<double>();
-    } catch (...) {
-      return ppo::status_from_current_exception(fmt::format("sft {} (rank {})", method, context().rank));
+    }();
+    if (!loss_sum.ok()) {
+      return name_memory_keys(loss_sum.status(), config_.gradient_checkpointing
+                                                     ? "data.micro_batch_size_per_gpu"
+                                                     : "data.micro_batch_size_per_gpu, or set model.enable_gradient_checkpointing=true");
     }
-    TESSERA_ASSIGN_OR_RETURN(double world_loss, world_sum(loss_sum));
+    TESSERA_ASSIGN_OR_RETURN(double world_loss, world_sum(*loss_sum));
     const double loss = world_loss / std::max(global_tokens, 1.0);
     if (!train) return metrics_proto(json{{"val/loss", loss}});
     TESSERA_ASSIGN_OR_RETURN(ppo::StepOutcome step, module_->clip_and_step(config_.grad_clip));

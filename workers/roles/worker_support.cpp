@@ -195,17 +195,11 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
 
 // ---- Offload ----------------------------------------------------------------------------------------
 
-Result<std::unique_ptr<OffloadScope>> OffloadScope::enter(fsdp::FsdpModule& engine, bool params, bool optimizer) {
-  const bool load_params = params && engine.params_offloaded();
-  const bool load_optim = optimizer && engine.optimizer_offloaded();
-  std::unique_ptr<OffloadScope> scope(new OffloadScope(engine, false, false));
-  if (load_params) {
+Result<std::unique_ptr<OffloadScope>> OffloadScope::enter(fsdp::FsdpModule& engine, bool params) {
+  std::unique_ptr<OffloadScope> scope(new OffloadScope(engine, false));
+  if (params && engine.params_offloaded()) {
     TESSERA_RETURN_IF_ERROR(engine.load_params());
     scope->params_ = true;
-  }
-  if (load_optim) {
-    TESSERA_RETURN_IF_ERROR(engine.load_optimizer());
-    scope->optimizer_ = true;
   }
   return scope;
 }
@@ -214,17 +208,23 @@ Status OffloadScope::exit() {
   Status st;
   if (params_ && !engine_.params_offloaded()) st = engine_.offload_params();
   params_ = false;
-  if (optimizer_ && !engine_.optimizer_offloaded()) {
-    Status o = engine_.offload_optimizer();
-    if (st.ok()) st = o;
-  }
-  optimizer_ = false;
   return st;
 }
 
 OffloadScope::~OffloadScope() {
   Status st = exit();
   if (!st.ok()) spdlog::error("offload after a worker call failed: {}", st.to_string());
+}
+
+// ---- Out of memory ------------------------------------------------------------------------------
+
+Status name_memory_keys(const Status& st, const std::string& keys) {
+  if (st.code() != ErrorCode::resource_exhausted) return st;
+  return make_error(ErrorCode::resource_exhausted, "{}; lower {}", st.message(), keys);
+}
+
+std::string micro_batch_key(const std::string& prefix, bool dynamic) {
+  return prefix + (dynamic ? "_max_token_len_per_gpu" : "_micro_batch_size_per_gpu");
 }
 
 // ---- Method arguments -----------------------------------------------------------------------------

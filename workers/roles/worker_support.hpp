@@ -98,23 +98,33 @@ Result<c10::ScalarType> fsdp_model_dtype(const nlohmann::json& fsdp_config, cons
 
 // ---- Offload around a call ------------------------------------------------------------------------
 
-/// verl's "load -> compute -> offload": loads the parameters (and optimizer state) of an engine
-/// that keeps them offloaded between calls, and offloads them again at exit() or destruction.
+/// verl's "load -> compute -> offload" for the parameters of an engine that keeps them offloaded
+/// between calls: loads them, and offloads them again at exit() or destruction. Offloaded AdamW
+/// moments stay on the host: the step streams them (Note [Streamed optimizer step] in
+/// workers/fsdp/fsdp_step.cpp).
 class OffloadScope {
  public:
-  /// Loads what is offloaded among {params if `params`, optimizer if `optimizer`}.
-  static Result<std::unique_ptr<OffloadScope>> enter(fsdp::FsdpModule& engine, bool params, bool optimizer);
+  /// Loads the parameters if `params` and they are offloaded.
+  static Result<std::unique_ptr<OffloadScope>> enter(fsdp::FsdpModule& engine, bool params);
   /// Offloads again whatever enter() loaded. Idempotent.
   Status exit();
   ~OffloadScope();
 
  private:
-  OffloadScope(fsdp::FsdpModule& engine, bool params, bool optimizer)
-      : engine_(engine), params_(params), optimizer_(optimizer) {}
+  OffloadScope(fsdp::FsdpModule& engine, bool params) : engine_(engine), params_(params) {}
   fsdp::FsdpModule& engine_;
   bool params_;
-  bool optimizer_;
 };
+
+// ---- Out of memory ------------------------------------------------------------------------------
+
+/// `st`, and when it reports a device out of memory (ErrorCode::resource_exhausted) the keys that
+/// shrink the failing call's footprint appended: "<message>; lower <keys>".
+Status name_memory_keys(const Status& st, const std::string& keys);
+
+/// The key that sizes a micro-batched phase: `<prefix>_max_token_len_per_gpu` with dynamic
+/// micro-batches, else `<prefix>_micro_batch_size_per_gpu` (prefix e.g. "critic.forward").
+std::string micro_batch_key(const std::string& prefix, bool dynamic);
 
 // ---- Method arguments -----------------------------------------------------------------------------
 

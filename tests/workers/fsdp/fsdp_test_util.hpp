@@ -183,7 +183,8 @@ inline std::unique_ptr<FsdpModule> make_engine(std::shared_ptr<collective::Commu
                                                ShardingStrategy strategy, bool recompute,
                                                int fsdp_size = -1,
                                                c10::ScalarType param_dtype = at::kFloat,
-                                               const OptimizerOptions& o = test_optim()) {
+                                               const OptimizerOptions& o = test_optim(),
+                                               bool optimizer_offload = false) {
   auto model = make_model();
   auto mesh = collective::DeviceMesh::for_fsdp(world, fsdp_size);
   EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
@@ -194,6 +195,7 @@ inline std::unique_ptr<FsdpModule> make_engine(std::shared_ptr<collective::Commu
   FsdpOptions options;
   options.strategy = strategy;
   options.mixed_precision.param_dtype = param_dtype;
+  options.optimizer_offload = optimizer_offload;
   auto engine = FsdpModule::wrap(model, *units, *mesh, options, o);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   return engine.ok() ? std::move(*engine) : nullptr;

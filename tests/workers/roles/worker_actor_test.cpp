@@ -8,7 +8,9 @@
 #include "tests/workers/roles/worker_test_util.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/roles/critic_worker.hpp"
+#include "workers/roles/worker_support.hpp"
 #include "workers/models/model_io.hpp"
+#include "workers/ppo/ppo_inputs.hpp"
 
 namespace tessera::workers {
 namespace {
@@ -45,6 +47,34 @@ std::vector<double> metric(const proto::DataProto& out, const std::string& name)
   const json& m = out.meta_info().at("metrics").at(name);
   if (m.is_number()) return {m.get<double>()};
   return m.get<std::vector<double>>();
+}
+
+// A device running out of memory inside a worker call is one line: the allocator's summary (what it
+// tried to allocate, what was free) without its advice, and the keys that shrink that call; other
+// errors pass unchanged.
+TEST(WorkerSupport, OutOfMemoryIsOneLineNamingTheKeysThatShrinkTheCall) {
+  const Status oom = [] {
+    try {
+      throw c10::OutOfMemoryError({"forward", "fake.cpp", 1},
+                                  "CUDA out of memory. Tried to allocate 18.55 GiB. GPU 0 has a total capacity of "
+                                  "79.19 GiB of which 3.12 GiB is free. Of the allocated memory 70.1 GiB is allocated "
+                                  "by PyTorch.\nIf reserved but unallocated memory is large try setting "
+                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    } catch (...) {
+      return ppo::status_from_current_exception("FSDP forward");
+    }
+  }();
+  EXPECT_EQ(oom.code(), ErrorCode::resource_exhausted);
+  const Status named = name_memory_keys(oom, micro_batch_key("actor_rollout_ref.actor.ppo", /*dynamic=*/false));
+  const std::string message = named.to_string();
+  EXPECT_NE(message.find("Tried to allocate 18.55 GiB"), std::string::npos) << message;
+  EXPECT_NE(message.find("3.12 GiB is free"), std::string::npos) << message;
+  EXPECT_NE(message.find("lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"), std::string::npos) << message;
+  EXPECT_EQ(message.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_EQ(micro_batch_key("critic.forward", /*dynamic=*/true), "critic.forward_max_token_len_per_gpu");
+  const Status other = make_error(ErrorCode::invalid_argument, "meta_info.temperature is required");
+  EXPECT_EQ(name_memory_keys(other, "x").to_string(), other.to_string());
 }
 
 TEST(ActorRolloutRefWorker, UpdateActorOnTwoRanksEqualsOneRank) {

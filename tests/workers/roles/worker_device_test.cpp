@@ -4,9 +4,11 @@
 // host, greedy rollout equals the CPU token for token and sampling from one seed draws the same
 // tokens, an FSDP FULL_SHARD AdamW step on 2 ranks matches the CPU, offload round trips are
 // bitwise, and methods hand DataProtos back on the host (Note [Crossing the worker boundary]).
+#include <ATen/core/CachingHostAllocator.h>
 #include <gtest/gtest.h>
 
 #include "proto/device.hpp"
+#include "proto/host_transfer.hpp"
 #include "tests/workers/roles/worker_test_util.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/roles/worker_support.hpp"
@@ -184,6 +186,28 @@ TEST_P(OnDevice, OffloadRoundTripsKeepTheShardsOnTheDeviceBitwise) {
     EXPECT_EQ(now.device(), device_);
     EXPECT_TRUE(at::equal(now.to(at::kCPU), before[u])) << "unit " << u;
   }
+}
+
+// Offload buffers hold exactly their bytes (page-locked for a GPU, not rounded up to a power of
+// two as the caching host allocator would) and carry a device copy there and back bitwise, the
+// asynchronous copies included.
+TEST_P(OnDevice, OffloadBuffersHoldExactlyTheirBytes) {
+  const int64_t n = (int64_t{1} << 20) + 12345;  // 4 MB and a bit: a power-of-two block would be 8 MB
+  auto cached_pinned_bytes = [&]() -> int64_t {
+    return device_.is_cuda() ? at::getHostAllocator(at::kCUDA)->get_stats().allocated_bytes.current : 0;
+  };
+  const int64_t cached_before = cached_pinned_bytes();
+  at::Tensor buffer = proto::offload_buffer({n}, at::kFloat, device_);
+  EXPECT_EQ(cached_pinned_bytes(), cached_before);  // not a (rounded) block of the caching host allocator
+  EXPECT_EQ(buffer.device(), at::Device(at::kCPU));
+  EXPECT_EQ(buffer.storage().nbytes(), static_cast<size_t>(n) * sizeof(float));
+  EXPECT_EQ(buffer.is_pinned(), device_.is_cuda());
+  const at::Tensor working = at::randn({n}, at::TensorOptions(device_));
+  buffer.copy_(working, /*non_blocking=*/true);
+  const at::Tensor back = at::empty_like(working);
+  back.copy_(buffer, /*non_blocking=*/true);
+  proto::synchronize(device_);
+  EXPECT_TRUE(at::equal(back, working));
 }
 
 TEST_P(OnDevice, MethodsHandDataProtosBackOnTheHost) {
