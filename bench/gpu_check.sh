@@ -68,7 +68,15 @@ PY
 fi
 # Variants of the GRPO benchmark on the same model and HF figures, one line each (step STEPS):
 # TESSERA_GPU_VARIANTS="name:key=value,key=value name2:..." (e.g. liger:actor_rollout_ref.model.use_liger=true).
-part variants && for variant in ${TESSERA_GPU_VARIANTS:-}; do
+# Unset: `tuned`, the settings a user after speed would pick on one 80 GB card (no gradient
+# checkpointing, the fused layer kernels, token-balanced micro-batches in every phase); HF runs
+# without checkpointing beside it.
+A="actor_rollout_ref"
+TUNED="tuned:$A.model.enable_gradient_checkpointing=false,$A.model.use_liger=true,$A.actor.use_dynamic_bsz=true"
+TUNED+=",$A.actor.ppo_max_token_len_per_gpu=16384,$A.rollout.log_prob_use_dynamic_bsz=true"
+TUNED+=",$A.rollout.log_prob_max_token_len_per_gpu=32768,$A.ref.log_prob_use_dynamic_bsz=true"
+TUNED+=",$A.ref.log_prob_max_token_len_per_gpu=32768"
+part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
   name=${variant%%:*}; IFS=',' read -r -a overrides <<< "${variant#*:}"
   vdir="$OUT/variant_$name"; mkdir -p "$vdir"
   [[ -d "$OUT/bench/model" ]] && ln -sfn "$OUT/bench/model" "$vdir/model"
