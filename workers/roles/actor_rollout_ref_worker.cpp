@@ -141,13 +141,14 @@ rollout::EngineOptions ActorRolloutRefWorker::engine_options(uint64_t dp_rank) c
 
 Status ActorRolloutRefWorker::build_ref() {
   const std::string fsdp_path = "actor_rollout_ref.ref.fsdp_config";
-  TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.ref.fsdp_config, fsdp_path));
+  const json fsdp_config = frozen_model_fsdp_config(config_.ref.fsdp_config);  // verl: the reference in bf16
+  TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(fsdp_config, fsdp_path));
   models::LoadOptions load;
   load.dtype = dtype;
   load.device = device();
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
   FsdpBuildOptions b;
-  b.fsdp_config = config_.ref.fsdp_config;
+  b.fsdp_config = fsdp_config;
   b.fsdp_config_path = fsdp_path;
   b.force_param_offload = true;  // verl: the reference policy is always CPU-offloaded
   b.fused_layers = config_.model.use_liger;

@@ -106,6 +106,7 @@ Status RewardModelWorker::init_model() {
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
   const std::string fsdp_path = "reward_model.model.fsdp_config";
+  config_.model.fsdp_config = frozen_model_fsdp_config(config_.model.fsdp_config);  // verl: the reward model in bf16
   TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.model.fsdp_config, fsdp_path));
   models::LoadOptions load;
   load.dtype = dtype;

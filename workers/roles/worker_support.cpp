@@ -153,6 +153,12 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
   return m;
 }
 
+json frozen_model_fsdp_config(json fsdp_config) {
+  if (!fsdp_config.is_object()) fsdp_config = json::object();
+  if (!fsdp_config.contains("model_dtype") || fsdp_config["model_dtype"].is_null()) fsdp_config["model_dtype"] = "bf16";
+  return fsdp_config;
+}
+
 Result<c10::ScalarType> fsdp_model_dtype(const json& fsdp_config, const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(fsdp::FsdpConfig c, fsdp::parse_fsdp_config(fsdp_config, path));
   return c.model_dtype;

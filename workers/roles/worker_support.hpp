@@ -96,6 +96,11 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
 /// The model dtype (master weights) named by fsdp_config.model_dtype (default fp32).
 Result<c10::ScalarType> fsdp_model_dtype(const nlohmann::json& fsdp_config, const std::string& path);
 
+/// `fsdp_config` with model_dtype set to bf16 where it is absent or null: verl loads the models it
+/// never trains (the reference policy, the reward model) in bf16 and only the trained ones in fp32
+/// (for their optimizer), which halves what a frozen model holds and moves when it is offloaded.
+nlohmann::json frozen_model_fsdp_config(nlohmann::json fsdp_config);
+
 // ---- Offload around a call ------------------------------------------------------------------------
 
 /// verl's "load -> compute -> offload" for the parameters of an engine that keeps them offloaded

@@ -157,6 +157,28 @@ TEST(ActorRolloutRefWorker, ReferencePolicyEqualsTheUntrainedActorAndStaysOffloa
   EXPECT_NE(missing.status().message().find("role 'actor'"), std::string::npos);
 }
 
+// verl's model dtypes: the trained actor keeps fp32 master weights, the reference it never trains
+// is bf16 unless its fsdp_config.model_dtype says otherwise (half the host memory it is offloaded
+// to, half the bytes loaded per call).
+TEST(ActorRolloutRefWorker, TheReferenceDefaultsToBf16WeightsAsInVerl) {
+  json c = arr_config();
+  c["actor"]["fsdp_config"].erase("model_dtype");
+  c["ref"]["fsdp_config"].erase("model_dtype");
+  auto w = make_worker(context(0, 1, next_port()), "actor_rollout_ref", c);
+  EXPECT_EQ(w->actor_module()->engine().options().model_dtype, at::kFloat);
+  EXPECT_EQ(w->ref_module()->engine().options().model_dtype, at::kBFloat16);
+  c["ref"]["fsdp_config"]["model_dtype"] = "fp32";
+  auto explicit_fp32 = make_worker(context(0, 1, next_port()), "actor_rollout_ref", c);
+  EXPECT_EQ(explicit_fp32->ref_module()->engine().options().model_dtype, at::kFloat);
+  // bf16 weights of the same model: log-probs within bf16 rounding of the fp32 reference's.
+  proto::DataProto batch = make_rollout({3, 5}, {4, 2}, 5, 6, 24, kVocab);
+  auto bf16 = w->compute_ref_log_prob(batch), fp32 = explicit_fp32->compute_ref_log_prob(batch);
+  ASSERT_TRUE(bf16.ok() && fp32.ok());
+  const double diff = max_diff(*bf16->tensor("ref_log_prob"), *fp32->tensor("ref_log_prob"));
+  EXPECT_GT(diff, 0.0);
+  EXPECT_LT(diff, 0.05);
+}
+
 TEST(ActorRolloutRefWorker, OffloadedActorIsLoadedAroundEachCall) {
   json c = arr_config();
   c["actor"]["fsdp_config"] = fp32_fsdp(/*param_offload=*/true, /*optimizer_offload=*/true);

@@ -84,9 +84,11 @@ inline models::ModelConfig tiny_model_config() {
   return *c;
 }
 
-/// An fp32 fsdp_config (gathers in fp32, so results compare at fp32 precision).
+/// An fp32 fsdp_config (fp32 master weights, also for the frozen models that default to bf16, and
+/// gathers in fp32, so results compare at fp32 precision).
 inline json fp32_fsdp(bool param_offload = false, bool optimizer_offload = false) {
-  return {{"mixed_precision", {{"param_dtype", "fp32"}, {"reduce_dtype", "fp32"}, {"buffer_dtype", "fp32"}}},
+  return {{"model_dtype", "fp32"},
+          {"mixed_precision", {{"param_dtype", "fp32"}, {"reduce_dtype", "fp32"}, {"buffer_dtype", "fp32"}}},
           {"param_offload", param_offload},
           {"optimizer_offload", optimizer_offload}};
 }
