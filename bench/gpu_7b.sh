@@ -8,7 +8,7 @@
 # Workload: 16 prompts x n=4 of ~60 tokens, 256-token responses (ignore_eos), GRPO with the KL
 # loss of examples/grpo_gsm8k.yaml. The actor's fp32 shards and AdamW state live on the host
 # between phases (param_offload, optimizer_offload: ~90 GB of pinned host memory for 7.6B
-# parameters), the reference's weights too. The moments stay on the host through the update as
+# parameters), the reference's bf16 weights too (15 GB). The moments stay on the host through the update as
 # well (Note [Streamed optimizer step] in workers/fsdp/fsdp_step.cpp): the device holds the fp32
 # shards and gradients (~61 GB) and one unit's moments, where loading them all (verl) would need
 # 122 GB. An 80 GB card is the target; on a tighter one pass smaller micro-batches. Writes OUT_DIR/{model,data,run} (the model is ~15 GB) and prints each step's

@@ -56,10 +56,11 @@ int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.eleme
 }  // namespace
 
 Result<double> FsdpModule::global_grad_norm() {
-  // Summed on the device, one host read at the end (the step needs the norm to clip or skip).
+  // Summed in float64 on the device a chunk at a time (add_sum_of_squares), one host read at the
+  // end (the step needs the norm to clip or skip).
   at::Tensor total = at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
   for (auto& s : units_) {
-    if (s->shard_grad.defined()) total.add_(s->shard_grad.to(at::kDouble).pow(2).sum());
+    if (s->shard_grad.defined()) add_sum_of_squares(total, s->shard_grad);
   }
   if (shard_group_) {
     Status st = shard_group_->all_reduce(total, collective::ReduceOp::sum, options_.comm);

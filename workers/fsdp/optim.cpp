@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -28,6 +29,14 @@ double lr_lambda(const LrScheduleOptions& o, int64_t step) {
                           static_cast<double>(std::max<int64_t>(1, o.total_training_steps - warmup));
   const double x = std::cos(M_PI * o.num_cycles * 2.0 * progress);
   return std::max(m, x * (1.0 - m) * 0.5 + (1.0 + m) * 0.5);
+}
+
+void add_sum_of_squares(at::Tensor& total, const at::Tensor& t, int64_t chunk) {
+  const at::Tensor flat = t.reshape({-1});
+  for (int64_t begin = 0; begin < flat.numel(); begin += chunk) {
+    const at::Tensor part = flat.narrow(0, begin, std::min(chunk, flat.numel() - begin)).to(at::kDouble);
+    total.add_(at::dot(part, part));
+  }
 }
 
 void adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,

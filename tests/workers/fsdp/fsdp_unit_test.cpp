@@ -74,6 +74,19 @@ TEST(FlatLayout, PiecesForRangeRecutsAnyShardCount) {
   }
 }
 
+// The grad norm's sum of squares, widened to float64 a chunk at a time, equals the float64 sum
+// of the whole tensor for every chunk size (the last chunk partial or whole).
+TEST(GradNorm, ChunkedFloat64SumOfSquaresEqualsTheWholeSum) {
+  const at::Tensor g = at::randn({1000}, at::detail::createCPUGenerator(7)) * 1e3;
+  const double want = g.to(at::kDouble).pow(2).sum().item<double>();
+  for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{100}, int64_t{1000}, int64_t{4096}}) {
+    at::Tensor total = at::zeros({1}, at::kDouble);
+    add_sum_of_squares(total, g, chunk);
+    add_sum_of_squares(total, g.narrow(0, 0, 0), chunk);  // an empty shard adds nothing
+    EXPECT_NEAR(total.item<double>(), want, 1e-12 * want) << "chunk " << chunk;
+  }
+}
+
 TEST(LrSchedule, CosineMatchesVerlClosedForm) {
   LrScheduleOptions o;
   o.kind = LrScheduleKind::cosine;
