@@ -41,7 +41,8 @@ at::Tensor offload_buffer(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Dev
   const size_t length = (bytes + page - 1) / page * page;
   void* p = nullptr;
   TORCH_CHECK(posix_memalign(&p, page, length) == 0, "offload buffer: the host cannot allocate ", length, " bytes");
-  const cudaError_t err = cudaHostRegister(p, length, cudaHostRegisterDefault);
+  // Portable: in-process workers on other GPUs copy through it too.
+  const cudaError_t err = cudaHostRegister(p, length, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     std::free(p);
     (void)cudaGetLastError();  // clears the error
