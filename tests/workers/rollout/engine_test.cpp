@@ -6,8 +6,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "tests/workers/rollout/rollout_test_util.hpp"
+#include "workers/models/decoder.hpp"
 #include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/generation_loop.hpp"
 
@@ -583,6 +585,33 @@ TEST(KVCacheEngine, OnCudaFusedLayersAndBf16SamplingMatchTheOpChains) {
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
+}
+
+// engine_kwargs.tessera.fused_layers reaches every norm, attention and MLP of the engine's model;
+// on the CPU, where the fused kernels never run, the tokens are the same either way.
+TEST(KVCacheEngine, FusedLayersKeySetsEveryLayerSwitch) {
+  auto model = testing::tiny_model(17);
+  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 18, 95);
+  RolloutConfig cfg = testing::test_config();
+  cfg.do_sample = false;
+  std::vector<at::Tensor> responses;
+  for (bool on : {false, true}) {
+    cfg.fused_layers = on;
+    auto engine = testing::make_engine(model, cfg);
+    int64_t switches = 0;
+    for (const auto& m : model->modules(/*include_self=*/true)) {
+      std::optional<bool> flag;
+      if (auto* norm = dynamic_cast<models::RMSNorm*>(m.get())) flag = norm->fused;
+      if (auto* attn = dynamic_cast<models::Attention*>(m.get())) flag = attn->fused_rotary;
+      if (auto* mlp = dynamic_cast<models::MLP*>(m.get())) flag = mlp->fused_swiglu;
+      if (!flag) continue;
+      EXPECT_EQ(*flag, on) << m->name();
+      ++switches;
+    }
+    EXPECT_GT(switches, 3);
+    responses.push_back(get(testing::generate(*engine, prompts), "responses"));
+  }
+  EXPECT_TRUE(responses[0].equal(responses[1]));
 }
 
 TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {
