@@ -324,11 +324,7 @@ class NcclCommunicator final : public Communicator {
  protected:
   Status do_all_gather(const at::Tensor& in, const at::Tensor& out,
                        std::chrono::milliseconds t) override {
-    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
-    return run(in, out, t, -1, [&](void* src, void* dst) {
-      return gpu_status(ncclAllGather(src, dst, in.numel(), dt, comm_->comm(), comm_->stream()),
-                        "ncclAllGather");
-    });
+    return all_gather(in, out, t, nullptr);
   }
   Status do_reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
                            std::chrono::milliseconds t) override {
@@ -336,13 +332,7 @@ class NcclCommunicator final : public Communicator {
   }
   Status do_start_all_gather(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t,
                              PendingCollective& pending) override {
-    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
-    return run(
-        in, out, t, -1,
-        [&](void* src, void* dst) {
-          return gpu_status(ncclAllGather(src, dst, in.numel(), dt, comm_->comm(), comm_->stream()), "ncclAllGather");
-        },
-        &pending);
+    return all_gather(in, out, t, &pending);
   }
   Status do_start_reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
                                  std::chrono::milliseconds t, PendingCollective& pending) override {
@@ -444,6 +434,19 @@ class NcclCommunicator final : public Communicator {
                                         comm_->stream()));
     }
     return DeviceView{p, true};
+  }
+
+  // The all-gather and reduce-scatter of the blocking and the deferred calls (`pending`: Note
+  // [Deferred collectives]).
+  Status all_gather(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t,
+                    PendingCollective* pending) {
+    TESSERA_ASSIGN_OR_RETURN(ncclDataType_t dt, nccl_dtype(in.scalar_type()));
+    return run(
+        in, out, t, -1,
+        [&](void* src, void* dst) {
+          return gpu_status(ncclAllGather(src, dst, in.numel(), dt, comm_->comm(), comm_->stream()), "ncclAllGather");
+        },
+        pending);
   }
 
   Status reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op, std::chrono::milliseconds t,

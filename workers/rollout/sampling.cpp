@@ -119,8 +119,8 @@ Status compare_fused_sampling(c10::Device device, c10::ScalarType dtype) {
   const at::Tensor on_device = logits.to(dtype).to(device);
   if (!fused_sampling_applies(on_device, params)) return Status();
   SampledTokens got = fused_sample(on_device, params.temperature, uniforms, /*want_logprobs=*/true);
-  // Host boundary, deliberate: a one-time check per process and device, before any generation;
-  // the draws are compared on the host with the float64 CDF.
+  // Host boundary, deliberate: a one-time check per process, device and dtype, before any
+  // generation; the draws are compared on the host with the float64 CDF.
   const at::Tensor tokens = got.tokens.cpu(), logprobs = got.logprobs.cpu();
   const at::Tensor p = at::softmax(logits.to(at::kDouble) / params.temperature, 1), cdf = p.cumsum(1);
   const auto tok = tokens.accessor<int64_t, 1>();
