@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "workers/algos/torch_functional.hpp"
 
 namespace tessera::algos {
@@ -54,7 +56,10 @@ TEST(TokenLogProbs, MatchesTheUnchunkedFunctionsAndTheirGradients) {
   torch::manual_seed(11);
   const int64_t B = 3, R = 7, V = 50;
   for (auto dtype : {torch::kDouble, torch::kFloat}) {
-    const double tol = dtype == torch::kDouble ? 1e-12 : 2e-6;
+    // A few units in the last place of the largest value compared: the chunked and whole-block
+    // paths sum in different orders, and how the fp32 sums are vectorised differs between CPUs.
+    const double eps = dtype == torch::kDouble ? 1e-12 : 2e-6;
+    auto scale = [](const torch::Tensor& want) { return std::max(1.0, want.abs().max().item<double>()); };
     torch::Tensor logits = torch::randn({B, R, V}, dtype) * 3;
     torch::Tensor labels = torch::randint(0, V, {B, R}, torch::kLong);
     const auto f = torch::TensorOptions().dtype(dtype == torch::kDouble ? torch::kDouble : torch::kFloat);
@@ -70,12 +75,12 @@ TEST(TokenLogProbs, MatchesTheUnchunkedFunctionsAndTheirGradients) {
           SCOPED_TRACE(testing::Message() << "dtype " << dtype << " t " << t << " chunk " << chunk << " which " << which);
           EXPECT_EQ(got.log_probs.sizes(), labels.sizes());
           EXPECT_EQ(got.log_probs.scalar_type(), want.log_probs.scalar_type());
-          EXPECT_LE(max_diff(got.log_probs, want.log_probs), tol);
-          if (ge.defined()) EXPECT_LE(max_diff(got.entropy, want.entropy), tol);
+          EXPECT_LE(max_diff(got.log_probs, want.log_probs), eps * scale(want.log_probs));
+          if (ge.defined()) EXPECT_LE(max_diff(got.entropy, want.entropy), eps * scale(want.entropy));
           else EXPECT_FALSE(got.entropy.defined());
           ASSERT_TRUE(got.grad.defined());
           EXPECT_EQ(got.grad.scalar_type(), dtype);
-          EXPECT_LE(max_diff(got.grad, want.grad), tol);
+          EXPECT_LE(max_diff(got.grad, want.grad), eps * scale(want.grad));
         }
       }
     }
