@@ -61,9 +61,10 @@ if [[ -f "$OUT/decode.json" && -f "$OUT/bench/hf.json" ]]; then  # the issue's d
   python3 - "$OUT/decode.json" "$OUT/bench/hf.json" <<'PY'
 import json, sys
 d, hf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print(f"decode vs HF generate ({hf['card']}): Tessera {d['graph_generate_tok_s']:.0f} tok/s generate "
-      f"({d['graph_decode_tok_s']:.0f} decode) against HF {hf['generate_tok_s']:.0f}: "
-      f"{d['graph_generate_tok_s'] / hf['generate_tok_s']:.1f}x")
+for name, key in (("heads", "graph"), ("tiled", "tiled_graph")):
+    print(f"decode vs HF generate ({hf['card']}), {name} attention kernel: Tessera "
+          f"{d[key + '_generate_tok_s']:.0f} tok/s generate ({d[key + '_decode_tok_s']:.0f} decode) against HF "
+          f"{hf['generate_tok_s']:.0f}: {d[key + '_generate_tok_s'] / hf['generate_tok_s']:.1f}x")
 PY
 fi
 # Variants of the GRPO benchmark on the same model and HF figures, one line each (step STEPS):

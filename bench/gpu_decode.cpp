@@ -11,6 +11,8 @@
 // engine eagerly and with CUDA graphs (enforce_eager=false), each after one warm-up call, and
 // reports decode tokens/s (generated tokens over the decode steps' time), the step time, and
 // generate tokens/s (over the whole call, as HF's `generate` figure in bench/hf_grpo_baseline.py).
+// On a GPU the graph run is repeated with the tiled attention kernel
+// (engine_kwargs.tessera.decode_attention=tiled), so both kernels are compared in one run.
 //
 // The limits: HBM bandwidth (a 2 GiB device-to-device copy: bytes read + written per second)
 // and the bf16 matmul rate (8192^3), timed right after. Per decode step the engine must read
@@ -78,8 +80,9 @@ struct Run {
 };
 
 Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::DataProto& prompts, const Args& a,
-                       bool graphs, c10::ScalarType dtype) {
+                       bool graphs, c10::ScalarType dtype, const std::string& attention = "kernel") {
   rollout::RolloutConfig cfg;
+  cfg.decode_attention = attention;
   cfg.dtype = dtype == at::kBFloat16 ? "bfloat16" : "float32";
   cfg.prompt_length = a.prompt_len;
   cfg.response_length = a.response;
@@ -126,9 +129,12 @@ int run(const Args& a) {
 
   auto eager = run_engine(model, *prompts, a, /*graphs=*/false, dtype);
   auto graphs = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype) : eager;
-  if (!eager.ok() || !graphs.ok()) {
-    std::fprintf(stderr, "gpu_decode: %s\n", (!eager.ok() ? eager.status() : graphs.status()).to_string().c_str());
-    return 1;
+  auto tiled = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype, "tiled") : eager;
+  for (const auto* r : {&eager, &graphs, &tiled}) {
+    if (!r->ok()) {
+      std::fprintf(stderr, "gpu_decode: %s\n", r->status().to_string().c_str());
+      return 1;
+    }
   }
 
   // The card's limits, in the same run.
@@ -165,17 +171,21 @@ int run(const Args& a) {
                         {"generate_s", graphs->generate_s},
                         {"eager_generate_tok_s", eager->generate_tok_s},
                         {"graph_generate_tok_s", graphs->generate_tok_s},
+                        {"tiled_graph_decode_tok_s", tiled->decode_tok_s},
+                        {"tiled_graph_step_ms", tiled->step_ms},
+                        {"tiled_graph_generate_tok_s", tiled->generate_tok_s},
                         {"hbm_bytes_per_s", bandwidth},
                         {"matmul_flops_per_s", peak},
                         {"step_bytes", bytes},
                         {"step_flops", flops},
                         {"bandwidth_fraction", bytes / step_s / bandwidth},
                         {"matmul_fraction", flops / step_s / peak}};
-  std::printf("| decode, %ld rows on %s | eager | CUDA graphs |\n|---|---|---|\n", rows, device.str().c_str());
-  std::printf("| decode tokens/s | %.0f | %.0f |\n| step | %.2f ms | %.2f ms |\n", eager->decode_tok_s,
-              graphs->decode_tok_s, eager->step_ms, graphs->step_ms);
-  std::printf("| generate tokens/s (prefill included) | %.0f | %.0f |\n", eager->generate_tok_s,
-              graphs->generate_tok_s);
+  std::printf("| decode, %ld rows on %s | eager | CUDA graphs | CUDA graphs, tiled attention |\n|---|---|---|---|\n",
+              rows, device.str().c_str());
+  std::printf("| decode tokens/s | %.0f | %.0f | %.0f |\n| step | %.2f ms | %.2f ms | %.2f ms |\n", eager->decode_tok_s,
+              graphs->decode_tok_s, tiled->decode_tok_s, eager->step_ms, graphs->step_ms, tiled->step_ms);
+  std::printf("| generate tokens/s (prefill included) | %.0f | %.0f | %.0f |\n", eager->generate_tok_s,
+              graphs->generate_tok_s, tiled->generate_tok_s);
   std::printf("limits: memory %.2f TB/s, %s matmul %.1f TFLOP/s; a step moves %.2f GB (%.0f%% of the bandwidth "
               "limit at the graph step time) and computes %.0f GFLOP (%.0f%% of the matmul peak)\n",
               bandwidth / 1e12, c10::toString(dtype), peak / 1e12, bytes / 1e9, 100.0 * bytes / step_s / bandwidth, flops / 1e9,

@@ -71,4 +71,11 @@ print(f"HF ({hf['card']}, transformers {hf['transformers']}, gradient checkpoint
       f"(MFU {hf['update_mfu']:.1%}), composed step {hf['composed_step_s']:.2f} s")
 last = rows[-1]
 print(f"Tessera step / HF composed step: {last['timing_s/step'] / hf['composed_step_s']:.2f}x")
+if hf.get("matmul_flops_per_s"):  # the card's floors: each phase's matmul FLOPs at its measured bf16 rate
+    rate = hf["matmul_flops_per_s"]
+    fwd, upd = hf["forward_flops"] / rate, hf["update_flops"] / rate
+    print(f"Floors at the measured bf16 matmul rate ({rate / 1e12:.0f} TFLOP/s): log-prob forward {fwd:.2f} s "
+          f"(Tessera {last['timing_s/old_log_prob']:.2f} s, {fwd / last['timing_s/old_log_prob']:.0%} of the rate; "
+          f"HF / 3 = {hf['log_prob_s'] / 3:.2f} s), update {upd:.2f} s without recompute "
+          f"(Tessera {last['timing_s/update_actor']:.2f} s, {upd / last['timing_s/update_actor']:.0%})")
 PY

@@ -9,7 +9,9 @@ Phases (as in the reference measurements): generate (sdpa, bf16, sampling, min_n
 max_new_tokens), a log-prob forward (fp32 master weights under bf16 autocast), and one AdamW
 training step over the same sequences with gradient checkpointing (as verl's default
 enable_gradient_checkpointing; --no-gradient-checkpointing keeps the activations) and clip 1.0. Prints one JSON
-object with each phase's seconds, tokens/s and the step's MFU against the card's bf16 peak.
+object with each phase's seconds, tokens/s and the step's MFU against the card's bf16 peak, and the
+card's bf16 matmul rate measured in the same run (an 8192^3 matmul) with the FLOPs of one forward and
+one update over the step's sequences: the floors any implementation's phases have on this card.
 """
 import argparse
 import json
@@ -38,6 +40,14 @@ def training_flops(cfg, tokens, seqlen):
     dense += cfg.vocab_size * cfg.hidden_size * 2
     attn = 12 * (seqlen * seqlen) * (tokens // seqlen) * head_dim * cfg.num_attention_heads * cfg.num_hidden_layers
     return 6 * dense * tokens + attn
+
+
+def matmul_rate(dev):
+    x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    y = torch.randn_like(x)
+    torch.matmul(x, y)  # warm-up
+    _, s = timed(lambda: [torch.matmul(x, y) for _ in range(10)])
+    return 2 * 8192 ** 3 * 10 / s
 
 
 def timed(fn):
@@ -112,6 +122,8 @@ def main():
         "update_mfu": flops / train_s / peak if peak else 0.0,
         "composed_step_s": gen_s + 2 * logprob_s + train_s,
         "max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+        # 6x dense parameters x tokens: forward 2x, backward 4x (attention likewise a third forward).
+        "forward_flops": flops / 3, "update_flops": flops, "matmul_flops_per_s": matmul_rate(dev),
     }
     print(json.dumps(result))
     if a.json:

@@ -18,7 +18,7 @@
 // Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
-// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|gather`,
+// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|tiled|gather`,
 // `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`.
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
@@ -112,7 +112,9 @@ struct RolloutConfig {
   /// Tokens per block of the paged KV cache (vLLM's block_size; Note [Paged KV cache]).
   int64_t kv_block_size = 16;
   /// How decode steps read the paged cache: "kernel" (the paged attention kernel where there is
-  /// one) or "gather" (copy each row's blocks out and run the models' attention).
+  /// one), "tiled" (on a CUDA device, the tiled kernel: one block per row and KV head, the KV read
+  /// once for the whole group; an error elsewhere) or "gather" (copy each row's blocks out and run
+  /// the models' attention).
   std::string decode_attention = "kernel";
   /// Caps the paged KV cache at this many blocks (0: on a GPU what gpu_memory_utilization leaves,
   /// elsewhere every sequence at its longest). Sequences beyond it wait or are preempted.

@@ -172,7 +172,8 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.chunked_prefill = config_.enable_chunked_prefill;
   options.response_length = config_.response_length;
   options.block_size = config_.kv_block_size;
-  options.kernel_attention = config_.decode_attention == "kernel";
+  options.kernel_attention = config_.decode_attention != "gather";
+  options.tiled_attention = config_.decode_attention == "tiled";
   options.fused_layers = config_.fused_layers;
   TESSERA_ASSIGN_OR_RETURN(options.max_kv_blocks, kv_block_cap(config_, *model_, options.max_kv_blocks_key));
   options.decode.cuda_graphs = !config_.enforce_eager && model_->device().is_cuda();

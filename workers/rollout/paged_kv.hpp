@@ -40,6 +40,9 @@ struct PagedKV {
   /// CUDA); false: the step model gathers each row's blocks and runs the models' attention
   /// (engine_kwargs.tessera.decode_attention=gather).
   bool use_kernel = true;
+  /// On a CUDA device, the tiled kernel rather than the heads kernel
+  /// (engine_kwargs.tessera.decode_attention=tiled; cuda/paged_attention.hpp).
+  bool tiled = false;
 
   /// Zeroed pools of `num_blocks` blocks for every layer of `config`. An allocation failure (a
   /// CUDA OOM) is an error naming the bytes asked for.

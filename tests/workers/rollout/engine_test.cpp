@@ -587,6 +587,45 @@ TEST(KVCacheEngine, OnCudaFusedLayersAndBf16SamplingMatchTheOpChains) {
 #endif
 }
 
+// engine_kwargs.tessera.decode_attention=tiled decodes what the heads kernel decodes (greedy,
+// fp32: the same tokens; the two kernels sum in different orders).
+TEST(KVCacheEngine, OnCudaTiledDecodeAttentionMatchesTheHeadsKernel) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  auto model = testing::tiny_model(19);
+  model->to(at::Device("cuda:0"));
+  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 20, 95);
+  RolloutConfig cfg = testing::test_config(/*response_length=*/24);
+  cfg.do_sample = false;
+  cfg.calculate_log_probs = true;
+  proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+  cfg.decode_attention = "tiled";
+  proto::DataProto got = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+  EXPECT_TRUE(get(got, "responses").to(at::kCPU).equal(get(want, "responses").to(at::kCPU)));
+  EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-4);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// decode_attention=tiled where the tiled kernel cannot run (here: the CPU) is one line naming the
+// key, not a quiet fall back to another kernel.
+TEST(KVCacheEngine, TiledDecodeAttentionOffCudaIsAnErrorNamingTheKey) {
+  auto model = testing::tiny_model(21);
+  RolloutConfig cfg = testing::test_config();
+  cfg.decode_attention = "tiled";
+  ASSERT_TRUE(validate_rollout_config(cfg).ok());
+  auto engine = testing::make_engine(model, cfg);
+  auto out = engine->generate_sequences(testing::prompt_batch(kLengths, kP, 22, 95));
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("engine_kwargs.tessera.decode_attention=tiled"), std::string::npos)
+      << out.status().to_string();
+  cfg.decode_attention = "fast";
+  const Status bad = validate_rollout_config(cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("expected kernel|tiled|gather"), std::string::npos) << bad.to_string();
+}
+
 // engine_kwargs.tessera.fused_layers reaches every norm, attention and MLP of the engine's model;
 // on the CPU, where the fused kernels never run, the tokens are the same either way.
 TEST(KVCacheEngine, FusedLayersKeySetsEveryLayerSwitch) {

@@ -74,9 +74,10 @@ TEST(DecodeAttention, PagedKernelMatchesTorchAttention) {
   EXPECT_FALSE(internal::paged_decode_attention_supported(at::zeros({2, 4, 1, 8}, at::kBFloat16)));
 }
 
-// The CUDA kernel (cuda/paged_attention.hpp) against the same reference, in every dtype it
-// takes, with GQA, windows, a softcap, head sizes that are and are not multiples of 32, one-token
-// and 16-token blocks; and its self-check passes (Note [Kernel self-check]).
+// The CUDA kernels (cuda/paged_attention.hpp: heads and tiled) against the same reference, in
+// every dtype they take, with GQA, windows, a softcap, head sizes that are and are not multiples
+// of 32, one-token and 16-token blocks, contexts shorter and longer than a tile; and their
+// self-checks pass (Note [Kernel self-check]).
 TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   const at::Device cuda("cuda:0");
@@ -85,12 +86,17 @@ TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
     int64_t B, H, KV, D, block_size, window;
     double softcap;
   };
+  for (bool tiled : {false, true})
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     for (Shape s : {Shape{3, 14, 2, 64, 16, 0, 0}, Shape{2, 8, 8, 128, 4, 0, 0}, Shape{4, 4, 2, 80, 1, 0, 0},
                     Shape{3, 4, 2, 64, 16, 7, 0}, Shape{2, 4, 4, 32, 2, 0, 30.0}, Shape{2, 4, 2, 256, 16, 0, 0},
                     // KV groups of 16 (two blocks per KV head) and 6 (a partly filled block); a head
                     // dimension that is no multiple of the kernel's 8-element chunks; a window.
-                    Shape{3, 16, 1, 64, 16, 0, 0}, Shape{5, 12, 2, 128, 16, 40, 0}, Shape{2, 6, 2, 20, 4, 0, 0}}) {
+                    Shape{3, 16, 1, 64, 16, 0, 0}, Shape{5, 12, 2, 128, 16, 40, 0}, Shape{2, 6, 2, 20, 4, 0, 0},
+                    // Several tiles per row (the tiled kernel stages 64 positions at head size 64,
+                    // 32 at 128), with and without a window.
+                    Shape{3, 14, 2, 64, 32, 0, 0}, Shape{2, 28, 4, 128, 32, 50, 0}}) {
+      ASSERT_TRUE(internal::tiled_decode_attention_supported(s.H, s.KV, s.D));
       const int64_t blocks = 40, width = 6;
       at::Tensor q = at::randn({s.B, s.H, s.D}, gen).to(dtype);
       at::Tensor keys = at::randn({blocks, s.block_size, s.KV, s.D}, gen).to(dtype);
@@ -100,17 +106,21 @@ TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
       lens[0] = width * s.block_size;
       at::Tensor got = internal::paged_decode_attention_cuda(q.to(cuda), keys.to(cuda), values.to(cuda), tables.to(cuda),
                                                              lens.to(cuda), s.window, 1.0 / std::sqrt(double(s.D)),
-                                                             s.softcap);
+                                                             s.softcap, tiled);
       at::Tensor want = reference_paged_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), tables,
                                                   lens, s.window, s.softcap);
       const double diff = (got.to(at::kCPU).to(at::kFloat) - want).abs().max().item<double>();
-      std::printf("[cuda paged attention %s H=%ld KV=%ld D=%ld bs=%ld window=%ld softcap=%g] max diff %.3g\n",
-                  c10::toString(dtype), s.H, s.KV, s.D, s.block_size, s.window, s.softcap, diff);
+      std::printf("[cuda paged attention, %s kernel, %s H=%ld KV=%ld D=%ld bs=%ld window=%ld softcap=%g] max diff %.3g\n",
+                  tiled ? "tiled" : "heads", c10::toString(dtype), s.H, s.KV, s.D, s.block_size, s.window, s.softcap,
+                  diff);
       EXPECT_LT(diff, dtype == at::kFloat ? 1e-5 : 2e-2);
     }
-    Status check = internal::check_paged_decode_attention_cuda(cuda, dtype);
+    Status check = internal::check_paged_decode_attention_cuda(cuda, dtype, tiled);
     EXPECT_TRUE(check.ok()) << check.to_string();
   }
+  // Groups the tiled kernel does not take: more query heads per KV head than it has teams.
+  EXPECT_FALSE(internal::tiled_decode_attention_supported(32, 1, 128));
+  EXPECT_FALSE(internal::tiled_decode_attention_supported(8, 1, 256));
 }
 
 // The rollout forward (prefill + decode steps, with holes in the mask) equals CausalLM::forward_step.

@@ -1,15 +1,18 @@
-// paged_attention.cu: see paged_attention.hpp.
+// paged_attention.cu: see paged_attention.hpp. Two kernels compute the same attention.
 //
-// One thread block of kThreads per (row, KV head, group of up to G <= 4 query heads). The query heads
-// that share a KV head share its key and value loads: each position's key and value are read
-// from memory once per block rather than once per query head. A position's head vector is split
-// into chunks of kVec elements (16 bytes for 16-bit types), one per lane, and the L lanes that
-// hold one position (L = head_dim / kVec rounded up to a power of two) form a token slot: a warp
-// holds 32 / L slots, the block kThreads / L. Each slot walks every (kThreads / L)-th position of
-// the row, two at a time (both positions' loads are issued before either is used), keeping per
-// query head an online softmax (running max, sum, and weighted value chunk) in fp32; a position's
-// score is the L lanes' partial dot products summed by shuffles. At the end the slots of a warp
-// merge by shuffles, the warps through shared memory, and the block writes its heads.
+// The heads kernel: one thread block of kThreads per (row, KV head, group of up to G <= 4 query
+// heads). The query heads that share a KV head share its key and value loads: each position's key
+// and value are read from memory once per block rather than once per query head. A position's
+// head vector is split into chunks of kVec elements (16 bytes for 16-bit types), one per lane, and
+// the L lanes that hold one position (L = head_dim / kVec rounded up to a power of two) form a
+// token slot: a warp holds 32 / L slots, the block kThreads / L. Each slot walks every
+// (kThreads / L)-th position of the row, two at a time (both positions' loads are issued before
+// either is used), keeping per query head an online softmax (running max, sum, and weighted value
+// chunk) in fp32; a position's score is the L lanes' partial dot products summed by shuffles. At
+// the end the slots of a warp merge by shuffles, the warps through shared memory, and the block
+// writes its heads.
+//
+// The tiled kernel: Note [Tiled decode attention] below.
 //
 // Decode is memory-bound: the time is the key and value bytes of the rows' contexts, read once
 // each; every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks.
@@ -210,14 +213,189 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   }
 }
 
+// Note [Tiled decode attention]
+// One thread block of kThreads per (row, KV head), whatever the size G of the KV group, so each
+// key and value byte of the row is read from memory exactly once. The block walks the row's
+// context in tiles of P positions: every thread loads kChunksPerThread 8-element chunks of the
+// tile's keys and values into registers (P x L chunks each, L = lanes per position as above, so
+// P = kTileChunks / L: 64 positions at head_dim 64), stores them to shared memory, and issues the
+// next tile's loads before computing on this one, so the key and value reads of tile i + 1
+// overlap the arithmetic of tile i (a thread still waits on its block-table lookups before it
+// issues them; the other resident blocks cover that wait). For the arithmetic the block's threads
+// form teams of L lanes, a lane holding kVec elements of one query head; the kThreads / L teams
+// are dealt to the G heads R = teams / G at a time (R >= 1 is what the kernel requires), and the
+// R teams of a head take every R-th position of the tile. A team keeps an online softmax in fp32
+// (running max, sum, weighted value chunk; it rescales only when the max grows), its score being
+// the L lanes' partial dot products summed by shuffles. At the end the R teams of each head merge
+// through shared memory. Registers: the q and accumulator chunks of one head plus the staged
+// chunks (80 a thread in 16-bit types), so occupancy does not fall with G as it does for the
+// heads kernel. Like it, the kernel does not split a row's context over blocks: a batch of a few
+// rows leaves most of the GPU idle (decode in RL rollouts runs hundreds of rows).
+constexpr int kTileChunks = 512;  ///< 8-element chunks of keys (and of values) a tile stages.
+constexpr int kChunksPerThread = kTileChunks / kThreads;
+static_assert(kTileChunks % kThreads == 0, "every thread stages the same number of chunks");
+
+template <class T>
+struct alignas(16) Chunk {
+  T e[kVec];
+};
+
+// Elements [d0, d0 + kVec) of p as stored; past `dim` as 0. `aligned` as for load_chunk.
+template <class T>
+__device__ __forceinline__ Chunk<T> load_raw(const T* p, int64_t d0, int64_t dim, bool aligned) {
+  Chunk<T> c;
+  if (aligned) {
+    constexpr int kLoads = static_cast<int>(sizeof(Chunk<T>)) / 16;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) reinterpret_cast<uint4*>(&c)[i] = reinterpret_cast<const uint4*>(p + d0)[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) c.e[i] = d0 + i < dim ? p[d0 + i] : from_float<T>(0.f);
+  }
+  return c;
+}
+
+template <class T>
+__device__ __forceinline__ Chunk<T> zero_chunk() {
+  Chunk<T> c;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) c.e[i] = from_float<T>(0.f);
+  return c;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecodeArgs a, int lanes_log2) {
+  const int L = 1 << lanes_log2, P = kTileChunks >> lanes_log2;
+  const int lane = static_cast<int>(threadIdx.x) & (L - 1), team = static_cast<int>(threadIdx.x) >> lanes_log2;
+  const int64_t D = a.head_dim, G = a.heads / a.kv_heads;
+  const int R = static_cast<int>((kThreads >> lanes_log2) / G);  // teams per head, >= 1
+  const int g = team / R, r = team % R;
+  const bool active = g < G;  // the teams past G * R compute nothing but join every shuffle and barrier
+  const int64_t kv = blockIdx.x, b = blockIdx.y;
+  const int64_t d0 = static_cast<int64_t>(lane) * kVec;
+
+  __shared__ Chunk<T> k_tile[kTileChunks], v_tile[kTileChunks];  // [P][L] chunks
+  __shared__ float team_m[kThreads], team_l[kThreads];
+  __shared__ float team_acc[kThreads * kVec];  // [team][L * kVec]: a team's value sums by element
+
+  float q[kVec];
+  const T* qp = static_cast<const T*>(a.q) + (b * a.heads + kv * G + (active ? g : 0)) * D;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) q[i] = active && d0 + i < D ? to_float(qp[d0 + i]) * a.scale : 0.f;
+
+  const int64_t token_stride = a.kv_heads * D;
+  const T* keys = static_cast<const T*>(a.key_pool) + kv * D;
+  const T* values = static_cast<const T*>(a.value_pool) + kv * D;
+  const bool aligned = D % kVec == 0 && (token_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(keys) % 16 == 0 && reinterpret_cast<uintptr_t>(values) % 16 == 0;
+  const int64_t len = a.context_lens[b * a.len_stride];
+  const int64_t first = a.window > 0 && len > a.window ? len - a.window : 0;
+  const int64_t* table = a.block_tables + b * a.table_row_stride;
+
+  // Chunk c of a tile is piece c % L of position c / L; positions past the row's end stage zeros.
+  Chunk<T> staged_k[kChunksPerThread], staged_v[kChunksPerThread];
+  auto fetch = [&](int64_t base) {
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+      const int64_t s = base + (c >> lanes_log2), e0 = static_cast<int64_t>(c & (L - 1)) * kVec;
+      if (s < len && e0 < D) {
+        const int si = static_cast<int>(s), bs = static_cast<int>(a.block_size);  // 32-bit division
+        const int64_t row = table[static_cast<int64_t>(si / bs) * a.table_entry_stride] * a.block_size + si % bs;
+        staged_k[j] = load_raw(keys + row * token_stride, e0, D, aligned);
+        staged_v[j] = load_raw(values + row * token_stride, e0, D, aligned);
+      } else {
+        staged_k[j] = staged_v[j] = zero_chunk<T>();
+      }
+    }
+  };
+
+  float m = -INFINITY, l = 0.f, acc[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
+  fetch(first);
+  for (int64_t base = first; base < len; base += P) {  // the same iterations in every thread
+    __syncthreads();  // the previous tile's readers are done with the shared tile
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      k_tile[threadIdx.x + j * kThreads] = staged_k[j];
+      v_tile[threadIdx.x + j * kThreads] = staged_v[j];
+    }
+    __syncthreads();
+    if (base + P < len) fetch(base + P);  // in flight while this tile is computed
+    const int n = static_cast<int>(min(static_cast<int64_t>(P), len - base));
+    const int iters = (n + R - 1) / R;
+    for (int i = 0; i < iters; ++i) {
+      const int t = r + i * R;
+      const bool valid = active && t < n;
+      float dot = 0.f;
+      if (valid) {
+        const Chunk<T> k = k_tile[(t << lanes_log2) + lane];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) dot += q[e] * to_float(k.e[e]);
+      }
+      for (int offset = L / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
+      if (!valid) continue;
+      float s = dot;
+      if (a.softcap > 0.f) s = tanhf(s / a.softcap) * a.softcap;
+      if (s > m) {  // a new max: rescale what was summed under the old one (exp(-inf) = 0 at the start)
+        const float keep = __expf(m - s);
+        l *= keep;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] *= keep;
+        m = s;
+      }
+      const float p = __expf(s - m);
+      l += p;
+      const Chunk<T> v = v_tile[(t << lanes_log2) + lane];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[e] += p * to_float(v.e[e]);
+    }
+  }
+
+  if (lane == 0) {
+    team_m[team] = m;
+    team_l[team] = l;
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) team_acc[(team << lanes_log2) * kVec + d0 + e] = acc[e];
+  __syncthreads();
+  T* out = static_cast<T*>(a.out) + (b * a.heads + kv * G) * D;
+  for (int64_t x = threadIdx.x; x < G * D; x += kThreads) {
+    const int64_t head = x / D, d = x % D;
+    const int first_team = static_cast<int>(head) * R;
+    float m_total = -INFINITY;
+    for (int k = 0; k < R; ++k) m_total = fmaxf(m_total, team_m[first_team + k]);
+    float total = 0.f, o = 0.f;
+    for (int k = 0; k < R; ++k) {
+      const float weight = part_weight(team_m[first_team + k], m_total);
+      total += team_l[first_team + k] * weight;
+      o += team_acc[((first_team + k) << lanes_log2) * kVec + d] * weight;
+    }
+    out[head * D + d] = from_float<T>(total > 0.f ? o / total : 0.f);
+  }
+}
+
+// Lanes per position: head_dim / kVec rounded up to a power of two (at most 32).
+int lanes_log2_for(int64_t head_dim) {
+  int log2 = 0;
+  while ((int64_t{1} << log2) * kVec < head_dim) ++log2;
+  return log2;
+}
+
+template <class T>
+void launch_tiled(const PagedDecodeArgs& args, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(args.kv_heads), static_cast<unsigned>(args.batch));
+  paged_decode_tiled_kernel<T><<<grid, kThreads, 0, stream>>>(args, lanes_log2_for(args.head_dim));
+}
+
 // Query heads per block: the KV group's size rounded up to a power of two, at most
 // kMaxHeadsPerBlock (larger groups take several blocks per KV head, each loading the KV rows
 // again, mostly from L2).
 template <class T>
 void launch(const PagedDecodeArgs& args, cudaStream_t stream) {
   const int64_t group = args.heads / args.kv_heads, per_block = std::min(group, kMaxHeadsPerBlock);
-  int lanes = 1;
-  while (lanes * kVec < args.head_dim) lanes *= 2;
+  const int lanes = 1 << lanes_log2_for(args.head_dim);
   auto run = [&](auto kernel, int64_t g) {
     const dim3 grid(static_cast<unsigned>(args.kv_heads * ((group + g - 1) / g)), static_cast<unsigned>(args.batch));
     kernel<<<grid, kThreads, 0, stream>>>(args, lanes);
@@ -234,13 +412,29 @@ void launch(const PagedDecodeArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
+bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return head_dim >= 1 && head_dim <= kMaxHeadDim && kv_heads >= 1 && heads % kv_heads == 0 &&
+         heads / kv_heads <= (kThreads >> lanes_log2_for(head_dim));
+}
+
 const char* launch_paged_decode_attention(const PagedDecodeArgs& args, void* stream) {
   if (args.batch == 0) return nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case ElementType::f32: launch<float>(args, s); break;
-    case ElementType::f16: launch<__half>(args, s); break;
-    case ElementType::bf16: launch<__nv_bfloat16>(args, s); break;
+  if (args.tiled && !tiled_decode_attention_supported(args.heads, args.kv_heads, args.head_dim)) {
+    return "the tiled decode-attention kernel does not take this KV group and head size";
+  }
+  if (args.tiled) {
+    switch (args.dtype) {
+      case ElementType::f32: launch_tiled<float>(args, s); break;
+      case ElementType::f16: launch_tiled<__half>(args, s); break;
+      case ElementType::bf16: launch_tiled<__nv_bfloat16>(args, s); break;
+    }
+  } else {
+    switch (args.dtype) {
+      case ElementType::f32: launch<float>(args, s); break;
+      case ElementType::f16: launch<__half>(args, s); break;
+      case ElementType::bf16: launch<__nv_bfloat16>(args, s); break;
+    }
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

@@ -1,4 +1,4 @@
-// paged_attention.hpp: the CUDA kernel of single-token attention over the paged KV cache (Note
+// paged_attention.hpp: the CUDA kernels of single-token attention over the paged KV cache (Note
 // [Paged KV cache] in ../paged_kv.hpp), behind a plain C++ interface: raw device pointers and a
 // stream, no LibTorch types, so its translation unit compiles with nvcc alone (no ATen headers).
 //
@@ -33,10 +33,19 @@ struct PagedDecodeArgs {
   float scale = 1.f;
   float softcap = 0.f;
   ElementType dtype = ElementType::f32;
+  /// The tiled kernel (one block per row and KV head, Note [Tiled decode attention] in the .cu)
+  /// instead of the heads kernel (one block per row, KV head and up to 4 of its query heads).
+  /// REQUIRES for tiled: tiled_decode_attention_supported(heads, kv_heads, head_dim).
+  bool tiled = false;
 };
 
 /// Largest head_dim the kernel handles.
 constexpr int64_t kMaxHeadDim = 256;
+
+/// Whether the tiled kernel takes this shape: a KV group of at most 128 / L query heads, L the
+/// lanes a head's row takes (head_dim / 8 rounded up to a power of two): 16 at head_dim 64, 8 at
+/// 128, 4 at 256.
+bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
 
 /// Launches the kernel on `stream` (a cudaStream_t). Returns nullptr on success, else the CUDA
 /// error string. REQUIRES: head_dim <= kMaxHeadDim, heads % kv_heads == 0, 1 <= len <= M * block_size.

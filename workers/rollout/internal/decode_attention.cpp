@@ -172,10 +172,11 @@ at::Tensor torch_paged_attention(const at::Tensor& q, const at::Tensor& key_pool
 }
 
 constexpr const char* kPagedKernel = "rollout: the paged decode-attention CUDA kernel";
+constexpr const char* kTiledKernel = "rollout: the tiled paged decode-attention CUDA kernel";
 constexpr const char* kPagedFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather";
 
 // The kernel against torch_paged_attention on a small random problem (Note [Kernel self-check]).
-Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype) {
+Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype, bool tiled) {
   at::Generator gen = at::detail::createCPUGenerator(20261126);
   const auto on = [&](const at::Tensor& t) { return t.to(device); };
   const int64_t blocks = 9, bs = 4, KV = 2, H = 6, D = 80, B = 3, M = 3;
@@ -187,7 +188,7 @@ Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype
   double worst = 0;
   for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {5, 0.0}, {0, 3.0}}) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    at::Tensor got = paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap);
+    at::Tensor got = paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap, tiled);
     at::Tensor want = torch_paged_attention(q, key_pool, value_pool, tables, lens, window, scale, softcap);
     // Host boundary, deliberate: a one-time check per process and (device, dtype), before any
     // generation (never inside a step or a graph capture); its verdict must reach the host.
@@ -195,16 +196,26 @@ Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype
   }
   const double tolerance = dtype == at::kFloat ? 1e-4 : 2e-2;
   if (worst <= tolerance) return Status();
-  return make_error(ErrorCode::internal, "{} disagrees with torch on {} in {} (max diff {:.3g}); {}", kPagedKernel,
-                    device.str(), c10::toString(dtype), worst, kPagedFix);
+  return make_error(ErrorCode::internal, "{} disagrees with torch on {} in {} (max diff {:.3g}); {}",
+                    tiled ? kTiledKernel : kPagedKernel, device.str(), c10::toString(dtype), worst, kPagedFix);
 }
 
 }  // namespace
 
-Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype) {
-  static proto::cuda::CheckOnce verdicts;
-  return verdicts.get(device, dtype, kPagedKernel, kPagedFix,
-                      [&] { return compare_paged_kernel_with_torch(device, dtype); });
+Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled) {
+  static proto::cuda::CheckOnce heads_verdicts, tiled_verdicts;
+  return (tiled ? tiled_verdicts : heads_verdicts)
+      .get(device, dtype, tiled ? kTiledKernel : kPagedKernel, kPagedFix,
+           [&] { return compare_paged_kernel_with_torch(device, dtype, tiled); });
+}
+
+bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+#if TESSERA_WITH_CUDA
+  return cuda::tiled_decode_attention_supported(heads, kv_heads, head_dim);
+#else
+  (void)heads, (void)kv_heads, (void)head_dim;
+  return false;
+#endif
 }
 
 bool paged_decode_attention_cuda_supported(const at::Tensor& pool) {
@@ -220,9 +231,12 @@ bool paged_decode_attention_cuda_supported(const at::Tensor& pool) {
 
 at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& key_pool, const at::Tensor& value_pool,
                                        const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
-                                       double scale, double softcap) {
+                                       double scale, double softcap, bool tiled) {
 #if TESSERA_WITH_CUDA
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  TORCH_CHECK(!tiled || cuda::tiled_decode_attention_supported(H, key_pool.size(2), D),
+              "paged_decode_attention_cuda: the tiled kernel does not take ", H, " heads over ", key_pool.size(2),
+              " KV heads of size ", D);
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
                   block_tables.device() == key_pool.device() && context_lens.device() == key_pool.device(),
               "paged_decode_attention_cuda: block tables and context lengths must be int64 on ", key_pool.device());
@@ -247,12 +261,13 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& ke
   args.scale = static_cast<float>(scale);
   args.softcap = static_cast<float>(softcap);
   args.dtype = proto::cuda::element_type_of(key_pool, "paged decode attention");
+  args.tiled = tiled;
   proto::cuda::check_launch("paged decode attention",
                             cuda::launch_paged_decode_attention(args, proto::cuda::stream_of(key_pool)));
   return out;
 #else
   (void)q, (void)key_pool, (void)value_pool, (void)block_tables, (void)context_lens, (void)window, (void)scale,
-      (void)softcap;
+      (void)softcap, (void)tiled;
   TORCH_CHECK(false, "paged_decode_attention_cuda: this build has no CUDA");
 #endif
 }

@@ -39,18 +39,25 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_poo
 /// head_dim <= 256). False in a build without CUDA.
 bool paged_decode_attention_cuda_supported(const at::Tensor& pool);
 
+/// Whether the tiled CUDA kernel (engine_kwargs.tessera.decode_attention=tiled) takes a model
+/// with these heads (cuda/paged_attention.hpp). False in a build without CUDA.
+bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
+
 /// The CUDA kernel: q [B, H, D] (any strides) in the pools' dtype; block_tables [B, M] and
 /// context_lens [B] int64 on the pools' device. Returns [B, H * D] in the pools' dtype, on the
-/// current stream, with no host synchronisation. softcap 0 = none.
-/// REQUIRES: paged_decode_attention_cuda_supported(key_pool).
+/// current stream, with no host synchronisation. softcap 0 = none. `tiled`: the tiled kernel
+/// (one block per row and KV head) instead of the heads kernel.
+/// REQUIRES: paged_decode_attention_cuda_supported(key_pool); with tiled,
+/// tiled_decode_attention_supported(H, KV, D).
 at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& key_pool, const at::Tensor& value_pool,
                                        const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
-                                       double scale, double softcap);
+                                       double scale, double softcap, bool tiled = false);
 
 /// Note [Kernel self-check]: before its first use in a process on a (device, dtype), the CUDA
 /// kernel is run on a small random problem (GQA, a window, a softcap, partial blocks) and compared
 /// with the same attention computed by torch ops in fp32. A disagreement is an error naming the
 /// switch that avoids the kernel; the result is remembered. Costs a few milliseconds once.
-Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype);
+/// Each kernel (`tiled` or not) is checked on its own.
+Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled = false);
 
 }  // namespace tessera::rollout::internal

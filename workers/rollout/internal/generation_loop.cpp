@@ -141,6 +141,7 @@ class GenerationLoop {
                                                 model_.device(), options_.max_kv_blocks, options_.max_kv_blocks_key));
     cache_.emplace(std::move(cache));
     cache_->kv().use_kernel = options_.kernel_attention;
+    cache_->kv().tiled = options_.tiled_attention;
     runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_prompt_ + options_.response_length,
                                              options_.decode);
     slot_row_.assign(static_cast<size_t>(slots), -1);
@@ -434,12 +435,21 @@ class GenerationLoop {
 Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::vector<std::vector<int64_t>>& prompts,
                                                  const LoopOptions& options, GenerationStats& stats) {
   at::NoGradGuard no_grad;
-  if (options.kernel_attention && model.device().is_cuda()) {  // Note [Kernel self-check]
-    const at::Tensor pool = at::empty({1, 1, 1, model.cache_config().head_dim},
-                                      at::TensorOptions(model.dtype()).device(model.device()));
-    if (paged_decode_attention_cuda_supported(pool)) {
-      TESSERA_RETURN_IF_ERROR(check_paged_decode_attention_cuda(model.device(), model.dtype()));
-    }
+  const models::ModelConfig& heads = model.cache_config();
+  const at::Tensor pool =
+      at::empty({1, 1, 1, heads.head_dim}, at::TensorOptions(model.dtype()).device(model.device()));
+  if (options.tiled_attention &&
+      !(paged_decode_attention_cuda_supported(pool) &&
+        tiled_decode_attention_supported(heads.num_attention_heads, heads.num_key_value_heads, heads.head_dim))) {
+    return make_error(ErrorCode::invalid_argument,
+                      "actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=tiled: the tiled kernel runs on "
+                      "CUDA devices in fp32, fp16 or bf16, for KV groups of up to 128 / ceil_pow2(head_dim / 8) query "
+                      "heads; this rollout has {} query heads over {} KV heads of size {} in {} on {} (use kernel)",
+                      heads.num_attention_heads, heads.num_key_value_heads, heads.head_dim,
+                      c10::toString(model.dtype()), model.device().str());
+  }
+  if (options.kernel_attention && paged_decode_attention_cuda_supported(pool)) {  // Note [Kernel self-check]
+    TESSERA_RETURN_IF_ERROR(check_paged_decode_attention_cuda(model.device(), model.dtype(), options.tiled_attention));
   }
   if (options.sampling.fused && !options.sampling.greedy && model.device().is_cuda()) {
     TESSERA_RETURN_IF_ERROR(check_fused_sampling_cuda(model.device(), model.dtype()));  // Note [Kernel self-check]

@@ -26,7 +26,8 @@ struct LoopOptions {
   bool chunked_prefill = true;        ///< enable_chunked_prefill: split a prefill over the budget.
   int64_t response_length = 1;
   int64_t block_size = 16;            ///< Tokens per KV block (Note [Paged KV cache]).
-  bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel).
+  bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel or tiled).
+  bool tiled_attention = false;       ///< PagedKV::tiled (decode_attention=tiled).
   bool fused_layers = false;          ///< The model runs the fused layer ops (engine_kwargs.tessera.fused_layers).
   int64_t max_kv_blocks = 0;          ///< Caps the KV cache (0: every slot at its longest).
   std::string max_kv_blocks_key;      ///< The config key behind the cap, for errors.
