@@ -61,6 +61,33 @@ __device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, 
   }
 }
 
+// What a block reads for row b and KV head kv: the pools at the head's offset, whether their
+// chunks move in 16-byte loads (dim % kVec == 0 and every token row 16-byte aligned), the row's
+// attended positions [first, len) and its block table.
+template <class T>
+struct RowView {
+  const T* keys;
+  const T* values;
+  int64_t token_stride;
+  bool aligned;
+  int64_t len, first;
+  const int64_t* table;
+};
+
+template <class T>
+__device__ __forceinline__ RowView<T> row_view(const PagedDecodeArgs& a, int64_t b, int64_t kv) {
+  RowView<T> r;
+  r.token_stride = a.kv_heads * a.head_dim;
+  r.keys = static_cast<const T*>(a.key_pool) + kv * a.head_dim;
+  r.values = static_cast<const T*>(a.value_pool) + kv * a.head_dim;
+  r.aligned = a.head_dim % kVec == 0 && (r.token_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(r.keys) % 16 == 0 && reinterpret_cast<uintptr_t>(r.values) % 16 == 0;
+  r.len = a.context_lens[b * a.len_stride];
+  r.first = a.window > 0 && r.len > a.window ? r.len - a.window : 0;
+  r.table = a.block_tables + b * a.table_row_stride;
+  return r;
+}
+
 // The online-softmax state of one token slot for G query heads (this lane's chunk of each).
 template <int G>
 struct Partial {
@@ -128,14 +155,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     }
   }
 
-  const int64_t token_stride = a.kv_heads * D;
-  const T* keys = static_cast<const T*>(a.key_pool) + kv * D;
-  const T* values = static_cast<const T*>(a.value_pool) + kv * D;
-  const bool aligned = D % kVec == 0 && (token_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(keys) % 16 == 0 && reinterpret_cast<uintptr_t>(values) % 16 == 0;
-  const int64_t len = a.context_lens[b * a.len_stride];
-  const int64_t first = a.window > 0 && len > a.window ? len - a.window : 0;
-  const int64_t* table = a.block_tables + b * a.table_row_stride;
+  const RowView<T> view = row_view<T>(a, b, kv);
 
   Partial<G> st;
 #pragma unroll
@@ -147,19 +167,19 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   }
   // Every thread runs the same iterations (the shuffles need the whole warp); a slot past the
   // row's end loads nothing and changes nothing.
-  for (int64_t base = first; base < len; base += 2 * slots) {
+  for (int64_t base = view.first; base < view.len; base += 2 * slots) {
     const int64_t s0 = base + slot, s1 = s0 + slots;
-    const bool valid0 = s0 < len, valid1 = s1 < len;
+    const bool valid0 = s0 < view.len, valid1 = s1 < view.len;
     float k0[kVec] = {}, v0[kVec] = {}, k1[kVec] = {}, v1[kVec] = {};
     if (valid0 && active) {
-      const int64_t row = table[(s0 / a.block_size) * a.table_entry_stride] * a.block_size + s0 % a.block_size;
-      load_chunk(keys + row * token_stride, d0, D, aligned, k0);
-      load_chunk(values + row * token_stride, d0, D, aligned, v0);
+      const int64_t row = view.table[(s0 / a.block_size) * a.table_entry_stride] * a.block_size + s0 % a.block_size;
+      load_chunk(view.keys + row * view.token_stride, d0, D, view.aligned, k0);
+      load_chunk(view.values + row * view.token_stride, d0, D, view.aligned, v0);
     }
     if (valid1 && active) {
-      const int64_t row = table[(s1 / a.block_size) * a.table_entry_stride] * a.block_size + s1 % a.block_size;
-      load_chunk(keys + row * token_stride, d0, D, aligned, k1);
-      load_chunk(values + row * token_stride, d0, D, aligned, v1);
+      const int64_t row = view.table[(s1 / a.block_size) * a.table_entry_stride] * a.block_size + s1 % a.block_size;
+      load_chunk(view.keys + row * view.token_stride, d0, D, view.aligned, k1);
+      load_chunk(view.values + row * view.token_stride, d0, D, view.aligned, v1);
     }
     attend(st, q, k0, v0, valid0, L, a.softcap);
     attend(st, q, k1, v1, valid1, L, a.softcap);
@@ -283,14 +303,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
 #pragma unroll
   for (int i = 0; i < kVec; ++i) q[i] = active && d0 + i < D ? to_float(qp[d0 + i]) * a.scale : 0.f;
 
-  const int64_t token_stride = a.kv_heads * D;
-  const T* keys = static_cast<const T*>(a.key_pool) + kv * D;
-  const T* values = static_cast<const T*>(a.value_pool) + kv * D;
-  const bool aligned = D % kVec == 0 && (token_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(keys) % 16 == 0 && reinterpret_cast<uintptr_t>(values) % 16 == 0;
-  const int64_t len = a.context_lens[b * a.len_stride];
-  const int64_t first = a.window > 0 && len > a.window ? len - a.window : 0;
-  const int64_t* table = a.block_tables + b * a.table_row_stride;
+  const RowView<T> view = row_view<T>(a, b, kv);
 
   // Chunk c of a tile is piece c % L of position c / L; positions past the row's end stage zeros.
   Chunk<T> staged_k[kChunksPerThread], staged_v[kChunksPerThread];
@@ -299,11 +312,11 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
     for (int j = 0; j < kChunksPerThread; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
       const int64_t s = base + (c >> lanes_log2), e0 = static_cast<int64_t>(c & (L - 1)) * kVec;
-      if (s < len && e0 < D) {
+      if (s < view.len && e0 < D) {
         const int si = static_cast<int>(s), bs = static_cast<int>(a.block_size);  // 32-bit division
-        const int64_t row = table[static_cast<int64_t>(si / bs) * a.table_entry_stride] * a.block_size + si % bs;
-        staged_k[j] = load_raw(keys + row * token_stride, e0, D, aligned);
-        staged_v[j] = load_raw(values + row * token_stride, e0, D, aligned);
+        const int64_t row = view.table[static_cast<int64_t>(si / bs) * a.table_entry_stride] * a.block_size + si % bs;
+        staged_k[j] = load_raw(view.keys + row * view.token_stride, e0, D, view.aligned);
+        staged_v[j] = load_raw(view.values + row * view.token_stride, e0, D, view.aligned);
       } else {
         staged_k[j] = staged_v[j] = zero_chunk<T>();
       }
@@ -313,8 +326,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
   float m = -INFINITY, l = 0.f, acc[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
-  fetch(first);
-  for (int64_t base = first; base < len; base += P) {  // the same iterations in every thread
+  fetch(view.first);
+  for (int64_t base = view.first; base < view.len; base += P) {  // the same iterations in every thread
     __syncthreads();  // the previous tile's readers are done with the shared tile
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
@@ -322,8 +335,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
       v_tile[threadIdx.x + j * kThreads] = staged_v[j];
     }
     __syncthreads();
-    if (base + P < len) fetch(base + P);  // in flight while this tile is computed
-    const int n = static_cast<int>(min(static_cast<int64_t>(P), len - base));
+    if (base + P < view.len) fetch(base + P);  // in flight while this tile is computed
+    const int n = static_cast<int>(min(static_cast<int64_t>(P), view.len - base));
     const int iters = (n + R - 1) / R;
     for (int i = 0; i < iters; ++i) {
       const int t = r + i * R;
