@@ -283,9 +283,11 @@ __device__ __forceinline__ Chunk<T> zero_chunk() {
   return c;
 }
 
-template <class T>
-__global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecodeArgs a, int lanes_log2) {
-  const int L = 1 << lanes_log2, P = kTileChunks >> lanes_log2;
+// kLanesLog2: log2 of the lanes per position, a template argument so that the shuffle reduction
+// and the tile's index arithmetic unroll.
+template <class T, int kLanesLog2>
+__global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecodeArgs a) {
+  constexpr int lanes_log2 = kLanesLog2, L = 1 << kLanesLog2, P = kTileChunks >> kLanesLog2;
   const int lane = static_cast<int>(threadIdx.x) & (L - 1), team = static_cast<int>(threadIdx.x) >> lanes_log2;
   const int64_t D = a.head_dim, G = a.heads / a.kv_heads;
   const int R = static_cast<int>((kThreads >> lanes_log2) / G);  // teams per head, >= 1
@@ -347,6 +349,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
 #pragma unroll
         for (int e = 0; e < kVec; ++e) dot += q[e] * to_float(k.e[e]);
       }
+#pragma unroll
       for (int offset = L / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
       if (!valid) continue;
       float s = dot;
@@ -399,7 +402,14 @@ int lanes_log2_for(int64_t head_dim) {
 template <class T>
 void launch_tiled(const PagedDecodeArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.kv_heads), static_cast<unsigned>(args.batch));
-  paged_decode_tiled_kernel<T><<<grid, kThreads, 0, stream>>>(args, lanes_log2_for(args.head_dim));
+  switch (lanes_log2_for(args.head_dim)) {  // kMaxHeadDim / kVec = 32 lanes at most
+    case 0: paged_decode_tiled_kernel<T, 0><<<grid, kThreads, 0, stream>>>(args); break;
+    case 1: paged_decode_tiled_kernel<T, 1><<<grid, kThreads, 0, stream>>>(args); break;
+    case 2: paged_decode_tiled_kernel<T, 2><<<grid, kThreads, 0, stream>>>(args); break;
+    case 3: paged_decode_tiled_kernel<T, 3><<<grid, kThreads, 0, stream>>>(args); break;
+    case 4: paged_decode_tiled_kernel<T, 4><<<grid, kThreads, 0, stream>>>(args); break;
+    default: paged_decode_tiled_kernel<T, 5><<<grid, kThreads, 0, stream>>>(args); break;
+  }
 }
 
 // Query heads per block: the KV group's size rounded up to a power of two, at most
