@@ -234,25 +234,27 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
 }
 
 // Note [Tiled decode attention]
-// One thread block of kThreads per (row, KV head), whatever the size G of the KV group, so each
-// key and value byte of the row is read from memory exactly once. The block walks the row's
-// context in tiles of P positions: every thread loads kChunksPerThread 8-element chunks of the
-// tile's keys and values into registers (P x L chunks each, L = lanes per position as above, so
-// P = kTileChunks / L: 64 positions at head_dim 64), stores them to shared memory, and issues the
-// next tile's loads before computing on this one, so the key and value reads of tile i + 1
-// overlap the arithmetic of tile i (a thread still waits on its block-table lookups before it
-// issues them; the other resident blocks cover that wait). For the arithmetic the block's threads
-// form teams of L lanes, a lane holding kVec elements of one query head; the kThreads / L teams
-// are dealt to the G heads R = teams / G at a time (R >= 1 is what the kernel requires), and the
-// R teams of a head take every R-th position of the tile. A team keeps an online softmax in fp32
-// (running max, sum, weighted value chunk; it rescales only when the max grows), its score being
-// the L lanes' partial dot products summed by shuffles. At the end the R teams of each head merge
-// through shared memory. Registers: the q and accumulator chunks of one head plus the staged
-// chunks (80 a thread in 16-bit types), so occupancy does not fall with G as it does for the
-// heads kernel. Like it, the kernel does not split a row's context over blocks: a batch of a few
-// rows leaves most of the GPU idle (decode in RL rollouts runs hundreds of rows).
+// One thread block of kThreads per (row, KV head), whatever the size G of the KV group, so each key
+// and value byte of the row is read from memory exactly once. The block walks the row's context in
+// tiles of P positions: every thread loads kChunksPerThread 8-element chunks of the tile's keys and
+// values into registers (P x L chunks each, L = lanes per position as above, so P = kTileChunks /
+// L: 64 positions at head_dim 64), stores them to shared memory, and issues the next tile's loads
+// before computing on this one, so the key and value reads of tile i + 1 overlap the arithmetic of
+// tile i. For the arithmetic the block's threads form teams of L lanes, a lane holding kVec
+// elements of one query head; the kThreads / L teams are dealt to the G heads R = teams / G at a
+// time (R >= 1 is what the kernel requires), and the R teams of a head take every R-th position of
+// the tile. A team keeps an online softmax in fp32 (running max, sum, weighted value chunk; it
+// rescales only when the max grows), its score being the L lanes' partial dot products summed by
+// shuffles. At the end the R teams of each head merge through shared memory. The row's block-table
+// entries (up to kTableCache of them) are read into shared memory once, before the first tile.
+// Registers: the q and accumulator chunks of one head plus the staged chunks, so occupancy does not
+// fall with G as it does for the heads kernel: in 16-bit types the launch bounds ask for 6 blocks
+// of 128 threads an SM (74 registers, no spills on sm_90; 8 blocks would spill). Like the heads
+// kernel it does not split a row's context over blocks: a batch of a few rows leaves most of the
+// GPU idle (decode in RL rollouts runs hundreds of rows).
 constexpr int kTileChunks = 512;  ///< 8-element chunks of keys (and of values) a tile stages.
 constexpr int kChunksPerThread = kTileChunks / kThreads;
+constexpr int kTableCache = 128;  ///< Block-table entries a block keeps in shared memory.
 static_assert(kTileChunks % kThreads == 0, "every thread stages the same number of chunks");
 
 template <class T>
@@ -286,7 +288,7 @@ __device__ __forceinline__ Chunk<T> zero_chunk() {
 // kLanesLog2: log2 of the lanes per position, a template argument so that the shuffle reduction
 // and the tile's index arithmetic unroll.
 template <class T, int kLanesLog2>
-__global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecodeArgs a) {
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode_tiled_kernel(PagedDecodeArgs a) {
   constexpr int lanes_log2 = kLanesLog2, L = 1 << kLanesLog2, P = kTileChunks >> kLanesLog2;
   const int lane = static_cast<int>(threadIdx.x) & (L - 1), team = static_cast<int>(threadIdx.x) >> lanes_log2;
   const int64_t D = a.head_dim, G = a.heads / a.kv_heads;
@@ -306,6 +308,16 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
   for (int i = 0; i < kVec; ++i) q[i] = active && d0 + i < D ? to_float(qp[d0 + i]) * a.scale : 0.f;
 
   const RowView<T> view = row_view<T>(a, b, kv);
+  // The row's first kTableCache block-table entries from `first` on, read once, so that the
+  // tiles' lookups after the first cost a shared-memory read instead of a memory round trip.
+  __shared__ int64_t table_cache[kTableCache];
+  const int bs = static_cast<int>(a.block_size);  // positions fit in 32 bits: 32-bit divisions below
+  const int first_block = static_cast<int>(view.first) / bs;
+  const int cached = min(kTableCache, static_cast<int>(view.len - 1) / bs - first_block + 1);
+  for (int i = static_cast<int>(threadIdx.x); i < cached; i += kThreads) {
+    table_cache[i] = view.table[static_cast<int64_t>(first_block + i) * a.table_entry_stride];
+  }
+  __syncthreads();
 
   // Chunk c of a tile is piece c % L of position c / L; positions past the row's end stage zeros.
   Chunk<T> staged_k[kChunksPerThread], staged_v[kChunksPerThread];
@@ -315,8 +327,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_tiled_kernel(PagedDecod
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
       const int64_t s = base + (c >> lanes_log2), e0 = static_cast<int64_t>(c & (L - 1)) * kVec;
       if (s < view.len && e0 < D) {
-        const int si = static_cast<int>(s), bs = static_cast<int>(a.block_size);  // 32-bit division
-        const int64_t row = view.table[static_cast<int64_t>(si / bs) * a.table_entry_stride] * a.block_size + si % bs;
+        const int si = static_cast<int>(s), block = si / bs - first_block;
+        const int64_t entry = block < kTableCache ? table_cache[block]
+                                                  : view.table[static_cast<int64_t>(si / bs) * a.table_entry_stride];
+        const int64_t row = entry * a.block_size + si % bs;
         staged_k[j] = load_raw(view.keys + row * view.token_stride, e0, D, view.aligned);
         staged_v[j] = load_raw(view.values + row * view.token_stride, e0, D, view.aligned);
       } else {
