@@ -51,6 +51,9 @@ at::Tensor offload_buffer(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Dev
   return at::from_blob(
       p, sizes,
       [](void* q) {
+        // A non-blocking copy to or from the buffer may still be queued (the caching pinned
+        // allocator would track it; this memory is not its own): let the device finish first.
+        (void)cudaDeviceSynchronize();
         (void)cudaHostUnregister(q);
         std::free(q);
       },

@@ -11,14 +11,15 @@
 //            weight multiply in the input dtype as HF does (Gemma's (1 + weight) form stays unfused);
 //   rotary   cuda/fused_layers.cu, one thread per rotated pair, forward and backward;
 //   SwiGLU   cuda/fused_layers.cu, silu(gate) * up, and both input gradients in one pass.
-// They compute in fp32 and round once where the op chains round after every op, so values
-// differ from HF's by about one unit in the last place of the dtype (none in fp32 beyond
-// rounding). The rollout engine runs them by default (engine_kwargs.tessera.fused_layers=true, as
-// vLLM always runs its fused RMSNorm, rotary and SiluAndMul ops): in a decode step at 512 rows
-// the op chains are ~13 small kernels per layer beside the attention and the matmuls. On the
-// CPU the switch changes nothing. The kernels are new code: check_fused_layers
-// compares them with the op chains once per process and (device, dtype) before first use, and a
-// disagreement is an error naming the key.
+// The rotary and SwiGLU forwards round where the op chains round, so their values are HF's bit for
+// bit, and the rollout (fused) and the actor (unfused unless use_liger) compute the same
+// activations; their backwards, and the fused RMSNorm's reduction, compute in fp32 and round once
+// (about a unit in the last place of the dtype from the chains). The rollout engine runs them by
+// default (engine_kwargs.tessera.fused_layers=true, as vLLM always runs its fused RMSNorm, rotary
+// and SiluAndMul ops): in a decode step at 512 rows the op chains are ~13 small kernels per layer
+// beside the attention and the matmuls. On the CPU the switch changes nothing. The kernels are new
+// code: check_fused_layers compares them with the op chains once per process and (device, dtype)
+// before first use, and a disagreement is an error naming the key.
 #include "workers/models/fused_layers.hpp"
 
 #include <string>
@@ -52,6 +53,9 @@ at::Tensor run_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   const at::Tensor c = cos.expand({x.size(0), 1, x.size(2), x.size(3)});
   const at::Tensor s = sin.expand_as(c);
   TORCH_CHECK(c.strides() == s.strides(), "fused rotary: cos and sin must share a layout");
+  TORCH_CHECK(c.scalar_type() == x.scalar_type() && s.scalar_type() == x.scalar_type() &&
+                  c.device() == x.device() && s.device() == x.device(),
+              "fused rotary: cos and sin must have x's dtype and device (", x.scalar_type(), " on ", x.device(), ")");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   cuda::RotaryArgs a;
@@ -128,6 +132,9 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 // max |fused - chain| / max |chain| over the outputs and input gradients of the three ops, the
 // chains being decoder.cpp's unfused paths (apply_rotary, an unfused RMSNorm, silu * up).
 double fused_error(c10::Device device, c10::ScalarType dtype) {
+  // The check differentiates, whatever the caller's mode: the first use is often a no-grad
+  // forward (a rollout, a log-prob pass).
+  const at::AutoGradMode grad_mode(true);
   at::Generator gen = at::detail::createCPUGenerator(20261126);
   const auto on = [&](const at::Tensor& t) { return t.to(dtype).to(device); };
   // Rotary on a transposed view (as the attention's split heads give it).

@@ -52,8 +52,16 @@ TEST(FusedLayers, OnCudaRmsNormEqualsHfOps) {
   }
 }
 
+// The check passes, also when its first call comes from a no-grad forward (a rollout step, a
+// log-prob pass): fp16 is first checked here, under NoGradGuard (the other tests check fp32 and
+// bf16 with autograd on, and the verdicts are kept per process).
 TEST(FusedLayers, OnCudaKernelsPassTheirCheck) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  {
+    const at::NoGradGuard no_grad;
+    Status st = check_fused_layers(at::Device("cuda:0"), at::kHalf);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     Status st = check_fused_layers(at::Device("cuda:0"), dtype);
     EXPECT_TRUE(st.ok()) << st.to_string();
@@ -61,7 +69,8 @@ TEST(FusedLayers, OnCudaKernelsPassTheirCheck) {
 }
 
 // Rotary on the strided [B, H, T, D] view the attention gives it, and SwiGLU, against the op
-// chains, forward and backward, fp32 and bf16.
+// chains, forward and backward, fp32 and bf16. The rotary forward rounds where the chain rounds,
+// so its values are the chain's bit for bit.
 TEST(FusedLayers, OnCudaRotaryAndSwigluEqualTheOpChains) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   const at::Device cuda("cuda:0");
@@ -79,7 +88,7 @@ TEST(FusedLayers, OnCudaRotaryAndSwigluEqualTheOpChains) {
     at::Tensor want = b * cos + at::cat({-b.narrow(-1, half, half), b.narrow(-1, 0, half)}, -1) * sin;
     (got * g).sum().backward();
     (want * g).sum().backward();
-    EXPECT_LE(rel_diff(got, want), tol);
+    EXPECT_TRUE(got.equal(want)) << "max diff " << max_diff(got, want);
     EXPECT_LE(rel_diff(a.grad(), b.grad()), tol);
 
     const at::Tensor gate0 = (at::randn({5, 7, 48}) * 3).to(dtype).to(cuda), up0 = at::randn({5, 7, 48}).to(dtype).to(cuda);
@@ -116,8 +125,9 @@ void expect_switch_keeps_the_model(const char* type, const at::Device& device, a
   }
   if (tol == 0) {
     EXPECT_TRUE(logits[0].equal(logits[1]));
-  } else {
-    EXPECT_LE(testing::masked_max_diff(logits[1].cpu(), logits[0].cpu(), batch.attention_mask), tol);
+  } else {  // relative to the largest logit: a bf16 ulp at |logit| ~4 is 0.016-0.03
+    const double scale = std::max(1.0, logits[0].abs().max().item<double>());
+    EXPECT_LE(testing::masked_max_diff(logits[1].cpu(), logits[0].cpu(), batch.attention_mask), tol * scale);
   }
   for (size_t i = 0; i < grads[0].size(); ++i) {
     if (tol == 0) {
@@ -136,7 +146,9 @@ TEST(FusedLayers, OnCudaAModelWithTheSwitchMatchesTheOpChains) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   for (const char* type : {"qwen2", "qwen3"}) {
     expect_switch_keeps_the_model(type, at::Device("cuda:0"), at::kFloat, 1e-4, 1e-4);
-    expect_switch_keeps_the_model(type, at::Device("cuda:0"), at::kBFloat16, 5e-2, 1e-1);
+    // The rotary and SwiGLU forwards round as the chains do (fused_layers.cu); what differs is
+    // the fused RMSNorm's fp32 reduction order, a bf16 ulp here and there.
+    expect_switch_keeps_the_model(type, at::Device("cuda:0"), at::kBFloat16, 3e-2, 1e-1);
   }
 }
 

@@ -1,5 +1,12 @@
 // fused_layers.cu: see fused_layers.hpp. One thread per rotary pair (d, d + D/2) of one
 // (row, head, token), one thread per SwiGLU element; grid-stride loops.
+//
+// The forwards round where HF's op chains round, so in bf16 and fp16 they return the chains'
+// values bit for bit: rotary is x * cos + rotate_half(x) * sin, each product and the sum rounded
+// to the element type; SwiGLU rounds silu(gate) (PyTorch's x / (1 + exp(-x)) in fp32) before the
+// product with up. Products and sums use the _rn intrinsics so that fp32 is not contracted into
+// fused multiply-adds, which the separate kernels of the chains never do. The backwards compute
+// in fp32 and round once.
 #include "workers/models/cuda/fused_layers.hpp"
 
 #include <cuda_bf16.h>
@@ -15,6 +22,12 @@ constexpr int kThreads = 256;
 
 using proto::cuda::from_float;
 using proto::cuda::to_float;
+
+// x rounded to T and back: what an op of the chain leaves for the next one.
+template <class T>
+__device__ __forceinline__ float rounded(float x) {
+  return to_float(from_float<T>(x));
+}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) rotary_kernel(RotaryArgs a) {
@@ -34,9 +47,9 @@ __global__ void __launch_bounds__(kThreads) rotary_kernel(RotaryArgs a) {
     const float c1 = to_float(cos[tab + d * a.table_stride[2]]), c2 = to_float(cos[tab + (d + half) * a.table_stride[2]]);
     const float s1 = to_float(sin[tab + d * a.table_stride[2]]), s2 = to_float(sin[tab + (d + half) * a.table_stride[2]]);
     float o1, o2;
-    if (!a.backward) {
-      o1 = x1 * c1 - x2 * s1;
-      o2 = x2 * c2 + x1 * s2;
+    if (!a.backward) {  // -x2 * s1 rounds as x2 * s1 does: negation is exact
+      o1 = __fsub_rn(rounded<T>(__fmul_rn(x1, c1)), rounded<T>(__fmul_rn(x2, s1)));
+      o2 = __fadd_rn(rounded<T>(__fmul_rn(x2, c2)), rounded<T>(__fmul_rn(x1, s2)));
     } else {
       o1 = x1 * c1 + x2 * s2;
       o2 = x2 * c2 - x1 * s1;
@@ -57,14 +70,13 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluArgs a) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = to_float(gate[i]), u = to_float(up[i]);
-    const float sig = 1.f / (1.f + expf(-g));
-    const float silu = g * sig;
     if (!a.backward) {
-      out[i] = from_float<T>(silu * u);
+      out[i] = from_float<T>(__fmul_rn(rounded<T>(__fdiv_rn(g, 1.f + expf(-g))), u));
     } else {
+      const float sig = 1.f / (1.f + expf(-g));
       const float dy = to_float(grad[i]);
       out[i] = from_float<T>(dy * u * sig * (1.f + g * (1.f - sig)));
-      out_up[i] = from_float<T>(dy * silu);
+      out_up[i] = from_float<T>(dy * g * sig);
     }
   }
 }

@@ -1,7 +1,8 @@
 // fused_layers.hpp: CUDA kernels for the decoder's element-wise layer ops (rotary embedding and
 // SwiGLU), forward and backward, behind a plain C++ interface (raw device pointers and a stream,
-// no LibTorch types) so their translation unit compiles with nvcc alone. Each computes in fp32
-// and rounds once to the element type. See Note [Fused layers] in ../fused_layers.cpp.
+// no LibTorch types) so their translation unit compiles with nvcc alone. The forwards round
+// where HF's op chains round; the backwards compute in fp32 and round once to the element type.
+// See Note [Fused layers] in ../fused_layers.cpp.
 //
 // Thread-safety: re-entrant; launches are asynchronous on `stream` and can be graph-captured.
 #pragma once
