@@ -62,6 +62,9 @@ if [[ -f "$OUT/decode.json" && -f "$OUT/bench/hf.json" ]]; then  # the issue's d
 import json, sys
 d, hf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 for name, key in (("heads", "graph"), ("tiled", "tiled_graph")):
+    if not d.get(key + "_generate_tok_s"):
+        print(f"decode, {name} attention kernel: no figure (see decode.log)")
+        continue
     print(f"decode vs HF generate ({hf['card']}), {name} attention kernel: Tessera "
           f"{d[key + '_generate_tok_s']:.0f} tok/s generate ({d[key + '_decode_tok_s']:.0f} decode) against HF "
           f"{hf['generate_tok_s']:.0f}: {d[key + '_generate_tok_s'] / hf['generate_tok_s']:.1f}x")
