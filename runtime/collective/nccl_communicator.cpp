@@ -19,9 +19,10 @@
 //   the result is ordered after it with no host wait. Each tensor is recorded on the
 //   communicator's stream (recordStream), so the caching allocator does not hand its memory out
 //   again while the collective may still use it.
-// * The host does not poll per call: a watchdog thread per communicator checks the completion
-//   event of every call in flight. One that passes its deadline, or an asynchronous NCCL error,
-//   aborts the communicator; the next call reports it, naming the operation.
+// * The host does not wait for a call to complete: a watchdog thread per communicator checks the
+//   completion event of every call in flight. One that passes its deadline, or an asynchronous
+//   NCCL error, aborts the communicator; the next call reports it, naming the operation. (It
+//   waits only until NCCL has put the call on the stream: Note [Non-blocking enqueue].)
 // * Host tensors (small control values: a flag, a count, the norm of a CPU run) are staged
 //   through device scratch buffers (H2D, collective, D2H on the communicator's stream) and waited
 //   for, bounded, before the call returns, as the host reads them next.
@@ -156,6 +157,27 @@ class NcclComm {
       in_flight_.push_back(InFlight{done, deadline, timeout, std::move(who)});
     }
     cv_.notify_all();
+  }
+
+  /// Note [Non-blocking enqueue]: the communicator is non-blocking (init_comm), so a collective,
+  /// or the end of a group, may return ncclInProgress: NCCL's own thread is still putting it on
+  /// stream(). Until ncclCommGetAsyncError reports it left that state nothing else may be queued
+  /// behind it (an event recorded then would complete before the collective; a copy would read
+  /// the result before it is written; NCCL refuses the next call on the communicator). Polls,
+  /// bounded by the call's deadline (then aborts the communicator, as a hung call would).
+  Status enqueued(Clock::time_point deadline, std::chrono::milliseconds timeout, const std::string& who) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return Status();
+      if (state != ncclInProgress) return gpu_status(state, "NCCL (enqueueing)").with_context(who);
+      if (Clock::now() >= deadline) {
+        abort(make_error(ErrorCode::timeout, "{}: enqueueing did not finish within {} ms (communicator aborted)",
+                         who, timeout.count()));
+        return failure();
+      }
+      std::this_thread::yield();
+    }
   }
 
   /// Polls until the stream drains; aborts the communicator at the deadline. For staged (host)
@@ -405,6 +427,7 @@ class NcclCommunicator final : public Communicator {
       }
     }
     TESSERA_GPU_CHECK(ncclGroupEnd());
+    TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(-1)));  // Note [Non-blocking enqueue]
     TESSERA_RETURN_IF_ERROR(queued);
     std::vector<at::Tensor> used(send);
     used.insert(used.end(), recv.begin(), recv.end());
@@ -481,6 +504,7 @@ class NcclCommunicator final : public Communicator {
       TESSERA_ASSIGN_OR_RETURN(dst, to_device(out, 1, /*copy_in=*/false));
     }
     TESSERA_RETURN_IF_ERROR(op(src.ptr, dst.ptr));
+    TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(peer)));  // Note [Non-blocking enqueue]
     if (dst.staged) {
       TESSERA_GPU_CHECK(cudaMemcpyAsync(out.data_ptr(), dst.ptr, out.numel() * out.element_size(),
                                         cudaMemcpyDeviceToHost, comm_->stream()));
@@ -501,6 +525,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device).stream();
     TESSERA_RETURN_IF_ERROR(order_after(caller, comm_->stream()));  // after the producers
     TESSERA_RETURN_IF_ERROR(op(in.defined() ? in.data_ptr() : nullptr, out.defined() ? out.data_ptr() : nullptr));
+    TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(peer)));  // Note [Non-blocking enqueue]
     return finish_in_place({in, out}, caller, deadline, t, peer, pending);
   }
 
