@@ -146,17 +146,23 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
                       "{}: saved from a frozen module (no optimizer state), cannot restore the optimizer "
                       "of trainable module '{}'", what, e.options().name);
   }
-  // Offloaded moments are restored into their host buffers, never all onto the device (Note
-  // [Streamed optimizer step] in fsdp_step.cpp).
-  bool params_off = e.params_offloaded(), optim_off = e.optimizer_offloaded();
-  TESSERA_RETURN_IF_ERROR(e.load_params());
+  // Offloaded shards and moments are restored into their host buffers, a unit at a time: never
+  // all onto the device, nor a second full copy on the host beside the buffers (Note [Streamed
+  // optimizer step] in fsdp_step.cpp; a 7B model's fp32 shards are 30 GB).
+  const bool params_off = e.params_offloaded(), optim_off = e.optimizer_offloaded();
   internal::ShardFiles files(dir, manifest["shard_count"].get<int>());
   try {
     for (size_t u = 0; u < old_layouts.size(); ++u) {
       auto& s = e.unit_state(static_cast<int>(u));
       auto [begin, end] = e.layouts()[u].shard_range(e.shard_index());
       const std::string& unit = old_layouts[u].unit;
-      TESSERA_ASSIGN_OR_RETURN(s.shard, files.recut(old_layouts[u], begin, end, "model", unit, e.options().model_dtype));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor shard,
+                               files.recut(old_layouts[u], begin, end, "model", unit, e.options().model_dtype));
+      if (params_off) {  // the same shapes (check_same_units): into the kept host buffer
+        s.offload_shard.copy_(shard);
+      } else {
+        s.shard = std::move(shard);
+      }
       s.shard_grad = at::Tensor();
       if (e.frozen()) continue;  // a frozen module reads no optimizer files
       AdamWState& into = optim_off ? s.offload_adam : s.adam;
@@ -172,7 +178,7 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
     // The files are read on the host; the working state lives on the engine's device.
     for (size_t u = 0; u < old_layouts.size(); ++u) {
       auto& s = e.unit_state(static_cast<int>(u));
-      s.shard = s.shard.to(e.device());
+      if (!params_off) s.shard = s.shard.to(e.device());
       if (e.frozen() || optim_off) continue;
       s.adam.exp_avg = s.adam.exp_avg.to(e.device());
       s.adam.exp_avg_sq = s.adam.exp_avg_sq.to(e.device());
@@ -184,7 +190,6 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
   e.scheduler().set_last_step(manifest["lr_scheduler"]["last_step"].get<int64_t>());
   const auto& world = e.mesh().world();
   TESSERA_RETURN_IF_ERROR(internal::restore_rng(dir, world->rank(), manifest["world_size"].get<int>()));
-  if (params_off) TESSERA_RETURN_IF_ERROR(e.offload_params());
   return Status();
 }
 

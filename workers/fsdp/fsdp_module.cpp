@@ -9,12 +9,15 @@
 
 #include <set>
 
+#include "proto/device.hpp"
+#include "workers/fsdp/internal/errors.hpp"
+
 namespace tessera::fsdp {
-namespace {
 
-using collective::ReduceOp;
-
-Status from_exception(const char* where, const std::exception& e) {
+Status internal::from_exception(const char* where, const std::exception& e) {
+  if (proto::is_out_of_memory(e)) {
+    return make_error(ErrorCode::resource_exhausted, "{}: out of memory: {}", where, proto::out_of_memory_summary(e));
+  }
   std::string msg;
   if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
     msg = ce->what_without_backtrace();
@@ -24,6 +27,11 @@ Status from_exception(const char* where, const std::exception& e) {
   if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
   return make_error(ErrorCode::internal, "{}: {}", where, msg);
 }
+
+namespace {
+
+using collective::ReduceOp;
+using internal::from_exception;
 
 at::Tensor empty_param(c10::ScalarType dtype, const c10::Device& device) {
   return at::empty({0}, at::TensorOptions(dtype).device(device));
@@ -75,7 +83,12 @@ FsdpOptions fsdp_options_from_config(const FsdpConfig& config, int world_size) {
 
 FsdpModule::~FsdpModule() = default;
 
-FsdpModule::UnitState& FsdpModule::unit_state(int unit) { return *units_[unit]; }
+FsdpModule::UnitState& FsdpModule::unit_state(int unit) {
+  host_params_current_ = false;  // the caller may write the shard (Note [Clean offload])
+  return *units_[unit];
+}
+
+const FsdpModule::UnitState& FsdpModule::unit_state(int unit) const { return *units_[unit]; }
 
 const at::Tensor& FsdpModule::shard(int unit) const { return units_[unit]->shard; }
 

@@ -63,6 +63,7 @@
 // the shards are offloaded, forward and step fail with an error saying what to load. Offloaded
 // moments need no loading: step() streams them through the device one unit at a time, and with
 // optimizer_offload they are created on the host (Note [Streamed optimizer step] in fsdp_step.cpp).
+// Shards that nothing wrote since they were loaded are not copied back (Note [Clean offload]).
 //
 // Thread contract: one thread drives one FsdpModule; all ranks call the collective methods
 // (everything except the accessors and offload/load) in the same order.
@@ -172,7 +173,8 @@ class FsdpModule {
   /// Drops accumulated shard gradients.
   void zero_grad();
 
-  /// Moves the shards to the offload buffers and frees the working copies.
+  /// Moves the shards to the offload buffers and frees the working copies; shards unchanged since
+  /// load_params() are only freed (Note [Clean offload]).
   Status offload_params();
   /// Copies the shards back from the offload buffers (bitwise).
   Status load_params();
@@ -220,7 +222,9 @@ class FsdpModule {
 
   // ---- used by checkpoint.cpp -------------------------------------------------------------
   struct UnitState;
+  /// Write access: the next offload_params() copies every shard (Note [Clean offload]).
   UnitState& unit_state(int unit);
+  const UnitState& unit_state(int unit) const;
   LrScheduler& scheduler() { return scheduler_; }
   void set_optimizer_steps(int64_t steps) { optimizer_steps_ = steps; }
 
@@ -263,6 +267,7 @@ class FsdpModule {
   int64_t optimizer_steps_ = 0;
   bool params_offloaded_ = false;
   bool optimizer_offloaded_ = false;
+  bool host_params_current_ = false;  // every offload_shard holds its shard's values (Note [Clean offload])
   bool in_forward_ = false;
   ForwardMode mode_ = ForwardMode::eval;
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);

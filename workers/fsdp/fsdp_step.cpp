@@ -15,6 +15,18 @@
 // The moments are created on the host too (init_moments), and a checkpoint restores them there,
 // so a 7B model's moments never touch the device all at once. step() returns once the host
 // buffers hold the new moments (one synchronisation per step).
+//
+// Note [Clean offload]
+// With param_offload a worker loads the shards for each phase and offloads them after it
+// (OffloadScope). Only update_actor changes them; after the rollout's hand-off, the log-prob
+// passes and every phase of a frozen module (the reference, the reward model) the host buffers
+// still hold exactly what the device holds. offload_params() then only frees the working copies
+// instead of copying them back: per GRPO step of a 7B model with param offload that is the
+// actor's fp32 shards twice (30 GB each) and the bf16 reference once (15 GB) not moved over
+// PCIe. verl copies them back every time. host_params_current_ says the buffers are current:
+// offload_params() sets it, load_params() keeps it, and whatever may write a shard clears it:
+// step() (before AdamW runs, so a failure part way leaves it cleared) and the write accessor
+// unit_state() (checkpoint restore, tests).
 #include <torch/torch.h>
 
 #include <cmath>
@@ -23,6 +35,7 @@
 #include "proto/device.hpp"
 #include "proto/host_transfer.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
+#include "workers/fsdp/internal/errors.hpp"
 
 namespace tessera::fsdp {
 namespace {
@@ -97,7 +110,7 @@ Result<StepResult> FsdpModule::step() {
     }
     double clip = optim_.clip_grad;
     double coef = clip > 0 ? clip / (result.grad_norm + 1e-6) : 1.0;
-    ++optimizer_steps_;
+    host_params_current_ = false;  // AdamW writes the shards (Note [Clean offload])
     std::vector<UnitState*> stepped;
     std::vector<at::Tensor> params, grads;
     std::vector<AdamWState*> states;
@@ -110,21 +123,20 @@ Result<StepResult> FsdpModule::step() {
     }
     if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
     if (!optimizer_offloaded_) {
-      adamw_step(params, grads, states, optim_.adamw, result.lr, optimizer_steps_);
+      adamw_step(params, grads, states, optim_.adamw, result.lr, optimizer_steps_ + 1);
     } else {
       for (size_t i = 0; i < stepped.size(); ++i) {  // Note [Streamed optimizer step]
         AdamWState& host = stepped[i]->offload_adam;
         AdamWState working{load_from(host.exp_avg, device_), load_from(host.exp_avg_sq, device_)};
-        adamw_step({params[i]}, {grads[i]}, {&working}, optim_.adamw, result.lr, optimizer_steps_);
+        adamw_step({params[i]}, {grads[i]}, {&working}, optim_.adamw, result.lr, optimizer_steps_ + 1);
         host.exp_avg.copy_(working.exp_avg, /*non_blocking=*/true);
         host.exp_avg_sq.copy_(working.exp_avg_sq, /*non_blocking=*/true);
       }
       proto::synchronize(device_);  // the host buffers hold the new moments before anything reads them
     }
+    ++optimizer_steps_;  // once every unit has stepped
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-    return make_error(ErrorCode::internal, "FSDP step: {}", msg);
+    return internal::from_exception("FSDP step", e);  // a device OOM stays resource_exhausted
   }
   zero_grad();
   result.optimizer_steps = optimizer_steps_;
@@ -137,10 +149,14 @@ Status FsdpModule::offload_params() {
   }
   if (params_offloaded_) return Status();
   for (auto& s : units_) {
-    offload_into(s->offload_shard, s->shard);
+    const bool current = host_params_current_ && s->offload_shard.defined() &&
+                         s->offload_shard.sizes() == s->shard.sizes() &&
+                         s->offload_shard.scalar_type() == s->shard.scalar_type();
+    if (!current) offload_into(s->offload_shard, s->shard);  // Note [Clean offload]
     s->shard = at::Tensor();  // frees the working copy
   }
   params_offloaded_ = true;
+  host_params_current_ = true;
   return Status();
 }
 

@@ -123,6 +123,49 @@ TEST(Offload, WrapWithParamOffloadStartsOffloaded) {
   });
 }
 
+// Note [Clean offload]: shards that nothing wrote since load_params() are freed without being
+// copied back (a marker written into the host buffer behind the engine's back survives the
+// offload); after a step, or a checkpoint restore, offload_params() copies again; and training
+// through load / read / offload cycles ends where the uninterrupted run ends.
+TEST(Offload, UnchangedShardsAreFreedWithoutCopyingBack) {
+  RunResult want = reference_run(3);
+  const std::string dir = temp_dir("clean_offload");
+  collective::testing::with_world("inproc", 2, [&](int, Communicator& w) {
+    auto e = make_engine(borrow(w), S::full_shard, true);
+    const FsdpModule& view = *e;  // const access: reads that do not mark the shards written
+    const int last = static_cast<int>(e->layouts().size()) - 1;
+    ASSERT_TRUE(e->offload_params().ok());
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE(e->load_params().ok());  // a read-only phase (a gather for the rollout, say)
+      ASSERT_TRUE(e->full_state_dict(at::kFloat).ok());
+      const at::Tensor host = view.unit_state(last).offload_shard;
+      const at::Tensor kept = host.clone();
+      host.fill_(7.0f);  // what the host buffer holds now; an unchanged shard is not copied over it
+      ASSERT_TRUE(e->offload_params().ok());
+      EXPECT_TRUE(at::equal(host, at::full_like(host, 7.0f))) << "step " << step << ": copied back";
+      host.copy_(kept);
+      ASSERT_TRUE(e->load_params().ok());  // the update: the step writes the shards
+      fsdp_step(*e, w, step, true);
+      const at::Tensor updated = view.unit_state(last).shard.clone();
+      ASSERT_TRUE(e->offload_params().ok());
+      EXPECT_TRUE(at::equal(view.unit_state(last).offload_shard, updated)) << "step " << step << ": not copied";
+    }
+    ASSERT_TRUE(e->load_params().ok());
+    EXPECT_LE(max_relative_error(*e->full_state_dict(at::kFloat), want.params), 1e-5);
+    // A checkpoint restored while offloaded lands in the host buffers; the next offload copies.
+    ASSERT_TRUE(save_checkpoint(*e, dir).ok());
+    const at::Tensor saved = view.unit_state(last).shard.clone();
+    ASSERT_TRUE(e->offload_params().ok());
+    view.unit_state(last).offload_shard.fill_(7.0f);
+    Status st = load_checkpoint(*e, dir);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(e->params_offloaded());
+    EXPECT_TRUE(at::equal(view.unit_state(last).offload_shard, saved));
+    for (int u = 0; u <= last; ++u) EXPECT_FALSE(view.unit_state(u).shard.defined()) << "unit " << u;
+  });
+  fs::remove_all(dir);
+}
+
 // Saved at world 4 after 3 steps, loaded at world 2 (and 1), 2 more steps: equals 5 steps of the
 // single-process reference.
 TEST(Checkpoint, SavedAtWorld4LoadedAtWorld2And1ContinuesIdentically) {
