@@ -48,13 +48,20 @@ at::Tensor offload_buffer(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Dev
     (void)cudaGetLastError();  // clears the error
     TORCH_CHECK(false, "offload buffer: page-locking ", length, " bytes of host memory failed: ", cudaGetErrorString(err));
   }
+  int owner = device.index();  // the device whose stream copies to and from the buffer
+  if (owner < 0 && cudaGetDevice(&owner) != cudaSuccess) owner = 0;
   return at::from_blob(
       p, sizes,
-      [](void* q) {
+      [owner](void* q) {
         // A non-blocking copy to or from the buffer may still be queued (the caching pinned
-        // allocator would track it; this memory is not its own): let the device finish first.
+        // allocator would track it; this memory is not its own): let its device finish first.
+        int current = 0;
+        const bool switched = cudaGetDevice(&current) == cudaSuccess && current != owner &&
+                              cudaSetDevice(owner) == cudaSuccess;
         (void)cudaDeviceSynchronize();
+        if (switched) (void)cudaSetDevice(current);
         (void)cudaHostUnregister(q);
+        (void)cudaGetLastError();  // a failure here must not surface at an unrelated launch check
         std::free(q);
       },
       options);

@@ -148,13 +148,19 @@ Status FsdpModule::offload_params() {
     return make_error(ErrorCode::invalid_argument, "FSDP offload_params: a forward is in progress");
   }
   if (params_offloaded_) return Status();
-  for (auto& s : units_) {
-    const bool current = host_params_current_ && s->offload_shard.defined() &&
-                         s->offload_shard.sizes() == s->shard.sizes() &&
-                         s->offload_shard.scalar_type() == s->shard.scalar_type();
-    if (!current) offload_into(s->offload_shard, s->shard);  // Note [Clean offload]
-    s->shard = at::Tensor();  // frees the working copy
+  // All or nothing: the copies first (a failure leaves every working shard in place, still
+  // loaded), then the working copies are dropped.
+  try {
+    for (auto& s : units_) {
+      const bool current = host_params_current_ && s->offload_shard.defined() &&
+                           s->offload_shard.sizes() == s->shard.sizes() &&
+                           s->offload_shard.scalar_type() == s->shard.scalar_type();
+      if (!current) offload_into(s->offload_shard, s->shard);  // Note [Clean offload]
+    }
+  } catch (const std::exception& e) {
+    return internal::from_exception("FSDP offload_params", e);
   }
+  for (auto& s : units_) s->shard = at::Tensor();  // frees the working copies
   params_offloaded_ = true;
   host_params_current_ = true;
   return Status();
@@ -162,28 +168,44 @@ Status FsdpModule::offload_params() {
 
 Status FsdpModule::load_params() {
   if (!params_offloaded_) return Status();
-  for (auto& s : units_) s->shard = load_from(s->offload_shard, device_);
+  std::vector<at::Tensor> loaded;  // all or nothing: a failure (a device OOM) leaves them offloaded
+  try {
+    for (auto& s : units_) loaded.push_back(load_from(s->offload_shard, device_));
+  } catch (const std::exception& e) {
+    return internal::from_exception("FSDP load_params", e);
+  }
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->shard = std::move(loaded[u]);
   params_offloaded_ = false;
   return Status();
 }
 
 Status FsdpModule::offload_optimizer() {
   if (optimizer_offloaded_ || options_.frozen) return Status();  // frozen: nothing to move
-  for (auto& s : units_) {
-    offload_into(s->offload_adam.exp_avg, s->adam.exp_avg);
-    offload_into(s->offload_adam.exp_avg_sq, s->adam.exp_avg_sq);
-    s->adam = AdamWState{};
+  try {
+    for (auto& s : units_) {
+      offload_into(s->offload_adam.exp_avg, s->adam.exp_avg);
+      offload_into(s->offload_adam.exp_avg_sq, s->adam.exp_avg_sq);
+    }
+  } catch (const std::exception& e) {
+    return internal::from_exception("FSDP offload_optimizer", e);
   }
+  for (auto& s : units_) s->adam = AdamWState{};
   optimizer_offloaded_ = true;
   return Status();
 }
 
 Status FsdpModule::load_optimizer() {
   if (!optimizer_offloaded_) return Status();  // also a frozen module (never offloaded)
-  for (auto& s : units_) {
-    s->adam.exp_avg = load_from(s->offload_adam.exp_avg, device_);
-    s->adam.exp_avg_sq = load_from(s->offload_adam.exp_avg_sq, device_);
+  std::vector<AdamWState> loaded;
+  try {
+    for (auto& s : units_) {
+      loaded.push_back(AdamWState{load_from(s->offload_adam.exp_avg, device_),
+                                  load_from(s->offload_adam.exp_avg_sq, device_)});
+    }
+  } catch (const std::exception& e) {
+    return internal::from_exception("FSDP load_optimizer", e);
   }
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->adam = std::move(loaded[u]);
   optimizer_offloaded_ = false;
   return Status();
 }

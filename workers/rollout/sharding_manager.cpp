@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "proto/device.hpp"
 #include "runtime/collective/device_mesh.hpp"
 #include "runtime/collective/exchange.hpp"
 
@@ -244,7 +245,18 @@ Status FsdpShardingManager::enter() {
     return st;
   };
   for (const auto& layout : fsdp_.layouts()) stats_.full_bytes += layout.numel * static_cast<int64_t>(c10::elementSize(dtype_));
-  auto tensors = tp_plans_.empty() ? gather_units() : gather_tp_slices();
+  // A throw (a device OOM casting the shards) is a Status, so that fail() offloads again.
+  auto tensors = [&]() -> Result<models::TensorMap> {
+    try {
+      return tp_plans_.empty() ? gather_units() : gather_tp_slices();
+    } catch (const std::exception& e) {
+      if (proto::is_out_of_memory(e)) {
+        return make_error(ErrorCode::resource_exhausted, "sharding manager: gathering the rollout's weights: out of "
+                                                         "memory: {}", proto::out_of_memory_summary(e));
+      }
+      return make_error(ErrorCode::internal, "sharding manager: gathering the rollout's weights: {}", e.what());
+    }
+  }();
   if (!tensors.ok()) return fail(tensors.status());
   Status st = engine_->load_weights_by_reference(*tensors);
   if (!st.ok()) return fail(st.with_context("sharding manager"));
