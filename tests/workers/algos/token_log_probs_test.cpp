@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "workers/algos/torch_functional.hpp"
 
@@ -108,7 +110,8 @@ TEST(TokenLogProbs, Bf16LogitsAreReducedInFp32) {
 // The fused CUDA kernels (Note [Fused token log-probs]) against the same maths in fp64 on the CPU,
 // on the same values: Qwen's 151936-row vocabulary, a vocabulary whose rows are not 16-byte
 // aligned, rows with a stride (a narrowed tensor), temperature 1 and not, each output alone and
-// both. The entropy's loss is a plain sum, so its gradient reaches backward expanded (stride 0).
+// both. The entropy's loss alone is a plain sum, so its gradient reaches backward expanded
+// (stride 0); beside the log-probs it is weighted per row.
 // The reference is fp64 because at this vocabulary the fp32 chunked path is itself ~5e-4 off in
 // the entropy (lse - sum p x cancels two values of ~15), while the kernel's online sums stay
 // within ~2e-5.
@@ -123,7 +126,7 @@ TEST(TokenLogProbs, OnCudaFusedKernelsMatchFp64) {
     for (Shape s : {Shape{37, 151936, 0}, Shape{5, 1001, 0}, Shape{6, 4099, 3}}) {
       torch::Tensor wide = (torch::randn({s.rows, s.vocab + s.pad}) * 4).to(dtype);
       torch::Tensor labels = torch::randint(0, s.vocab, {s.rows}, torch::kLong);
-      torch::Tensor g_lp = torch::randn({s.rows});
+      torch::Tensor g_lp = torch::randn({s.rows}), g_ent = torch::randn({s.rows});
       for (double t : {1.0, 0.7}) {
         for (int which = 0; which < 3; ++which) {  // log-probs only, entropy only, both
           SCOPED_TRACE(testing::Message() << "dtype " << dtype << " rows " << s.rows << " vocab " << s.vocab << " pad "
@@ -140,7 +143,8 @@ TEST(TokenLogProbs, OnCudaFusedKernelsMatchFp64) {
             ASSERT_TRUE(out.ok()) << out.status().to_string();
             torch::Tensor loss = torch::zeros({}, out->log_probs.options());
             if (which != 1) loss = loss + (out->log_probs * g_lp.to(loss.options())).sum();
-            if (with_entropy) loss = loss + out->entropy.sum();
+            if (which == 1) loss = loss + out->entropy.sum();
+            if (which == 2) loss = loss + (out->entropy * g_ent.to(loss.options())).sum();
             loss.backward();
             r[on_gpu] = {out->log_probs.cpu(), with_entropy ? out->entropy.cpu() : torch::Tensor(), x.grad().cpu()};
           }
@@ -153,6 +157,35 @@ TEST(TokenLogProbs, OnCudaFusedKernelsMatchFp64) {
           const double rel = dtype == torch::kFloat ? 0.0 : dtype == torch::kHalf ? 1e-3 : 8e-3;
           EXPECT_LE(max_diff(r[1].grad, r[0].grad), rel * r[0].grad.abs().max().item<double>() + 1e-4);
         }
+      }
+    }
+  }
+}
+
+// A NaN logit makes its row's log-prob and entropy NaN, as torch's log_softmax does, wherever it
+// falls (a thread's first element, a row too short for vector loads); the other rows keep their
+// values.
+TEST(TokenLogProbs, OnCudaANanLogitMakesItsRowNan) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const torch::Device cuda("cuda:0");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (int64_t vocab : {int64_t{3}, int64_t{4099}}) {
+      SCOPED_TRACE(testing::Message() << "dtype " << dtype << " vocab " << vocab);
+      torch::Tensor x = torch::randn({3, vocab});
+      x[1][1] = nan;
+      x[2][0] = nan;
+      torch::Tensor labels = torch::zeros({3}, torch::kLong);
+      auto got = token_log_probs(x.to(dtype).to(cuda), labels.to(cuda), 1.0, /*with_entropy=*/true);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      auto want = token_log_probs(x.to(dtype).to(torch::kFloat), labels, 1.0, /*with_entropy=*/true);
+      ASSERT_TRUE(want.ok()) << want.status().to_string();
+      const torch::Tensor lp = got->log_probs.cpu(), ent = got->entropy.cpu();
+      EXPECT_NEAR(lp[0].item<double>(), want->log_probs[0].item<double>(), 1e-4);
+      EXPECT_NEAR(ent[0].item<double>(), want->entropy[0].item<double>(), 1e-4);
+      for (int r : {1, 2}) {
+        EXPECT_TRUE(std::isnan(lp[r].item<double>())) << "row " << r;
+        EXPECT_TRUE(std::isnan(ent[r].item<double>())) << "row " << r;
       }
     }
   }

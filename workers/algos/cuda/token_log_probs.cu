@@ -25,14 +25,19 @@ using proto::cuda::to_float;
 template <class T>
 constexpr int kVec = 16 / static_cast<int>(sizeof(T));  ///< Elements per 16-byte load.
 
-// (m, s, t): the running max, sum of exp(x - m) and sum of x exp(x - m) of some elements.
+// (m, s, t): the running max, sum of exp(x - m) and sum of x exp(x - m) of some elements. A NaN
+// among them makes all three NaN, so that the row's results are NaN as torch's are (fmaxf alone
+// would drop it).
 struct Moments {
   float m = -INFINITY, s = 0.f, t = 0.f;
 };
 
+__device__ __forceinline__ Moments nan_moments() { return {NAN, NAN, NAN}; }
+
 __device__ __forceinline__ float weight(float m, float m_total) { return m == -INFINITY ? 0.f : expf(m - m_total); }
 
 __device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
+  if (isnan(a.m) || isnan(b.m)) return nan_moments();
   const float m = fmaxf(a.m, b.m);
   const float wa = weight(a.m, m), wb = weight(b.m, m);
   return {m, a.s * wa + b.s * wb, a.t * wa + b.t * wb};
@@ -42,9 +47,17 @@ __device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
 template <int N>
 __device__ __forceinline__ void fold(Moments& acc, const float (&x)[N], int n) {
   float mx = acc.m;
+  bool nan = isnan(acc.m);
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    if (i < n) mx = fmaxf(mx, x[i]);
+    if (i < n) {
+      mx = fmaxf(mx, x[i]);
+      nan = nan || isnan(x[i]);
+    }
+  }
+  if (nan) {
+    acc = nan_moments();
+    return;
   }
   if (mx == -INFINITY) return;  // nothing finite yet (n == 0, or every value -inf)
   const float w = weight(acc.m, mx);
