@@ -168,9 +168,12 @@ class NcclComm {
   Status enqueued(Clock::time_point deadline, std::chrono::milliseconds timeout, const std::string& who) {
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm_, &state));
+      TESSERA_RETURN_IF_ERROR(async_state(state));
       if (state == ncclSuccess) return Status();
-      if (state != ncclInProgress) return gpu_status(state, "NCCL (enqueueing)").with_context(who);
+      if (state != ncclInProgress) {
+        abort(gpu_status(state, "NCCL (asynchronous error)").with_context(who));
+        return failure();
+      }
       if (Clock::now() >= deadline) {
         abort(make_error(ErrorCode::timeout, "{}: enqueueing did not finish within {} ms (communicator aborted)",
                          who, timeout.count()));
@@ -184,9 +187,8 @@ class NcclComm {
   /// tensors, whose bytes the host reads right after.
   Status wait(Clock::time_point deadline, std::chrono::milliseconds timeout, const std::string& who) {
     for (;;) {
-      TESSERA_RETURN_IF_ERROR(failure());
       ncclResult_t async = ncclSuccess;
-      TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm_, &async));
+      TESSERA_RETURN_IF_ERROR(async_state(async));
       TESSERA_GPU_CHECK(async);
       cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess && async == ncclSuccess) return Status();
@@ -206,6 +208,14 @@ class NcclComm {
     std::chrono::milliseconds timeout;
     std::string who;
   };
+
+  // The communicator's asynchronous state, read under the lock that abort() holds while it frees
+  // the communicator (the watchdog may abort it at any time): the recorded failure once aborted.
+  Status async_state(ncclResult_t& state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) return failure_;
+    return gpu_status(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+  }
 
   // Records the first failure and aborts the communicator (once).
   void abort(Status why) {

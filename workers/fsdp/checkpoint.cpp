@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "workers/fsdp/internal/checkpoint_io.hpp"
 #include "workers/models/safetensors.hpp"
@@ -39,7 +40,7 @@ Status write_rank_files(FsdpModule& e, const std::string& tmp) {
   if (writes_shard(e)) {
     models::TensorMap model, optim;
     for (size_t u = 0; u < e.layouts().size(); ++u) {
-      auto& s = e.unit_state(static_cast<int>(u));
+      const auto& s = std::as_const(e).unit_state(static_cast<int>(u));  // reads: the host copy stays current
       const std::string& name = e.layouts()[u].unit;
       model[name] = current(s.shard, s.offload_shard);
       if (e.frozen()) continue;

@@ -1,6 +1,7 @@
 // sharding_manager.cpp: FsdpShardingManager (Note [Colocated resharding] in sharding_manager.hpp).
 #include "workers/rollout/sharding_manager.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <utility>
@@ -254,7 +255,9 @@ Status FsdpShardingManager::enter() {
         return make_error(ErrorCode::resource_exhausted, "sharding manager: gathering the rollout's weights: out of "
                                                          "memory: {}", proto::out_of_memory_summary(e));
       }
-      return make_error(ErrorCode::internal, "sharding manager: gathering the rollout's weights: {}", e.what());
+      std::string msg = e.what();
+      msg.resize(std::min(msg.size(), msg.find('\n')));  // the first line, without LibTorch's backtrace
+      return make_error(ErrorCode::internal, "sharding manager: gathering the rollout's weights: {}", msg);
     }
   }();
   if (!tensors.ok()) return fail(tensors.status());

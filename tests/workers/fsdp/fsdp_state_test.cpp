@@ -125,8 +125,9 @@ TEST(Offload, WrapWithParamOffloadStartsOffloaded) {
 
 // Note [Clean offload]: shards that nothing wrote since load_params() are freed without being
 // copied back (a marker written into the host buffer behind the engine's back survives the
-// offload); after a step, or a checkpoint restore, offload_params() copies again; and training
-// through load / read / offload cycles ends where the uninterrupted run ends.
+// offload, also after a checkpoint save); after a step, or a checkpoint restore, offload_params()
+// copies again; and training through load / read / offload cycles ends where the uninterrupted
+// run ends.
 TEST(Offload, UnchangedShardsAreFreedWithoutCopyingBack) {
   RunResult want = reference_run(3);
   const std::string dir = temp_dir("clean_offload");
@@ -162,6 +163,16 @@ TEST(Offload, UnchangedShardsAreFreedWithoutCopyingBack) {
     EXPECT_TRUE(e->params_offloaded());
     EXPECT_TRUE(at::equal(view.unit_state(last).offload_shard, saved));
     for (int u = 0; u <= last; ++u) EXPECT_FALSE(view.unit_state(u).shard.defined()) << "unit " << u;
+    const at::Tensor host = view.unit_state(last).offload_shard;
+    ASSERT_TRUE(e->load_params().ok());  // the first offload after a restore copies
+    host.fill_(7.0f);
+    ASSERT_TRUE(e->offload_params().ok());
+    EXPECT_TRUE(at::equal(host, saved)) << "not copied after a restore";
+    ASSERT_TRUE(e->load_params().ok());  // a save only reads the shards
+    ASSERT_TRUE(save_checkpoint(*e, dir).ok());
+    host.fill_(7.0f);
+    ASSERT_TRUE(e->offload_params().ok());
+    EXPECT_TRUE(at::equal(host, at::full_like(host, 7.0f))) << "copied back after a save";
   });
   fs::remove_all(dir);
 }
