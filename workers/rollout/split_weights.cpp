@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 #include "workers/fsdp/flat_param.hpp"
 
 namespace tessera::rollout {
@@ -47,20 +49,21 @@ Result<proto::DataProto> WeightExporter::export_bucket(int64_t bucket, int64_t v
     return make_error(ErrorCode::out_of_range, "export_rollout_weights: bucket {} of {}", bucket, buckets());
   }
   torch::NoGradGuard no_grad;
-  const bool was_offloaded = fsdp_.params_offloaded();
-  if (was_offloaded) TESSERA_RETURN_IF_ERROR(fsdp_.load_params());
+  // Offloaded shards are read where they lie, in their host buffers: loading every unit onto the
+  // device for each bucket would move the whole model per bucket.
+  const bool offloaded = fsdp_.params_offloaded();
   // One replica of the shards contributes (Note [Split placement weight transfer], step 2).
   const bool contributes = fsdp_.mesh().world()->rank() == fsdp_.shard_index();
   proto::TensorDict tensors;
   try {
     for (int u : buckets_[static_cast<size_t>(bucket)]) {
-      at::Tensor shard = fsdp_.shard(u).to(dtype_, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1});
+      const at::Tensor& source = offloaded ? std::as_const(fsdp_).unit_state(u).offload_shard : fsdp_.shard(u);
+      at::Tensor shard = source.to(dtype_, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1});
       tensors.insert_or_assign(unit_key(u), contributes ? shard : shard.narrow(0, 0, 0));
     }
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "export_rollout_weights: {}", e.what());
   }
-  if (was_offloaded) TESSERA_RETURN_IF_ERROR(fsdp_.offload_params());
   json meta = metadata_[static_cast<size_t>(bucket)];
   meta["version"] = version;
   return proto::DataProto::from_dict(std::move(tensors), {}, json{{kMetaKey, meta}});

@@ -42,6 +42,18 @@ TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
       EXPECT_EQ(part->size(), 1);  // FULL_SHARD: both ranks hold distinct shards
       parts[static_cast<size_t>(r)].push_back(*part);
     }
+    // With the shards offloaded (param_offload), the buckets come from the host buffers, the
+    // same bytes, and nothing is loaded back onto the device.
+    fsdp::FsdpModule& engine = (*module)->engine();
+    ASSERT_TRUE(engine.offload_params().ok());
+    for (int64_t i = 0; i < exporter.buckets(); ++i) {
+      auto part = exporter.export_bucket(i, /*version=*/7);
+      ASSERT_TRUE(part.ok()) << part.status().to_string();
+      EXPECT_TRUE(engine.params_offloaded());
+      for (const auto& [key, t] : parts[static_cast<size_t>(r)][static_cast<size_t>(i)].batch()) {
+        EXPECT_TRUE(at::equal(*part->tensor(key), t)) << "bucket " << i << " " << key;
+      }
+    }
   });
   ASSERT_GT(buckets, 1);
   auto shell = models::CausalLM::create(tiny_model_config(), models::ModelInit{at::kFloat, 0});
