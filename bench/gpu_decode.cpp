@@ -136,9 +136,12 @@ int run(const Args& a) {
       return 1;
     }
   }
-  auto tiled_run = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype, "tiled") : eager;
-  if (!tiled_run.ok()) std::printf("tiled attention: %s\n", tiled_run.status().to_string().c_str());
-  const Run tiled = tiled_run.ok() ? *tiled_run : Run{};  // zeros where it failed
+  Run tiled;  // zeros where it did not run (the CPU) or failed
+  if (device.is_cuda()) {
+    auto tiled_run = run_engine(model, *prompts, a, /*graphs=*/true, dtype, "tiled");
+    if (tiled_run.ok()) tiled = *tiled_run;
+    else std::printf("tiled attention: %s\n", tiled_run.status().to_string().c_str());
+  }
 
   // The card's limits, in the same run.
   const auto opts = at::TensorOptions(dtype).device(device);
