@@ -1,10 +1,15 @@
 // tensor_ops.cpp: row views, gathers, index normalisation and the O(1) re-join of adjacent views.
 #include "proto/internal/tensor_ops.hpp"
 
+#include <algorithm>
 #include <typeinfo>
+#include <utility>
+#include <vector>
 
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
+
+#include "proto/host_transfer.hpp"
 
 namespace tessera::proto::internal {
 namespace {
@@ -102,9 +107,15 @@ Result<DataProto> gather_rows(const DataProto& d, const std::vector<int64_t>& id
                               const char* what) {
   return guard(what, [&]() -> Result<DataProto> {
     at::Tensor index = torch::tensor(idx, torch::kLong);
+    std::vector<std::pair<c10::Device, at::Tensor>> uploaded;  // once per device, without blocking
     TensorDict batch;
     for (const auto& [key, t] : d.batch()) {
-      at::Tensor on_device = t.device() == index.device() ? index : index.to(t.device());
+      at::Tensor on_device = index;
+      if (t.device() != index.device()) {
+        auto it = std::find_if(uploaded.begin(), uploaded.end(), [&](const auto& u) { return u.first == t.device(); });
+        if (it == uploaded.end()) it = uploaded.insert(uploaded.end(), {t.device(), upload(idx, t.device())});
+        on_device = it->second;
+      }
       batch.insert_or_assign(key, t.index_select(0, on_device));
     }
     NonTensorBatch columns;

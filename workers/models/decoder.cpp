@@ -265,7 +265,9 @@ at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k,
     for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
       longest = std::max(longest, packed.starts[i + 1] - packed.starts[i]);
     }
-    const at::Tensor cum = proto::upload(cu, q.device());  // Note [Host transfers]
+    const at::Tensor cum = packed.device_starts.defined() && packed.device_starts.device() == q.device()
+                               ? packed.device_starts
+                               : proto::upload(cu, q.device());  // Note [Host transfers]
     auto heads_first = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1).contiguous(); };
     std::optional<int64_t> left, right;
     if (window_ > 0) {

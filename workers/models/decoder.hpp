@@ -113,6 +113,9 @@ at::Tensor last_query_window(const at::Tensor& visible, int64_t columns, int64_t
 /// Offsets are on the host (the attention loops over them). See Note [Packed sequences].
 struct PackedSegments {
   std::vector<int64_t> starts;  ///< Non-decreasing; starts.front() == 0, starts.back() == N.
+  /// Optional: `starts` as int32 on the device the tokens are on (varlen flash attention's
+  /// cumulative lengths), uploaded once for every layer by whoever packs; else each layer uploads.
+  at::Tensor device_starts;
 };
 
 /// Where one layer reads and writes its keys/values during incremental decoding.

@@ -39,6 +39,9 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   const c10::Device device = input_ids.device();
   // Without blocking: the previous micro-batch's backward may still be running (Note [Host transfers]).
   auto to_device = [&](const std::vector<int64_t>& v) { return proto::upload(v, device); };
+  if (device.is_cuda()) {  // the varlen attention's cumulative lengths, once for every layer
+    segments->device_starts = proto::upload(std::vector<int32_t>(segments->starts.begin(), segments->starts.end()), device);
+  }
   const at::Tensor flat_index = to_device(flat);
   PackedBatch p;
   p.input_ids = input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
