@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "proto/host_transfer.hpp"
+
 namespace tessera::ppo {
 
 Result<proto::DataProto> select_update_inputs(const proto::DataProto& data,
@@ -35,23 +37,34 @@ class PendingMetrics {
     for (const auto& [name, t] : values) entries_.emplace_back(name, t);
   }
 
-  // Host boundary, deliberate: metrics are host data (the trainer logs them). One device-to-host
-  // transfer for all of them, made after the step's grad-norm read, when nothing is left to wait
-  // for; appended in the order they were recorded.
-  void flush(Metrics& metrics) {
+  // Queues one device-to-host copy of all of them, ahead of the optimizer step: the step's
+  // grad-norm read then waits for it too, and flush() finds the values landed.
+  void start() {
     if (entries_.empty()) return;
     std::vector<at::Tensor> values;
     values.reserve(entries_.size());
     const c10::Device device = entries_.front().second.device();
     for (const auto& e : entries_) values.push_back(e.second.detach().reshape({}).to(device, at::kDouble));
-    const at::Tensor host = at::stack(values).cpu().contiguous();
+    readback_ = proto::HostReadback(at::stack(values));
+    started_ = true;
+  }
+
+  // Host boundary, deliberate: metrics are host data (the trainer logs them). Appended in the
+  // order they were recorded.
+  void flush(Metrics& metrics) {
+    if (entries_.empty()) return;
+    if (!started_) start();
+    const at::Tensor& host = readback_.wait();
     const double* v = host.data_ptr<double>();
     for (size_t i = 0; i < entries_.size(); ++i) metrics[entries_[i].first].push_back(v[i]);
     entries_.clear();
+    started_ = false;
   }
 
  private:
   std::vector<std::pair<std::string, at::Tensor>> entries_;
+  proto::HostReadback readback_;
+  bool started_ = false;
 };
 
 Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro_batch, double loss_scale,
@@ -84,6 +97,7 @@ Status update_mini_batch(TrainableModule& module, const proto::DataProto& mini_b
                              : 1.0 / static_cast<double>(s.ppo_mini_batch_size / *s.ppo_micro_batch_size_per_gpu);
     TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, s.use_remove_padding, host_masks[i], micro_loss, pending));
   }
+  pending.start();  // before the step: its one host read covers the metrics (Note [Host transfers])
   TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module.clip_and_step(s.grad_clip));
   pending.flush(metrics);
   append_to_dict(metrics, {{s.role + "/grad_norm", step.grad_norm}});
