@@ -241,7 +241,14 @@ class GenerationLoop {
     const auto k = static_cast<int64_t>(a.taken.size()), d = static_cast<int64_t>(a.distinct.size());
     auto [host_ids, host_mask] = left_padded(a.distinct, W);
     const c10::Device device = model_.device();
-    at::Tensor ids = host_ids.to(device, /*non_blocking=*/true), mask = host_mask.to(device, /*non_blocking=*/true);
+    // Through pinned staging: a pageable source would make these copies block (Note [Host transfers]).
+    auto upload_tensor = [&](const at::Tensor& host) {
+      if (!device.is_cuda()) return host;
+      at::Tensor staged = proto::staging_tensor(host.sizes(), host.scalar_type(), device);
+      staged.copy_(host);
+      return staged.to(device, /*non_blocking=*/true);
+    };
+    at::Tensor ids = upload_tensor(host_ids), mask = upload_tensor(host_mask);
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
                                                                           {d, W, model_.dtype(), device}));
@@ -257,7 +264,7 @@ class GenerationLoop {
     at::Tensor logits = model_.logits(last);
     std::vector<int64_t> slots(free.begin(), free.begin() + k);
     if (d < k) {  // some slots share a prefilled row: each slot takes its source row's logits
-      logits = logits.index_select(0, at::tensor(a.source, at::kLong).to(device, /*non_blocking=*/true));
+      logits = logits.index_select(0, proto::upload(a.source, device));
     }
     std::vector<int64_t> lengths;
     for (int64_t row : a.distinct) lengths.push_back(static_cast<int64_t>(sequence(row).size()));
