@@ -115,6 +115,7 @@ struct PackedSegments {
   std::vector<int64_t> starts;  ///< Non-decreasing; starts.front() == 0, starts.back() == N.
   /// Optional: `starts` as int32 on the device the tokens are on (varlen flash attention's
   /// cumulative lengths), uploaded once for every layer by whoever packs; else each layer uploads.
+  /// Whoever changes `starts` afterwards resets it.
   at::Tensor device_starts;
 };
 

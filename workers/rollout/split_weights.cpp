@@ -58,8 +58,9 @@ Result<proto::DataProto> WeightExporter::export_bucket(int64_t bucket, int64_t v
   try {
     for (int u : buckets_[static_cast<size_t>(bucket)]) {
       const at::Tensor& source = offloaded ? std::as_const(fsdp_).unit_state(u).offload_shard : fsdp_.shard(u);
-      at::Tensor shard = source.to(dtype_, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1});
-      tensors.insert_or_assign(unit_key(u), contributes ? shard : shard.narrow(0, 0, 0));
+      tensors.insert_or_assign(unit_key(u), contributes
+                                                ? source.to(dtype_, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1})
+                                                : at::empty({0, source.numel()}, source.options().dtype(dtype_)));
     }
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "export_rollout_weights: {}", e.what());

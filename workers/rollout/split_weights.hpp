@@ -44,8 +44,8 @@ class WeightExporter {
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
   /// Bytes of the whole model in the rollout dtype (what one rollout rank receives per sync).
   int64_t total_bytes() const { return total_bytes_; }
-  /// This rank's part of bucket `bucket` of weights version `version`. Errors: bucket out of
-  /// range, parameters offloaded and not reloadable.
+  /// This rank's part of bucket `bucket` of weights version `version` (read from the host
+  /// buffers while the parameters are offloaded). Errors: bucket out of range.
   Result<proto::DataProto> export_bucket(int64_t bucket, int64_t version);
 
  private:

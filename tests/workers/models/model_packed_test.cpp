@@ -95,7 +95,8 @@ TEST(ModelPacked, OnCudaVarlenFlashEqualsPaddedInBf16) {
 TEST(ModelPacked, OffsetsThatDoNotCoverTheRowAreRefused) {
   auto lm = CausalLM::create(testing::tiny_config("qwen2", 2), ModelInit{at::kFloat, 7});
   ASSERT_TRUE(lm.ok());
-  auto segments = std::make_shared<PackedSegments>(PackedSegments{{0, 3}});
+  auto segments = std::make_shared<PackedSegments>();
+  segments->starts = {0, 3};
   at::Tensor ids = at::ones({1, 5}, at::kLong);
   EXPECT_THROW((*lm)->forward_packed_head(ids, ids, segments, at::arange(5)), c10::Error);
 }
