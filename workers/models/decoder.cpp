@@ -260,14 +260,15 @@ at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k,
     // One varlen flash-attention call over every sequence (what verl's use_remove_padding runs):
     // [N, heads, D] layout, int32 cumulative lengths, grouped K/V heads read in place. A window W
     // keeps keys with t - s < W: flash's window_size_left = W - 1.
-    std::vector<int32_t> cu(packed.starts.begin(), packed.starts.end());
     int64_t longest = 0;
     for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
       longest = std::max(longest, packed.starts[i + 1] - packed.starts[i]);
     }
-    const at::Tensor cum = packed.device_starts.defined() && packed.device_starts.device() == q.device()
-                               ? packed.device_starts
-                               : proto::upload(cu, q.device());  // Note [Host transfers]
+    const at::Tensor cum =
+        packed.device_starts.defined() && packed.device_starts.device() == q.device()
+            ? packed.device_starts
+            : proto::upload(std::vector<int32_t>(packed.starts.begin(), packed.starts.end()),
+                            q.device());  // Note [Host transfers]
     auto heads_first = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1).contiguous(); };
     std::optional<int64_t> left, right;
     if (window_ > 0) {

@@ -34,6 +34,7 @@ Result<MicroBatches> micro_batches_for_update(const proto::DataProto& mini_batch
 class PendingMetrics {
  public:
   void add(const std::map<std::string, at::Tensor>& values) {
+    TORCH_CHECK(!started_, "PendingMetrics: add() after start() would not be read back");
     for (const auto& [name, t] : values) entries_.emplace_back(name, t);
   }
 
