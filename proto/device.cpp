@@ -1,6 +1,7 @@
 // device.cpp: the CUDA calls behind device.hpp, and their CPU no-ops.
 #include "proto/device.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <utility>
 
@@ -159,6 +160,25 @@ std::string out_of_memory_summary(const std::exception& e) {
     if (at != std::string::npos) text.resize(at);
   }
   return text;
+}
+
+Status status_from_current_exception(const std::string& context) {
+  try {
+    throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    return make_error(ErrorCode::resource_exhausted, "{}: out of device memory ({})", context,
+                      proto::out_of_memory_summary(e));
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    return make_error(ErrorCode::internal, "{}: {}", context, msg);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    return make_error(ErrorCode::internal, "{}: {}", context, msg);
+  } catch (...) {
+    return make_error(ErrorCode::internal, "{}: unknown exception", context);
+  }
 }
 
 }  // namespace tessera::proto

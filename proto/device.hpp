@@ -83,4 +83,10 @@ bool is_out_of_memory(const std::exception& e);
 /// capacity of ..."), which holds the sizes, without the allocator's advice that follows.
 std::string out_of_memory_summary(const std::exception& e);
 
+/// Converts the in-flight exception (call from inside a catch block) into a one-line Status:
+/// c10::Error without its backtrace, std::exception by what(). `context` prefixes the message. A
+/// device running out of memory is ErrorCode::resource_exhausted with the allocator's summary
+/// (what it tried to allocate, what was free), without its advice.
+Status status_from_current_exception(const std::string& context);
+
 }  // namespace tessera::proto

@@ -10,28 +10,11 @@
 #include <set>
 
 #include "proto/device.hpp"
-#include "workers/fsdp/internal/errors.hpp"
 
 namespace tessera::fsdp {
-
-Status internal::from_exception(const char* where, const std::exception& e) {
-  if (proto::is_out_of_memory(e)) {
-    return make_error(ErrorCode::resource_exhausted, "{}: out of memory: {}", where, proto::out_of_memory_summary(e));
-  }
-  std::string msg;
-  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) {
-    msg = ce->what_without_backtrace();
-  } else {
-    msg = e.what();
-  }
-  if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-  return make_error(ErrorCode::internal, "{}: {}", where, msg);
-}
-
 namespace {
 
 using collective::ReduceOp;
-using internal::from_exception;
 
 at::Tensor empty_param(c10::ScalarType dtype, const c10::Device& device) {
   return at::empty({0}, at::TensorOptions(dtype).device(device));
@@ -128,8 +111,8 @@ Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::
         buffer.set_data(buffer.to(options.mixed_precision.buffer_dtype));
       }
     }
-  } catch (const std::exception& e) {
-    return from_exception("FSDP wrap", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP wrap");
   }
   if (options.param_offload) TESSERA_RETURN_IF_ERROR(m->offload_params());
   m->optimizer_offloaded_ = options.optimizer_offload && !options.frozen;  // init_moments put them there
@@ -408,8 +391,8 @@ Status FsdpModule::begin_forward(ForwardMode mode) {
       if (units_[u]->recompute && recompute_in_backward()) continue;  // run_unit gathers it
       TESSERA_RETURN_IF_ERROR(gather_unit(static_cast<int>(u), mode == ForwardMode::train));
     }
-  } catch (const std::exception& e) {
-    return from_exception("FSDP begin_forward", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP begin_forward");
   }
   return Status();
 }
@@ -444,14 +427,14 @@ Status FsdpModule::backward(const at::Tensor& loss) {
   Status st;
   try {
     loss.backward();
-  } catch (const std::exception& e) {
-    st = from_exception("FSDP backward", e);
+  } catch (...) {
+    st = proto::status_from_current_exception("FSDP backward");
   }
   if (st.ok()) {
     try {
       st = reduce_pending();
-    } catch (const std::exception& e) {
-      st = from_exception("FSDP backward", e);
+    } catch (...) {
+      st = proto::status_from_current_exception("FSDP backward");
     }
   }
   end_forward();
@@ -478,8 +461,8 @@ Result<std::map<std::string, at::Tensor>> FsdpModule::full_state_dict(c10::Scala
         out[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape).to(dtype, false, /*copy=*/true);
       }
     }
-  } catch (const std::exception& e) {
-    return from_exception("FSDP full_state_dict", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP full_state_dict");
   }
   return out;
 }

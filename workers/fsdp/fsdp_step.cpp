@@ -35,7 +35,6 @@
 #include "proto/device.hpp"
 #include "proto/host_transfer.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
-#include "workers/fsdp/internal/errors.hpp"
 
 namespace tessera::fsdp {
 namespace {
@@ -135,8 +134,8 @@ Result<StepResult> FsdpModule::step() {
       proto::synchronize(device_);  // the host buffers hold the new moments before anything reads them
     }
     ++optimizer_steps_;  // once every unit has stepped
-  } catch (const std::exception& e) {
-    return internal::from_exception("FSDP step", e);  // a device OOM stays resource_exhausted
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP step");  // a device OOM stays resource_exhausted
   }
   zero_grad();
   result.optimizer_steps = optimizer_steps_;
@@ -157,8 +156,8 @@ Status FsdpModule::offload_params() {
                            s->offload_shard.scalar_type() == s->shard.scalar_type();
       if (!current) offload_into(s->offload_shard, s->shard);  // Note [Clean offload]
     }
-  } catch (const std::exception& e) {
-    return internal::from_exception("FSDP offload_params", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP offload_params");
   }
   for (auto& s : units_) s->shard = at::Tensor();  // frees the working copies
   params_offloaded_ = true;
@@ -171,8 +170,8 @@ Status FsdpModule::load_params() {
   std::vector<at::Tensor> loaded;  // all or nothing: a failure (a device OOM) leaves them offloaded
   try {
     for (auto& s : units_) loaded.push_back(load_from(s->offload_shard, device_));
-  } catch (const std::exception& e) {
-    return internal::from_exception("FSDP load_params", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP load_params");
   }
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->shard = std::move(loaded[u]);
   params_offloaded_ = false;
@@ -186,8 +185,8 @@ Status FsdpModule::offload_optimizer() {
       offload_into(s->offload_adam.exp_avg, s->adam.exp_avg);
       offload_into(s->offload_adam.exp_avg_sq, s->adam.exp_avg_sq);
     }
-  } catch (const std::exception& e) {
-    return internal::from_exception("FSDP offload_optimizer", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP offload_optimizer");
   }
   for (auto& s : units_) s->adam = AdamWState{};
   optimizer_offloaded_ = true;
@@ -202,8 +201,8 @@ Status FsdpModule::load_optimizer() {
       loaded.push_back(AdamWState{load_from(s->offload_adam.exp_avg, device_),
                                   load_from(s->offload_adam.exp_avg_sq, device_)});
     }
-  } catch (const std::exception& e) {
-    return internal::from_exception("FSDP load_optimizer", e);
+  } catch (...) {
+    return proto::status_from_current_exception("FSDP load_optimizer");
   }
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->adam = std::move(loaded[u]);
   optimizer_offloaded_ = false;

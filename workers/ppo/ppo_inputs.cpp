@@ -131,25 +131,6 @@ Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequen
 
 // ---- Shared plumbing ----------------------------------------------------------------------------
 
-Status status_from_current_exception(const std::string& context) {
-  try {
-    throw;
-  } catch (const c10::OutOfMemoryError& e) {
-    return make_error(ErrorCode::resource_exhausted, "{}: out of device memory ({})", context,
-                      proto::out_of_memory_summary(e));
-  } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    return make_error(ErrorCode::internal, "{}: {}", context, msg);
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    return make_error(ErrorCode::internal, "{}: {}", context, msg);
-  } catch (...) {
-    return make_error(ErrorCode::internal, "{}: unknown exception", context);
-  }
-}
-
 Result<double> meta_number(const nlohmann::json& meta_info, const std::string& key) {
   if (!meta_info.is_object() || !meta_info.contains(key)) {
     return make_error(ErrorCode::not_found, "meta_info.{} is required", key);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "proto/data_proto.hpp"
+#include "proto/device.hpp"
 #include "proto/status.hpp"
 
 namespace tessera::ppo {
@@ -77,11 +78,8 @@ Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequen
 
 // ---- Shared plumbing ----------------------------------------------------------------------------
 
-/// Converts the in-flight exception (call from inside a catch block) into a one-line Status:
-/// c10::Error without its backtrace, std::exception by what(). `context` prefixes the message. A
-/// device running out of memory is ErrorCode::resource_exhausted with the allocator's summary
-/// (what it tried to allocate, what was free), without its advice.
-Status status_from_current_exception(const std::string& context);
+/// The in-flight exception as a one-line Status (proto/device.hpp).
+using proto::status_from_current_exception;
 
 /// Runs `fn()`; an exception it throws is returned as a Status naming `context`.
 template <class Fn>

@@ -1,7 +1,6 @@
 // sharding_manager.cpp: FsdpShardingManager (Note [Colocated resharding] in sharding_manager.hpp).
 #include "workers/rollout/sharding_manager.hpp"
 
-#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <utility>
@@ -250,14 +249,8 @@ Status FsdpShardingManager::enter() {
   auto tensors = [&]() -> Result<models::TensorMap> {
     try {
       return tp_plans_.empty() ? gather_units() : gather_tp_slices();
-    } catch (const std::exception& e) {
-      if (proto::is_out_of_memory(e)) {
-        return make_error(ErrorCode::resource_exhausted, "sharding manager: gathering the rollout's weights: out of "
-                                                         "memory: {}", proto::out_of_memory_summary(e));
-      }
-      std::string msg = e.what();
-      msg.resize(std::min(msg.size(), msg.find('\n')));  // the first line, without LibTorch's backtrace
-      return make_error(ErrorCode::internal, "sharding manager: gathering the rollout's weights: {}", msg);
+    } catch (...) {
+      return proto::status_from_current_exception("sharding manager: gathering the rollout's weights");
     }
   }();
   if (!tensors.ok()) return fail(tensors.status());
