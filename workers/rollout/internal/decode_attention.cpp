@@ -234,9 +234,6 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& ke
                                        double scale, double softcap, bool tiled) {
 #if TESSERA_WITH_CUDA
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  TORCH_CHECK(!tiled || cuda::tiled_decode_attention_supported(H, key_pool.size(2), D),
-              "paged_decode_attention_cuda: the tiled kernel does not take ", H, " heads over ", key_pool.size(2),
-              " KV heads of size ", D);
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
                   block_tables.device() == key_pool.device() && context_lens.device() == key_pool.device(),
               "paged_decode_attention_cuda: block tables and context lengths must be int64 on ", key_pool.device());

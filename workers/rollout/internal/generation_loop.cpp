@@ -203,9 +203,12 @@ class GenerationLoop {
   }
 
   // The sequences of `rows`, right-aligned in width W: ids (0 under padding) and mask [k, W].
+  // Host tensors in staging memory (pinned on CUDA), so that their upload does not block (Note
+  // [Host transfers]).
   std::pair<at::Tensor, at::Tensor> left_padded(const std::vector<int64_t>& rows, int64_t W) {
     const int64_t k = static_cast<int64_t>(rows.size());
-    at::Tensor ids = at::zeros({k, W}, at::kLong), mask = at::zeros({k, W}, at::kLong);
+    at::Tensor ids = proto::staging_tensor({k, W}, at::kLong, model_.device()).zero_();
+    at::Tensor mask = proto::staging_tensor({k, W}, at::kLong, model_.device()).zero_();
     auto id = ids.accessor<int64_t, 2>();
     auto m = mask.accessor<int64_t, 2>();
     for (int64_t i = 0; i < k; ++i) {
@@ -241,14 +244,7 @@ class GenerationLoop {
     const auto k = static_cast<int64_t>(a.taken.size()), d = static_cast<int64_t>(a.distinct.size());
     auto [host_ids, host_mask] = left_padded(a.distinct, W);
     const c10::Device device = model_.device();
-    // Through pinned staging: a pageable source would make these copies block (Note [Host transfers]).
-    auto upload_tensor = [&](const at::Tensor& host) {
-      if (!device.is_cuda()) return host;
-      at::Tensor staged = proto::staging_tensor(host.sizes(), host.scalar_type(), device);
-      staged.copy_(host);
-      return staged.to(device, /*non_blocking=*/true);
-    };
-    at::Tensor ids = upload_tensor(host_ids), mask = upload_tensor(host_mask);
+    at::Tensor ids = host_ids.to(device, /*non_blocking=*/true), mask = host_mask.to(device, /*non_blocking=*/true);
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
                                                                           {d, W, model_.dtype(), device}));
