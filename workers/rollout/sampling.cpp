@@ -67,7 +67,14 @@ at::Tensor inverse_cdf(const at::Tensor& filtered_logits, const std::vector<doub
   at::Tensor scaled = (u * total.to(at::kDouble)).to(at::kFloat);
   at::Tensor target = at::minimum(scaled, at::nextafter(total, at::zeros_like(total)));
   at::Tensor idx = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true);
-  return idx.squeeze(1).clamp_max(filtered_logits.size(1) - 1);
+  // Note [Unsampleable rows]: a NaN total (a NaN or inf logit) or a zero one (all -inf).
+  return at::where(total.squeeze(1) > 0, idx.squeeze(1).clamp_max(filtered_logits.size(1) - 1), -1);
+}
+
+// log_softmax(scaled) at `tokens`; an unsampleable row's -1 reads column 0 (its log-softmax is
+// NaN there too), so that the gather never indexes outside the row.
+at::Tensor logprobs_at(const at::Tensor& scaled, const at::Tensor& tokens) {
+  return at::log_softmax(scaled, 1).gather(1, tokens.clamp_min(0).unsqueeze(1)).squeeze(1);
 }
 
 // The fused kernel's draw (Note [Fused sampling]); fused_sampling_applies(logits, ...) holds.
@@ -199,13 +206,14 @@ SampledTokens sample_tokens(const at::Tensor& given, const SamplingParams& param
   const at::Tensor logits = given.to(at::kFloat);
   SampledTokens out;
   if (params.greedy) {
-    out.tokens = logits.argmax(1);
-    if (want_logprobs) out.logprobs = at::log_softmax(logits, 1).gather(1, out.tokens.unsqueeze(1)).squeeze(1);
+    auto [best, argmax] = at::max(logits, 1);  // a NaN is the maximum of its row
+    out.tokens = at::where(best.isfinite(), argmax, -1);  // Note [Unsampleable rows]
+    if (want_logprobs) out.logprobs = logprobs_at(logits, out.tokens);
     return out;
   }
   at::Tensor scaled = params.temperature == 1.0 ? logits : logits / params.temperature;
   out.tokens = inverse_cdf(apply_top_k_top_p(scaled, params.top_k, params.top_p), uniforms);
-  if (want_logprobs) out.logprobs = at::log_softmax(scaled, 1).gather(1, out.tokens.unsqueeze(1)).squeeze(1);
+  if (want_logprobs) out.logprobs = logprobs_at(scaled, out.tokens);
   return out;
 }
 

@@ -60,7 +60,8 @@ uint64_t row_seed(uint64_t call_seed, int64_t row);
 /// the nucleus set to -inf. REQUIRES: logits is floating, 2-D; top_p in (0, 1].
 at::Tensor apply_top_k_top_p(const at::Tensor& logits, int64_t top_k, double top_p);
 
-/// Tokens [N] (int64) and, when requested, their log-probs [N] (fp32).
+/// Tokens [N] (int64) and, when requested, their log-probs [N] (fp32). A row that has no
+/// distribution to draw from (Note [Unsampleable rows]) gets token -1 and a NaN log-prob.
 struct SampledTokens {
   at::Tensor tokens;
   at::Tensor logprobs;  ///< Undefined unless want_logprobs.
@@ -69,7 +70,16 @@ struct SampledTokens {
 /// Picks one token per row of `logits` [N, V] (fp32, bf16 or fp16: the rules above apply to the
 /// values widened to fp32). `uniforms` holds N draws in [0, 1) and is ignored (may be empty) when
 /// params.greedy.
-/// REQUIRES: uniforms.size() == N unless greedy; every row has a finite maximum.
+///
+/// Note [Unsampleable rows]
+/// A diverged policy (NaN weights or activations) gives NaN logits, and an inf logit makes the
+/// softmax NaN too: such a row has no distribution, and a sampler that draws from it anyway
+/// (vLLM's does) returns arbitrary tokens that the trainer goes on learning from. Here a row with
+/// a NaN or +inf logit, or with every logit -inf (greedy: whose maximum is not finite), gets
+/// token -1, marked where the draw happens (in the fused kernel, or beside the torch ops) at no
+/// extra pass over the logits; the engine stops the call with one line naming the row when it
+/// reads the token, and feeds token 0 to the step it launched before reading.
+/// REQUIRES: uniforms.size() == N unless greedy.
 SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params,
                             const std::vector<double>& uniforms, bool want_logprobs);
 

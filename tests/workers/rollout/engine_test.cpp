@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "tests/workers/rollout/rollout_test_util.hpp"
@@ -673,25 +674,33 @@ TEST(KVCacheEngine, DoSampleFalseAndValidationUseGreedy) {
 
 // A device running out of memory mid-generation is one line naming the keys that shrink the
 // engine's footprint, not a crash or a backtrace.
+// A StepModel that forwards to the tiny model's own; tests override the part they fake.
+struct ForwardingStep : StepModel {
+  explicit ForwardingStep(std::shared_ptr<models::CausalLM> m) : inner(std::move(m)) {}
+  const models::ModelConfig& cache_config() const override { return inner.cache_config(); }
+  c10::ScalarType dtype() const override { return inner.dtype(); }
+  c10::Device device() const override { return inner.device(); }
+  at::Tensor forward_step(const at::Tensor& ids, const at::Tensor& pos, models::KVCache& cache,
+                          const at::Tensor& mask) override {
+    return inner.forward_step(ids, pos, cache, mask);
+  }
+  at::Tensor decode_step(const at::Tensor& ids, const at::Tensor& pos, PagedKV& kv, const PagedBatch& batch) override {
+    return inner.decode_step(ids, pos, kv, batch);
+  }
+  at::Tensor logits(const at::Tensor& hidden) override { return inner.logits(hidden); }
+  Status load_weights_by_reference(const models::TensorMap& t) override { return inner.load_weights_by_reference(t); }
+  CausalLMStepModel inner;
+};
+
 TEST(KVCacheEngine, OutOfMemoryIsOneLineNamingTheKeys) {
-  struct ExhaustedStep final : StepModel {
-    explicit ExhaustedStep(std::shared_ptr<models::CausalLM> m) : inner(std::move(m)) {}
-    const models::ModelConfig& cache_config() const override { return inner.cache_config(); }
-    c10::ScalarType dtype() const override { return inner.dtype(); }
-    c10::Device device() const override { return inner.device(); }
-    at::Tensor forward_step(const at::Tensor& ids, const at::Tensor& pos, models::KVCache& cache,
-                            const at::Tensor& mask) override {
-      return inner.forward_step(ids, pos, cache, mask);
-    }
+  struct ExhaustedStep final : ForwardingStep {
+    using ForwardingStep::ForwardingStep;
     at::Tensor decode_step(const at::Tensor&, const at::Tensor&, PagedKV&, const PagedBatch&) override {
       throw c10::OutOfMemoryError({"decode_step", "fake.cpp", 1},
                                   "CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of "
                                   "79.19 GiB of which 0.25 GiB is free. If reserved but unallocated memory is large "
                                   "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
     }
-    at::Tensor logits(const at::Tensor& hidden) override { return inner.logits(hidden); }
-    Status load_weights_by_reference(const models::TensorMap& t) override { return inner.load_weights_by_reference(t); }
-    CausalLMStepModel inner;
   };
   auto engine = KVCacheEngine::create(std::make_unique<ExhaustedStep>(testing::tiny_model(9)), testing::test_config());
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
@@ -702,6 +711,52 @@ TEST(KVCacheEngine, OutOfMemoryIsOneLineNamingTheKeys) {
   EXPECT_NE(message.find("Tried to allocate 3.00 GiB"), std::string::npos) << message;
   EXPECT_NE(message.find("max_num_seqs"), std::string::npos) << message;
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+// Note [Unsampleable rows]: a policy whose logits turn NaN (here: every row's, from the third
+// logits call on: the prefill's, then two decode steps) ends the call with one line naming the
+// first row read, greedy or sampled, with the token reads lagged (the engine's default) and not.
+TEST(KVCacheEngine, NanLogitsEndTheCallWithOneLineNamingTheRow) {
+  struct DivergedStep final : ForwardingStep {
+    using ForwardingStep::ForwardingStep;
+    at::Tensor logits(const at::Tensor& hidden) override {
+      at::Tensor out = inner.logits(hidden);
+      return ++calls >= 3 ? out.fill_(std::numeric_limits<float>::quiet_NaN()) : out;
+    }
+    int calls = 0;
+  };
+  auto expect_named = [](const Status& st) {
+    const std::string message = st.to_string();
+    EXPECT_EQ(st.code(), ErrorCode::invalid_argument) << message;
+    EXPECT_NE(message.find("the logits of batch row 0 at response token 2 are NaN or infinite"), std::string::npos)
+        << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  };
+  const std::vector<std::vector<int64_t>> prompts = {{3, 4, 5, 6}, {7, 8}, {9, 10, 11}};
+  for (bool greedy : {true, false}) {
+    for (bool lag : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "greedy=" << greedy << " lag=" << lag);
+      DivergedStep step(testing::tiny_model(10));
+      internal::LoopOptions o;
+      o.slots = 3;
+      o.prefill_token_budget = 64;
+      o.response_length = 8;
+      o.sampling.greedy = greedy;
+      o.call_seed = 3;
+      o.lag_token_reads = lag;
+      GenerationStats stats;
+      auto rows = internal::run_generation(step, prompts, o, stats);
+      ASSERT_FALSE(rows.ok());
+      expect_named(rows.status());
+    }
+  }
+  RolloutConfig cfg = testing::test_config();
+  cfg.ignore_eos = true;
+  auto engine = KVCacheEngine::create(std::make_unique<DivergedStep>(testing::tiny_model(10)), cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto out = (*engine)->generate_sequences(testing::prompt_batch({4, 2, 3}, 4, 1, 95));
+  ASSERT_FALSE(out.ok());
+  expect_named(out.status());
 }
 
 TEST(KVCacheEngine, RejectsBadInputsAndConfigs) {

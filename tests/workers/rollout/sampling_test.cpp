@@ -5,8 +5,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 
 #include "workers/rollout/sampling.hpp"
 
@@ -210,6 +212,59 @@ TEST(Sampler, OnCudaFusedKernelDrawsFromTheSoftmax) {
       const int64_t t = tokens[i].item<int64_t>();
       EXPECT_TRUE(t == 1 || t == 3) << "u=" << u[static_cast<size_t>(i)] << " drew " << t;
     }
+  }
+}
+
+// Note [Unsampleable rows]: a row with a NaN or +inf logit, or only -inf ones, draws -1 with a NaN
+// log-prob under every rule; the rows beside it draw as they would alone.
+at::Tensor rows_with_unsampleable_ones(const c10::Device& device, at::ScalarType dtype) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  at::Tensor logits = at::tensor(kLogits, at::kDouble).to(at::kFloat).unsqueeze(0).repeat({5, 1});
+  logits.index_put_({1, 3}, nan);
+  logits.index_put_({2, 6}, inf);
+  logits.index_put_({3}, -inf);
+  return logits.to(dtype).to(device);
+}
+
+void expect_unsampleable_rows_marked(const at::Tensor& logits, const SamplingParams& params) {
+  const std::vector<double> u = {0.3, 0.3, 0.3, 0.3, 0.3};
+  SampledTokens got = sample_tokens(logits, params, u, /*want_logprobs=*/true);
+  const at::Tensor tokens = got.tokens.cpu(), lp = got.logprobs.cpu();
+  const std::string rule = params.greedy ? "greedy" : "T=" + std::to_string(params.temperature) +
+                                                          " top_k=" + std::to_string(params.top_k) +
+                                                          " top_p=" + std::to_string(params.top_p);
+  for (int64_t r : {1, 2, 3}) {
+    EXPECT_EQ(tokens[r].item<int64_t>(), -1) << rule << ", row " << r;
+    EXPECT_TRUE(std::isnan(lp[r].item<float>())) << rule << ", row " << r;
+  }
+  SampledTokens alone = sample_tokens(logits.narrow(0, 0, 1), params, {0.3}, true);
+  for (int64_t r : {0, 4}) {
+    EXPECT_EQ(tokens[r].item<int64_t>(), alone.tokens[0].item<int64_t>()) << rule << ", row " << r;
+    EXPECT_FLOAT_EQ(lp[r].item<float>(), alone.logprobs[0].item<float>()) << rule << ", row " << r;
+  }
+}
+
+TEST(Sampler, UnsampleableRowsDrawMinusOne) {
+  const c10::Device cpu(c10::DeviceType::CPU);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor logits = rows_with_unsampleable_ones(cpu, dtype);
+    expect_unsampleable_rows_marked(logits, {true, 0.0, -1, 1.0});
+    expect_unsampleable_rows_marked(logits, {false, 1.0, -1, 1.0});
+    expect_unsampleable_rows_marked(logits, {false, 0.7, 3, 0.9});
+  }
+}
+
+TEST(Sampler, OnCudaUnsampleableRowsDrawMinusOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const c10::Device cuda("cuda:0");
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const at::Tensor logits = rows_with_unsampleable_ones(cuda, dtype);
+    SamplingParams fused{false, 0.8, -1, 1.0};
+    fused.fused = true;
+    ASSERT_TRUE(fused_sampling_applies(logits, fused));
+    expect_unsampleable_rows_marked(logits, fused);
+    expect_unsampleable_rows_marked(logits, {false, 0.8, -1, 1.0});  // the torch ops on the device
+    expect_unsampleable_rows_marked(logits, {true, 0.0, -1, 1.0});
   }
 }
 

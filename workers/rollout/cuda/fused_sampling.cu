@@ -106,10 +106,12 @@ __global__ void __launch_bounds__(kThreads) fused_sampling_kernel(FusedSamplingA
     }
   }
   const MaxSum total = block_max_sum(ms, reduce);
-  if (total.m == -INFINITY || !(total.s > 0.f)) {  // no finite logit: outside the contract
+  // Note [Unsampleable rows] (sampling.hpp): a NaN logit makes S NaN (fmaxf keeps M finite), a
+  // +inf one makes M infinite, and a row of -inf leaves M = -inf and S = 0.
+  if (!isfinite(total.m) || !(total.s > 0.f)) {
     if (threadIdx.x == 0) {
-      a.tokens[r] = 0;
-      if (a.logprobs) a.logprobs[r] = -INFINITY;
+      a.tokens[r] = -1;
+      if (a.logprobs) a.logprobs[r] = NAN;
     }
     return;
   }

@@ -42,7 +42,8 @@ struct FusedSamplingArgs {
 };
 
 /// Launches the kernel on `stream` (a cudaStream_t). Returns nullptr on success, else the CUDA
-/// error string. REQUIRES: every row has a finite maximum; temperature > 0.
+/// error string. A row with a NaN or +inf logit, or only -inf ones, gets token -1 and a NaN
+/// log-prob (Note [Unsampleable rows] in sampling.hpp). REQUIRES: temperature > 0.
 const char* launch_fused_sampling(const FusedSamplingArgs& args, void* stream);
 
 }  // namespace tessera::rollout::cuda

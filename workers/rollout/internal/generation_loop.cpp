@@ -107,11 +107,11 @@ class GenerationLoop {
           TESSERA_RETURN_IF_ERROR(admit());
         } while (!continuous() && admitted_ > 0 && !pending_.empty() && live_count() < cache_->slots());
       }
-      if (live_count() > 0) decode_step();
+      if (live_count() > 0) TESSERA_RETURN_IF_ERROR(decode_step());
       // Note [Lagged token reads]: the step just launched stays in flight while the host reads
       // the one before it; with nothing left to launch, every pending read is taken.
       const size_t keep = live_count() > 0 ? 1 : 0;
-      while (in_flight_.size() > keep) read_tokens();
+      while (in_flight_.size() > keep) TESSERA_RETURN_IF_ERROR(read_tokens());
     }
     return Status();
   }
@@ -274,7 +274,7 @@ class GenerationLoop {
       if (!options_.sampling.greedy && !rng) rng.emplace(row_seed(options_.call_seed, row));
       resumed_[static_cast<size_t>(row)].clear();
     }
-    launch_sampling(logits, slots, /*prefill=*/true);
+    TESSERA_RETURN_IF_ERROR(launch_sampling(logits, slots, /*prefill=*/true));
     stats_.admissions += 1;
     stats_.prefill_tokens += d * W;
     stats_.prefill_seconds += seconds_since(t0);
@@ -307,25 +307,27 @@ class GenerationLoop {
   }
 
   // Feeds every live row its last token and samples the next one.
-  void decode_step() {
+  Status decode_step() {
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     if (cache_->blocks_to_append(live_slots()) > cache_->free_blocks()) {
-      read_all_tokens();  // Note [Lagged token reads]: preemption needs every row's tokens
+      // Note [Lagged token reads]: preemption needs every row's tokens
+      TESSERA_RETURN_IF_ERROR(read_all_tokens());
       preempt_for_appends();
     }
     std::vector<int64_t> live = live_slots(), positions;
-    if (live.empty()) return;  // the reads just taken finished them all
+    if (live.empty()) return Status();  // the reads just taken finished them all
     for (int64_t s : live) {
       const auto row = static_cast<size_t>(slot_row_[static_cast<size_t>(s)]);
       positions.push_back(static_cast<int64_t>(prompts_[row].size()) + issued_[row] - 1);
     }
     at::Tensor hidden = runner_->step(live, positions, slot_tokens_);
-    launch_sampling(model_.logits(hidden), live, /*prefill=*/false);
+    Status st = launch_sampling(model_.logits(hidden), live, /*prefill=*/false);
     stats_.decode_steps += 1;
     stats_.decode_row_steps += runner_->last_rows();
     stats_.decode_seconds += seconds_since(t0);
     stats_.decode_cpu_seconds += process_cpu_seconds() - cpu0;
+    return st;
   }
 
   std::vector<int64_t> live_slots() const {
@@ -352,7 +354,7 @@ class GenerationLoop {
   // logits [n, V] belong to slots[0..n): draws each row's next token on the device, keeps it
   // there for the next step, starts its copy to the host, and retires the rows that have sampled
   // their last token.
-  void launch_sampling(const at::Tensor& logits, const std::vector<int64_t>& slots, bool prefill) {
+  Status launch_sampling(const at::Tensor& logits, const std::vector<int64_t>& slots, bool prefill) {
     InFlight f;
     f.slots = slots;
     f.prefill = prefill;
@@ -363,7 +365,9 @@ class GenerationLoop {
       if (!options_.sampling.greedy) uniforms.push_back(rngs_[static_cast<size_t>(row)]->next_uniform());
     }
     SampledTokens picked = sample_tokens(logits, options_.sampling, uniforms, options_.want_logprobs);
-    slot_tokens_.index_copy_(0, proto::upload(slots, slot_tokens_.device()), picked.tokens);
+    // An unsampleable row's -1 (Note [Unsampleable rows]) is read below and ends the call; until
+    // then the step launched before that read embeds token 0 in its place.
+    slot_tokens_.index_copy_(0, proto::upload(slots, slot_tokens_.device()), picked.tokens.clamp_min(0));
     // One copy to the host per launch: the tokens, and the log-probs beside them (a float and a
     // token id below 2^53 are both exact as doubles).
     at::Tensor drawn = picked.tokens.to(at::kDouble);
@@ -374,12 +378,13 @@ class GenerationLoop {
       if (++issued_[row] >= options_.response_length) retire(slots[i]);
     }
     in_flight_.push_back(std::move(f));
-    if (!options_.lag_token_reads) read_all_tokens();
+    return options_.lag_token_reads ? Status() : read_all_tokens();
   }
 
   // Waits for the oldest launch's tokens and records them: appends, and retires the rows that
   // sampled an EOS. Tokens of rows already finished (sampled by the step after their EOS) are dropped.
-  void read_tokens() {
+  // A row that had nothing to sample from (Note [Unsampleable rows]) ends the call.
+  Status read_tokens() {
     const auto t0 = Clock::now();
     InFlight f = std::move(in_flight_.front());
     in_flight_.pop_front();
@@ -391,6 +396,13 @@ class GenerationLoop {
       if (done_[static_cast<size_t>(r)]) continue;
       GeneratedRow& row = rows_[static_cast<size_t>(r)];
       const auto token = static_cast<int64_t>(values[i]);
+      if (token < 0) {
+        return make_error(ErrorCode::invalid_argument,
+                          "rollout: the logits of batch row {} at response token {} are NaN or infinite, so no token "
+                          "can be sampled: the policy has diverged (non-finite weights or activations; see the "
+                          "previous steps' actor/grad_norm and actor/pg_loss)",
+                          r, row.tokens.size());
+      }
       row.tokens.push_back(token);
       if (options_.want_logprobs) row.logprobs.push_back(static_cast<float>(values[n + i]));
       stats_.generated_tokens += 1;
@@ -399,10 +411,12 @@ class GenerationLoop {
         if (slot_row_[static_cast<size_t>(slot)] == r) retire(slot);  // at response_length: retired at launch
       }
     }
+    return Status();
   }
 
-  void read_all_tokens() {
-    while (!in_flight_.empty()) read_tokens();
+  Status read_all_tokens() {
+    while (!in_flight_.empty()) TESSERA_RETURN_IF_ERROR(read_tokens());
+    return Status();
   }
 
   bool finished(const GeneratedRow& row, int64_t token) const {
