@@ -5,7 +5,7 @@
 # profiled and its trace summarised per worker method.
 #
 #   deploy/bundle.sh t.tar.gz tessera worker_test trainer_device_test models_hf_parity_test \
-#     models_test rollout_test algos_test collective_nccl_test gpu_decode  # where you build
+#     models_test rollout_test algos_test fsdp_test collective_nccl_test gpu_decode  # where you build
 #   tar xzf t.tar.gz && source tessera-bundle/env.sh          # on the GPU machine, in this repo
 #   TESSERA_SHARED_DIR=... bench/gpu_check.sh TOKENIZER_DIR OUT_DIR [STEPS]
 #
@@ -31,11 +31,11 @@ part() { [[ $PARTS == *" $1 "* ]]; }
 
 status=0
 pids=()
-part tests && for t in collective_nccl_test worker_test trainer_device_test models_hf_parity_test models_test rollout_test algos_test; do
+part tests && for t in collective_nccl_test worker_test trainer_device_test models_hf_parity_test models_test rollout_test algos_test fsdp_test; do
   [[ -x "$BIN/$t" ]] || { echo "gpu_check: $t is not in the bundle; skipped"; continue; }
   filter=()
   [[ $t == worker_test ]] && filter=(--gtest_filter='*OnDevice*:*DevicePlacement*')
-  [[ $t == models_test || $t == rollout_test || $t == algos_test ]] && filter=(--gtest_filter='*OnCuda*')
+  [[ $t == models_test || $t == rollout_test || $t == algos_test || $t == fsdp_test ]] && filter=(--gtest_filter='*OnCuda*')
   ( OMP_NUM_THREADS=1 timeout "${TESSERA_TEST_TIMEOUT_S:-300}" "$BIN/$t" "${filter[@]}" > "$OUT/$t.log" 2>&1 ) &
   pids+=("$!:$t")
 done

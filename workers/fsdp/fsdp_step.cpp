@@ -16,6 +16,16 @@
 // so a 7B model's moments never touch the device all at once. step() returns once the host
 // buffers hold the new moments (one synchronisation per step).
 //
+// On a GPU the copies home run on a stream of their own: unit i's moments go back to the host
+// while unit i+1's come in and step, so the two directions of the link overlap (PCIe is full
+// duplex, and each direction has its own copy engine) and the step moves 2 x 8 bytes per
+// parameter in about the time of one direction: ~60 GB each way at 7B, 1-2 s saved per step.
+// The working copies come from the caching allocator on the compute stream, which knows nothing
+// of the copy stream, so their reuse is ordered by hand: unit i-1's copies are held until unit
+// i's are allocated, and the compute stream waits for unit i-2's copy home before it loads unit
+// i's (whose blocks may be unit i-2's). The device holds at most two units' moments at a
+// time; copying both ways on the compute stream, it held one.
+//
 // Note [Clean offload]
 // With param_offload a worker loads the shards for each phase and offloads them after it
 // (OffloadScope). Only update_actor changes them; after the rollout's hand-off, the log-prob
@@ -30,11 +40,18 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "proto/device.hpp"
 #include "proto/host_transfer.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
+
+#if TESSERA_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace tessera::fsdp {
 namespace {
@@ -64,6 +81,54 @@ at::Tensor load_from(const at::Tensor& host, const c10::Device& device) {
 }
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// Note [Streamed optimizer step]: runs `adamw(i, working)` for each unit i, its moments loaded
+// from the host buffers `home[i]` into `working` and copied back after; returns once every copy
+// home has landed.
+using UnitAdamW = std::function<void(size_t unit, AdamWState& working)>;
+
+#if TESSERA_WITH_CUDA
+void stream_moments_cuda(const std::vector<AdamWState*>& home, const c10::Device& device, const UnitAdamW& adamw) {
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
+  const c10::cuda::CUDAStream back = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  // Every return, a throw included, waits for the copies home still reading freed working copies
+  // (nothing allocates between a throw and this wait).
+  struct WaitForCopies {
+    cudaStream_t stream;
+    ~WaitForCopies() { (void)cudaStreamSynchronize(stream); }
+  } wait_for_copies{back.stream()};
+  std::vector<at::cuda::CUDAEvent> copied(home.size());
+  AdamWState held;  // unit i-1's working copies, freed once unit i's are allocated
+  for (size_t i = 0; i < home.size(); ++i) {
+    if (i >= 2) copied[i - 2].block(compute);  // unit i may get unit i-2's blocks
+    AdamWState working{load_from(home[i]->exp_avg, device), load_from(home[i]->exp_avg_sq, device)};
+    adamw(i, working);
+    at::cuda::CUDAEvent stepped;
+    stepped.record(compute);
+    stepped.block(back);
+    {
+      c10::cuda::CUDAStreamGuard on_back(back);
+      home[i]->exp_avg.copy_(working.exp_avg, /*non_blocking=*/true);
+      home[i]->exp_avg_sq.copy_(working.exp_avg_sq, /*non_blocking=*/true);
+    }
+    copied[i].record(back);
+    held = std::move(working);
+  }
+  back.synchronize();  // the host buffers hold the new moments before anything reads them
+}
+#endif
+
+void stream_moments(const std::vector<AdamWState*>& home, const c10::Device& device, const UnitAdamW& adamw) {
+#if TESSERA_WITH_CUDA
+  if (device.is_cuda()) return stream_moments_cuda(home, device, adamw);
+#endif
+  for (size_t i = 0; i < home.size(); ++i) {
+    AdamWState working{load_from(home[i]->exp_avg, device), load_from(home[i]->exp_avg_sq, device)};
+    adamw(i, working);
+    home[i]->exp_avg.copy_(working.exp_avg);
+    home[i]->exp_avg_sq.copy_(working.exp_avg_sq);
+  }
+}
 
 }  // namespace
 
@@ -124,14 +189,11 @@ Result<StepResult> FsdpModule::step() {
     if (!optimizer_offloaded_) {
       adamw_step(params, grads, states, optim_.adamw, result.lr, optimizer_steps_ + 1);
     } else {
-      for (size_t i = 0; i < stepped.size(); ++i) {  // Note [Streamed optimizer step]
-        AdamWState& host = stepped[i]->offload_adam;
-        AdamWState working{load_from(host.exp_avg, device_), load_from(host.exp_avg_sq, device_)};
+      std::vector<AdamWState*> home;
+      for (UnitState* s : stepped) home.push_back(&s->offload_adam);
+      stream_moments(home, device_, [&](size_t i, AdamWState& working) {  // Note [Streamed optimizer step]
         adamw_step({params[i]}, {grads[i]}, {&working}, optim_.adamw, result.lr, optimizer_steps_ + 1);
-        host.exp_avg.copy_(working.exp_avg, /*non_blocking=*/true);
-        host.exp_avg_sq.copy_(working.exp_avg_sq, /*non_blocking=*/true);
-      }
-      proto::synchronize(device_);  // the host buffers hold the new moments before anything reads them
+      });
     }
     ++optimizer_steps_;  // once every unit has stepped
   } catch (...) {

@@ -108,6 +108,42 @@ TEST(Offload, StreamedOptimizerStepEqualsTheResidentStepBitwise) {
   fs::remove_all(dir);
 }
 
+// The same on a GPU, where the moments come in on the compute stream and go home on a stream of
+// their own, overlapped (Note [Streamed optimizer step]): given the same gradients, every shard and
+// moment equals the resident optimizer's, bit for bit, step after step (AdamW is element-wise).
+TEST(Offload, OnCudaStreamedOptimizerStepEqualsTheResidentStepBitwise) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const c10::Device cuda("cuda:0");
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    auto resident = make_engine(borrow(w), S::full_shard, true, -1, at::kFloat, test_optim(), false, cuda);
+    auto streamed = make_engine(borrow(w), S::full_shard, true, -1, at::kFloat, test_optim(), true, cuda);
+    ASSERT_TRUE(resident && streamed);
+    ASSERT_GE(resident->layouts().size(), 3u);  // more units than the two the stream holds at once
+    at::Generator gen = at::detail::createCPUGenerator(77);
+    for (int s = 0; s < 3; ++s) {
+      for (size_t u = 0; u < resident->layouts().size(); ++u) {
+        const auto unit = static_cast<int>(u);
+        const at::Tensor g = at::randn(resident->unit_state(unit).shard.sizes(), gen).to(cuda);
+        resident->unit_state(unit).shard_grad = g.clone();
+        streamed->unit_state(unit).shard_grad = g.clone();
+      }
+      auto a = resident->step();
+      auto b = streamed->step();
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << " / " << b.status().to_string();
+      EXPECT_EQ(a->grad_norm, b->grad_norm);
+      for (size_t u = 0; u < resident->layouts().size(); ++u) {
+        const auto& r = resident->unit_state(static_cast<int>(u));
+        const auto& g = streamed->unit_state(static_cast<int>(u));
+        EXPECT_FALSE(g.adam.exp_avg.defined()) << "step " << s << ": moments left on the device";
+        EXPECT_TRUE(g.offload_adam.exp_avg.device().is_cpu());
+        EXPECT_TRUE(at::equal(g.shard.cpu(), r.shard.cpu())) << "step " << s << " unit " << u;
+        EXPECT_TRUE(at::equal(g.offload_adam.exp_avg, r.adam.exp_avg.cpu())) << "step " << s << " unit " << u;
+        EXPECT_TRUE(at::equal(g.offload_adam.exp_avg_sq, r.adam.exp_avg_sq.cpu())) << "step " << s << " unit " << u;
+      }
+    }
+  });
+}
+
 TEST(Offload, WrapWithParamOffloadStartsOffloaded) {
   collective::testing::with_world("inproc", 2, [&](int, Communicator& w) {
     auto model = make_model();

@@ -178,14 +178,17 @@ inline RunResult reference_run(int steps, const OptimizerOptions& o = test_optim
   });
 }
 
-/// Builds the FSDP engine of one rank over `world` for `strategy` (mesh from fsdp_size).
+/// Builds the FSDP engine of one rank over `world` for `strategy` (mesh from fsdp_size), with the
+/// model on `device`.
 inline std::unique_ptr<FsdpModule> make_engine(std::shared_ptr<collective::Communicator> world,
                                                ShardingStrategy strategy, bool recompute,
                                                int fsdp_size = -1,
                                                c10::ScalarType param_dtype = at::kFloat,
                                                const OptimizerOptions& o = test_optim(),
-                                               bool optimizer_offload = false) {
+                                               bool optimizer_offload = false,
+                                               c10::Device device = c10::Device(c10::DeviceType::CPU)) {
   auto model = make_model();
+  model->to(device);
   auto mesh = collective::DeviceMesh::for_fsdp(world, fsdp_size);
   EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
   WrapPolicy policy;
