@@ -22,8 +22,8 @@
 // parameter in about the time of one direction: ~60 GB each way at 7B, 1-2 s saved per step.
 // The working copies come from the caching allocator on the compute stream, which knows nothing
 // of the copy stream, so their reuse is ordered by hand: unit i-1's copies are held until unit
-// i's are allocated, and the compute stream waits for unit i-2's copy home before it loads unit
-// i's (whose blocks may be unit i-2's). The device holds at most two units' moments at a
+// i's are allocated, and before they are freed the compute stream is made to wait for their copy
+// home (so unit i+1's load, which may land in them, follows it). The device holds at most two units' moments at a
 // time; copying both ways on the compute stream, it held one.
 //
 // Note [Clean offload]
@@ -95,12 +95,13 @@ void stream_moments_cuda(const std::vector<AdamWState*>& home, const c10::Device
   // (nothing allocates between a throw and this wait).
   struct WaitForCopies {
     cudaStream_t stream;
-    ~WaitForCopies() { (void)cudaStreamSynchronize(stream); }
+    ~WaitForCopies() {
+      if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();  // the throw in flight says why
+    }
   } wait_for_copies{back.stream()};
   std::vector<at::cuda::CUDAEvent> copied(home.size());
   AdamWState held;  // unit i-1's working copies, freed once unit i's are allocated
   for (size_t i = 0; i < home.size(); ++i) {
-    if (i >= 2) copied[i - 2].block(compute);  // unit i may get unit i-2's blocks
     AdamWState working{load_from(home[i]->exp_avg, device), load_from(home[i]->exp_avg_sq, device)};
     adamw(i, working);
     at::cuda::CUDAEvent stepped;
@@ -112,6 +113,9 @@ void stream_moments_cuda(const std::vector<AdamWState*>& home, const c10::Device
       home[i]->exp_avg_sq.copy_(working.exp_avg_sq, /*non_blocking=*/true);
     }
     copied[i].record(back);
+    // Unit i-1's blocks go back to the allocator here, to be reused on the compute stream: it
+    // waits for their copy home first.
+    if (i >= 1) copied[i - 1].block(compute);
     held = std::move(working);
   }
   back.synchronize();  // the host buffers hold the new moments before anything reads them

@@ -113,13 +113,18 @@ constexpr const char* kFusedSamplingFix = "set actor_rollout_ref.rollout.engine_
 // as `dtype` holds them, up to the rounding of fp32 sums; its log-prob must be log p.
 Status compare_fused_sampling(c10::Device device, c10::ScalarType dtype) {
   at::Generator gen = at::detail::createCPUGenerator(20261126);
-  const int64_t rows = 6, vocab = 5003;
+  const int64_t rows = 8, vocab = 5003;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   at::Tensor logits = at::randn({rows, vocab}, gen) * 3;
-  logits.index_put_({0, at::indexing::Slice(0, 100)}, -std::numeric_limits<float>::infinity());
-  logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -std::numeric_limits<float>::infinity());
+  logits.index_put_({0, at::indexing::Slice(0, 100)}, -inf);
+  logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -inf);
   logits.index_put_({2, 17}, 40.0f);  // one token holds almost all the mass
+  // Note [Unsampleable rows]: a NaN among -inf logits, and one among finite logits.
+  logits.index_put_({6}, -inf);
+  logits.index_put_({6, 3}, nan);
+  logits.index_put_({7, 4000}, nan);
   logits = logits.to(dtype).to(at::kFloat);  // the values the kernel reads
-  const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999};
+  const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999, 0.5, 0.5};
   SamplingParams params;
   params.temperature = 0.7;
   params.fused = true;
@@ -133,7 +138,14 @@ Status compare_fused_sampling(c10::Device device, c10::ScalarType dtype) {
   const auto tok = tokens.accessor<int64_t, 1>();
   const auto lp = logprobs.accessor<float, 1>();
   const auto prob = p.accessor<double, 2>(), cum = cdf.accessor<double, 2>();
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r : {6, 7}) {
+    if (tok[r] != -1 || !std::isnan(lp[r])) {
+      return make_error(ErrorCode::internal, "{} on {} drew token {} (log-prob {}) from a row with a NaN logit, where it "
+                                             "must give -1 and NaN; {}",
+                        kFusedSampling, device.str(), tok[r], lp[r], kFusedSamplingFix);
+    }
+  }
+  for (int64_t r = 0; r < 6; ++r) {
     const int64_t t = tok[r];
     const double u = uniforms[static_cast<size_t>(r)];
     const bool in_vocab = t >= 0 && t < vocab;

@@ -266,6 +266,22 @@ TEST(Sampler, OnCudaUnsampleableRowsDrawMinusOne) {
     expect_unsampleable_rows_marked(logits, {false, 0.8, -1, 1.0});  // the torch ops on the device
     expect_unsampleable_rows_marked(logits, {true, 0.0, -1, 1.0});
   }
+  // At Qwen's vocabulary: a NaN among -inf logits (the thread holding it sees no finite maximum)
+  // and a NaN among finite ones, each in its own row.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  at::Tensor wide = at::randn({3, 151936}, at::detail::createCPUGenerator(4));
+  wide.index_put_({0, at::indexing::Slice(0, 100000)}, -inf);
+  wide.index_put_({0, 70001}, nan);
+  wide.index_put_({1, 123456}, nan);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    SamplingParams fused{false, 1.0, -1, 1.0};
+    fused.fused = true;
+    SampledTokens got = sample_tokens(wide.to(dtype).to(cuda), fused, {0.5, 0.5, 0.5}, true);
+    const at::Tensor tokens = got.tokens.cpu();
+    EXPECT_EQ(tokens[0].item<int64_t>(), -1);
+    EXPECT_EQ(tokens[1].item<int64_t>(), -1);
+    EXPECT_GE(tokens[2].item<int64_t>(), 0);
+  }
 }
 
 TEST(Sampler, GreedyIsArgmaxAndLogProbsAreLogSoftmax) {

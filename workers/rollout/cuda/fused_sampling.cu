@@ -25,7 +25,9 @@ struct MaxSum {
 
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.f};
+  // Both maxima -inf: each sum is 0, or NaN where its columns held a NaN among -inf ones (NaN never
+  // raises the maximum); the sum keeps that NaN (Note [Unsampleable rows] in sampling.hpp).
+  if (m == -INFINITY) return {m, a.s + b.s};
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
