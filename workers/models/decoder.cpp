@@ -62,6 +62,15 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   return weight * h.to(x.scalar_type());
 }
 
+std::pair<at::Tensor, at::Tensor> RMSNorm::add_forward(const at::Tensor& residual, const at::Tensor& x) const {
+  if (!unit_offset && !at::GradMode::is_enabled() && use_fused(fused, residual) && residual.is_contiguous() &&
+      (!x.defined() || x.is_contiguous()) && weight.scalar_type() == residual.scalar_type()) {
+    return fused_add_rms_norm(residual, x, weight, eps);
+  }
+  at::Tensor sum = x.defined() ? residual + x : residual;
+  return {sum, forward(sum)};
+}
+
 namespace {
 
 // Each formula below repeats transformers' fp32 tensor operations one for one (modeling_rope_utils.py:

@@ -72,6 +72,9 @@ class RMSNorm : public torch::nn::Module {
  public:
   RMSNorm(int64_t dim, double eps, const at::TensorOptions& options, bool unit_offset = false);
   at::Tensor forward(const at::Tensor& x) const;
+  /// (residual + x, forward(residual + x)); without x, (residual, forward(residual)). Under no-grad
+  /// on a GPU with `fused`, one kernel (Note [Fused residual norm] in fused_layers.cpp).
+  std::pair<at::Tensor, at::Tensor> add_forward(const at::Tensor& residual, const at::Tensor& x) const;
   at::Tensor weight;
   double eps;
   bool unit_offset;  ///< Gemma2: scale by (1 + weight), in fp32.

@@ -17,11 +17,21 @@
 // (about a unit in the last place of the dtype from the chains). The rollout engine runs them by
 // default (engine_kwargs.tessera.fused_layers=true, as vLLM always runs its fused RMSNorm, rotary
 // and SiluAndMul ops): in a decode step at 512 rows the op chains are ~13 small kernels per layer
-// beside the attention and the matmuls. On the CPU the switch changes nothing. The kernels are new
+// beside the attention and the matmuls.
+//
+// Note [Fused residual norm]
+// Between two sublayers the decoder adds the sublayer's output to the residual stream and
+// normalises the sum for the next sublayer: an add, the fused RMSNorm and the weight multiply,
+// three kernels and three round trips of the activations. The rollout (inference only, no
+// autograd) runs them as one kernel, as vLLM's fused_add_rms_norm does, also across the layer
+// boundary (the MLP's output into the next layer's input norm, the last into the final norm), so
+// a layer runs two such kernels where it ran six (fused_add_rms_norm; RMSNorm::add_forward picks
+// it). It rounds where HF's ops round; only the order of the sum of squares differs. On the CPU the switch changes nothing. The kernels are new
 // code: check_fused_layers compares them with the op chains once per process and (device, dtype)
 // before first use, and a disagreement is an error naming the key.
 #include "workers/models/fused_layers.hpp"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -127,7 +137,61 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     return {grad_gate, grad_up};
   }
 };
+
+std::pair<at::Tensor, at::Tensor> run_add_rms_norm(const at::Tensor& residual, const at::Tensor& x,
+                                                   const at::Tensor& weight, double eps) {
+  const bool add = x.defined();
+  TORCH_CHECK(!at::GradMode::is_enabled() ||
+                  !(residual.requires_grad() || (add && x.requires_grad()) || weight.requires_grad()),
+              "fused add_rms_norm: inference only (no autograd)");
+  TORCH_CHECK(residual.dim() >= 1 && residual.is_contiguous() && weight.dim() == 1 &&
+                  weight.size(0) == residual.size(-1) && weight.is_contiguous() &&
+                  weight.scalar_type() == residual.scalar_type() && weight.device() == residual.device(),
+              "fused add_rms_norm: residual ", residual.sizes(), " (contiguous) and weight ", weight.sizes(),
+              " of its dtype and device");
+  TORCH_CHECK(!add || (x.sizes() == residual.sizes() && x.is_contiguous() && x.scalar_type() == residual.scalar_type() &&
+                       x.device() == residual.device()),
+              "fused add_rms_norm: x ", x.sizes(), " must match the residual ", residual.sizes());
+  const c10::cuda::CUDAGuard guard(residual.device());
+  at::Tensor sum = add ? at::empty_like(residual) : residual;
+  at::Tensor out = at::empty_like(residual);
+  cuda::AddRmsNormArgs a;
+  a.residual = residual.data_ptr();
+  a.x = add ? x.data_ptr() : nullptr;
+  a.sum = add ? sum.data_ptr() : nullptr;
+  a.weight = weight.data_ptr();
+  a.out = out.data_ptr();
+  a.hidden = residual.size(-1);
+  a.rows = a.hidden == 0 ? 0 : residual.numel() / a.hidden;
+  a.eps = static_cast<float>(eps);
+  a.dtype = element_type_of(residual, "fused add_rms_norm");
+  check_launch("fused add_rms_norm", cuda::launch_add_rms_norm(a, stream_of(residual)));
+  return {sum, out};
+}
 #endif
+
+// max |fused - chain| / max |chain| of the residual add + RMSNorm (with and without the add)
+// against the op chain: residual + x, then the unfused RMSNorm.
+double fused_add_norm_error(c10::Device device, c10::ScalarType dtype, at::Generator& gen) {
+  const at::NoGradGuard no_grad;
+  const auto on = [&](const at::Tensor& t) { return t.to(dtype).to(device); };
+  const at::Tensor residual = on(at::randn({3, 5, 40}, gen) * 2), x = on(at::randn({3, 5, 40}, gen));
+  RMSNorm chain(40, 1e-6, residual.options());
+  chain.weight.copy_(on(at::rand({40}, gen) + 0.5));
+  const at::Tensor sum = residual + x;
+  const auto [fused_sum, fused_out] = fused_add_rms_norm(residual, x, chain.weight, 1e-6);
+  const auto [same, fused_alone] = fused_add_rms_norm(residual, at::Tensor(), chain.weight, 1e-6);
+  std::vector<at::Tensor> errors;
+  const auto relative = [&](const at::Tensor& got, const at::Tensor& want) {
+    errors.push_back((got.to(at::kDouble) - want.to(at::kDouble)).abs().max() /
+                     want.to(at::kDouble).abs().max().clamp_min(1e-30));
+  };
+  relative(fused_sum, sum);
+  relative(fused_out, chain.forward(sum));
+  relative(fused_alone, chain.forward(residual));
+  relative(same, residual);
+  return at::stack(errors).max().item<double>();  // host boundary: the one-time verdict
+}
 
 // max |fused - chain| / max |chain| over the outputs and input gradients of the three ops, the
 // chains being decoder.cpp's unfused paths (apply_rotary, an unfused RMSNorm, silu * up).
@@ -166,7 +230,7 @@ double fused_error(c10::Device device, c10::ScalarType dtype) {
     errors.push_back((results[1][i].to(at::kDouble) - want).abs().max() / want.abs().max().clamp_min(1e-30));
   }
   // Host boundary, deliberate: the one-time verdict of check_fused_layers, read once.
-  return at::stack(errors).max().item<double>();
+  return std::max(at::stack(errors).max().item<double>(), fused_add_norm_error(device, dtype, gen));
 }
 
 constexpr const char* kFusedLayers = "fused layer kernels";
@@ -208,6 +272,16 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
 #else
   (void)gate, (void)up;
   TORCH_CHECK(false, "fused_swiglu: this build has no CUDA");
+#endif
+}
+
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& residual, const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps) {
+#if TESSERA_WITH_CUDA
+  return run_add_rms_norm(residual, x, weight, eps);
+#else
+  (void)residual, (void)x, (void)weight, (void)eps;
+  TORCH_CHECK(false, "fused_add_rms_norm: this build has no CUDA");
 #endif
 }
 

@@ -3,6 +3,8 @@
 // layers] in fused_layers.cpp.
 #pragma once
 
+#include <utility>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -22,6 +24,14 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 /// silu(gate) * up as one CUDA kernel, with a one-kernel backward. REQUIRES: CUDA, same shape
 /// and dtype.
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+/// Inference only (no autograd): (residual + x, weight * rmsnorm(residual + x)) with the roundings
+/// of HF's ops (the sum rounded to the dtype, the norm in fp32, rounded, then the weight multiply
+/// in the dtype), as one CUDA kernel instead of three (Note [Fused residual norm]). An undefined
+/// x means no add: (residual, weight * rmsnorm(residual)). REQUIRES: CUDA; residual (and x) of one
+/// shape [..., H] and dtype; weight [H] of that dtype.
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& residual, const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps);
 
 /// Compares the fused ops (forward and backward) with the op sequences on a small random problem,
 /// once per process and (device, dtype); later calls return the first verdict. An error names

@@ -1,6 +1,8 @@
 // step_model.cpp: CausalLMStepModel, the single-rank model seam over models::CausalLM.
 #include "workers/rollout/step_model.hpp"
 
+#include <tuple>
+
 #include <utility>
 
 #include <torch/torch.h>
@@ -115,17 +117,31 @@ at::Tensor CausalLMStepModel::run_layers(at::Tensor h, const AttentionCall& atte
   // Under tensor parallelism each rank's o_proj output is a partial sum: its bias (Llama/Qwen3 with
   // attention_bias) is added once, after the reduction (the bias is replicated, tensor_parallel.hpp).
   const bool bias_after_sum = static_cast<bool>(all_reduce_);
-  for (size_t l = 0; l < backbone.layers.size(); ++l) {
-    const models::DecoderLayer& layer = *backbone.layers[l];
-    at::Tensor attn = partial_sum(attention(layer, static_cast<int64_t>(l), layer.input_layernorm->forward(h),
-                                            !bias_after_sum));
+  const auto attention_sum = [&](const models::DecoderLayer& layer, size_t l, const at::Tensor& x) {
+    at::Tensor attn = partial_sum(attention(layer, static_cast<int64_t>(l), x, !bias_after_sum));
     const at::Tensor& o_bias = layer.self_attn->o_proj->bias;
-    if (bias_after_sum && o_bias.defined()) attn = attn + o_bias;
+    return bias_after_sum && o_bias.defined() ? attn + o_bias : attn;
+  };
+  const size_t n = backbone.layers.size();
+  if (n == 0 || backbone.layers.front()->pre_feedforward_layernorm) {
     // Gemma2's post-attention / post-feedforward norms act on the reduced sums.
-    h = layer.add_attention(h, attn);
-    h = layer.add_mlp(h, partial_sum(layer.mlp->forward(layer.mlp_input(h))));
+    for (size_t l = 0; l < n; ++l) {
+      const models::DecoderLayer& layer = *backbone.layers[l];
+      h = layer.add_attention(h, attention_sum(layer, l, layer.input_layernorm->forward(h)));
+      h = layer.add_mlp(h, partial_sum(layer.mlp->forward(layer.mlp_input(h))));
+    }
+    return backbone.norm->forward(h);
   }
-  return backbone.norm->forward(h);
+  // Each residual add with the norm after it, across the layer boundary too: one kernel on a GPU
+  // (Note [Fused residual norm] in workers/models/fused_layers.cpp), the same ops elsewhere.
+  auto [residual, x] = backbone.layers.front()->input_layernorm->add_forward(h, at::Tensor());
+  for (size_t l = 0; l < n; ++l) {
+    const models::DecoderLayer& layer = *backbone.layers[l];
+    std::tie(residual, x) = layer.post_attention_layernorm->add_forward(residual, attention_sum(layer, l, x));
+    const models::RMSNorm& next = l + 1 < n ? *backbone.layers[l + 1]->input_layernorm : *backbone.norm;
+    std::tie(residual, x) = next.add_forward(residual, partial_sum(layer.mlp->forward(x)));
+  }
+  return x;
 }
 
 // DecoderBackbone::forward_step (prefill), layer by layer.

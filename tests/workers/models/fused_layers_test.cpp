@@ -52,6 +52,47 @@ TEST(FusedLayers, OnCudaRmsNormEqualsHfOps) {
   }
 }
 
+// Note [Fused residual norm]: the rollout's residual add + RMSNorm kernel against HF's ops (the
+// add in the dtype, then Qwen2RMSNorm), with and without the add, on decode-shaped [512, 1, H]
+// and prefill-shaped [3, 37, H] activations: the sum bit for bit, the norm within the rounding of
+// x * rstd; RMSNorm::add_forward takes it under no-grad.
+TEST(FusedLayers, OnCudaResidualAddRmsNormEqualsHfOps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const at::Device cuda("cuda:0");
+  const at::NoGradGuard no_grad;
+  at::manual_seed(4);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{512, 1, 896}, std::vector<int64_t>{3, 37, 1000}}) {
+      SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << " " << shape.back());
+      const int64_t H = shape.back();
+      RMSNorm norm(H, 1e-6, at::TensorOptions(dtype).device(cuda));
+      norm.fused = true;
+      norm.weight.copy_(at::rand({H}) + 0.5);
+      const at::Tensor residual = (at::randn(shape) * 3).to(dtype).to(cuda), x = at::randn(shape).to(dtype).to(cuda);
+      const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+      const auto [sum, out] = norm.add_forward(residual, x);
+      const at::Tensor want_sum = residual + x;
+      EXPECT_TRUE(at::equal(sum, want_sum));
+      EXPECT_LE(rel_diff(out, hf_rms_norm(want_sum, norm.weight, 1e-6)), tol);
+      const auto [same, alone] = norm.add_forward(residual, at::Tensor());
+      EXPECT_TRUE(same.is_same(residual));
+      EXPECT_LE(rel_diff(alone, hf_rms_norm(residual, norm.weight, 1e-6)), tol);
+    }
+  }
+}
+
+TEST(FusedLayers, ResidualAddRmsNormOffTheGpuIsTheOpChain) {
+  RMSNorm norm(24, 1e-6, at::TensorOptions(at::kFloat));
+  norm.fused = true;
+  at::manual_seed(5);
+  norm.weight.data().copy_(at::rand({24}) + 0.5);
+  const at::Tensor residual = at::randn({2, 3, 24}), x = at::randn({2, 3, 24});
+  const at::NoGradGuard no_grad;
+  const auto [sum, out] = norm.add_forward(residual, x);
+  EXPECT_TRUE(at::equal(sum, residual + x));
+  EXPECT_TRUE(at::equal(out, hf_rms_norm(residual + x, norm.weight, 1e-6)));
+}
+
 // The check passes, also when its first call comes from a no-grad forward (a rollout step, a
 // log-prob pass): fp16 is first checked here, under NoGradGuard (the other tests check fp32 and
 // bf16 with autograd on, and the verdicts are kept per process).

@@ -1,5 +1,6 @@
 // fused_layers.cu: see fused_layers.hpp. One thread per rotary pair (d, d + D/2) of one
-// (row, head, token), one thread per SwiGLU element; grid-stride loops.
+// (row, head, token), one thread per SwiGLU element (grid-stride loops); one block per row for
+// the residual add + RMSNorm.
 //
 // The forwards round where HF's op chains round, so in bf16 and fp16 they return the chains'
 // values bit for bit: rotary is x * cos + rotate_half(x) * sin, each product and the sum rounded
@@ -81,6 +82,43 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(SwigluArgs a) {
   }
 }
 
+constexpr int kNormThreads = 256;
+constexpr int kNormWarps = kNormThreads / 32;
+
+// HF's residual add and RMSNorm (Qwen2RMSNorm, LlamaRMSNorm) with their roundings: the sum
+// rounded to T; the fp32 sum of squares, its mean plus eps, rsqrt; the normalised value rounded
+// to T, then multiplied by the weight in T. Each thread reads back only the sums it wrote.
+template <class T>
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(AddRmsNormArgs a) {
+  __shared__ float partial[kNormWarps];
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * a.hidden;
+  const T* residual = static_cast<const T*>(a.residual) + offset;
+  const T* x = a.x ? static_cast<const T*>(a.x) + offset : nullptr;
+  T* sum = a.x ? static_cast<T*>(a.sum) + offset : nullptr;
+  const T* source = a.x ? sum : residual;
+  float squares = 0.f;
+  for (int64_t i = threadIdx.x; i < a.hidden; i += kNormThreads) {
+    float v = to_float(residual[i]);
+    if (x) {
+      const T s = from_float<T>(__fadd_rn(v, to_float(x[i])));
+      sum[i] = s;
+      v = to_float(s);
+    }
+    squares = __fadd_rn(squares, __fmul_rn(v, v));
+  }
+  for (int o = 16; o > 0; o /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = squares;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < kNormWarps; ++w) total += partial[w];
+  const float inv = rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(a.hidden)), a.eps));
+  const T* weight = static_cast<const T*>(a.weight);
+  T* out = static_cast<T*>(a.out) + offset;
+  for (int64_t i = threadIdx.x; i < a.hidden; i += kNormThreads) {
+    out[i] = from_float<T>(__fmul_rn(to_float(weight[i]), rounded<T>(__fmul_rn(to_float(source[i]), inv))));
+  }
+}
+
 unsigned blocks_for(int64_t work) {
   const int64_t blocks = (work + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);  // grid-stride beyond
@@ -112,6 +150,19 @@ const char* launch_swiglu(const SwigluArgs& args, void* stream) {
     case ElementType::f32: swiglu_kernel<float><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
     case ElementType::f16: swiglu_kernel<__half><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
     case ElementType::bf16: swiglu_kernel<__nv_bfloat16><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
+  }
+  return last_error();
+}
+
+const char* launch_add_rms_norm(const AddRmsNormArgs& args, void* stream) {
+  if (args.rows == 0) return nullptr;
+  if (args.rows > 0x7fffffff) return "add_rms_norm: more than 2^31 - 1 rows";
+  const auto blocks = static_cast<unsigned>(args.rows);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (args.dtype) {
+    case ElementType::f32: add_rms_norm_kernel<float><<<blocks, kNormThreads, 0, s>>>(args); break;
+    case ElementType::f16: add_rms_norm_kernel<__half><<<blocks, kNormThreads, 0, s>>>(args); break;
+    case ElementType::bf16: add_rms_norm_kernel<__nv_bfloat16><<<blocks, kNormThreads, 0, s>>>(args); break;
   }
   return last_error();
 }

@@ -1,5 +1,5 @@
 // fused_layers.hpp: CUDA kernels for the decoder's element-wise layer ops (rotary embedding and
-// SwiGLU), forward and backward, behind a plain C++ interface (raw device pointers and a stream,
+// SwiGLU forward and backward; residual add + RMSNorm for inference), behind a plain C++ interface (raw device pointers and a stream,
 // no LibTorch types) so their translation unit compiles with nvcc alone. The forwards round
 // where HF's op chains round; the backwards compute in fp32 and round once to the element type.
 // See Note [Fused layers] in ../fused_layers.cpp.
@@ -46,5 +46,20 @@ struct SwigluArgs {
   ElementType dtype = ElementType::f32;
 };
 const char* launch_swiglu(const SwigluArgs& args, void* stream);
+
+/// Residual add + RMSNorm, one thread block per row of `hidden` elements (all contiguous):
+///   sum = residual + x (rounded to the element type), written to `sum`; without x, sum = residual;
+///   out = weight * (sum * rsqrt(mean(sum^2) + eps) in fp32, rounded to the element type).
+struct AddRmsNormArgs {
+  const void* residual = nullptr;  ///< [rows, hidden]
+  const void* x = nullptr;         ///< [rows, hidden], or nullptr (no add)
+  void* sum = nullptr;             ///< [rows, hidden] out when x is given
+  const void* weight = nullptr;    ///< [hidden]
+  void* out = nullptr;             ///< [rows, hidden]
+  int64_t rows = 0, hidden = 0;
+  float eps = 0.f;
+  ElementType dtype = ElementType::f32;
+};
+const char* launch_add_rms_norm(const AddRmsNormArgs& args, void* stream);
 
 }  // namespace tessera::models::cuda
