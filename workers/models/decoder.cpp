@@ -63,8 +63,11 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) const {
 }
 
 std::pair<at::Tensor, at::Tensor> RMSNorm::add_forward(const at::Tensor& residual, const at::Tensor& x) const {
-  if (!unit_offset && !at::GradMode::is_enabled() && use_fused(fused, residual) && residual.is_contiguous() &&
-      (!x.defined() || x.is_contiguous()) && weight.scalar_type() == residual.scalar_type()) {
+  const bool kernel_takes = residual.is_contiguous() && weight.is_contiguous() &&
+                            weight.scalar_type() == residual.scalar_type() && weight.device() == residual.device() &&
+                            (!x.defined() || (x.is_contiguous() && x.sizes() == residual.sizes() &&
+                                              x.scalar_type() == residual.scalar_type()));
+  if (!unit_offset && !at::GradMode::is_enabled() && kernel_takes && use_fused(fused, residual)) {
     return fused_add_rms_norm(residual, x, weight, eps);
   }
   at::Tensor sum = x.defined() ? residual + x : residual;

@@ -36,12 +36,13 @@ template <class Model>
 Result<std::shared_ptr<Model>> load_into(Loaded& loaded, const std::string& dir, const ModelInit& init,
                                          const LoadOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Model> model, Model::create(loaded.config, init));
+  const bool to_device = options.device && *options.device != c10::Device(c10::DeviceType::CPU);
+  if (to_device) TESSERA_RETURN_IF_ERROR(proto::require_device(*options.device).with_context(dir));
   try {
+    // The loader puts the checkpoint's tensors on the device; this moves the buffers, and any
+    // parameter the loader initialised instead (a value head the checkpoint lacks).
     TESSERA_RETURN_IF_ERROR(loaded.entry.load(loaded.checkpoint, dir, *model, options));
-    if (options.device && *options.device != c10::Device(c10::DeviceType::CPU)) {
-      TESSERA_RETURN_IF_ERROR(proto::require_device(*options.device).with_context(dir));
-      model->to(*options.device);
-    }
+    if (to_device) model->to(*options.device);
   } catch (const std::exception& e) {
     if (proto::is_out_of_memory(e)) {
       return make_error(ErrorCode::resource_exhausted, "{}: out of memory moving the model to {}: {}", dir,

@@ -95,13 +95,19 @@ Status load_hf_decoder_weights(const TensorMap& checkpoint, const std::string& s
                                const LoadOptions& options) {
   const TensorMap params = model.parameter_map();
   const c10::ScalarType dtype = model.backbone().embed_tokens->weight.scalar_type();
+  const bool to_device = options.device && !options.device->is_cpu();
   for (const auto& [name, tensor] : checkpoint) {
     if (params.count(name) == 0) {
       if (is_ignorable(name, model)) continue;
       return make_error(ErrorCode::invalid_argument, "{}: tensor '{}' is not a parameter of {}", source, name,
                         model.config().architecture);
     }
-    at::Tensor value = tensor.scalar_type() == dtype ? tensor : tensor.to(dtype);
+    // For a GPU each tensor goes up in the checkpoint's dtype and is converted there (copy_
+    // converts on the device when non_blocking; from pageable memory the upload is staged before
+    // the call returns): a bf16 checkpoint of an fp32 model moves half the bytes, and the host
+    // never holds the converted model (30 GB at 7B).
+    at::Tensor value = to_device ? tensor.to(*options.device, dtype, /*non_blocking=*/true)
+                                 : (tensor.scalar_type() == dtype ? tensor : tensor.to(dtype));
     Status st = model.set_parameter(name, value);
     if (!st.ok()) return st.with_context(source);
   }

@@ -32,7 +32,8 @@ struct LoadOptions {
   std::optional<c10::ScalarType> dtype;
   /// Seed for a value head that the checkpoint lacks (critic initialised from an actor checkpoint).
   uint64_t score_seed = 0;
-  /// Where the parameters end up (read on the host, then moved once). Unset: the host.
+  /// Where the parameters end up: each tensor is uploaded in the checkpoint's dtype and converted
+  /// there (a GPU), or converted on the host. Unset: the host.
   std::optional<c10::Device> device;
 };
 

@@ -52,6 +52,34 @@ TEST(FusedLayers, OnCudaRmsNormEqualsHfOps) {
   }
 }
 
+TEST(FusedLayers, ResidualAddRmsNormOffTheGpuIsTheOpChain) {
+  RMSNorm norm(24, 1e-6, at::TensorOptions(at::kFloat));
+  norm.fused = true;
+  at::manual_seed(5);
+  norm.weight.data().copy_(at::rand({24}) + 0.5);
+  const at::Tensor residual = at::randn({2, 3, 24}), x = at::randn({2, 3, 24});
+  const at::NoGradGuard no_grad;
+  const auto [sum, out] = norm.add_forward(residual, x);
+  EXPECT_TRUE(at::equal(sum, residual + x));
+  EXPECT_TRUE(at::equal(out, hf_rms_norm(residual + x, norm.weight, 1e-6)));
+}
+
+// The check passes, also when its first call comes from a no-grad forward (a rollout step, a
+// log-prob pass): fp16 is first checked here, under NoGradGuard (the other tests check fp32 and
+// bf16 with autograd on, and the verdicts are kept per process).
+TEST(FusedLayers, OnCudaKernelsPassTheirCheck) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  {
+    const at::NoGradGuard no_grad;
+    Status st = check_fused_layers(at::Device("cuda:0"), at::kHalf);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    Status st = check_fused_layers(at::Device("cuda:0"), dtype);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
+}
+
 // Note [Fused residual norm]: the rollout's residual add + RMSNorm kernel against HF's ops (the
 // add in the dtype, then Qwen2RMSNorm), with and without the add, on decode-shaped [512, 1, H]
 // and prefill-shaped [3, 37, H] activations: the sum bit for bit, the norm within the rounding of
@@ -78,34 +106,6 @@ TEST(FusedLayers, OnCudaResidualAddRmsNormEqualsHfOps) {
       EXPECT_TRUE(same.is_same(residual));
       EXPECT_LE(rel_diff(alone, hf_rms_norm(residual, norm.weight, 1e-6)), tol);
     }
-  }
-}
-
-TEST(FusedLayers, ResidualAddRmsNormOffTheGpuIsTheOpChain) {
-  RMSNorm norm(24, 1e-6, at::TensorOptions(at::kFloat));
-  norm.fused = true;
-  at::manual_seed(5);
-  norm.weight.data().copy_(at::rand({24}) + 0.5);
-  const at::Tensor residual = at::randn({2, 3, 24}), x = at::randn({2, 3, 24});
-  const at::NoGradGuard no_grad;
-  const auto [sum, out] = norm.add_forward(residual, x);
-  EXPECT_TRUE(at::equal(sum, residual + x));
-  EXPECT_TRUE(at::equal(out, hf_rms_norm(residual + x, norm.weight, 1e-6)));
-}
-
-// The check passes, also when its first call comes from a no-grad forward (a rollout step, a
-// log-prob pass): fp16 is first checked here, under NoGradGuard (the other tests check fp32 and
-// bf16 with autograd on, and the verdicts are kept per process).
-TEST(FusedLayers, OnCudaKernelsPassTheirCheck) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
-  {
-    const at::NoGradGuard no_grad;
-    Status st = check_fused_layers(at::Device("cuda:0"), at::kHalf);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-  }
-  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    Status st = check_fused_layers(at::Device("cuda:0"), dtype);
-    EXPECT_TRUE(st.ok()) << st.to_string();
   }
 }
 
