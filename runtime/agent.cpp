@@ -6,13 +6,12 @@
 #include <set>
 #include <unordered_map>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "proto/free_port.hpp"
 #include "runtime/auth.hpp"
 #include "runtime/call_hub.hpp"
 #include "runtime/errors.hpp"
@@ -250,7 +249,7 @@ caf::behavior agent_behavior(Agent self, AgentEnv env) {
       [=](rdzv_atom) -> caf::result<uint16_t> {
         Status st = check_sender(self);
         if (!st.ok()) return to_caf_error(st);
-        Result<uint16_t> port = pick_free_port("0.0.0.0");
+        Result<uint16_t> port = proto::pick_free_port("0.0.0.0");  // Note [Ports outside the ephemeral range]
         if (!port.ok()) return to_caf_error(port.status());
         return *port;
       },
@@ -261,20 +260,6 @@ caf::behavior agent_behavior(Agent self, AgentEnv env) {
 
 caf::actor spawn_agent_actor(caf::actor_system& system, AgentEnv env) {
   return system.spawn(agent_behavior, std::move(env));
-}
-
-Result<uint16_t> pick_free_port(const std::string& host) {
-  namespace asio = boost::asio;
-  asio::io_context io;
-  boost::system::error_code ec;
-  auto address = asio::ip::make_address(host, ec);
-  if (ec) return make_error(ErrorCode::invalid_argument, "bad address '{}'", host);
-  asio::ip::tcp::acceptor acceptor(io);
-  asio::ip::tcp::endpoint ep(address, 0);
-  acceptor.open(ep.protocol(), ec);
-  if (!ec) acceptor.bind(ep, ec);
-  if (ec) return make_error(ErrorCode::io_error, "no free port on {}: {}", host, ec.message());
-  return acceptor.local_endpoint().port();
 }
 
 }  // namespace tessera::runtime

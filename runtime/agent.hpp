@@ -53,7 +53,5 @@ struct AgentEnv {
 /// Spawns an agent actor.
 caf::actor spawn_agent_actor(caf::actor_system& system, AgentEnv env);
 
-/// A TCP port that was free on `host` a moment ago (bind to port 0, read it, close).
-Result<uint16_t> pick_free_port(const std::string& host);
 
 }  // namespace tessera::runtime

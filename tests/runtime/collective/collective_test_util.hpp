@@ -1,9 +1,6 @@
 // collective_test_util.hpp: threads-as-ranks helpers and independent expected values.
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <functional>
@@ -14,22 +11,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "proto/free_port.hpp"
 #include "runtime/collective/communicator.hpp"
 
 namespace tessera::collective::testing {
 
-/// A TCP port that was free a moment ago (bind to port 0, read it back, close).
+/// A TCP port for a rendezvous store (Note [Ports outside the ephemeral range]).
 inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  Result<uint16_t> port = proto::pick_free_port("127.0.0.1");
+  EXPECT_TRUE(port.ok()) << port.status().to_string();
+  return port.ok() ? *port : 0;
 }
 
 /// Runs fn(rank) on `n` threads and joins them.
