@@ -5,31 +5,29 @@
 #pragma once
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <benchmark/benchmark.h>
-
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
 
+#include <benchmark/benchmark.h>
+
+#include "proto/free_port.hpp"
+
 namespace tessera::bench {
 
-/// A TCP port free on the loopback interface right now (bound to port 0, then released).
+/// A TCP port for the peers' rendezvous (Note [Ports outside the ephemeral range]).
 inline int free_loopback_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  Result<uint16_t> port = proto::pick_free_port("0.0.0.0");
+  if (!port.ok()) {
+    std::fprintf(stderr, "%s\n", port.status().to_string().c_str());
+    std::exit(2);
+  }
+  return *port;
 }
 
 /// Forks the peer: the child re-executes /proc/self/exe with `peer_env`=<port> set and stdout on

@@ -6,12 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <random>
 #include <set>
 #include <utility>
-#include <vector>
 
 namespace tessera::proto {
 namespace {
@@ -21,17 +21,21 @@ constexpr int kLowest = 10000;
 constexpr int kHighest = 65535;
 constexpr int kTries = 200;
 
-// Where to pick from: the spans of [kLowest, kHighest] outside the ephemeral range (the whole of
-// it when the ephemeral range leaves too little outside).
-std::vector<std::pair<int, int>> candidate_spans() {
-  int lo = 32768, hi = 60999;  // Linux's default when /proc cannot be read
+// Where to pick from: the ports from kLowest up to the start of the ephemeral range, or, where
+// that leaves fewer than 1000, from its end up to kHighest; where neither does (an ephemeral range
+// tuned to cover nearly everything), all of [kLowest, kHighest], where the race of bind(0) is
+// back for the ports the kernel may hand out.
+std::pair<int, int> candidate_span() {
+  int lo = 32768, hi = 60999;  // Linux's default, also when /proc cannot be read
   std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
-  if (in) in >> lo >> hi;
-  std::vector<std::pair<int, int>> spans;
-  if (lo - 1 - kLowest >= 1000) spans.emplace_back(kLowest, lo - 1);
-  if (kHighest - (hi + 1) >= 1000) spans.emplace_back(hi + 1, kHighest);
-  if (spans.empty()) spans.emplace_back(kLowest, kHighest);
-  return spans;
+  int read_lo = 0, read_hi = 0;
+  if (in >> read_lo >> read_hi && 1 <= read_lo && read_lo <= read_hi && read_hi <= kHighest) {
+    lo = read_lo;
+    hi = read_hi;
+  }
+  if (lo - kLowest >= 1000) return {kLowest, lo - 1};
+  if (kHighest - std::max(hi + 1, kLowest) + 1 >= 1000) return {std::max(hi + 1, kLowest), kHighest};
+  return {kLowest, kHighest};
 }
 
 bool bindable(const in_addr& address, uint16_t port) {
@@ -56,21 +60,11 @@ Result<uint16_t> pick_free_port(const std::string& host) {
   static std::mutex mu;
   static std::set<uint16_t> given;
   static std::mt19937 rng{std::random_device{}()};
-  static const std::vector<std::pair<int, int>> spans = candidate_spans();
-  int width = 0;
-  for (const auto& [a, b] : spans) width += b - a + 1;
+  static const std::pair<int, int> span = candidate_span();
   std::lock_guard<std::mutex> lock(mu);
-  std::uniform_int_distribution<int> pick(0, width - 1);
+  std::uniform_int_distribution<int> pick(span.first, span.second);
   for (int t = 0; t < kTries; ++t) {
-    int offset = pick(rng);
-    uint16_t port = 0;
-    for (const auto& [a, b] : spans) {
-      if (offset <= b - a) {
-        port = static_cast<uint16_t>(a + offset);
-        break;
-      }
-      offset -= b - a + 1;
-    }
+    const auto port = static_cast<uint16_t>(pick(rng));
     if (given.count(port) != 0 || !bindable(address, port)) continue;
     given.insert(port);
     return port;

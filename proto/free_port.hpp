@@ -7,7 +7,9 @@
 // also takes the local port of every outgoing connection from. Between the pick and the
 // listener's bind any connect() on the machine may take that port, and the listener fails with
 // EADDRINUSE (a test run with many short connections beside it hit this). A port picked at random
-// outside that range can only be taken by another listener in that window.
+// outside that range can only be taken by another listener in that window. The ports picked lie
+// between 10000 and the start of the ephemeral range (10000-32767 by default), or above its end
+// when that leaves fewer than 1000, or anywhere from 10000 when neither span is that wide.
 //
 // Thread-safety: thread-safe.
 #pragma once

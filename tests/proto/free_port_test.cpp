@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -19,6 +20,9 @@ TEST(FreePort, PortsAreListenableDistinctAndOutsideTheEphemeralRange) {
   int lo = 32768, hi = 60999;
   std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
   if (in) in >> lo >> hi;
+  if (lo - 10000 < 1000 && 65535 - std::max(hi + 1, 10000) + 1 < 1000) {
+    GTEST_SKIP() << "the ephemeral range " << lo << "-" << hi << " leaves no span outside it to pick from";
+  }
   std::set<uint16_t> seen;
   for (int i = 0; i < 50; ++i) {
     Result<uint16_t> port = pick_free_port("127.0.0.1");

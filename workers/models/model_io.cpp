@@ -39,10 +39,14 @@ Result<std::shared_ptr<Model>> load_into(Loaded& loaded, const std::string& dir,
   const bool to_device = options.device && *options.device != c10::Device(c10::DeviceType::CPU);
   if (to_device) TESSERA_RETURN_IF_ERROR(proto::require_device(*options.device).with_context(dir));
   try {
-    // The loader puts the checkpoint's tensors on the device; this moves the buffers, and any
-    // parameter the loader initialised instead (a value head the checkpoint lacks).
+    // The loader puts the checkpoint's tensors on the device; this moves what it initialised
+    // instead (a value head the checkpoint lacks). The uploads are asynchronous: the load ends
+    // when they have landed, so that a device error is this call's.
     TESSERA_RETURN_IF_ERROR(loaded.entry.load(loaded.checkpoint, dir, *model, options));
-    if (to_device) model->to(*options.device);
+    if (to_device) {
+      model->to(*options.device);
+      proto::synchronize(*options.device);
+    }
   } catch (const std::exception& e) {
     if (proto::is_out_of_memory(e)) {
       return make_error(ErrorCode::resource_exhausted, "{}: out of memory moving the model to {}: {}", dir,

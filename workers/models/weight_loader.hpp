@@ -27,8 +27,8 @@ class PretrainedModel;
 
 /// Options for loading a checkpoint into a model.
 struct LoadOptions {
-  /// Parameter dtype. Unset: the checkpoint's model.embed_tokens.weight dtype. Tensors already in
-  /// this dtype alias the mmap'd file (zero copy); others are converted (copied).
+  /// Parameter dtype. Unset: the checkpoint's model.embed_tokens.weight dtype. On the host, tensors
+  /// already in this dtype alias the mmap'd file (zero copy); others are converted (copied).
   std::optional<c10::ScalarType> dtype;
   /// Seed for a value head that the checkpoint lacks (critic initialised from an actor checkpoint).
   uint64_t score_seed = 0;

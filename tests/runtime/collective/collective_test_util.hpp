@@ -18,7 +18,7 @@ namespace tessera::collective::testing {
 
 /// A TCP port for a rendezvous store (Note [Ports outside the ephemeral range]).
 inline int free_port() {
-  Result<uint16_t> port = proto::pick_free_port("127.0.0.1");
+  Result<uint16_t> port = proto::pick_free_port("0.0.0.0");
   EXPECT_TRUE(port.ok()) << port.status().to_string();
   return port.ok() ? *port : 0;
 }

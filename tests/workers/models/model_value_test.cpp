@@ -1,6 +1,7 @@
 // Value head: HF *ForTokenClassification(num_labels=1) layout, [B, T] outputs, critic init from an
 // actor checkpoint (lm_head ignored, score seeded), and save/load of a value checkpoint.
 #include <fstream>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -93,35 +94,44 @@ TEST(ValueModel, CheckpointWithoutScoreBiasKeepsThatLayout) {
 }
 
 // Loading onto a GPU uploads each checkpoint tensor in its own dtype and converts it there: a bf16
-// checkpoint loaded as an fp32 model (the actor) and as a value model with a seeded head (the
+// checkpoint (untied and tied embeddings) loaded as an fp32 model (the actor), in its own dtype
+// (the reference: a plain upload from the mmap'd file) and as a value model with a seeded head (the
 // critic) equals the host load bit for bit, with every parameter on the device.
 TEST(ModelIo, OnCudaLoadConvertsOnTheDeviceAndEqualsTheHostLoad) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   const c10::Device cuda("cuda:0");
-  auto actor = CausalLM::create(testing::tiny_config("qwen2", 2), ModelInit{at::kBFloat16, 3});
-  ASSERT_TRUE(actor.ok()) << actor.status().to_string();
-  TempDir dir;
-  ASSERT_TRUE(save_pretrained(**actor, dir.path()).ok());
-  LoadOptions host;
-  host.dtype = at::kFloat;
-  host.score_seed = 7;
-  LoadOptions device = host;
-  device.device = cuda;
-  auto expect_same = [&](const TensorMap& got, const TensorMap& want) {
+  auto expect_same = [&](const TensorMap& got, const TensorMap& want, c10::ScalarType dtype) {
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [name, t] : want) {
       const at::Tensor& g = got.at(name);
       EXPECT_EQ(g.device(), cuda) << name;
-      EXPECT_EQ(g.scalar_type(), at::kFloat) << name;
+      EXPECT_EQ(g.scalar_type(), dtype) << name;
       EXPECT_TRUE(at::equal(g.cpu(), t)) << name;
     }
   };
-  auto on_host = load_causal_lm(dir.path(), host), on_device = load_causal_lm(dir.path(), device);
-  ASSERT_TRUE(on_host.ok() && on_device.ok()) << on_device.status().to_string();
-  expect_same((*on_device)->parameter_map(), (*on_host)->parameter_map());
-  auto critic_host = load_value_model(dir.path(), host), critic_device = load_value_model(dir.path(), device);
-  ASSERT_TRUE(critic_host.ok() && critic_device.ok()) << critic_device.status().to_string();
-  expect_same((*critic_device)->parameter_map(), (*critic_host)->parameter_map());
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    auto actor = CausalLM::create(testing::tiny_config("qwen2", 2, tied), ModelInit{at::kBFloat16, 3});
+    ASSERT_TRUE(actor.ok()) << actor.status().to_string();
+    TempDir dir;
+    ASSERT_TRUE(save_pretrained(**actor, dir.path()).ok());
+    for (std::optional<c10::ScalarType> dtype : {std::optional<c10::ScalarType>(at::kFloat),
+                                                 std::optional<c10::ScalarType>()}) {
+      LoadOptions host;
+      host.dtype = dtype;
+      host.score_seed = 7;
+      LoadOptions device = host;
+      device.device = cuda;
+      const c10::ScalarType want_dtype = dtype.value_or(at::kBFloat16);
+      auto on_host = load_causal_lm(dir.path(), host), on_device = load_causal_lm(dir.path(), device);
+      ASSERT_TRUE(on_host.ok() && on_device.ok()) << on_device.status().to_string();
+      expect_same((*on_device)->parameter_map(), (*on_host)->parameter_map(), want_dtype);
+      EXPECT_EQ((*on_device)->lm_head_weight().device(), cuda);
+      auto critic_host = load_value_model(dir.path(), host), critic_device = load_value_model(dir.path(), device);
+      ASSERT_TRUE(critic_host.ok() && critic_device.ok()) << critic_device.status().to_string();
+      expect_same((*critic_device)->parameter_map(), (*critic_host)->parameter_map(), want_dtype);
+    }
+  }
 }
 
 }  // namespace
