@@ -40,12 +40,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <functional>
 #include <vector>
 
 #include "proto/device.hpp"
 #include "proto/host_transfer.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
+#include "workers/fsdp/internal/streamed_moments.hpp"
 
 #if TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -82,13 +82,9 @@ at::Tensor load_from(const at::Tensor& host, const c10::Device& device) {
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
-// Note [Streamed optimizer step]: runs `adamw(i, working)` for each unit i, its moments loaded
-// from the host buffers `home[i]` into `working` and copied back after; returns once every copy
-// home has landed.
-using UnitAdamW = std::function<void(size_t unit, AdamWState& working)>;
-
 #if TESSERA_WITH_CUDA
-void stream_moments_cuda(const std::vector<AdamWState*>& home, const c10::Device& device, const UnitAdamW& adamw) {
+void stream_moments_cuda(const std::vector<AdamWState*>& home, const c10::Device& device,
+                         const internal::UnitAdamW& adamw) {
   const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
   const c10::cuda::CUDAStream back = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   // Every return, a throw included, waits for the copies home still reading freed working copies
@@ -122,6 +118,10 @@ void stream_moments_cuda(const std::vector<AdamWState*>& home, const c10::Device
 }
 #endif
 
+}  // namespace
+
+namespace internal {
+
 void stream_moments(const std::vector<AdamWState*>& home, const c10::Device& device, const UnitAdamW& adamw) {
 #if TESSERA_WITH_CUDA
   if (device.is_cuda()) return stream_moments_cuda(home, device, adamw);
@@ -134,7 +134,7 @@ void stream_moments(const std::vector<AdamWState*>& home, const c10::Device& dev
   }
 }
 
-}  // namespace
+}  // namespace internal
 
 Result<double> FsdpModule::global_grad_norm() {
   // Summed in float64 on the device a chunk at a time (add_sum_of_squares), one host read at the
@@ -195,7 +195,7 @@ Result<StepResult> FsdpModule::step() {
     } else {
       std::vector<AdamWState*> home;
       for (UnitState* s : stepped) home.push_back(&s->offload_adam);
-      stream_moments(home, device_, [&](size_t i, AdamWState& working) {  // Note [Streamed optimizer step]
+      internal::stream_moments(home, device_, [&](size_t i, AdamWState& working) {  // Note [Streamed optimizer step]
         adamw_step({params[i]}, {grads[i]}, {&working}, optim_.adamw, result.lr, optimizer_steps_ + 1);
       });
     }

@@ -8,7 +8,9 @@
 #include <filesystem>
 
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
+#include "proto/host_transfer.hpp"
 #include "workers/fsdp/checkpoint.hpp"
+#include "workers/fsdp/internal/streamed_moments.hpp"
 #include "workers/models/safetensors.hpp"
 
 namespace tessera::fsdp {
@@ -142,6 +144,41 @@ TEST(Offload, OnCudaStreamedOptimizerStepEqualsTheResidentStepBitwise) {
       }
     }
   });
+}
+
+// The copies of the streamed step under load (Note [Streamed optimizer step]): on a GPU, units of
+// 64 MB moments, so that each unit's copy home is still running while the next ones load and step
+// in blocks the allocator hands back; every host buffer must end with its own unit's values. On
+// the CPU the same check runs the plain loop.
+void expect_streamed_moments_land_in_their_own_buffers(const c10::Device& device, int64_t n) {
+  const int units = 8;
+  std::vector<AdamWState> home(units);
+  std::vector<AdamWState*> pointers;
+  for (int u = 0; u < units; ++u) {
+    home[u].exp_avg = proto::offload_buffer({n}, at::kFloat, device).fill_(u);
+    home[u].exp_avg_sq = proto::offload_buffer({n}, at::kFloat, device).fill_(-u);
+    pointers.push_back(&home[u]);
+  }
+  for (int round = 1; round <= 3; ++round) {
+    internal::stream_moments(pointers, device, [&](size_t u, AdamWState& working) {
+      EXPECT_EQ(working.exp_avg.device(), device);
+      working.exp_avg.add_(1000.0 * static_cast<double>(u + 1));
+      working.exp_avg_sq.sub_(1000.0);
+    });
+    for (int u = 0; u < units; ++u) {
+      EXPECT_TRUE(at::equal(home[u].exp_avg, at::full({n}, u + 1000.0 * (u + 1) * round))) << "round " << round << " unit " << u;
+      EXPECT_TRUE(at::equal(home[u].exp_avg_sq, at::full({n}, -u - 1000.0 * round))) << "round " << round << " unit " << u;
+    }
+  }
+}
+
+TEST(Offload, StreamedMomentsLandInTheirOwnUnitsBuffers) {
+  expect_streamed_moments_land_in_their_own_buffers(c10::Device(c10::DeviceType::CPU), int64_t{1} << 16);
+}
+
+TEST(Offload, OnCudaStreamedMomentsLandInTheirOwnUnitsBuffers) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  expect_streamed_moments_land_in_their_own_buffers(c10::Device("cuda:0"), int64_t{16} << 20);
 }
 
 TEST(Offload, WrapWithParamOffloadStartsOffloaded) {
