@@ -50,10 +50,6 @@ for entry in "${pids[@]+"${pids[@]}"}"; do
   else echo "$t: FAILED (see $OUT/$t.log)"; grep -E '^\[  FAILED  \]|Failure' "$OUT/$t.log" | head -5; status=1; fi
 done
 
-if part decode && [[ -x "$BIN/gpu_decode" ]]; then
-  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$BIN/gpu_decode" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1 \
-    && cat "$OUT/decode.log" || { echo "gpu_decode: FAILED (see $OUT/decode.log)"; tail -5 "$OUT/decode.log"; status=1; }
-fi
 # The keys a failed kernel self-check names in log $1 ("set KEY=VALUE"; model.use_liger is the actor's).
 fixes_named_in() {
   grep -oE '(actor_rollout_ref\.rollout\.engine_kwargs\.tessera\.[a-z_]+=[a-z]+|model\.use_liger=false)' "$1" \
@@ -61,25 +57,44 @@ fixes_named_in() {
 }
 read -r -a FIXES <<< "${TESSERA_GPU_OVERRIDES-}"
 ((${#FIXES[@]})) && echo "overrides for every run: ${FIXES[*]}"
-# run_with_fixes NAME LOG CMD...: runs CMD with the keys in FIXES appended, into LOG; when it fails
-# naming keys that turn a kernel off, keeps the failed log as LOG.failed, adds the keys to FIXES and
-# runs once more.
+# fix_args KIND: the keys in FIXES as arguments of a run of KIND: `keys` (tessera's KEY=VALUE) or
+# `decode` (gpu_decode's flags for the rollout's keys).
+fix_args() {
+  local k
+  for k in "${FIXES[@]+"${FIXES[@]}"}"; do
+    if [[ $1 == keys ]]; then printf '%s\n' "$k"; continue; fi
+    case $k in
+      *.tessera.fused_layers=*) printf -- '--fused-layers=%s\n' "${k##*=}" ;;
+      *.tessera.sampler=*) printf -- '--sampler=%s\n' "${k##*=}" ;;
+      *.tessera.decode_attention=*) printf -- '--attention=%s\n' "${k##*=}" ;;
+    esac
+  done
+}
+# run_with_fixes NAME LOG KIND CMD...: runs CMD with FIXES as KIND's arguments, into LOG; when it
+# fails naming keys that turn a kernel off, keeps the failed log as LOG.failed, adds the keys to
+# FIXES and runs once more.
 run_with_fixes() {
-  local name=$1 log=$2; shift 2
-  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${FIXES[@]+"${FIXES[@]}"}" > "$log" 2>&1 && return 0
-  local named=()
+  local name=$1 log=$2 kind=$3 extra=() named=() fresh=() k
+  shift 3
+  mapfile -t extra < <(fix_args "$kind")
+  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${extra[@]+"${extra[@]}"}" > "$log" 2>&1 && return 0
   mapfile -t named < <(fixes_named_in "$log")
-  local fresh=()
   for k in "${named[@]+"${named[@]}"}"; do [[ " ${FIXES[*]-} " == *" $k "* ]] || fresh+=("$k"); done
   ((${#fresh[@]})) || return 1
   echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*disagree[^;]*|[^:]*failed on cuda[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed)"
   mv "$log" "$log.failed"
   FIXES+=("${fresh[@]}")
-  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${FIXES[@]}" > "$log" 2>&1
+  mapfile -t extra < <(fix_args "$kind")
+  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${extra[@]+"${extra[@]}"}" > "$log" 2>&1
 }
+
+if part decode && [[ -x "$BIN/gpu_decode" ]]; then
+  run_with_fixes gpu_decode "$OUT/decode.log" decode "$BIN/gpu_decode" --json "$OUT/decode.json" \
+    && cat "$OUT/decode.log" || { echo "gpu_decode: FAILED (see $OUT/decode.log)"; tail -5 "$OUT/decode.log"; status=1; }
+fi
 if ! part grpo; then
   :
-elif run_with_fixes benchmark "$OUT/bench.log" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$OUT/bench" "$STEPS" \
+elif run_with_fixes benchmark "$OUT/bench.log" keys bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$OUT/bench" "$STEPS" \
      "trainer.profile_steps=[$STEPS]"; then
   sed -n '/^| step /,$p' "$OUT/bench.log"
 else
@@ -100,7 +115,7 @@ part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
   vdir="$OUT/variant_$name"; mkdir -p "$vdir"
   [[ -d "$OUT/bench/model" ]] && ln -sfn "$OUT/bench/model" "$vdir/model"
   for f in "$OUT"/bench/hf*.json; do [[ -f "$f" ]] && cp "$f" "$vdir/"; done
-  if run_with_fixes "variant $name" "$OUT/variant_$name.log" bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$vdir" \
+  if run_with_fixes "variant $name" "$OUT/variant_$name.log" keys bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$vdir" \
        "$STEPS" "${overrides[@]}"; then
     echo "variant $name (${overrides[*]}):"; grep -E "^\| $STEPS \||step / HF" "$OUT/variant_$name.log"
   else
@@ -108,7 +123,7 @@ part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
   fi
 done
 if part 7b; then
-  if run_with_fixes 7b "$OUT/7b.log" bash "$ROOT/bench/gpu_7b.sh" "$BIN" "$TOK" "$OUT/7b" 2; then
+  if run_with_fixes 7b "$OUT/7b.log" keys bash "$ROOT/bench/gpu_7b.sh" "$BIN" "$TOK" "$OUT/7b" 2; then
     sed -n '/^| step /,$p' "$OUT/7b.log"
   else
     echo "7b: FAILED (see $OUT/7b.log)"; tail -5 "$OUT/7b.log"; status=1

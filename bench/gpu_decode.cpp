@@ -2,7 +2,7 @@
 // limits of the same card measured in the same run.
 //
 //   gpu_decode [--device cuda] [--prompts 64] [--n 8] [--prompt-len 60] [--response 256]
-//              [--layers 24] [--json OUT]
+//              [--layers 24] [--json OUT] [--attention kernel] [--sampler fused] [--fused-layers true]
 //
 // Model: the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads over 2 KV heads, MLP 4864,
 // vocabulary 151936, tied embeddings), random init, bf16 on a GPU (fp32 on the CPU, for a smoke
@@ -42,6 +42,9 @@ struct Args {
   std::string device = "cuda";
   int64_t prompts = 64, n = 8, prompt_len = 60, response = 256, layers = 24;
   std::string json;
+  // The engine_kwargs.tessera keys of the runs (the tiled run sets its own attention).
+  std::string attention = "kernel", sampler = "fused";
+  bool fused_layers = true;
 };
 
 models::ModelConfig qwen25_05b(int64_t layers) {
@@ -81,9 +84,11 @@ struct Run {
 };
 
 Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::DataProto& prompts, const Args& a,
-                       bool graphs, c10::ScalarType dtype, const std::string& attention = "kernel") {
+                       bool graphs, c10::ScalarType dtype, const std::string& attention) {
   rollout::RolloutConfig cfg;
   cfg.decode_attention = attention;
+  cfg.sampler = a.sampler;
+  cfg.fused_layers = a.fused_layers;
   cfg.dtype = dtype == at::kBFloat16 ? "bfloat16" : "float32";
   cfg.prompt_length = a.prompt_len;
   cfg.response_length = a.response;
@@ -128,8 +133,8 @@ int run(const Args& a) {
   prompts->meta_info()["eos_token_id"] = 151643;
   prompts->meta_info()["pad_token_id"] = 151643;
 
-  auto eager = run_engine(model, *prompts, a, /*graphs=*/false, dtype);
-  auto graphs = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype) : eager;
+  auto eager = run_engine(model, *prompts, a, /*graphs=*/false, dtype, a.attention);
+  auto graphs = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype, a.attention) : eager;
   for (const auto* r : {&eager, &graphs}) {
     if (!r->ok()) {
       std::fprintf(stderr, "gpu_decode: %s\n", r->status().to_string().c_str());
@@ -212,6 +217,9 @@ int main(int argc, char** argv) {
   app.add_option("--response", a.response, "Response tokens");
   app.add_option("--layers", a.layers, "Decoder layers (24: Qwen2.5-0.5B)");
   app.add_option("--json", a.json, "Write the figures here");
+  app.add_option("--attention", a.attention, "engine_kwargs.tessera.decode_attention of the eager and graph runs");
+  app.add_option("--sampler", a.sampler, "engine_kwargs.tessera.sampler: fused | torch");
+  app.add_option("--fused-layers", a.fused_layers, "engine_kwargs.tessera.fused_layers: true | false");
   CLI11_PARSE(app, argc, argv);
   return run(a);
 }
