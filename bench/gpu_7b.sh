@@ -10,7 +10,7 @@
 # between phases (param_offload, optimizer_offload: ~90 GB of pinned host memory for 7.6B
 # parameters), the reference's bf16 weights too (15 GB). The moments stay on the host through the update as
 # well (Note [Streamed optimizer step] in workers/fsdp/fsdp_step.cpp): the device holds the fp32
-# shards and gradients (~61 GB) and one unit's moments, where loading them all (verl) would need
+# shards and gradients (~61 GB) and at most two units' moments (~6 GB), where loading them all (verl) would need
 # 122 GB. An 80 GB card is the target; on a tighter one pass smaller micro-batches. Writes OUT_DIR/{model,data,run} (the model is ~15 GB) and prints each step's
 # timing_s/* and peak memory.
 set -euo pipefail

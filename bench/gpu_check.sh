@@ -50,9 +50,10 @@ for entry in "${pids[@]+"${pids[@]}"}"; do
   else echo "$t: FAILED (see $OUT/$t.log)"; grep -E '^\[  FAILED  \]|Failure' "$OUT/$t.log" | head -5; status=1; fi
 done
 
-# The keys a failed kernel self-check names in log $1 ("set KEY=VALUE"; model.use_liger is the actor's).
+# The keys a failed kernel self-check names in log $1 ("set KEY=VALUE" with the value that turns the
+# kernel off; model.use_liger is the actor's).
 fixes_named_in() {
-  grep -oE '(actor_rollout_ref\.rollout\.engine_kwargs\.tessera\.[a-z_]+=[a-z]+|model\.use_liger=false)' "$1" \
+  grep -oE '(actor_rollout_ref\.rollout\.engine_kwargs\.tessera\.[a-z_]+=(false|torch|gather)|model\.use_liger=false)' "$1" \
     | sed 's/^model\.use_liger/actor_rollout_ref.model.use_liger/' | sort -u
 }
 read -r -a FIXES <<< "${TESSERA_GPU_OVERRIDES-}"
@@ -81,7 +82,7 @@ run_with_fixes() {
   mapfile -t named < <(fixes_named_in "$log")
   for k in "${named[@]+"${named[@]}"}"; do [[ " ${FIXES[*]-} " == *" $k "* ]] || fresh+=("$k"); done
   ((${#fresh[@]})) || return 1
-  echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*disagree[^;]*|[^:]*failed on cuda[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed)"
+  echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*(disagree|failed on|drew token)[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed)"
   mv "$log" "$log.failed"
   FIXES+=("${fresh[@]}")
   mapfile -t extra < <(fix_args "$kind")
@@ -100,6 +101,19 @@ elif run_with_fixes benchmark "$OUT/bench.log" keys bash "$ROOT/bench/gpu_grpo.s
 else
   echo "benchmark: FAILED (see $OUT/bench.log)"; tail -5 "$OUT/bench.log"; status=1
 fi
+if [[ -f "$OUT/decode.json" && -f "$OUT/bench/hf.json" ]]; then  # the issue's decode goal: >= 10x HF
+  python3 - "$OUT/decode.json" "$OUT/bench/hf.json" <<'PY'
+import json, sys
+d, hf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+for name, key in (("heads", "graph"), ("tiled", "tiled_graph")):
+    if not d.get(key + "_generate_tok_s"):
+        print(f"decode, {name} attention kernel: no figure (see decode.log)")
+        continue
+    print(f"decode vs HF generate ({hf['card']}), {name} attention kernel: Tessera "
+          f"{d[key + '_generate_tok_s']:.0f} tok/s generate ({d[key + '_decode_tok_s']:.0f} decode) against HF "
+          f"{hf['generate_tok_s']:.0f}: {d[key + '_generate_tok_s'] / hf['generate_tok_s']:.1f}x")
+PY
+fi
 # Variants of the GRPO benchmark on the same model and HF figures, one line each (step STEPS):
 # TESSERA_GPU_VARIANTS="name:key=value,key=value name2:..." (e.g. liger:actor_rollout_ref.model.use_liger=true).
 # Unset: `tuned`, the settings a user after speed would pick on one 80 GB card (no gradient
@@ -117,7 +131,7 @@ part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
   for f in "$OUT"/bench/hf*.json; do [[ -f "$f" ]] && cp "$f" "$vdir/"; done
   if run_with_fixes "variant $name" "$OUT/variant_$name.log" keys bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$vdir" \
        "$STEPS" "${overrides[@]}"; then
-    echo "variant $name (${overrides[*]}):"; grep -E "^\| $STEPS \||step / HF" "$OUT/variant_$name.log"
+    echo "variant $name (${overrides[*]}${FIXES[*]+; then ${FIXES[*]}}):"; grep -E "^\| $STEPS \||step / HF" "$OUT/variant_$name.log"
   else
     echo "variant $name: FAILED (see $OUT/variant_$name.log)"; tail -3 "$OUT/variant_$name.log"; status=1
   fi

@@ -8,8 +8,8 @@
 // 122 GB for a 7B model, more than an 80 GB card. Here the moments never leave the host for
 // longer than their own unit's update: step() copies one unit's moments in (without blocking,
 // from pinned memory), runs that unit's AdamW, and queues their copy back, unit after unit; the
-// device holds the parameters and gradients (8 bytes per parameter: 61 GB at 7B) and one unit's
-// moments, which the caching allocator reuses in stream order. The bytes moved per step are
+// device holds the parameters and gradients (8 bytes per parameter: 61 GB at 7B) and at most two
+// units' moments (below; ~6 GB at 7B: the last layer's and the untied head's). The bytes moved per step are
 // verl's (every moment in and out once), and so are the numbers, bit for bit: AdamW is
 // element-wise, and the fused kernel computes each element alike whatever shares its launch.
 // The moments are created on the host too (init_moments), and a checkpoint restores them there,

@@ -28,9 +28,9 @@ namespace {
 
 // Whether a layer with its fused switch `on` runs the fused kernel on x: on a GPU, once the
 // kernels have passed their check for x's device and dtype (Note [Fused layers]).
-bool use_fused(bool on, const at::Tensor& x) {
+bool use_fused(bool on, const at::Tensor& x, Status (*check)(c10::Device, c10::ScalarType) = check_fused_layers) {
   if (!on || !x.is_cuda()) return false;
-  const Status checked = check_fused_layers(x.device(), x.scalar_type());
+  const Status checked = check(x.device(), x.scalar_type());
   TORCH_CHECK(checked.ok(), checked.to_string());
   return true;
 }
@@ -67,7 +67,8 @@ std::pair<at::Tensor, at::Tensor> RMSNorm::add_forward(const at::Tensor& residua
                             weight.scalar_type() == residual.scalar_type() && weight.device() == residual.device() &&
                             (!x.defined() || (x.is_contiguous() && x.sizes() == residual.sizes() &&
                                               x.scalar_type() == residual.scalar_type()));
-  if (!unit_offset && !at::GradMode::is_enabled() && kernel_takes && use_fused(fused, residual)) {
+  if (!unit_offset && !at::GradMode::is_enabled() && kernel_takes &&
+      use_fused(fused, residual, check_fused_residual_norm)) {
     return fused_add_rms_norm(residual, x, weight, eps);
   }
   at::Tensor sum = x.defined() ? residual + x : residual;

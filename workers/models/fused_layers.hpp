@@ -38,4 +38,8 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& residual,
 /// `model.use_liger` and the rollout's `engine_kwargs.tessera.fused_layers`. Reads the host (call it outside CUDA-graph capture).
 Status check_fused_layers(c10::Device device, c10::ScalarType dtype);
 
+/// The same for fused_add_rms_norm (the rollout's only): its error names
+/// engine_kwargs.tessera.fused_layers. Reads the host (call it outside CUDA-graph capture).
+Status check_fused_residual_norm(c10::Device device, c10::ScalarType dtype);
+
 }  // namespace tessera::models

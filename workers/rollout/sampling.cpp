@@ -119,9 +119,12 @@ Status compare_fused_sampling(c10::Device device, c10::ScalarType dtype) {
   logits.index_put_({0, at::indexing::Slice(0, 100)}, -inf);
   logits.index_put_({1, at::indexing::Slice(vocab - 7, vocab)}, -inf);
   logits.index_put_({2, 17}, 40.0f);  // one token holds almost all the mass
-  // Note [Unsampleable rows]: a NaN among -inf logits, and one among finite logits.
+  // Note [Unsampleable rows]: a NaN whose thread of the block sees only -inf logits in a row whose
+  // one finite logit is another warp's (the kernel's partial sums must keep it), and a NaN among
+  // finite logits.
   logits.index_put_({6}, -inf);
-  logits.index_put_({6, 3}, nan);
+  logits.index_put_({6, 0}, 1.0f);
+  logits.index_put_({6, 64 + 1024 * 4}, nan);
   logits.index_put_({7, 4000}, nan);
   logits = logits.to(dtype).to(at::kFloat);  // the values the kernel reads
   const std::vector<double> uniforms = {0.0, 0.999999, 0.5, 0.25, 0.731, 0.999999999, 0.5, 0.5};

@@ -146,17 +146,20 @@ TEST(Offload, OnCudaStreamedOptimizerStepEqualsTheResidentStepBitwise) {
   });
 }
 
-// The copies of the streamed step under load (Note [Streamed optimizer step]): on a GPU, units of
-// 64 MB moments, so that each unit's copy home is still running while the next ones load and step
-// in blocks the allocator hands back; every host buffer must end with its own unit's values. On
-// the CPU the same check runs the plain loop.
+// The copies of the streamed step under load (Note [Streamed optimizer step]): on a GPU, large
+// units (64 MB moments) alternate with small ones, so that a large unit's copy home is still
+// running when the next large unit loads into the blocks the allocator hands back from it (the
+// small unit between them takes no time); every host buffer must end with its own unit's values.
+// On the CPU the same check runs the plain loop.
 void expect_streamed_moments_land_in_their_own_buffers(const c10::Device& device, int64_t n) {
   const int units = 8;
   std::vector<AdamWState> home(units);
   std::vector<AdamWState*> pointers;
+  std::vector<int64_t> sizes;
   for (int u = 0; u < units; ++u) {
-    home[u].exp_avg = proto::offload_buffer({n}, at::kFloat, device).fill_(u);
-    home[u].exp_avg_sq = proto::offload_buffer({n}, at::kFloat, device).fill_(-u);
+    sizes.push_back(u % 2 == 0 ? n : n / 64);
+    home[u].exp_avg = proto::offload_buffer({sizes[u]}, at::kFloat, device).fill_(u);
+    home[u].exp_avg_sq = proto::offload_buffer({sizes[u]}, at::kFloat, device).fill_(-u);
     pointers.push_back(&home[u]);
   }
   for (int round = 1; round <= 3; ++round) {
@@ -166,8 +169,10 @@ void expect_streamed_moments_land_in_their_own_buffers(const c10::Device& device
       working.exp_avg_sq.sub_(1000.0);
     });
     for (int u = 0; u < units; ++u) {
-      EXPECT_TRUE(at::equal(home[u].exp_avg, at::full({n}, u + 1000.0 * (u + 1) * round))) << "round " << round << " unit " << u;
-      EXPECT_TRUE(at::equal(home[u].exp_avg_sq, at::full({n}, -u - 1000.0 * round))) << "round " << round << " unit " << u;
+      EXPECT_TRUE(at::equal(home[u].exp_avg, at::full({sizes[u]}, u + 1000.0 * (u + 1) * round)))
+          << "round " << round << " unit " << u;
+      EXPECT_TRUE(at::equal(home[u].exp_avg_sq, at::full({sizes[u]}, -u - 1000.0 * round)))
+          << "round " << round << " unit " << u;
     }
   }
 }

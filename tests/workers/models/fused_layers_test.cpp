@@ -77,6 +77,8 @@ TEST(FusedLayers, OnCudaKernelsPassTheirCheck) {
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     Status st = check_fused_layers(at::Device("cuda:0"), dtype);
     EXPECT_TRUE(st.ok()) << st.to_string();
+    st = check_fused_residual_norm(at::Device("cuda:0"), dtype);
+    EXPECT_TRUE(st.ok()) << st.to_string();
   }
 }
 
@@ -105,6 +107,11 @@ TEST(FusedLayers, OnCudaResidualAddRmsNormEqualsHfOps) {
       const auto [same, alone] = norm.add_forward(residual, at::Tensor());
       EXPECT_TRUE(same.is_same(residual));
       EXPECT_LE(rel_diff(alone, hf_rms_norm(residual, norm.weight, 1e-6)), tol);
+      // The kernel itself (add_forward falls back to the same ops when it does not take the call).
+      const auto [kernel_sum, kernel_out] = fused_add_rms_norm(residual, x, norm.weight, 1e-6);
+      EXPECT_TRUE(at::equal(kernel_sum, want_sum));
+      EXPECT_LE(rel_diff(kernel_out, hf_rms_norm(want_sum, norm.weight, 1e-6)), tol);
+      EXPECT_TRUE(at::equal(kernel_out, out));
     }
   }
 }

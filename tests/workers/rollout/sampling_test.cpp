@@ -266,12 +266,14 @@ TEST(Sampler, OnCudaUnsampleableRowsDrawMinusOne) {
     expect_unsampleable_rows_marked(logits, {false, 0.8, -1, 1.0});  // the torch ops on the device
     expect_unsampleable_rows_marked(logits, {true, 0.0, -1, 1.0});
   }
-  // At Qwen's vocabulary: a NaN among -inf logits (the thread holding it sees no finite maximum)
-  // and a NaN among finite ones, each in its own row.
+  // At Qwen's vocabulary: a NaN whose thread sees only -inf logits (columns 64 + 1024 k of a row
+  // that is -inf but for column 0, another warp's), which the kernel's partial sums must carry to
+  // the total, and a NaN among finite logits, each in its own row.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   at::Tensor wide = at::randn({3, 151936}, at::detail::createCPUGenerator(4));
-  wide.index_put_({0, at::indexing::Slice(0, 100000)}, -inf);
-  wide.index_put_({0, 70001}, nan);
+  wide.index_put_({0}, -inf);
+  wide.index_put_({0, 0}, 1.0f);
+  wide.index_put_({0, 64 + 1024 * 5}, nan);
   wide.index_put_({1, 123456}, nan);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     SamplingParams fused{false, 1.0, -1, 1.0};

@@ -383,7 +383,8 @@ class GenerationLoop {
 
   // Waits for the oldest launch's tokens and records them: appends, and retires the rows that
   // sampled an EOS. Tokens of rows already finished (sampled by the step after their EOS) are dropped.
-  // A row that had nothing to sample from (Note [Unsampleable rows]) ends the call.
+  // A row that had nothing to sample from (Note [Unsampleable rows]) ends the call; the row is named
+  // by its index in this call's prompts (under rollout TP, the TP group's gathered batch).
   Status read_tokens() {
     const auto t0 = Clock::now();
     InFlight f = std::move(in_flight_.front());
@@ -473,6 +474,7 @@ Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::ve
   }
   if (options.fused_layers && model.device().is_cuda()) {  // Note [Kernel self-check]
     TESSERA_RETURN_IF_ERROR(models::check_fused_layers(model.device(), model.dtype()));
+    TESSERA_RETURN_IF_ERROR(models::check_fused_residual_norm(model.device(), model.dtype()));
   }
   GenerationLoop loop(model, prompts, options, stats);
   TESSERA_RETURN_IF_ERROR(loop.run());
