@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GRPO step of the Qwen2.5-7B shape (random init, bf16) on one GPU, with parameter and
-# optimizer offload and gradient checkpointing: the step time and the peak device memory.
+# optimizer offload and gradient checkpointing: the step time and the peak device and host memory.
 #
 #   bench/gpu_7b.sh BIN_DIR TOKENIZER_DIR OUT_DIR [STEPS [KEY=VALUE...]]
 #
@@ -12,7 +12,7 @@
 # well (Note [Streamed optimizer step] in workers/fsdp/fsdp_step.cpp): the device holds the fp32
 # shards and gradients (~61 GB) and at most two units' moments (~6 GB), where loading them all (verl) would need
 # 122 GB. An 80 GB card is the target; on a tighter one pass smaller micro-batches. Writes OUT_DIR/{model,data,run} (the model is ~15 GB) and prints each step's
-# timing_s/* and peak memory.
+# timing_s/* and peak device memory, and the process's peak host memory.
 set -euo pipefail
 BIN="${1:?BIN_DIR}"; TOK="${2:?TOKENIZER_DIR}"; OUT="${3:?OUT_DIR}"; STEPS="${4:-2}"
 shift $(( $# < 4 ? $# : 4 ))
@@ -47,7 +47,20 @@ PY
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   trainer.device=cuda trainer.n_gpus_per_node=1 trainer.val_before_train=false trainer.test_freq=-1 \
   trainer.save_freq=-1 trainer.total_training_steps="$STEPS" trainer.logger=[console,jsonl] \
-  trainer.default_local_dir="$OUT/run" "$@"
+  trainer.default_local_dir="$OUT/run" "$@" &
+# The peak host memory of the run: the process's high-water mark (VmHWM, page-locked buffers
+# included), read until it exits (it only grows, so the last reading is the peak to within a second).
+pid=$!
+peak_kb=0
+while kill -0 "$pid" 2>/dev/null; do
+  kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+  [[ -n $kb && $kb -gt $peak_kb ]] && peak_kb=$kb
+  sleep 1
+done
+rc=0
+wait "$pid" || rc=$?
+echo "peak host memory of the tessera process (VmHWM): $(( peak_kb / 1024 / 1024 )) GiB"
+(( rc == 0 )) || exit "$rc"
 python3 - "$OUT/run/metrics.jsonl" <<'PY'
 import json, sys
 keys = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
