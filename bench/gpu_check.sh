@@ -138,7 +138,7 @@ part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
 done
 if part 7b; then
   if run_with_fixes 7b "$OUT/7b.log" keys bash "$ROOT/bench/gpu_7b.sh" "$BIN" "$TOK" "$OUT/7b" 2; then
-    sed -n '/^| step /,$p' "$OUT/7b.log"
+    grep -h 'peak host memory' "$OUT/7b.log"; sed -n '/^| step /,$p' "$OUT/7b.log"
   else
     echo "7b: FAILED (see $OUT/7b.log)"; tail -5 "$OUT/7b.log"; status=1
   fi
