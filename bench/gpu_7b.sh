@@ -51,6 +51,8 @@ PY
 # The peak host memory of the run: the process's high-water mark (VmHWM, page-locked buffers
 # included), read until it exits (it only grows, so the last reading is the peak to within a second).
 pid=$!
+# A background command of a script ignores SIGINT: pass an interrupt or a termination on to it.
+trap 'kill -TERM "$pid" 2>/dev/null || true' INT TERM HUP
 peak_kb=0
 while kill -0 "$pid" 2>/dev/null; do
   kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
@@ -59,7 +61,11 @@ while kill -0 "$pid" 2>/dev/null; do
 done
 rc=0
 wait "$pid" || rc=$?
-echo "peak host memory of the tessera process (VmHWM): $(( peak_kb / 1024 / 1024 )) GiB"
+if (( peak_kb > 0 )); then
+  awk -v kb="$peak_kb" 'BEGIN { printf "peak host memory of the tessera process (VmHWM): %.1f GiB\n", kb / 1048576 }'
+else
+  echo "peak host memory of the tessera process (VmHWM): unknown (no reading)"
+fi
 (( rc == 0 )) || exit "$rc"
 python3 - "$OUT/run/metrics.jsonl" <<'PY'
 import json, sys

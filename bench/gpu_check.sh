@@ -82,7 +82,7 @@ run_with_fixes() {
   mapfile -t named < <(fixes_named_in "$log")
   for k in "${named[@]+"${named[@]}"}"; do [[ " ${FIXES[*]-} " == *" $k "* ]] || fresh+=("$k"); done
   ((${#fresh[@]})) || return 1
-  echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*(disagree|failed on|drew token)[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed)"
+  echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*(:[0-9]+[^:]*)?(disagree|failed on|drew token)[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed)"
   mv "$log" "$log.failed"
   FIXES+=("${fresh[@]}")
   mapfile -t extra < <(fix_args "$kind")
@@ -90,6 +90,7 @@ run_with_fixes() {
 }
 
 if part decode && [[ -x "$BIN/gpu_decode" ]]; then
+  rm -f "$OUT/decode.json"  # written by a run that succeeds; never an earlier call's
   run_with_fixes gpu_decode "$OUT/decode.log" decode "$BIN/gpu_decode" --json "$OUT/decode.json" \
     && cat "$OUT/decode.log" || { echo "gpu_decode: FAILED (see $OUT/decode.log)"; tail -5 "$OUT/decode.log"; status=1; }
 fi

@@ -474,7 +474,9 @@ Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::ve
   }
   if (options.fused_layers && model.device().is_cuda()) {  // Note [Kernel self-check]
     TESSERA_RETURN_IF_ERROR(models::check_fused_layers(model.device(), model.dtype()));
-    TESSERA_RETURN_IF_ERROR(models::check_fused_residual_norm(model.device(), model.dtype()));
+    if (!heads.gemma_norms()) {  // Gemma2's layers keep their own norm order (step_model.cpp's run_layers)
+      TESSERA_RETURN_IF_ERROR(models::check_fused_residual_norm(model.device(), model.dtype()));
+    }
   }
   GenerationLoop loop(model, prompts, options, stats);
   TESSERA_RETURN_IF_ERROR(loop.run());
