@@ -116,7 +116,9 @@ for name, key in (("heads", "graph"), ("tiled", "tiled_graph")):
 PY
 fi
 # Variants of the GRPO benchmark on the same model and HF figures, one line each (step STEPS):
-# TESSERA_GPU_VARIANTS="name:key=value,key=value name2:..." (e.g. liger:actor_rollout_ref.model.use_liger=true).
+# TESSERA_GPU_VARIANTS="name:key=value,key=value name2:..." (e.g. liger:actor_rollout_ref.model.use_liger=true);
+# one with trainer.profile_steps=[STEPS] among its keys (TESSERA_PROFILE_VARIANTS=1 adds it to each)
+# also gets its trace summarised.
 # Unset: `tuned`, the settings a user after speed would pick on one 80 GB card (no gradient
 # checkpointing, the fused layer kernels, token-balanced micro-batches in every phase); HF runs
 # without checkpointing beside it.
@@ -127,12 +129,19 @@ TUNED+=",$A.rollout.log_prob_max_token_len_per_gpu=32768,$A.ref.log_prob_use_dyn
 TUNED+=",$A.ref.log_prob_max_token_len_per_gpu=32768"
 part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
   name=${variant%%:*}; IFS=',' read -r -a overrides <<< "${variant#*:}"
+  [[ ${TESSERA_PROFILE_VARIANTS:-0} == 1 ]] && overrides+=("trainer.profile_steps=[$STEPS]")
   vdir="$OUT/variant_$name"; mkdir -p "$vdir"
   [[ -d "$OUT/bench/model" ]] && ln -sfn "$OUT/bench/model" "$vdir/model"
   for f in "$OUT"/bench/hf*.json; do [[ -f "$f" ]] && cp "$f" "$vdir/"; done
   if run_with_fixes "variant $name" "$OUT/variant_$name.log" keys bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" "$vdir" \
        "$STEPS" "${overrides[@]}"; then
     echo "variant $name (${overrides[*]}${FIXES[*]+; then ${FIXES[*]}}):"; grep -E "^\| $STEPS \||step / HF" "$OUT/variant_$name.log"
+    # A variant that asks for trainer.profile_steps=[STEPS] gets its trace summarised like the main run's.
+    vtrace="$vdir/run/profile/step_$STEPS.pt.trace.json"
+    if [[ -f "$vtrace" ]]; then
+      python3 "$ROOT/bench/trace_summary.py" "$vtrace" > "$OUT/variant_$name.summary.txt" \
+        && head -40 "$OUT/variant_$name.summary.txt"
+    fi
   else
     echo "variant $name: FAILED (see $OUT/variant_$name.log)"; tail -3 "$OUT/variant_$name.log"; status=1
   fi
