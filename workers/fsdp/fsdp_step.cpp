@@ -9,8 +9,8 @@
 // longer than their own unit's update: step() copies one unit's moments in (without blocking,
 // from pinned memory), runs that unit's AdamW, and queues their copy back, unit after unit; the
 // device holds the parameters and gradients (8 bytes per parameter: 61 GB at 7B) and at most two
-// units' moments (below; ~6 GB at 7B: the last layer's and the untied head's). The bytes moved per step are
-// verl's (every moment in and out once), and so are the numbers, bit for bit: AdamW is
+// units' moments (below; ~6 GB at 7B: the last layer's and the untied head's). The bytes moved per
+// step are verl's (every moment in and out once), and so are the numbers, bit for bit: AdamW is
 // element-wise, and the fused kernel computes each element alike whatever shares its launch.
 // The moments are created on the host too (init_moments), and a checkpoint restores them there,
 // so a 7B model's moments never touch the device all at once. step() returns once the host
@@ -23,8 +23,8 @@
 // The working copies come from the caching allocator on the compute stream, which knows nothing
 // of the copy stream, so their reuse is ordered by hand: unit i-1's copies are held until unit
 // i's are allocated, and before they are freed the compute stream is made to wait for their copy
-// home (so unit i+1's load, which may land in them, follows it). The device holds at most two units' moments at a
-// time; copying both ways on the compute stream, it held one.
+// home (so unit i+1's load, which may land in them, follows it). The device holds at most two
+// units' moments at a time; copying both ways on the compute stream, it held one.
 //
 // Note [Clean offload]
 // With param_offload a worker loads the shards for each phase and offloads them after it

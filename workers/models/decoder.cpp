@@ -63,11 +63,7 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) const {
 }
 
 std::pair<at::Tensor, at::Tensor> RMSNorm::add_forward(const at::Tensor& residual, const at::Tensor& x) const {
-  const bool kernel_takes = residual.is_contiguous() && weight.is_contiguous() &&
-                            weight.scalar_type() == residual.scalar_type() && weight.device() == residual.device() &&
-                            (!x.defined() || (x.is_contiguous() && x.sizes() == residual.sizes() &&
-                                              x.scalar_type() == residual.scalar_type()));
-  if (!unit_offset && !at::GradMode::is_enabled() && kernel_takes &&
+  if (!unit_offset && !at::GradMode::is_enabled() && fused_add_rms_norm_takes(residual, x, weight) &&
       use_fused(fused, residual, check_fused_residual_norm)) {
     return fused_add_rms_norm(residual, x, weight, eps);
   }

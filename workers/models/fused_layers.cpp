@@ -145,14 +145,9 @@ std::pair<at::Tensor, at::Tensor> run_add_rms_norm(const at::Tensor& residual, c
   TORCH_CHECK(!at::GradMode::is_enabled() ||
                   !(residual.requires_grad() || (add && x.requires_grad()) || weight.requires_grad()),
               "fused add_rms_norm: inference only (no autograd)");
-  TORCH_CHECK(residual.dim() >= 1 && residual.is_contiguous() && weight.dim() == 1 &&
-                  weight.size(0) == residual.size(-1) && weight.is_contiguous() &&
-                  weight.scalar_type() == residual.scalar_type() && weight.device() == residual.device(),
-              "fused add_rms_norm: residual ", residual.sizes(), " (contiguous) and weight ", weight.sizes(),
-              " of its dtype and device");
-  TORCH_CHECK(!add || (x.sizes() == residual.sizes() && x.is_contiguous() && x.scalar_type() == residual.scalar_type() &&
-                       x.device() == residual.device()),
-              "fused add_rms_norm: x ", x.sizes(), " must match the residual ", residual.sizes());
+  TORCH_CHECK(fused_add_rms_norm_takes(residual, x, weight), "fused add_rms_norm: residual ", residual.sizes(),
+              ", x ", add ? x.sizes() : at::IntArrayRef(), " and weight ", weight.sizes(),
+              " must be contiguous, of one dtype and device, x of the residual's shape, the weight [H]");
   const c10::cuda::CUDAGuard guard(residual.device());
   at::Tensor sum = add ? at::empty_like(residual) : residual;
   at::Tensor out = at::empty_like(residual);
@@ -171,6 +166,12 @@ std::pair<at::Tensor, at::Tensor> run_add_rms_norm(const at::Tensor& residual, c
 }
 #endif
 
+// max |got - want| / max |want| as a 0-d double tensor (a NaN stays NaN), left on the device.
+at::Tensor relative_error(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor w = want.to(at::kDouble);
+  return (got.to(at::kDouble) - w).abs().max() / w.abs().max().clamp_min(1e-30);
+}
+
 // max |fused - chain| / max |chain| of the residual add + RMSNorm (with and without the add)
 // against the op chain (residual + x, then the unfused RMSNorm), as a 0-d double tensor (a NaN
 // stays NaN). 1000 columns: each thread of the block loops, and every warp holds a partial sum.
@@ -184,16 +185,9 @@ at::Tensor fused_add_norm_error(c10::Device device, c10::ScalarType dtype) {
   const at::Tensor sum = residual + x;
   const auto [fused_sum, fused_out] = fused_add_rms_norm(residual, x, chain.weight, 1e-6);
   const auto [same, fused_alone] = fused_add_rms_norm(residual, at::Tensor(), chain.weight, 1e-6);
-  std::vector<at::Tensor> errors;
-  const auto relative = [&](const at::Tensor& got, const at::Tensor& want) {
-    errors.push_back((got.to(at::kDouble) - want.to(at::kDouble)).abs().max() /
-                     want.to(at::kDouble).abs().max().clamp_min(1e-30));
-  };
-  relative(fused_sum, sum);
-  relative(fused_out, chain.forward(sum));
-  relative(fused_alone, chain.forward(residual));
-  relative(same, residual);
-  return at::stack(errors).max();
+  return at::stack({relative_error(fused_sum, sum), relative_error(fused_out, chain.forward(sum)),
+                    relative_error(fused_alone, chain.forward(residual)), relative_error(same, residual)})
+      .max();
 }
 
 // max |fused - chain| / max |chain| over the outputs and input gradients of the three ops, the
@@ -228,10 +222,7 @@ double fused_error(c10::Device device, c10::ScalarType dtype) {
     results[fused] = {r, m, n, x.grad(), gate.grad(), up.grad(), n_in.grad()};
   }
   std::vector<at::Tensor> errors;
-  for (size_t i = 0; i < results[0].size(); ++i) {
-    const at::Tensor want = results[0][i].to(at::kDouble);
-    errors.push_back((results[1][i].to(at::kDouble) - want).abs().max() / want.abs().max().clamp_min(1e-30));
-  }
+  for (size_t i = 0; i < results[0].size(); ++i) errors.push_back(relative_error(results[1][i], results[0][i]));
   // Host boundary, deliberate: the one-time verdict of check_fused_layers, read once.
   return at::stack(errors).max().item<double>();
 }
@@ -278,6 +269,14 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   (void)gate, (void)up;
   TORCH_CHECK(false, "fused_swiglu: this build has no CUDA");
 #endif
+}
+
+bool fused_add_rms_norm_takes(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight) {
+  const auto like_residual = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.scalar_type() == residual.scalar_type() && t.device() == residual.device();
+  };
+  return residual.dim() >= 1 && residual.is_contiguous() && like_residual(weight) && weight.dim() == 1 &&
+         weight.size(0) == residual.size(-1) && (!x.defined() || (like_residual(x) && x.sizes() == residual.sizes()));
 }
 
 std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& residual, const at::Tensor& x,

@@ -33,6 +33,10 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& residual, const at::Tensor& x,
                                                      const at::Tensor& weight, double eps);
 
+/// Whether fused_add_rms_norm takes these tensors: all contiguous, of one dtype and device, x
+/// (when defined) of the residual's shape, weight [H]. It refuses the others.
+bool fused_add_rms_norm_takes(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight);
+
 /// Compares the fused ops (forward and backward) with the op sequences on a small random problem,
 /// once per process and (device, dtype); later calls return the first verdict. An error names
 /// `model.use_liger` and the rollout's `engine_kwargs.tessera.fused_layers`. Reads the host (call it outside CUDA-graph capture).
