@@ -68,6 +68,7 @@ fix_args() {
       *.tessera.fused_layers=*) printf -- '--fused-layers=%s\n' "${k##*=}" ;;
       *.tessera.sampler=*) printf -- '--sampler=%s\n' "${k##*=}" ;;
       *.tessera.decode_attention=*) printf -- '--attention=%s\n' "${k##*=}" ;;
+      *.tessera.split_decode_attention=*) printf -- '--split-decode-attention=%s\n' "${k##*=}" ;;
     esac
   done
 }

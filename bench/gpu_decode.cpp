@@ -3,6 +3,7 @@
 //
 //   gpu_decode [--device cuda] [--prompts 64] [--n 8] [--prompt-len 60] [--response 256]
 //              [--layers 24] [--json OUT] [--attention kernel] [--sampler fused] [--fused-layers true]
+//              [--split-decode-attention true] [--tail-rows 4] [--tail-prompt-len 3800]
 //
 // Model: the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads over 2 KV heads, MLP 4864,
 // vocabulary 151936, tied embeddings), random init, bf16 on a GPU (fp32 on the CPU, for a smoke
@@ -14,6 +15,11 @@
 // On a GPU the graph run is repeated with the tiled attention kernel
 // (engine_kwargs.tessera.decode_attention=tiled), so both kernels are compared in one run; a
 // failure of that run is reported beside the other figures rather than ending the benchmark.
+//
+// The tail: `tail-rows` prompts of `tail-prompt-len` tokens (n = 1), `response` tokens each, with
+// CUDA graphs, decoded with each row's context cut into parts (Note [Split decode attention]) and
+// whole (split_decode_attention=false): the end of a rollout with long-tailed response lengths,
+// where a few long rows are all that is left.
 //
 // The limits: HBM bandwidth (a 2 GiB device-to-device copy: bytes read + written per second)
 // and the bf16 matmul rate (8192^3), timed right after. Per decode step the engine must read
@@ -44,7 +50,8 @@ struct Args {
   std::string json;
   // The engine_kwargs.tessera keys of the runs (the tiled run sets its own attention).
   std::string attention = "kernel", sampler = "fused";
-  bool fused_layers = true;
+  bool fused_layers = true, split = true;
+  int64_t tail_rows = 4, tail_prompt_len = 3800;
 };
 
 models::ModelConfig qwen25_05b(int64_t layers) {
@@ -83,10 +90,26 @@ struct Run {
   int64_t steps = 0, graph_steps = 0;
 };
 
-Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::DataProto& prompts, const Args& a,
-                       bool graphs, c10::ScalarType dtype, const std::string& attention) {
+// `rows` prompts of `len` random tokens, each repeated n times in a row (the trainer's interleave).
+Result<proto::DataProto> random_prompts(int64_t prompts, int64_t n, int64_t len, int64_t vocab) {
+  const int64_t rows = prompts * n;
+  at::Tensor ids =
+      at::randint(3, vocab, {prompts, len}, at::detail::createCPUGenerator(3), at::kLong).repeat_interleave(n, 0);
+  at::Tensor mask = at::ones({rows, len}, at::kLong);
+  at::Tensor pos = at::arange(len, at::kLong).repeat({rows, 1});
+  TESSERA_ASSIGN_OR_RETURN(auto batch, proto::DataProto::from_dict(
+                                           {{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos}}));
+  batch.meta_info()["eos_token_id"] = 151643;
+  batch.meta_info()["pad_token_id"] = 151643;
+  return batch;
+}
+
+// A run of the engine over `prompts` (prompt_len x n rows), after a warm-up call.
+Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::DataProto& prompts, Args a, bool graphs,
+                       c10::ScalarType dtype, const std::string& attention) {
   rollout::RolloutConfig cfg;
   cfg.decode_attention = attention;
+  cfg.split_decode_attention = a.split;
   cfg.sampler = a.sampler;
   cfg.fused_layers = a.fused_layers;
   cfg.dtype = dtype == at::kBFloat16 ? "bfloat16" : "float32";
@@ -122,16 +145,9 @@ int run(const Args& a) {
   }
   std::shared_ptr<models::CausalLM> model = *created;
   model->to(device);
-  // Prompts: `prompts` random rows, each repeated n times in a row (the trainer's interleave).
   const int64_t rows = a.prompts * a.n;
-  at::Tensor ids = at::randint(3, config.vocab_size, {a.prompts, a.prompt_len}, at::detail::createCPUGenerator(3),
-                               at::kLong).repeat_interleave(a.n, 0);
-  at::Tensor mask = at::ones({rows, a.prompt_len}, at::kLong);
-  at::Tensor pos = at::arange(a.prompt_len, at::kLong).repeat({rows, 1});
-  auto prompts = proto::DataProto::from_dict({{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos}});
+  auto prompts = random_prompts(a.prompts, a.n, a.prompt_len, config.vocab_size);
   if (!prompts.ok()) return 1;
-  prompts->meta_info()["eos_token_id"] = 151643;
-  prompts->meta_info()["pad_token_id"] = 151643;
 
   auto eager = run_engine(model, *prompts, a, /*graphs=*/false, dtype, a.attention);
   auto graphs = device.is_cuda() ? run_engine(model, *prompts, a, /*graphs=*/true, dtype, a.attention) : eager;
@@ -146,6 +162,24 @@ int run(const Args& a) {
     auto tiled_run = run_engine(model, *prompts, a, /*graphs=*/true, dtype, "tiled");
     if (tiled_run.ok()) tiled = *tiled_run;
     else std::printf("tiled attention: %s\n", tiled_run.status().to_string().c_str());
+  }
+  // The tail (see the header): the same graph engine with rows cut into parts and whole.
+  Run tail_split, tail_whole;
+  const int64_t tail_prompt = std::max<int64_t>(1, std::min(a.tail_prompt_len, config.max_position_embeddings - a.response));
+  if (device.is_cuda() && a.tail_rows > 0) {
+    Args t = a;
+    t.prompts = a.tail_rows;
+    t.n = 1;
+    t.prompt_len = tail_prompt;
+    auto tail_prompts = random_prompts(t.prompts, 1, t.prompt_len, config.vocab_size);
+    if (!tail_prompts.ok()) return 1;
+    for (bool split : {true, false}) {
+      if (split && !a.split) continue;  // --split-decode-attention=false: the whole rows only
+      t.split = split;
+      auto r = run_engine(model, *tail_prompts, t, /*graphs=*/true, dtype, a.attention);
+      if (r.ok()) (split ? tail_split : tail_whole) = *r;
+      else std::printf("tail, split_decode_attention=%d: %s\n", split, r.status().to_string().c_str());
+    }
   }
 
   // The card's limits, in the same run.
@@ -185,6 +219,10 @@ int run(const Args& a) {
                         {"tiled_graph_decode_tok_s", tiled.decode_tok_s},
                         {"tiled_graph_step_ms", tiled.step_ms},
                         {"tiled_graph_generate_tok_s", tiled.generate_tok_s},
+                        {"tail_rows", a.tail_rows},
+                        {"tail_context", tail_prompt + a.response},
+                        {"tail_split_step_ms", tail_split.step_ms},
+                        {"tail_whole_step_ms", tail_whole.step_ms},
                         {"hbm_bytes_per_s", bandwidth},
                         {"matmul_flops_per_s", peak},
                         {"step_bytes", bytes},
@@ -201,6 +239,12 @@ int run(const Args& a) {
               "limit at the graph step time) and computes %.0f GFLOP (%.0f%% of the matmul peak)\n",
               bandwidth / 1e12, c10::toString(dtype), peak / 1e12, bytes / 1e9, 100.0 * bytes / step_s / bandwidth, flops / 1e9,
               100.0 * flops / step_s / peak);
+  if (tail_split.steps > 0 && tail_whole.steps > 0) {
+    std::printf("tail: %ld rows of %ld-%ld positions, CUDA graphs: %.2f ms a step with each row cut into parts, "
+                "%.2f ms whole (%.2fx)\n",
+                a.tail_rows, tail_prompt, tail_prompt + a.response, tail_split.step_ms, tail_whole.step_ms,
+                tail_whole.step_ms / tail_split.step_ms);
+  }
   if (!a.json.empty()) std::ofstream(a.json) << out.dump(2) << "\n";
   return 0;
 }
@@ -220,6 +264,10 @@ int main(int argc, char** argv) {
   app.add_option("--attention", a.attention, "engine_kwargs.tessera.decode_attention of the eager and graph runs");
   app.add_option("--sampler", a.sampler, "engine_kwargs.tessera.sampler: fused | torch");
   app.add_option("--fused-layers", a.fused_layers, "engine_kwargs.tessera.fused_layers: true | false");
+  app.add_option("--split-decode-attention", a.split,
+                 "engine_kwargs.tessera.split_decode_attention of every run but the tail's whole-row one: true | false");
+  app.add_option("--tail-rows", a.tail_rows, "Rows of the tail run (0: none)");
+  app.add_option("--tail-prompt-len", a.tail_prompt_len, "Prompt tokens of the tail run's rows");
   CLI11_PARSE(app, argc, argv);
   return run(a);
 }

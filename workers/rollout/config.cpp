@@ -207,6 +207,7 @@ const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"split_devices_per_node", set_field<&RolloutConfig::split_devices_per_node, RolloutConfig>},
     {"kv_block_size", set_field<&RolloutConfig::kv_block_size, RolloutConfig>},
     {"decode_attention", set_field<&RolloutConfig::decode_attention, RolloutConfig>},
+    {"split_decode_attention", set_field<&RolloutConfig::split_decode_attention, RolloutConfig>},
     {"max_kv_blocks", set_field<&RolloutConfig::max_kv_blocks, RolloutConfig>},
     {"sampler", set_field<&RolloutConfig::sampler, RolloutConfig>},
     {"fused_layers", set_field<&RolloutConfig::fused_layers, RolloutConfig>},

@@ -19,7 +19,7 @@
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
 // (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|tiled|gather`,
-// `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`.
+// `split_decode_attention`, `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`.
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -116,6 +116,10 @@ struct RolloutConfig {
   /// once for the whole group; an error elsewhere) or "gather" (copy each row's blocks out and run
   /// the models' attention).
   std::string decode_attention = "kernel";
+  /// On a CUDA device, whether a decode step whose rows alone leave most of the GPU idle (the few
+  /// long rows at the end of a rollout) cuts each row's context into parts attended by blocks of
+  /// their own and merged after (Note [Split decode attention] in cuda/paged_attention.cu).
+  bool split_decode_attention = true;
   /// Caps the paged KV cache at this many blocks (0: on a GPU what gpu_memory_utilization leaves,
   /// elsewhere every sequence at its longest). Sequences beyond it wait or are preempted.
   int64_t max_kv_blocks = 0;

@@ -174,6 +174,7 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.block_size = config_.kv_block_size;
   options.kernel_attention = config_.decode_attention != "gather";
   options.tiled_attention = config_.decode_attention == "tiled";
+  options.split_attention = config_.split_decode_attention;
   options.fused_layers = config_.fused_layers;
   TESSERA_ASSIGN_OR_RETURN(options.max_kv_blocks, kv_block_cap(config_, *model_, options.max_kv_blocks_key));
   options.decode.cuda_graphs = !config_.enforce_eager && model_->device().is_cuda();

@@ -43,6 +43,9 @@ struct PagedKV {
   /// On a CUDA device, the tiled kernel rather than the heads kernel
   /// (engine_kwargs.tessera.decode_attention=tiled; cuda/paged_attention.hpp).
   bool tiled = false;
+  /// On a CUDA device, few rows with long contexts are cut into parts (Note [Split decode
+  /// attention]; engine_kwargs.tessera.split_decode_attention).
+  bool split = true;
 
   /// Zeroed pools of `num_blocks` blocks for every layer of `config`. An allocation failure (a
   /// CUDA OOM) is an error naming the bytes asked for.

@@ -39,7 +39,8 @@ at::Tensor paged_attention_block(const models::Attention& attn, const models::Mo
     case PagedRead::cuda_kernel:
       out = internal::paged_decode_attention_cuda(qk.first.reshape({B, H, D}), kv.keys[l], kv.values[l],
                                                   batch.block_tables, batch.context_lens, attn.window(),
-                                                  attn.scaling(), attn.softcap().value_or(0.0), kv.tiled);
+                                                  attn.scaling(), attn.softcap().value_or(0.0), kv.tiled,
+                                                  kv.split ? -1 : 1);
       break;
     case PagedRead::gather: {
       // Gather the rows' blocks into [B, KV, M * block_size, D] and attend with the mask.

@@ -109,6 +109,9 @@ TEST(RolloutConfig, ParsesValuesAndTesseraEngineKwargs) {
   EXPECT_EQ(parse_rollout_config(nlohmann::json::object())->config.sampler, "fused");
   EXPECT_EQ(parse_rollout_config({{"engine_kwargs", {{"tessera", {{"sampler", "torch"}}}}}})->config.sampler, "torch");
   EXPECT_TRUE(parse_rollout_config(nlohmann::json::object())->config.fused_layers);
+  EXPECT_TRUE(parse_rollout_config(nlohmann::json::object())->config.split_decode_attention);
+  EXPECT_FALSE(parse_rollout_config({{"engine_kwargs", {{"tessera", {{"split_decode_attention", false}}}}}})
+                   ->config.split_decode_attention);
   EXPECT_FALSE(parse_rollout_config({{"engine_kwargs", {{"tessera", {{"fused_layers", false}}}}}})->config.fused_layers);
   bad = parse_rollout_config({{"engine_kwargs", {{"tessera", {{"sampler", "gumbel"}}}}}});
   ASSERT_FALSE(bad.ok());

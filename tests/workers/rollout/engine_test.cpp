@@ -609,6 +609,46 @@ TEST(KVCacheEngine, OnCudaTiledDecodeAttentionMatchesTheHeadsKernel) {
 #endif
 }
 
+// Few rows with long contexts, which the decode-attention kernels cut into parts (Note [Split
+// decode attention]), decode what they decode whole (engine_kwargs.tessera.split_decode_attention
+// =false), with CUDA graphs (the parts chosen once per captured batch size) and without; both
+// kernels (greedy, fp32).
+TEST(KVCacheEngine, OnCudaSplitDecodeAttentionMatchesWholeRows) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  models::ModelConfig config = testing::tiny_config();
+  config.max_position_embeddings = 1024;
+  auto created = models::CausalLM::create(config, models::ModelInit{at::kFloat, 23});
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  std::shared_ptr<models::CausalLM> model = *created;
+  model->to(at::Device("cuda:0"));
+  const int64_t P = 300;
+  proto::DataProto prompts = testing::prompt_batch({300, 250, 280}, P, 24, 95);
+  for (const char* attention : {"kernel", "tiled"}) {
+    for (bool eager : {false, true}) {
+      RolloutConfig cfg = testing::test_config(/*response_length=*/600);
+      cfg.prompt_length = P;
+      cfg.ignore_eos = true;  // every row runs its 600 tokens, well past the lengths the kernels cut
+      cfg.max_num_batched_tokens = 1024;
+      cfg.do_sample = false;
+      cfg.calculate_log_probs = true;
+      cfg.decode_attention = attention;
+      cfg.enforce_eager = eager;
+      cfg.split_decode_attention = false;
+      proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+      cfg.split_decode_attention = true;
+      proto::DataProto got = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+      EXPECT_TRUE(get(got, "responses").to(at::kCPU).equal(get(want, "responses").to(at::kCPU)))
+          << attention << (eager ? " eager" : " graphs");
+      EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-4)
+          << attention << (eager ? " eager" : " graphs");
+    }
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
 // decode_attention=tiled where the tiled kernel cannot run (here: the CPU) is one line naming the
 // key, not a quiet fall back to another kernel.
 TEST(KVCacheEngine, TiledDecodeAttentionOffCudaIsAnErrorNamingTheKey) {

@@ -104,16 +104,45 @@ TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
       at::Tensor tables = at::randperm(blocks, gen).narrow(0, 0, s.B * width).view({s.B, width}).contiguous();
       at::Tensor lens = at::randint(1, width * s.block_size + 1, {s.B}, gen);
       lens[0] = width * s.block_size;
-      at::Tensor got = internal::paged_decode_attention_cuda(q.to(cuda), keys.to(cuda), values.to(cuda), tables.to(cuda),
-                                                             lens.to(cuda), s.window, 1.0 / std::sqrt(double(s.D)),
-                                                             s.softcap, tiled);
       at::Tensor want = reference_paged_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), tables,
                                                   lens, s.window, s.softcap);
-      const double diff = (got.to(at::kCPU).to(at::kFloat) - want).abs().max().item<double>();
-      std::printf("[cuda paged attention, %s kernel, %s H=%ld KV=%ld D=%ld bs=%ld window=%ld softcap=%g] max diff %.3g\n",
-                  tiled ? "tiled" : "heads", c10::toString(dtype), s.H, s.KV, s.D, s.block_size, s.window, s.softcap,
-                  diff);
-      EXPECT_LT(diff, dtype == at::kFloat ? 1e-5 : 2e-2);
+      // Each row whole, then cut into 3 and 7 parts (Note [Split decode attention]; some parts past
+      // a row's end, parts of one position at block size 1).
+      for (int64_t splits : {1, 3, 7}) {
+        at::Tensor got = internal::paged_decode_attention_cuda(q.to(cuda), keys.to(cuda), values.to(cuda),
+                                                               tables.to(cuda), lens.to(cuda), s.window,
+                                                               1.0 / std::sqrt(double(s.D)), s.softcap, tiled, splits);
+        const double diff = (got.to(at::kCPU).to(at::kFloat) - want).abs().max().item<double>();
+        std::printf("[cuda paged attention, %s kernel, %ld parts, %s H=%ld KV=%ld D=%ld bs=%ld window=%ld "
+                    "softcap=%g] max diff %.3g\n",
+                    tiled ? "tiled" : "heads", splits, c10::toString(dtype), s.H, s.KV, s.D, s.block_size, s.window,
+                    s.softcap, diff);
+        EXPECT_LT(diff, dtype == at::kFloat ? 1e-5 : 2e-2);
+      }
+    }
+    {
+      // Rows long enough, and few enough, that the kernel cuts them itself (splits -1), on this
+      // device, with a window on some layers' scale: the same attention as the whole rows.
+      const Shape s{2, 14, 2, 64, 16, 0, 0};
+      const int64_t blocks = 160, width = 64;  // up to 1024 positions a row
+      at::Tensor q = at::randn({s.B, s.H, s.D}, gen).to(dtype);
+      at::Tensor keys = at::randn({blocks, s.block_size, s.KV, s.D}, gen).to(dtype);
+      at::Tensor values = at::randn({blocks, s.block_size, s.KV, s.D}, gen).to(dtype);
+      at::Tensor tables = at::randperm(blocks, gen).narrow(0, 0, s.B * width).view({s.B, width}).contiguous();
+      at::Tensor lens = at::tensor({1000, 700}, at::kLong);
+      // 4 parts of 256 on an H100 (132 multiprocessors; any device of 13 or more).
+      ASSERT_EQ(internal::choose_decode_split(s.B, s.H, s.KV, width * s.block_size, 0, tiled, 132).splits, 4);
+      for (int64_t window : {0, 600}) {
+        at::Tensor want = reference_paged_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat),
+                                                    tables, lens, window, 0.0);
+        at::Tensor got = internal::paged_decode_attention_cuda(q.to(cuda), keys.to(cuda), values.to(cuda),
+                                                               tables.to(cuda), lens.to(cuda), window,
+                                                               1.0 / std::sqrt(double(s.D)), 0.0, tiled);
+        const double diff = (got.to(at::kCPU).to(at::kFloat) - want).abs().max().item<double>();
+        std::printf("[cuda paged attention, %s kernel, long rows cut as chosen, %s window=%ld] max diff %.3g\n",
+                    tiled ? "tiled" : "heads", c10::toString(dtype), window, diff);
+        EXPECT_LT(diff, dtype == at::kFloat ? 1e-5 : 2e-2);
+      }
     }
     Status check = internal::check_paged_decode_attention_cuda(cuda, dtype, tiled);
     EXPECT_TRUE(check.ok()) << check.to_string();
@@ -121,6 +150,45 @@ TEST(DecodeAttention, OnCudaPagedKernelMatchesTorchAttention) {
   // Groups the tiled kernel does not take: more query heads per KV head than it has teams.
   EXPECT_FALSE(internal::tiled_decode_attention_supported(32, 1, 128));
   EXPECT_FALSE(internal::tiled_decode_attention_supported(8, 1, 256));
+}
+
+// Note [Split decode attention]: a launch is cut into parts only where its rows leave the device
+// mostly idle and their contexts are long, never into parts shorter than kMinSplitLen (save the
+// rounding of an even cut), and the parts always cover the longest context a row can have.
+TEST(DecodeAttention, SplitIsChosenFromShapes) {
+  using internal::choose_decode_split;
+  const int64_t h100 = 132;
+  // Qwen2.5-0.5B (14 query heads over 2 KV heads: 2 blocks of the heads kernel per KV head).
+  EXPECT_EQ(choose_decode_split(512, 14, 2, 4352, 0, false, h100).splits, 1);  // 2048 blocks fill it
+  EXPECT_EQ(choose_decode_split(128, 14, 2, 4352, 0, false, h100).splits, 1);
+  EXPECT_EQ(choose_decode_split(4, 14, 2, 300, 0, false, h100).splits, 1);      // too short to cut
+  EXPECT_EQ(choose_decode_split(4, 14, 2, 8192, 300, false, h100).splits, 1);   // the window is short
+  const auto four = choose_decode_split(4, 14, 2, 4352, 0, false, h100);      // 16 blocks: 17 parts of 256
+  EXPECT_EQ(four.splits, 17);
+  EXPECT_EQ(four.split_len, 256);
+  EXPECT_EQ(choose_decode_split(4, 14, 2, 4352, 0, /*tiled=*/true, h100).splits, 17);  // 8 blocks, same cap
+  EXPECT_EQ(choose_decode_split(64, 14, 2, 4352, 0, false, h100).splits, 2);   // 256 blocks
+  EXPECT_EQ(choose_decode_split(1, 28, 4, 32768, 0, false, h100).splits, 33);  // Qwen2.5-7B: 8 blocks
+  EXPECT_EQ(choose_decode_split(1, 14, 2, 32768, 0, false, h100).splits, internal::kMaxSplits);  // 4 blocks
+  EXPECT_EQ(choose_decode_split(4, 14, 2, 4352, 0, false, /*sm_count=*/0).splits, 1);  // device unknown
+  for (int64_t batch : {1, 2, 3, 7, 16, 33, 100}) {
+    for (int64_t capacity : {512, 600, 1000, 4352, 9999, 32768, 131072}) {
+      for (int64_t window : {0, 700, 4096}) {
+        for (bool tiled : {false, true}) {
+          const auto s = choose_decode_split(batch, 28, 4, capacity, window, tiled, h100);
+          const int64_t span = window > 0 ? std::min(capacity, window) : capacity;
+          if (s.splits == 1) continue;
+          EXPECT_GE(s.splits * s.split_len, span) << batch << " " << capacity << " " << window;
+          EXPECT_LT((s.splits - 1) * s.split_len, span);  // no part starts past the span
+          EXPECT_LE(s.splits, internal::kMaxSplits);
+          EXPECT_GE(s.split_len * internal::kMaxSplits, span);
+          EXPECT_GE(s.split_len, internal::kMinSplitLen - 1);
+          const int64_t blocks = batch * 4 * (tiled ? 1 : 2);
+          EXPECT_LT(blocks * (s.splits - 1), 2 * h100) << "cut more than the device needs";
+        }
+      }
+    }
+  }
 }
 
 // The rollout forward (prefill + decode steps, with holes in the mask) equals CausalLM::forward_step.

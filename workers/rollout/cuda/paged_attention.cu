@@ -15,7 +15,8 @@
 // The tiled kernel: Note [Tiled decode attention] below.
 //
 // Decode is memory-bound: the time is the key and value bytes of the rows' contexts, read once
-// each; every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks.
+// each; every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks (and
+// a few rows with long contexts are split over more: Note [Split decode attention]).
 #include "workers/rollout/cuda/paged_attention.hpp"
 
 #include <cuda_bf16.h>
@@ -25,6 +26,7 @@
 #include "proto/cuda/element.cuh"
 
 #include <algorithm>
+#include <atomic>
 
 namespace tessera::rollout::cuda {
 namespace {
@@ -35,10 +37,9 @@ constexpr int kVec = 8;                        ///< Head elements per lane and p
 constexpr int kMaxChunks = static_cast<int>(kMaxHeadDim) / kVec;  // 32: one warp spans a head
 static_assert(kMaxChunks <= 32, "a token slot must fit in a warp");
 constexpr unsigned kFullMask = 0xffffffffu;
-// At most 4 query heads per block: on an H100, Qwen2.5-0.5B's groups of 7 decoded at 512 rows ran
-// at 67.9k tok/s with blocks of 4 (+3), 62.7k with one block of 8 (219 registers a thread, two
-// blocks per SM) and 61.4k with blocks of 2.
-constexpr int64_t kMaxHeadsPerBlock = 4;
+// kMaxHeadsPerBlock (paged_attention.hpp) is 4: on an H100, Qwen2.5-0.5B's groups of 7 decoded
+// at 512 rows ran at 67.9k tok/s with blocks of 4 (+3), 62.7k with one block of 8 (219 registers
+// a thread, two blocks per SM) and 61.4k with blocks of 2.
 
 using proto::cuda::from_float;
 using proto::cuda::to_float;
@@ -61,31 +62,56 @@ __device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, 
   }
 }
 
+// The first position a row of `len` positions attends to.
+__device__ __forceinline__ int64_t first_attended(const PagedDecodeArgs& a, int64_t len) {
+  return a.window > 0 && len > a.window ? len - a.window : 0;
+}
+
 // What a block reads for row b and KV head kv: the pools at the head's offset, whether their
-// chunks move in 16-byte loads (dim % kVec == 0 and every token row 16-byte aligned), the row's
-// attended positions [first, len) and its block table.
+// chunks move in 16-byte loads (dim % kVec == 0 and every token row 16-byte aligned), the
+// positions [begin, end) it attends to (the row's [first, len), or part z of it: Note [Split
+// decode attention]) and the row's block table. begin >= end: a part past the row's end.
 template <class T>
 struct RowView {
   const T* keys;
   const T* values;
   int64_t token_stride;
   bool aligned;
-  int64_t len, first;
+  int64_t begin, end;
   const int64_t* table;
 };
 
 template <class T>
-__device__ __forceinline__ RowView<T> row_view(const PagedDecodeArgs& a, int64_t b, int64_t kv) {
+__device__ __forceinline__ RowView<T> row_view(const PagedDecodeArgs& a, int64_t b, int64_t kv, int64_t z) {
   RowView<T> r;
   r.token_stride = a.kv_heads * a.head_dim;
   r.keys = static_cast<const T*>(a.key_pool) + kv * a.head_dim;
   r.values = static_cast<const T*>(a.value_pool) + kv * a.head_dim;
   r.aligned = a.head_dim % kVec == 0 && (r.token_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(r.keys) % 16 == 0 && reinterpret_cast<uintptr_t>(r.values) % 16 == 0;
-  r.len = a.context_lens[b * a.len_stride];
-  r.first = a.window > 0 && r.len > a.window ? r.len - a.window : 0;
+  const int64_t len = a.context_lens[b * a.len_stride], first = first_attended(a, len);
+  r.begin = a.splits > 1 ? first + z * a.split_len : first;
+  r.end = a.splits > 1 ? min(len, r.begin + a.split_len) : len;
   r.table = a.block_tables + b * a.table_row_stride;
   return r;
+}
+
+// Where the block of (row b, query head h, part z) leaves its result: with one part the
+// normalised output in `out`; with several (Note [Split decode attention]) the unnormalised sums
+// o, their max m and the sum of weights l in `partials`, for merge_parts_kernel.
+template <class T>
+__device__ __forceinline__ void write_result(const PagedDecodeArgs& a, int64_t b, int64_t h, int64_t d, float m,
+                                             float l, float o) {
+  if (a.splits <= 1) {
+    static_cast<T*>(a.out)[(b * a.heads + h) * a.head_dim + d] = from_float<T>(l > 0.f ? o / l : 0.f);
+    return;
+  }
+  float* part = a.partials + ((b * a.heads + h) * a.splits + blockIdx.z) * (a.head_dim + 2);
+  part[d] = o;
+  if (d == 0) {
+    part[a.head_dim] = m;
+    part[a.head_dim + 1] = l;
+  }
 }
 
 // The online-softmax state of one token slot for G query heads (this lane's chunk of each).
@@ -131,8 +157,10 @@ __device__ __forceinline__ float part_weight(float m, float m_total) {
   return m == -INFINITY ? 0.f : __expf(m - m_total);
 }
 
+// At most 128 registers a thread (4 blocks an SM), what the measured kernel had; left to itself
+// ptxas gives the 4-head variant 136, and 3 blocks an SM.
 template <class T, int G>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs a, int lanes_per_slot) {
+__global__ void __launch_bounds__(kThreads, 4) paged_decode_kernel(PagedDecodeArgs a, int lanes_per_slot) {
   const int L = lanes_per_slot;
   const int slots = kThreads / L;
   const int slot = static_cast<int>(threadIdx.x) / L, lane_in_slot = static_cast<int>(threadIdx.x) % L;
@@ -155,7 +183,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     }
   }
 
-  const RowView<T> view = row_view<T>(a, b, kv);
+  const RowView<T> view = row_view<T>(a, b, kv, blockIdx.z);
+  if (a.splits > 1 && view.begin >= view.end) return;  // a part past the row's end: the whole block
 
   Partial<G> st;
 #pragma unroll
@@ -167,9 +196,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   }
   // Every thread runs the same iterations (the shuffles need the whole warp); a slot past the
   // row's end loads nothing and changes nothing.
-  for (int64_t base = view.first; base < view.len; base += 2 * slots) {
+  for (int64_t base = view.begin; base < view.end; base += 2 * slots) {
     const int64_t s0 = base + slot, s1 = s0 + slots;
-    const bool valid0 = s0 < view.len, valid1 = s1 < view.len;
+    const bool valid0 = s0 < view.end, valid1 = s1 < view.end;
     float k0[kVec] = {}, v0[kVec] = {}, k1[kVec] = {}, v1[kVec] = {};
     if (valid0 && active) {
       const int64_t row = view.table[(s0 / a.block_size) * a.table_entry_stride] * a.block_size + s0 % a.block_size;
@@ -218,7 +247,6 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     }
   }
   __syncthreads();
-  T* out = static_cast<T*>(a.out) + (b * a.heads + h0) * D;
   for (int64_t e = threadIdx.x; e < heads_here * D; e += kThreads) {
     const int64_t g = e / D, d = e % D;
     float m_total = -INFINITY;
@@ -229,7 +257,41 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
       total += warp_l[w][g] * weight;
       o += warp_acc[w][g][d] * weight;
     }
-    out[g * D + d] = from_float<T>(total > 0.f ? o / total : 0.f);
+    write_result<T>(a, b, h0 + g, d, m_total, total, o);
+  }
+}
+
+// Note [Split decode attention]
+// A decode batch is B rows x kv_heads blocks (x the heads kernel's blocks per KV group). Hundreds
+// of rows fill the device; the few rows left at the end of a rollout with long-tailed response
+// lengths do not: 4 rows of Qwen2.5-7B are 32 blocks on a 132-SM H100, each walking the row's
+// whole context alone, and that tail can be most of a long-reasoning rollout's decode steps. Such
+// launches cut each row's attended positions into parts of split_len positions (vLLM's paged
+// attention v2, "flash decoding"): part z is a block of its own over [first + z * split_len, ...),
+// leaving its value sums o (relative to its own max m) and its sum of weights l in fp32; then
+// merge_parts_kernel combines a row's parts exactly as the blocks combine their warps (weights
+// exp(m_z - max m)). The split is chosen on the host from shapes alone (choose_decode_split in
+// internal/decode_attention.cpp), with the row's capacity (the block table's width) standing
+// for its length, so a graph captured for a batch size stays right for every replay: parts past
+// a row's actual end return at once, and the merge reads only the row's used parts.
+template <class T>
+__global__ void __launch_bounds__(kThreads) merge_parts_kernel(PagedDecodeArgs a) {
+  const int64_t bh = blockIdx.x, b = bh / a.heads, D = a.head_dim;
+  const int64_t len = a.context_lens[b * a.len_stride];
+  const int64_t used = min(a.splits, (len - first_attended(a, len) + a.split_len - 1) / a.split_len);
+  const float* parts = a.partials + bh * a.splits * (D + 2);
+  float m_total = -INFINITY;
+  for (int64_t z = 0; z < used; ++z) m_total = fmaxf(m_total, parts[z * (D + 2) + D]);
+  T* out = static_cast<T*>(a.out) + bh * D;
+  for (int64_t d = threadIdx.x; d < D; d += kThreads) {
+    float total = 0.f, o = 0.f;
+    for (int64_t z = 0; z < used; ++z) {
+      const float* part = parts + z * (D + 2);
+      const float weight = part_weight(part[D], m_total);
+      total += part[D + 1] * weight;
+      o += part[d] * weight;
+    }
+    out[d] = from_float<T>(total > 0.f ? o / total : 0.f);
   }
 }
 
@@ -307,13 +369,14 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode
 #pragma unroll
   for (int i = 0; i < kVec; ++i) q[i] = active && d0 + i < D ? to_float(qp[d0 + i]) * a.scale : 0.f;
 
-  const RowView<T> view = row_view<T>(a, b, kv);
-  // The row's first kTableCache block-table entries from `first` on, read once, so that the
+  const RowView<T> view = row_view<T>(a, b, kv, blockIdx.z);
+  if (a.splits > 1 && view.begin >= view.end) return;  // a part past the row's end: the whole block
+  // The row's first kTableCache block-table entries from `begin` on, read once, so that the
   // tiles' lookups after the first cost a shared-memory read instead of a memory round trip.
   __shared__ int64_t table_cache[kTableCache];
   const int bs = static_cast<int>(a.block_size);  // positions fit in 32 bits: 32-bit divisions below
-  const int first_block = static_cast<int>(view.first) / bs;
-  const int cached = min(kTableCache, static_cast<int>(view.len - 1) / bs - first_block + 1);
+  const int first_block = static_cast<int>(view.begin) / bs;
+  const int cached = min(kTableCache, static_cast<int>(view.end - 1) / bs - first_block + 1);
   for (int i = static_cast<int>(threadIdx.x); i < cached; i += kThreads) {
     table_cache[i] = view.table[static_cast<int64_t>(first_block + i) * a.table_entry_stride];
   }
@@ -326,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode
     for (int j = 0; j < kChunksPerThread; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
       const int64_t s = base + (c >> lanes_log2), e0 = static_cast<int64_t>(c & (L - 1)) * kVec;
-      if (s < view.len && e0 < D) {
+      if (s < view.end && e0 < D) {
         const int si = static_cast<int>(s), block = si / bs - first_block;
         const int64_t entry = block < kTableCache ? table_cache[block]
                                                   : view.table[static_cast<int64_t>(si / bs) * a.table_entry_stride];
@@ -342,8 +405,8 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode
   float m = -INFINITY, l = 0.f, acc[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
-  fetch(view.first);
-  for (int64_t base = view.first; base < view.len; base += P) {  // the same iterations in every thread
+  fetch(view.begin);
+  for (int64_t base = view.begin; base < view.end; base += P) {  // the same iterations in every thread
     __syncthreads();  // the previous tile's readers are done with the shared tile
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
@@ -351,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode
       v_tile[threadIdx.x + j * kThreads] = staged_v[j];
     }
     __syncthreads();
-    if (base + P < view.len) fetch(base + P);  // in flight while this tile is computed
-    const int n = static_cast<int>(min(static_cast<int64_t>(P), view.len - base));
+    if (base + P < view.end) fetch(base + P);  // in flight while this tile is computed
+    const int n = static_cast<int>(min(static_cast<int64_t>(P), view.end - base));
     const int iters = (n + R - 1) / R;
     for (int i = 0; i < iters; ++i) {
       const int t = r + i * R;
@@ -390,7 +453,6 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode
 #pragma unroll
   for (int e = 0; e < kVec; ++e) team_acc[(team << lanes_log2) * kVec + d0 + e] = acc[e];
   __syncthreads();
-  T* out = static_cast<T*>(a.out) + (b * a.heads + kv * G) * D;
   for (int64_t x = threadIdx.x; x < G * D; x += kThreads) {
     const int64_t head = x / D, d = x % D;
     const int first_team = static_cast<int>(head) * R;
@@ -402,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 6 : 1) paged_decode
       total += team_l[first_team + k] * weight;
       o += team_acc[((first_team + k) << lanes_log2) * kVec + d] * weight;
     }
-    out[head * D + d] = from_float<T>(total > 0.f ? o / total : 0.f);
+    write_result<T>(a, b, kv * G + head, d, m_total, total, o);
   }
 }
 
@@ -415,7 +477,8 @@ int lanes_log2_for(int64_t head_dim) {
 
 template <class T>
 void launch_tiled(const PagedDecodeArgs& args, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(args.kv_heads), static_cast<unsigned>(args.batch));
+  const dim3 grid(static_cast<unsigned>(args.kv_heads), static_cast<unsigned>(args.batch),
+                  static_cast<unsigned>(std::max<int64_t>(args.splits, 1)));
   switch (lanes_log2_for(args.head_dim)) {  // kMaxHeadDim / kVec = 32 lanes at most
     case 0: paged_decode_tiled_kernel<T, 0><<<grid, kThreads, 0, stream>>>(args); break;
     case 1: paged_decode_tiled_kernel<T, 1><<<grid, kThreads, 0, stream>>>(args); break;
@@ -434,7 +497,8 @@ void launch(const PagedDecodeArgs& args, cudaStream_t stream) {
   const int64_t group = args.heads / args.kv_heads, per_block = std::min(group, kMaxHeadsPerBlock);
   const int lanes = 1 << lanes_log2_for(args.head_dim);
   auto run = [&](auto kernel, int64_t g) {
-    const dim3 grid(static_cast<unsigned>(args.kv_heads * ((group + g - 1) / g)), static_cast<unsigned>(args.batch));
+    const dim3 grid(static_cast<unsigned>(args.kv_heads * ((group + g - 1) / g)), static_cast<unsigned>(args.batch),
+                    static_cast<unsigned>(std::max<int64_t>(args.splits, 1)));
     kernel<<<grid, kThreads, 0, stream>>>(args, lanes);
   };
   if (per_block <= 1) {
@@ -449,6 +513,21 @@ void launch(const PagedDecodeArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
+int64_t multiprocessor_count(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};  // 0: not asked yet
+  if (device < 0 || device >= kDevices) return 0;
+  int n = known[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      n = 0;
+      (void)cudaGetLastError();  // not left for the next launch's check to find
+    }
+    if (n > 0) known[device].store(n, std::memory_order_relaxed);
+  }
+  return n > 0 ? n : 0;
+}
+
 bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
   return head_dim >= 1 && head_dim <= kMaxHeadDim && kv_heads >= 1 && heads % kv_heads == 0 &&
          heads / kv_heads <= (kThreads >> lanes_log2_for(head_dim));
@@ -459,6 +538,9 @@ const char* launch_paged_decode_attention(const PagedDecodeArgs& args, void* str
   auto s = static_cast<cudaStream_t>(stream);
   if (args.tiled && !tiled_decode_attention_supported(args.heads, args.kv_heads, args.head_dim)) {
     return "the tiled decode-attention kernel does not take this KV group and head size";
+  }
+  if (args.splits > 1 && (args.split_len < 1 || args.partials == nullptr || args.splits > 65535)) {
+    return "a split decode-attention launch needs 1 <= splits <= 65535, split_len >= 1 and a partials buffer";
   }
   if (args.tiled) {
     switch (args.dtype) {
@@ -471,6 +553,14 @@ const char* launch_paged_decode_attention(const PagedDecodeArgs& args, void* str
       case ElementType::f32: launch<float>(args, s); break;
       case ElementType::f16: launch<__half>(args, s); break;
       case ElementType::bf16: launch<__nv_bfloat16>(args, s); break;
+    }
+  }
+  if (args.splits > 1) {  // Note [Split decode attention]: one block per (row, query head) merges its parts
+    const auto rows_heads = static_cast<unsigned>(args.batch * args.heads);
+    switch (args.dtype) {
+      case ElementType::f32: merge_parts_kernel<float><<<rows_heads, kThreads, 0, s>>>(args); break;
+      case ElementType::f16: merge_parts_kernel<__half><<<rows_heads, kThreads, 0, s>>>(args); break;
+      case ElementType::bf16: merge_parts_kernel<__nv_bfloat16><<<rows_heads, kThreads, 0, s>>>(args); break;
     }
   }
   const cudaError_t err = cudaGetLastError();

@@ -37,7 +37,26 @@ struct PagedDecodeArgs {
   /// instead of the heads kernel (one block per row, KV head and up to 4 of its query heads).
   /// REQUIRES for tiled: tiled_decode_attention_supported(heads, kv_heads, head_dim).
   bool tiled = false;
+  /// Note [Split decode attention]: with splits > 1, each row's attended positions [first, len)
+  /// are cut into parts of split_len positions, part z being [first + z * split_len, ...); each
+  /// part is a thread block of its own that writes its unnormalised result (the weighted value sum
+  /// [head_dim], then the running max and the sum of weights) to `partials`, and a second kernel
+  /// merges a row's parts into `out`. Parts past a row's end do nothing.
+  /// REQUIRES with splits > 1: split_len >= 1, splits * split_len >= every row's len - first,
+  /// partials holds decode_split_partial_floats(batch, heads, head_dim, splits) floats.
+  int64_t splits = 1;
+  int64_t split_len = 0;
+  float* partials = nullptr;
 };
+
+/// Query heads per thread block of the heads kernel, at most: a KV group of G query heads takes
+/// ceil(G / min(G, kMaxHeadsPerBlock)) blocks per row and KV head.
+constexpr int64_t kMaxHeadsPerBlock = 4;
+
+/// Floats of `partials` a split launch needs: [batch, heads, splits, head_dim + 2].
+constexpr int64_t decode_split_partial_floats(int64_t batch, int64_t heads, int64_t head_dim, int64_t splits) {
+  return batch * heads * splits * (head_dim + 2);
+}
 
 /// Largest head_dim the kernel handles.
 constexpr int64_t kMaxHeadDim = 256;
@@ -46,6 +65,10 @@ constexpr int64_t kMaxHeadDim = 256;
 /// lanes a head's row takes (head_dim / 8 rounded up to a power of two): 16 at head_dim 64, 8 at
 /// 128, 4 at 256.
 bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
+
+/// The number of multiprocessors of CUDA device `device` (asked once per device, then remembered);
+/// 0 if the runtime cannot say.
+int64_t multiprocessor_count(int device);
 
 /// Launches the kernel on `stream` (a cudaStream_t). Returns nullptr on success, else the CUDA
 /// error string. REQUIRES: head_dim <= kMaxHeadDim, heads % kv_heads == 0, 1 <= len <= M * block_size.

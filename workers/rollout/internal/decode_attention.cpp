@@ -15,10 +15,7 @@
 #include <torch/torch.h>
 
 #include "proto/cuda/launch.hpp"
-
-#if TESSERA_WITH_CUDA
 #include "workers/rollout/cuda/paged_attention.hpp"
-#endif
 
 namespace tessera::rollout::internal {
 namespace {
@@ -150,6 +147,19 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_poo
   return out;
 }
 
+DecodeSplit choose_decode_split(int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity, int64_t window,
+                                bool tiled, int64_t sm_count) {
+  const int64_t span = window > 0 ? std::min(capacity, window) : capacity;
+  if (batch < 1 || kv_heads < 1 || heads < kv_heads || sm_count < 1 || span < 2 * kMinSplitLen) return {};
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t group = heads / kv_heads;
+  const int64_t blocks = batch * kv_heads * (tiled ? 1 : ceil_div(group, std::min(group, cuda::kMaxHeadsPerBlock)));
+  const int64_t splits = std::min({ceil_div(2 * sm_count, blocks), span / kMinSplitLen, kMaxSplits});
+  if (splits <= 1) return {};
+  const int64_t split_len = ceil_div(span, splits);
+  return {ceil_div(span, split_len), split_len};
+}
+
 namespace {
 
 // The attention paged_decode_attention_cuda computes, by torch ops in fp32 on the pools' device.
@@ -173,10 +183,15 @@ at::Tensor torch_paged_attention(const at::Tensor& q, const at::Tensor& key_pool
 
 constexpr const char* kPagedKernel = "rollout: the paged decode-attention CUDA kernel";
 constexpr const char* kTiledKernel = "rollout: the tiled paged decode-attention CUDA kernel";
+constexpr const char* kPagedSplit = "rollout: the paged decode-attention CUDA kernel, split into parts,";
+constexpr const char* kTiledSplit = "rollout: the tiled paged decode-attention CUDA kernel, split into parts,";
 constexpr const char* kPagedFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather";
+constexpr const char* kSplitFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.split_decode_attention=false";
 
-// The kernel against torch_paged_attention on a small random problem (Note [Kernel self-check]).
-Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype, bool tiled) {
+// The kernel against torch_paged_attention on a small random problem (Note [Kernel self-check]),
+// each row's positions cut into `splits` parts (1: not cut; 3: parts of 4 positions, of 2 within
+// the window, some of them past a row's end).
+Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype, bool tiled, int64_t splits) {
   at::Generator gen = at::detail::createCPUGenerator(20261126);
   const auto on = [&](const at::Tensor& t) { return t.to(device); };
   const int64_t blocks = 9, bs = 4, KV = 2, H = 6, D = 80, B = 3, M = 3;
@@ -188,7 +203,8 @@ Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype
   double worst = 0;
   for (auto [window, softcap] : {std::pair<int64_t, double>{0, 0.0}, {5, 0.0}, {0, 3.0}}) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    at::Tensor got = paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap, tiled);
+    at::Tensor got =
+        paged_decode_attention_cuda(q, key_pool, value_pool, tables, lens, window, scale, softcap, tiled, splits);
     at::Tensor want = torch_paged_attention(q, key_pool, value_pool, tables, lens, window, scale, softcap);
     // Host boundary, deliberate: a one-time check per process and (device, dtype), before any
     // generation (never inside a step or a graph capture); its verdict must reach the host.
@@ -196,17 +212,22 @@ Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype
   }
   const double tolerance = dtype == at::kFloat ? 1e-4 : 2e-2;
   if (worst <= tolerance) return Status();
-  return make_error(ErrorCode::internal, "{} disagrees with torch on {} in {} (max diff {:.3g}); {}",
-                    tiled ? kTiledKernel : kPagedKernel, device.str(), c10::toString(dtype), worst, kPagedFix);
+  const char* what = splits > 1 ? (tiled ? kTiledSplit : kPagedSplit) : (tiled ? kTiledKernel : kPagedKernel);
+  return make_error(ErrorCode::internal, "{} disagrees with torch on {} in {} (max diff {:.3g}); {}", what,
+                    device.str(), c10::toString(dtype), worst, splits > 1 ? kSplitFix : kPagedFix);
 }
 
 }  // namespace
 
-Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled) {
-  static proto::cuda::CheckOnce heads_verdicts, tiled_verdicts;
-  return (tiled ? tiled_verdicts : heads_verdicts)
-      .get(device, dtype, tiled ? kTiledKernel : kPagedKernel, kPagedFix,
-           [&] { return compare_paged_kernel_with_torch(device, dtype, tiled); });
+Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled, bool split) {
+  static proto::cuda::CheckOnce heads_verdicts, tiled_verdicts, heads_split_verdicts, tiled_split_verdicts;
+  TESSERA_RETURN_IF_ERROR((tiled ? tiled_verdicts : heads_verdicts)
+                              .get(device, dtype, tiled ? kTiledKernel : kPagedKernel, kPagedFix,
+                                   [&] { return compare_paged_kernel_with_torch(device, dtype, tiled, 1); }));
+  if (!split) return Status();
+  return (tiled ? tiled_split_verdicts : heads_split_verdicts)
+      .get(device, dtype, tiled ? kTiledSplit : kPagedSplit, kSplitFix,
+           [&] { return compare_paged_kernel_with_torch(device, dtype, tiled, 3); });
 }
 
 bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
@@ -231,9 +252,10 @@ bool paged_decode_attention_cuda_supported(const at::Tensor& pool) {
 
 at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& key_pool, const at::Tensor& value_pool,
                                        const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
-                                       double scale, double softcap, bool tiled) {
+                                       double scale, double softcap, bool tiled, int64_t splits) {
 #if TESSERA_WITH_CUDA
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  TORCH_CHECK(splits == -1 || (splits >= 1 && splits <= kMaxSplits), "paged_decode_attention_cuda: splits=", splits);
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
                   block_tables.device() == key_pool.device() && context_lens.device() == key_pool.device(),
               "paged_decode_attention_cuda: block tables and context lengths must be int64 on ", key_pool.device());
@@ -259,12 +281,31 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& ke
   args.softcap = static_cast<float>(softcap);
   args.dtype = proto::cuda::element_type_of(key_pool, "paged decode attention");
   args.tiled = tiled;
+  // Note [Split decode attention]: the parts are chosen from shapes (the table's width stands for
+  // the rows' lengths), never from the lengths on the device.
+  const int64_t capacity = block_tables.size(1) * args.block_size;
+  DecodeSplit split;
+  if (splits == -1) {
+    split = choose_decode_split(B, H, args.kv_heads, capacity, window, tiled,
+                                cuda::multiprocessor_count(key_pool.device().index()));
+  } else if (splits > 1) {
+    const int64_t span = window > 0 ? std::min(capacity, window) : capacity;
+    split.split_len = std::max<int64_t>(1, (span + splits - 1) / splits);
+    split.splits = splits;
+  }
+  at::Tensor partials;
+  if (split.splits > 1) {
+    partials = at::empty({cuda::decode_split_partial_floats(B, H, D, split.splits)}, query.options().dtype(at::kFloat));
+    args.splits = split.splits;
+    args.split_len = split.split_len;
+    args.partials = partials.data_ptr<float>();
+  }
   proto::cuda::check_launch("paged decode attention",
                             cuda::launch_paged_decode_attention(args, proto::cuda::stream_of(key_pool)));
   return out;
 #else
   (void)q, (void)key_pool, (void)value_pool, (void)block_tables, (void)context_lens, (void)window, (void)scale,
-      (void)softcap, (void)tiled;
+      (void)softcap, (void)tiled, (void)splits;
   TORCH_CHECK(false, "paged_decode_attention_cuda: this build has no CUDA");
 #endif
 }

@@ -43,21 +43,43 @@ bool paged_decode_attention_cuda_supported(const at::Tensor& pool);
 /// with these heads (cuda/paged_attention.hpp). False in a build without CUDA.
 bool tiled_decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
 
+/// How a CUDA decode-attention launch cuts each row's attended positions (Note [Split decode
+/// attention] in cuda/paged_attention.cu): `splits` parts of `split_len` positions; 1 part: not cut.
+struct DecodeSplit {
+  int64_t splits = 1;
+  int64_t split_len = 0;
+};
+
+/// The split for a launch over `batch` rows of `heads` query heads on `kv_heads` KV heads, rows
+/// holding up to `capacity` positions (the block table's width x block size), attending to the last
+/// `window` of them (0: all), on a device of `sm_count` multiprocessors: the rows' positions are
+/// cut into parts of at least kMinSplitLen until the launch has about two blocks per
+/// multiprocessor (at most kMaxSplits parts); one part where the batch alone fills the device.
+/// From shapes alone, so a graph captured for a batch size keeps it for every replay.
+inline constexpr int64_t kMinSplitLen = 256;
+inline constexpr int64_t kMaxSplits = 64;
+DecodeSplit choose_decode_split(int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity, int64_t window,
+                                bool tiled, int64_t sm_count);
+
 /// The CUDA kernel: q [B, H, D] (any strides) in the pools' dtype; block_tables [B, M] and
 /// context_lens [B] int64 on the pools' device. Returns [B, H * D] in the pools' dtype, on the
 /// current stream, with no host synchronisation. softcap 0 = none. `tiled`: the tiled kernel
-/// (one block per row and KV head) instead of the heads kernel.
+/// (one block per row and KV head) instead of the heads kernel. `splits`: -1 as
+/// choose_decode_split says for this device, 1 never cut, n > 1 exactly n parts (tests and
+/// self-checks).
 /// REQUIRES: paged_decode_attention_cuda_supported(key_pool); with tiled,
-/// tiled_decode_attention_supported(H, KV, D).
+/// tiled_decode_attention_supported(H, KV, D); splits == -1 or 1 <= splits <= kMaxSplits.
 at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& key_pool, const at::Tensor& value_pool,
                                        const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
-                                       double scale, double softcap, bool tiled = false);
+                                       double scale, double softcap, bool tiled = false, int64_t splits = -1);
 
 /// Note [Kernel self-check]: before its first use in a process on a (device, dtype), the CUDA
 /// kernel is run on a small random problem (GQA, a window, a softcap, partial blocks) and compared
 /// with the same attention computed by torch ops in fp32. A disagreement is an error naming the
 /// switch that avoids the kernel; the result is remembered. Costs a few milliseconds once.
-/// Each kernel (`tiled` or not) is checked on its own.
-Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled = false);
+/// Each kernel (`tiled` or not) is checked on its own; with `split`, also cut into parts (Note
+/// [Split decode attention]), a disagreement there naming engine_kwargs.tessera.split_decode_attention.
+Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled = false,
+                                         bool split = true);
 
 }  // namespace tessera::rollout::internal

@@ -142,6 +142,7 @@ class GenerationLoop {
     cache_.emplace(std::move(cache));
     cache_->kv().use_kernel = options_.kernel_attention;
     cache_->kv().tiled = options_.tiled_attention;
+    cache_->kv().split = options_.split_attention;
     runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_prompt_ + options_.response_length,
                                              options_.decode);
     slot_row_.assign(static_cast<size_t>(slots), -1);
@@ -467,7 +468,8 @@ Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::ve
                       c10::toString(model.dtype()), model.device().str());
   }
   if (options.kernel_attention && paged_decode_attention_cuda_supported(pool)) {  // Note [Kernel self-check]
-    TESSERA_RETURN_IF_ERROR(check_paged_decode_attention_cuda(model.device(), model.dtype(), options.tiled_attention));
+    TESSERA_RETURN_IF_ERROR(check_paged_decode_attention_cuda(model.device(), model.dtype(), options.tiled_attention,
+                                                              options.split_attention));
   }
   if (options.sampling.fused && !options.sampling.greedy && model.device().is_cuda()) {
     TESSERA_RETURN_IF_ERROR(check_fused_sampling_cuda(model.device(), model.dtype()));  // Note [Kernel self-check]

@@ -28,6 +28,7 @@ struct LoopOptions {
   int64_t block_size = 16;            ///< Tokens per KV block (Note [Paged KV cache]).
   bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel or tiled).
   bool tiled_attention = false;       ///< PagedKV::tiled (decode_attention=tiled).
+  bool split_attention = true;        ///< PagedKV::split (split_decode_attention).
   bool fused_layers = false;          ///< The model runs the fused layer ops (engine_kwargs.tessera.fused_layers).
   int64_t max_kv_blocks = 0;          ///< Caps the KV cache (0: every slot at its longest).
   std::string max_kv_blocks_key;      ///< The config key behind the cap, for errors.
