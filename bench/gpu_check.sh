@@ -73,21 +73,25 @@ fix_args() {
   done
 }
 # run_with_fixes NAME LOG KIND CMD...: runs CMD with FIXES as KIND's arguments, into LOG; when it
-# fails naming keys that turn a kernel off, keeps the failed log as LOG.failed, adds the keys to
-# FIXES and runs once more.
+# fails naming keys that turn a kernel off, keeps the failed log as LOG.failed-N, adds the keys to
+# FIXES and runs again (a run stops at the first kernel whose check fails, so a second failing
+# kernel shows only in the rerun): at most three reruns, each with keys no earlier run named.
 run_with_fixes() {
-  local name=$1 log=$2 kind=$3 extra=() named=() fresh=() k
+  local name=$1 log=$2 kind=$3 extra=() named=() fresh=() k reruns=0
   shift 3
-  mapfile -t extra < <(fix_args "$kind")
-  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${extra[@]+"${extra[@]}"}" > "$log" 2>&1 && return 0
-  mapfile -t named < <(fixes_named_in "$log")
-  for k in "${named[@]+"${named[@]}"}"; do [[ " ${FIXES[*]-} " == *" $k "* ]] || fresh+=("$k"); done
-  ((${#fresh[@]})) || return 1
-  echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*(:[0-9]+[^:]*)?(disagree|failed on|drew token)[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed)"
-  mv "$log" "$log.failed"
-  FIXES+=("${fresh[@]}")
-  mapfile -t extra < <(fix_args "$kind")
-  timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${extra[@]+"${extra[@]}"}" > "$log" 2>&1
+  while :; do
+    mapfile -t extra < <(fix_args "$kind")
+    timeout "${TESSERA_BENCH_TIMEOUT_S:-600}" "$@" "${extra[@]+"${extra[@]}"}" > "$log" 2>&1 && return 0
+    ((reruns < 3)) || return 1
+    mapfile -t named < <(fixes_named_in "$log")
+    fresh=()
+    for k in "${named[@]+"${named[@]}"}"; do [[ " ${FIXES[*]-} " == *" $k "* ]] || fresh+=("$k"); done
+    ((${#fresh[@]})) || return 1
+    reruns=$((reruns + 1))
+    echo "$name: a kernel failed its check ($(grep -m1 -oE '[^:]*(:[0-9]+[^:]*)?(disagree|failed on|drew token)[^;]*' "$log" | head -c 200)); again with ${fresh[*]} (see $log.failed-$reruns)"
+    mv "$log" "$log.failed-$reruns"
+    FIXES+=("${fresh[@]}")
+  done
 }
 
 if part decode && [[ -x "$BIN/gpu_decode" ]]; then
