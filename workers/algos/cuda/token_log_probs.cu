@@ -182,13 +182,8 @@ void run(const TokenLogProbArgs& a, cudaStream_t s, bool backward) {
 const char* launch(const TokenLogProbArgs& args, void* stream, bool backward) {
   if (args.rows == 0) return nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case ElementType::f32: run<float>(args, s, backward); break;
-    case ElementType::f16: run<__half>(args, s, backward); break;
-    case ElementType::bf16: run<__nv_bfloat16>(args, s, backward); break;
-  }
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  proto::cuda::with_element_type(args.dtype, [&](auto e) { run<decltype(e)>(args, s, backward); });
+  return proto::cuda::last_launch_error();
 }
 
 }  // namespace

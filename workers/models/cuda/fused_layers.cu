@@ -124,34 +124,23 @@ unsigned blocks_for(int64_t work) {
   return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);  // grid-stride beyond
 }
 
-const char* last_error() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
 }  // namespace
 
 const char* launch_rotary(const RotaryArgs& args, void* stream) {
   const int64_t pairs = args.batch * args.heads * args.tokens * (args.head_dim / 2);
   if (pairs == 0) return nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case ElementType::f32: rotary_kernel<float><<<blocks_for(pairs), kThreads, 0, s>>>(args); break;
-    case ElementType::f16: rotary_kernel<__half><<<blocks_for(pairs), kThreads, 0, s>>>(args); break;
-    case ElementType::bf16: rotary_kernel<__nv_bfloat16><<<blocks_for(pairs), kThreads, 0, s>>>(args); break;
-  }
-  return last_error();
+  proto::cuda::with_element_type(
+      args.dtype, [&](auto e) { rotary_kernel<decltype(e)><<<blocks_for(pairs), kThreads, 0, s>>>(args); });
+  return proto::cuda::last_launch_error();
 }
 
 const char* launch_swiglu(const SwigluArgs& args, void* stream) {
   if (args.n == 0) return nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case ElementType::f32: swiglu_kernel<float><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
-    case ElementType::f16: swiglu_kernel<__half><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
-    case ElementType::bf16: swiglu_kernel<__nv_bfloat16><<<blocks_for(args.n), kThreads, 0, s>>>(args); break;
-  }
-  return last_error();
+  proto::cuda::with_element_type(
+      args.dtype, [&](auto e) { swiglu_kernel<decltype(e)><<<blocks_for(args.n), kThreads, 0, s>>>(args); });
+  return proto::cuda::last_launch_error();
 }
 
 const char* launch_add_rms_norm(const AddRmsNormArgs& args, void* stream) {
@@ -159,12 +148,9 @@ const char* launch_add_rms_norm(const AddRmsNormArgs& args, void* stream) {
   if (args.rows > 0x7fffffff) return "add_rms_norm: more than 2^31 - 1 rows";
   const auto blocks = static_cast<unsigned>(args.rows);
   auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case ElementType::f32: add_rms_norm_kernel<float><<<blocks, kNormThreads, 0, s>>>(args); break;
-    case ElementType::f16: add_rms_norm_kernel<__half><<<blocks, kNormThreads, 0, s>>>(args); break;
-    case ElementType::bf16: add_rms_norm_kernel<__nv_bfloat16><<<blocks, kNormThreads, 0, s>>>(args); break;
-  }
-  return last_error();
+  proto::cuda::with_element_type(
+      args.dtype, [&](auto e) { add_rms_norm_kernel<decltype(e)><<<blocks, kNormThreads, 0, s>>>(args); });
+  return proto::cuda::last_launch_error();
 }
 
 }  // namespace tessera::models::cuda

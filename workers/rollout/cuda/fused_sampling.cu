@@ -178,13 +178,9 @@ const char* launch_fused_sampling(const FusedSamplingArgs& args, void* stream) {
   if (args.rows == 0) return nullptr;
   const auto blocks = static_cast<unsigned>(args.rows);
   auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case ElementType::f32: fused_sampling_kernel<float><<<blocks, kThreads, 0, s>>>(args); break;
-    case ElementType::f16: fused_sampling_kernel<__half><<<blocks, kThreads, 0, s>>>(args); break;
-    case ElementType::bf16: fused_sampling_kernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(args); break;
-  }
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  proto::cuda::with_element_type(
+      args.dtype, [&](auto e) { fused_sampling_kernel<decltype(e)><<<blocks, kThreads, 0, s>>>(args); });
+  return proto::cuda::last_launch_error();
 }
 
 }  // namespace tessera::rollout::cuda

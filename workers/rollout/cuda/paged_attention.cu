@@ -542,29 +542,18 @@ const char* launch_paged_decode_attention(const PagedDecodeArgs& args, void* str
   if (args.splits > 1 && (args.split_len < 1 || args.partials == nullptr || args.splits > 65535)) {
     return "a split decode-attention launch needs 1 <= splits <= 65535, split_len >= 1 and a partials buffer";
   }
-  if (args.tiled) {
-    switch (args.dtype) {
-      case ElementType::f32: launch_tiled<float>(args, s); break;
-      case ElementType::f16: launch_tiled<__half>(args, s); break;
-      case ElementType::bf16: launch_tiled<__nv_bfloat16>(args, s); break;
+  proto::cuda::with_element_type(args.dtype, [&](auto e) {
+    using T = decltype(e);
+    if (args.tiled) {
+      launch_tiled<T>(args, s);
+    } else {
+      launch<T>(args, s);
     }
-  } else {
-    switch (args.dtype) {
-      case ElementType::f32: launch<float>(args, s); break;
-      case ElementType::f16: launch<__half>(args, s); break;
-      case ElementType::bf16: launch<__nv_bfloat16>(args, s); break;
+    if (args.splits > 1) {  // Note [Split decode attention]: one block per (row, query head) merges its parts
+      merge_parts_kernel<T><<<static_cast<unsigned>(args.batch * args.heads), kThreads, 0, s>>>(args);
     }
-  }
-  if (args.splits > 1) {  // Note [Split decode attention]: one block per (row, query head) merges its parts
-    const auto rows_heads = static_cast<unsigned>(args.batch * args.heads);
-    switch (args.dtype) {
-      case ElementType::f32: merge_parts_kernel<float><<<rows_heads, kThreads, 0, s>>>(args); break;
-      case ElementType::f16: merge_parts_kernel<__half><<<rows_heads, kThreads, 0, s>>>(args); break;
-      case ElementType::bf16: merge_parts_kernel<__nv_bfloat16><<<rows_heads, kThreads, 0, s>>>(args); break;
-    }
-  }
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  });
+  return proto::cuda::last_launch_error();
 }
 
 }  // namespace tessera::rollout::cuda
