@@ -372,6 +372,8 @@ Status validate_sft_config(const nlohmann::json& cfg) {
     return Status(ErrorCode::unimplemented,
                   fmt::format("ulysses_sequence_parallel_size = {}: sequence parallelism is not supported yet", sp));
   }
+  // Tessera is the FSDP backend: another strategy would otherwise silently be FSDP.
+  TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "model.strategy", {"fsdp", "fsdp2"}));
   // Every SFT checkpoint holds an HF directory already.
   return check_contents(cfg, "trainer", /*allow_hf=*/true);
 }

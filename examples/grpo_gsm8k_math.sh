@@ -55,5 +55,6 @@ TESSERA="${TESSERA:-$(dirname "$0")/../build/bin/tessera}"
     trainer.total_epochs=15 "$@"
 # Tessera: trainer.logger names tensorboard where verl's script has wandb (refused by name), and
 # actor_rollout_ref.model.path is a local HF directory (MODEL_PATH) where verl's names a hub id:
-# Tessera does not download. rollout.name=vllm and gpu_memory_utilization are listed at start as
-# having no effect on Tessera's own engine.
+# Tessera does not download one (it reads a hub id from the local HF cache only). rollout.name=vllm
+# is listed at start as having no effect on Tessera's own engine; gpu_memory_utilization sizes its
+# KV cache.

@@ -323,6 +323,39 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
   sft = load_config(ConfigKind::sft, {}, {"ulysses_sequence_parallel_size=2"});
   ASSERT_TRUE(sft.ok());
   EXPECT_NE(validate_sft_config(*sft).message().find("ulysses_sequence_parallel_size = 2"), std::string::npos);
+  sft = load_config(ConfigKind::sft, {}, {"model.strategy=megatron"});
+  ASSERT_TRUE(sft.ok());
+  EXPECT_NE(validate_sft_config(*sft).message().find("model.strategy"), std::string::npos);
+}
+
+// Tessera's own keys (the rollout engine's, FSDP's sharding_strategy and wrap_policy, use_liger of
+// every model) are in the built-in defaults, so they are set like verl's keys, without `+`: the
+// keys the kernels' self-check errors name among them.
+TEST(Config, TesseraKeysAreSetWithoutAPlus) {
+  const std::string r = "actor_rollout_ref.rollout.";
+  std::vector<std::string> overrides = valid_overrides();
+  for (const std::string& o : std::vector<std::string>{r + "engine_kwargs.tessera.sampler=torch", r + "engine_kwargs.tessera.fused_layers=false",
+                      r + "engine_kwargs.tessera.decode_attention=gather",
+                      r + "engine_kwargs.tessera.split_decode_attention=false", r + "engine_kwargs.tessera.kv_block_size=32",
+                      r + "engine_kwargs.tessera.max_kv_blocks=100", r + "enable_prefix_caching=false",
+                      "actor_rollout_ref.actor.fsdp_config.sharding_strategy=NO_SHARD",
+                      "actor_rollout_ref.ref.fsdp_config.wrap_policy.disable=true",
+                      "critic.model.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2DecoderLayer]",
+                      "critic.model.use_liger=true", "reward_model.model.use_liger=true"}) {
+    overrides.push_back(o);
+  }
+  json cfg = load_ok(overrides);
+  const json& tessera = cfg["actor_rollout_ref"]["rollout"]["engine_kwargs"]["tessera"];
+  EXPECT_EQ(tessera["sampler"], "torch");
+  EXPECT_EQ(tessera["fused_layers"], false);
+  EXPECT_EQ(tessera["split_decode_attention"], false);
+  EXPECT_EQ(tessera["kv_block_size"], 32);
+  EXPECT_EQ(cfg["actor_rollout_ref"]["actor"]["fsdp_config"]["sharding_strategy"], "NO_SHARD");
+  EXPECT_EQ(cfg["critic"]["model"]["use_liger"], true);
+  EXPECT_TRUE(validate_ppo_config(cfg).ok()) << validate_ppo_config(cfg).to_string();
+  auto sft = load_config(ConfigKind::sft, {}, {"model.fsdp_config.sharding_strategy=NO_SHARD",
+                                               "model.fsdp_config.wrap_policy.disable=true"});
+  EXPECT_TRUE(sft.ok()) << sft.status().to_string();
 }
 
 TEST(Config, GrpoNeedsNoCriticMicroBatch) {

@@ -90,6 +90,7 @@ const KeyTable<FsdpConfig>& fsdp_keys() {
       TESSERA_DTYPE_FIELD(FsdpConfig, "model_dtype", model_dtype),
       {"sharding_strategy",
        [](FsdpConfig& o, const nlohmann::json& v, const std::string& k) -> Status {
+         if (v.is_null()) return Status();  // from reshard_after_forward and fsdp_size
          TESSERA_ASSIGN_OR_RETURN(auto name, read<std::string>(v, k, "string"));
          auto s = parse_sharding_strategy(name);
          if (!s.ok()) return s.status().with_context(k);

@@ -5,7 +5,7 @@
 //                             as verl's create_device_mesh does; otherwise a 1-D ("fsdp",) mesh.
 //   reshard_after_forward     true: FULL_SHARD (default); false: SHARD_GRAD_OP.
 //   sharding_strategy         Tessera extension: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD |
-//                             HYBRID_SHARD; overrides the two keys above when present.
+//                             HYBRID_SHARD; overrides the two keys above when present (null: not).
 //   param_offload, optimizer_offload   manual offload between calls (verl's fsdp_utils).
 //   mixed_precision.{param_dtype, reduce_dtype, buffer_dtype}   defaults bf16 / fp32 / fp32.
 //   model_dtype               dtype of the sharded master weights (default fp32).

@@ -81,10 +81,15 @@ Status read_model_block(const json& model, SftWorkerConfig& out) {
   const json& external = r.nested("external_lib");
   r.field("enable_gradient_checkpointing", out.gradient_checkpointing);
   r.field("use_liger", out.use_liger);
-  for (const char* key : {"trust_remote_code", "use_shm", "strategy", "lora_alpha", "target_modules"}) {
+  std::string strategy = "fsdp2";
+  r.field("strategy", strategy);
+  for (const char* key : {"trust_remote_code", "use_shm", "lora_alpha", "target_modules"}) {
     r.skip(key);
   }
   TESSERA_RETURN_IF_ERROR(r.finish());
+  if (strategy != "fsdp" && strategy != "fsdp2") {  // one FSDP engine serves both, as for PPO's workers
+    return make_error(ErrorCode::invalid_argument, "model.strategy='{}': expected fsdp or fsdp2", strategy);
+  }
   if (out.model_path.empty()) return make_error(ErrorCode::invalid_argument, "model.partial_pretrain: required");
   if (lora_rank > 0) return make_error(ErrorCode::unimplemented, "model.lora_rank: {} (LoRA is not implemented)", lora_rank);
   if (!external.is_null()) return make_error(ErrorCode::unimplemented, "model.external_lib: not supported");
