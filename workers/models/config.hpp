@@ -3,7 +3,7 @@
 //
 // Contract: parse_model_config() accepts exactly what Tessera's decoder implements. A field whose
 // value would change the maths in a way we do not implement (a rope_scaling type other than
-// default/linear/dynamic/llama3, hidden_act other than silu (gemma2: hidden_activation other than
+// default/linear/dynamic/llama3/yarn, hidden_act other than silu (gemma2: hidden_activation other than
 // gelu_pytorch_tanh), a Qwen2/Qwen3 sliding window narrower than max_position_embeddings, mlp_bias,
 // dropout > 0 in attention) is refused with an error naming the field and the file. Mistral's and
 // Gemma2's sliding_window is honoured (Note [Sliding window] in decoder.cpp). Fields that do not change the maths (transformers_version, use_cache,
@@ -47,13 +47,25 @@ enum class HeadKind : uint8_t {
 ///            max_position_embeddings, the base becomes
 ///            rope_theta * (factor * seq_len / max_position_embeddings - (factor - 1))^(D / (D - 2))
 ///   llama3   _compute_llama3_parameters (factor, low/high_freq_factor, original_max_position_embeddings)
-/// None of these scales cos/sin (HF's attention_factor is 1 for all four).
+///   yarn     _compute_yarn_parameters: each frequency blends its interpolated (/ factor) and
+///            original values along a linear ramp between the dimensions that turn beta_fast and
+///            beta_slow times over original_max_position_embeddings (floored and ceiled unless
+///            truncate is false), and cos/sin are scaled by attention_factor (by default
+///            0.1 ln(factor) + 1, or the ratio of that with mscale and mscale_all_dim).
+/// Only yarn scales cos/sin (HF's attention_factor is 1 for the others).
 struct RopeScaling {
-  std::string rope_type = "default";  ///< "default", "linear", "dynamic" or "llama3".
-  double factor = 1.0;                ///< linear, dynamic, llama3.
+  std::string rope_type = "default";  ///< "default", "linear", "dynamic", "llama3" or "yarn".
+  double factor = 1.0;                ///< linear, dynamic, llama3, yarn.
   double low_freq_factor = 1.0;       ///< llama3.
   double high_freq_factor = 4.0;      ///< llama3.
-  int64_t original_max_position_embeddings = 0;  ///< llama3; HF's default is max_position_embeddings.
+  /// llama3 and yarn; HF's default is max_position_embeddings.
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;            ///< yarn.
+  double beta_slow = 1.0;             ///< yarn.
+  double mscale = 0.0;                ///< yarn; 0: absent.
+  double mscale_all_dim = 0.0;        ///< yarn; 0: absent.
+  std::optional<double> attention_factor;  ///< yarn; absent: from factor (and mscale, mscale_all_dim).
+  bool truncate = true;               ///< yarn: floor/ceil the ramp's ends.
 };
 
 /// The hyper-parameters of one decoder model, named as in HF's config.json.

@@ -12,12 +12,12 @@ using nlohmann::json;
 namespace {
 
 bool is_implemented_rope_type(const std::string& type) {
-  return type == "default" || type == "linear" || type == "dynamic" || type == "llama3";
+  return type == "default" || type == "linear" || type == "dynamic" || type == "llama3" || type == "yarn";
 }
 
 Status unsupported_rope_type(const std::string& source, const std::string& key, const std::string& type) {
   return field_error(source, key, "(type '" + type +
-                                      "') is not supported; Tessera implements default, linear, dynamic and llama3 RoPE");
+                                      "') is not supported; Tessera implements default, linear, dynamic, llama3 and yarn RoPE");
 }
 
 // partial_rotary_factor (top level or in the RoPE dict): transformers 5 applies it to every model's
@@ -42,6 +42,30 @@ Status rope_number(const json& v, const std::string& source, const std::string& 
     return field_error(source, key, std::string("'") + name + "' must be a number, got " + v.at(name).dump());
   }
   out = v.at(name).get<double>();
+  return Status();
+}
+
+// yarn's optional numbers as _compute_yarn_parameters reads them: beta_fast / beta_slow default to
+// 32 / 1 when absent, null or 0 (`or`), mscale / mscale_all_dim count only when non-zero, a null
+// attention_factor is inferred, truncate defaults to true.
+Status read_yarn(const json& v, const std::string& source, const std::string& key, RopeScaling& r) {
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "beta_fast", false, r.beta_fast));
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "beta_slow", false, r.beta_slow));
+  if (r.beta_fast == 0.0) r.beta_fast = 32.0;
+  if (r.beta_slow == 0.0) r.beta_slow = 1.0;
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "mscale", false, r.mscale));
+  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "mscale_all_dim", false, r.mscale_all_dim));
+  double attention_factor = 0.0;
+  if (v.contains("attention_factor") && !v.at("attention_factor").is_null()) {
+    TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "attention_factor", true, attention_factor));
+    r.attention_factor = attention_factor;
+  }
+  if (v.contains("truncate") && !v.at("truncate").is_null()) {
+    if (!v.at("truncate").is_boolean()) {
+      return field_error(source, key, "'truncate' must be true or false, got " + v.at("truncate").dump());
+    }
+    r.truncate = v.at("truncate").get<bool>();
+  }
   return Status();
 }
 
@@ -82,10 +106,18 @@ Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
   r = RopeScaling();
   r.rope_type = type;
   if (type == "default") return Status();
-  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "factor", /*required=*/true, r.factor));
-  if (type != "llama3") return Status();
-  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "low_freq_factor", true, r.low_freq_factor));
-  TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "high_freq_factor", true, r.high_freq_factor));
+  // yarn: a null factor is max_position_embeddings / original_max_position_embeddings (below).
+  const bool factor_from_lengths = type == "yarn" && v.contains("factor") && v.at("factor").is_null();
+  if (!factor_from_lengths) {
+    TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "factor", /*required=*/true, r.factor));
+  }
+  if (type != "llama3" && type != "yarn") return Status();
+  if (type == "llama3") {
+    TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "low_freq_factor", true, r.low_freq_factor));
+    TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, type, "high_freq_factor", true, r.high_freq_factor));
+  } else {
+    TESSERA_RETURN_IF_ERROR(read_yarn(v, source, key, r));
+  }
   // HF: a top-level original_max_position_embeddings wins, then the dict's, then max_position_embeddings.
   r.original_max_position_embeddings = c.max_position_embeddings;
   for (const json* holder : {&v, &j}) {
@@ -98,6 +130,9 @@ Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
     }
     r.original_max_position_embeddings = o.get<int64_t>();
   }
+  if (factor_from_lengths && r.original_max_position_embeddings > 0) {
+    r.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(r.original_max_position_embeddings);
+  }
   return Status();
 }
 
@@ -109,6 +144,21 @@ Status validate_rope_scaling(const ModelConfig& c, const std::string& source) {
   if (!(r.factor > 0.0)) return field_error(source, "rope_scaling", fmt::format("factor = {} must be positive", r.factor));
   if (r.rope_type == "dynamic" && c.head_dim <= 2) {
     return field_error(source, "rope_scaling", "(type 'dynamic') needs head_dim > 2");
+  }
+  if (r.rope_type == "yarn") {
+    if (r.original_max_position_embeddings <= 0 && c.max_position_embeddings <= 0) {
+      return field_error(source, "rope_scaling",
+                         "(type 'yarn') needs original_max_position_embeddings or max_position_embeddings > 0");
+    }
+    if (r.attention_factor && !(*r.attention_factor > 0.0)) {
+      return field_error(source, "rope_scaling", fmt::format("attention_factor = {} must be positive", *r.attention_factor));
+    }
+    if (!(r.beta_fast > 0.0) || !(r.beta_slow > 0.0)) {
+      return field_error(source, "rope_scaling",
+                         fmt::format("(type 'yarn') needs positive beta_fast and beta_slow, got {} and {}",
+                                     r.beta_fast, r.beta_slow));
+    }
+    return Status();
   }
   if (r.rope_type != "llama3") return Status();
   if (!(r.low_freq_factor > 0.0) || !(r.high_freq_factor > r.low_freq_factor)) {
@@ -129,8 +179,18 @@ json rope_scaling_json(const ModelConfig& c) {
   if (r.rope_type == "llama3") {
     s["low_freq_factor"] = r.low_freq_factor;
     s["high_freq_factor"] = r.high_freq_factor;
+  }
+  if (r.rope_type == "llama3" || r.rope_type == "yarn") {
     s["original_max_position_embeddings"] =
         r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : c.max_position_embeddings;
+  }
+  if (r.rope_type == "yarn") {
+    s["beta_fast"] = r.beta_fast;
+    s["beta_slow"] = r.beta_slow;
+    if (r.mscale != 0.0) s["mscale"] = r.mscale;
+    if (r.mscale_all_dim != 0.0) s["mscale_all_dim"] = r.mscale_all_dim;
+    if (r.attention_factor) s["attention_factor"] = *r.attention_factor;
+    s["truncate"] = r.truncate;
   }
   return s;
 }

@@ -91,6 +91,39 @@ at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& r, int
   return at::where(medium, smoothed, scaled);
 }
 
+// yarn's original context: original_max_position_embeddings, HF's default max_position_embeddings.
+double yarn_original_context(const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  return static_cast<double>(r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
+                                                                    : c.max_position_embeddings);
+}
+
+// _compute_yarn_parameters' frequencies: the interpolated (/ factor) and original ones blended
+// along a linear ramp over the dimensions [low, high] that turn beta_fast and beta_slow times over
+// the original context (in double, as Python computes them), the blend in fp32 tensor ops.
+at::Tensor yarn_inv_freq(const at::Tensor& exponent, const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  const double dim = static_cast<double>(c.head_dim), base = c.rope_theta;
+  const double original = yarn_original_context(c);
+  const auto correction_dim = [&](double rotations) {
+    return (dim * std::log(original / (rotations * 2.0 * M_PI))) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+  if (r.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;  // HF: prevents the ramp's singularity
+  at::Tensor pos_freqs = at::pow(base, exponent);
+  at::Tensor extrapolation = pos_freqs.reciprocal();
+  at::Tensor interpolation = (pos_freqs * r.factor).reciprocal();  // 1.0 / (factor * pos_freqs)
+  at::Tensor ramp = ((at::arange(c.head_dim / 2, exponent.options()) - low) / (high - low)).clamp(0, 1);
+  at::Tensor extrapolation_factor = at::rsub(ramp, 1.0);
+  return interpolation * at::rsub(extrapolation_factor, 1.0) + extrapolation * extrapolation_factor;
+}
+
 // _compute_dynamic_ntk_parameters as dynamic_rope_update applies it to one call: the frequencies
 // for seq_len = max(position_ids) + 1 when that exceeds max_position_embeddings, else the ones HF
 // computes at construction (seq_len = max_position_embeddings, in double). Both are computed and
@@ -118,15 +151,29 @@ at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c)
   at::Tensor inv_freq = at::pow(c.rope_theta, exponent).reciprocal();                   // [D/2]
   if (type == "linear") return inv_freq / c.rope_scaling.factor;
   if (type == "llama3") return llama3_inv_freq(inv_freq, c.rope_scaling, c.max_position_embeddings);
+  if (type == "yarn") return yarn_inv_freq(exponent, c);
   // parse_model_config refuses every other type naming config.json; reaching here is a bug.
   TORCH_CHECK(type == "default", "rotary_inv_freq: rope_scaling type '", type, "' got past parse_model_config");
   return inv_freq;
+}
+
+double rotary_attention_factor(const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  if (r.rope_type != "yarn") return 1.0;
+  if (r.attention_factor) return *r.attention_factor;
+  const auto mscale = [&](double m) { return r.factor <= 1.0 ? 1.0 : 0.1 * m * std::log(r.factor) + 1.0; };
+  if (r.mscale != 0.0 && r.mscale_all_dim != 0.0) return mscale(r.mscale) / mscale(r.mscale_all_dim);
+  return mscale(1.0);
 }
 
 RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype) {
   at::Tensor inv_freq = rotary_inv_freq(position_ids, config);                         // [D/2]
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
+  if (config.rope_scaling.rope_type == "yarn") {  // HF scales cos and sin in fp32 before the cast
+    const double scale = rotary_attention_factor(config);
+    return {(emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)};
+  }
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 

@@ -94,8 +94,13 @@ struct RotaryTables {
 /// without a host sync.
 at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& config);
 
-/// HF rotary embedding for `position_ids` [B, T] (computed in fp32, cast to `dtype`), with the
-/// config's head_dim, rope_theta and rope_scaling (rotary_inv_freq).
+/// HF's attention_scaling of cos and sin: yarn's attention_factor (given, or from factor, mscale
+/// and mscale_all_dim as _compute_yarn_parameters infers it); 1 for every other RoPE type.
+double rotary_attention_factor(const ModelConfig& config);
+
+/// HF rotary embedding for `position_ids` [B, T] (computed in fp32, scaled by
+/// rotary_attention_factor, cast to `dtype`), with the config's head_dim, rope_theta and
+/// rope_scaling (rotary_inv_freq).
 RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype);
 
 /// x * cos + rotate_half(x) * sin for x [B, heads, T, head_dim].

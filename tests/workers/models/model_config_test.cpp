@@ -1,5 +1,6 @@
 // config.json: HF field names in and out, per-family defaults, and one clear error (field + file)
 // for each unsupported or malformed setting. Also the weight-loader registry.
+#include <cmath>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 
 #include "tests/workers/models/model_test_util.hpp"
 #include "workers/models/config.hpp"
+#include "workers/models/decoder.hpp"
 #include "workers/models/model.hpp"
 #include "workers/models/weight_loader.hpp"
 
@@ -84,9 +86,14 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, ModelConfigRefusal,
     ::testing::Values(
         Refusal{"gelu", {{"hidden_act", "gelu"}}, "hidden_act"},
-        Refusal{"yarn", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope_scaling"},
+        Refusal{"yarn_without_factor", {{"rope_scaling", {{"rope_type", "yarn"}}}}, "rope_scaling"},
+        Refusal{"yarn_string_beta", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", "32"}}}},
+                "rope_scaling"},
+        Refusal{"yarn_negative_attention_factor",
+                {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", -1.0}}}}, "rope_scaling"},
+        Refusal{"yarn_truncate_number",
+                {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", 1}}}}, "rope_parameters"},
         Refusal{"longrope", {{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}}, "rope_scaling"},
-        Refusal{"yarn_rope_parameters", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}, "rope_parameters"},
         Refusal{"linear_without_factor", {{"rope_scaling", {{"rope_type", "linear"}}}}, "rope_scaling"},
         Refusal{"llama3_inverted_band",
                 {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 1.0}}}},
@@ -240,7 +247,7 @@ TEST(ModelConfig, RopeScalingLlama3LinearAndDynamicParseAndRoundTrip) {
 }
 
 TEST(ModelConfig, UnimplementedRopeTypesAreOneLineErrorsNamingKeyAndType) {
-  for (const char* type : {"yarn", "longrope", "mrope"}) {
+  for (const char* type : {"longrope", "mrope"}) {
     auto c = parse_model_config(llama_json({{"rope_scaling", {{"rope_type", type}, {"factor", 4.0}}}}), "/m/config.json");
     ASSERT_FALSE(c.ok()) << type;
     const std::string m = c.status().message();
@@ -251,11 +258,63 @@ TEST(ModelConfig, UnimplementedRopeTypesAreOneLineErrorsNamingKeyAndType) {
   }
   // A programmatic config is checked the same way.
   ModelConfig c = testing::tiny_config("llama");
-  c.rope_scaling.rope_type = "yarn";
+  c.rope_scaling.rope_type = "longrope";
   Status st = validate_model_config(c, "cfg");
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("'rope_scaling'"), std::string::npos) << st.to_string();
-  EXPECT_NE(st.message().find("'yarn'"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("'longrope'"), std::string::npos) << st.to_string();
+}
+
+// yarn as transformers 5 reads it (_compute_yarn_parameters): beta_fast / beta_slow default to 32 / 1
+// when absent or 0, a null factor is max_position_embeddings / original_max_position_embeddings, a
+// top-level original_max_position_embeddings wins over the dict's; written back whole.
+TEST(ModelConfig, YarnRopeIsReadAsTransformersReadsIt) {
+  auto qwen = parse_model_config(
+      llama_json({{"max_position_embeddings", 131072},
+                  {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}}}),
+      "x");
+  ASSERT_TRUE(qwen.ok()) << qwen.status().to_string();
+  const RopeScaling& r = qwen->rope_scaling;
+  EXPECT_EQ(r.rope_type, "yarn");
+  EXPECT_EQ(r.factor, 4.0);
+  EXPECT_EQ(r.original_max_position_embeddings, 32768);
+  EXPECT_EQ(r.beta_fast, 32.0);
+  EXPECT_EQ(r.beta_slow, 1.0);
+  EXPECT_TRUE(r.truncate);
+  EXPECT_FALSE(r.attention_factor.has_value());
+  EXPECT_NEAR(rotary_attention_factor(*qwen), 0.1 * std::log(4.0) + 1.0, 1e-12);
+
+  auto deepseek = parse_model_config(
+      llama_json({{"max_position_embeddings", 16384},
+                  {"original_max_position_embeddings", 4096},
+                  {"rope_parameters", {{"rope_type", "yarn"}, {"factor", nullptr}, {"beta_fast", 0}, {"mscale", 0.707},
+                                       {"mscale_all_dim", 1.0}, {"truncate", false}, {"rope_theta", 5000.0},
+                                       {"original_max_position_embeddings", 2048}}}}),
+      "x");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status().to_string();
+  const RopeScaling& d = deepseek->rope_scaling;
+  EXPECT_EQ(d.original_max_position_embeddings, 4096);  // the top-level one
+  EXPECT_EQ(d.factor, 4.0);                            // 16384 / 4096
+  EXPECT_EQ(d.beta_fast, 32.0);
+  EXPECT_FALSE(d.truncate);
+  EXPECT_EQ(deepseek->rope_theta, 5000.0);
+  const double m = 0.1 * 0.707 * std::log(4.0) + 1.0, all = 0.1 * 1.0 * std::log(4.0) + 1.0;
+  EXPECT_NEAR(rotary_attention_factor(*deepseek), m / all, 1e-12);
+
+  const json back = model_config_to_json(*deepseek)["rope_scaling"];
+  EXPECT_EQ(back["rope_type"], "yarn");
+  EXPECT_EQ(back["mscale"], 0.707);
+  EXPECT_EQ(back["truncate"], false);
+  auto again = parse_model_config(model_config_to_json(*deepseek), "x");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->rope_scaling.factor, 4.0);
+  EXPECT_NEAR(rotary_attention_factor(*again), m / all, 1e-12);
+
+  auto given = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}, {"attention_factor", 1.25}}}}), "x");
+  ASSERT_TRUE(given.ok()) << given.status().to_string();
+  EXPECT_EQ(rotary_attention_factor(*given), 1.25);
+  EXPECT_EQ(given->rope_scaling.original_max_position_embeddings, given->max_position_embeddings);
 }
 
 TEST(ModelConfig, LlamaMlpBiasIsRefused) {

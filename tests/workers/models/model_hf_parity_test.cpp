@@ -11,6 +11,8 @@
 //   llama_dynamic  rope_scaling dynamic (NTK) with max_position_embeddings 8 under 12 columns, so
 //                  the base is recomputed: per call from its own positions, which is why the
 //                  KV-cache logits differ from the full forward's (and must match HF's)
+//   llama_yarn     rope_scaling yarn (factor 4 over an original context of 64, Qwen's form)
+//   qwen2_yarn     yarn with every knob: beta_fast/slow, mscale and mscale_all_dim, no truncation
 //   mistral        MistralForCausalLM, sliding_window 4 under 9 columns (and 6 generated tokens)
 //   gemma2         Gemma2ForCausalLM: 3 layers (sliding, full, sliding; window 4), head_dim 32,
 //                  query_pre_attn_scalar 24, attn/final logit softcaps 2 and 3 (small, so tanh
@@ -69,6 +71,12 @@ def build(out, case):
     elif case == "qwen2":
         from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
         cfg = Config(max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False, **common)
+    elif case == "qwen2_yarn":
+        from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
+        cfg = Config(max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False,
+                     rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32,
+                                   "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+                                   "truncate": False}, **common)
     elif case == "qwen3":
         from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
         cfg = Config(head_dim=32, max_position_embeddings=256, rope_theta=1000000.0, tie_word_embeddings=True,
@@ -79,7 +87,8 @@ def build(out, case):
         scaling = {"llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 64},
                    "linear": {"rope_type": "linear", "factor": 4.0},
-                   "dynamic": {"rope_type": "dynamic", "factor": 2.0}}[kind]
+                   "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+                   "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}[kind]
         T = 12 if kind == "dynamic" else 9
         cfg = Config(max_position_embeddings=8 if kind == "dynamic" else 256, rope_theta=10000.0,
                      rope_scaling=dict(scaling), attention_bias=kind == "linear", tie_word_embeddings=False, **common)
@@ -138,8 +147,8 @@ for case in sys.argv[2:]:
     build(os.path.join(sys.argv[1], case), case)
 )PY";
 
-const std::vector<std::string> kCases = {"qwen2",         "qwen3",   "llama_llama3", "llama_linear",
-                                         "llama_dynamic", "mistral", "gemma2"};
+const std::vector<std::string> kCases = {"qwen2",   "qwen3",  "llama_llama3", "llama_linear", "llama_dynamic",
+                                         "mistral", "gemma2", "llama_yarn",   "qwen2_yarn"};
 
 at::Tensor from_json(const nlohmann::json& j, at::ScalarType dtype) {
   std::vector<int64_t> shape;
