@@ -19,8 +19,9 @@
 # OUT_DIR/7b, about 15 GB of model written first).
 # A kernel that fails its once-per-process self-check ends the run with one line naming the key
 # that turns it off ("set KEY=VALUE"). So that a short lease still brings figures back, a GRPO,
-# variant or 7B run that fails that way is run once more with those keys, which the later runs
-# then keep, and the output says so; TESSERA_GPU_OVERRIDES="KEY=VALUE ..." passes such keys to
+# variant, 7B or decode run that fails that way is run again with those keys (up to three times,
+# as each run stops at the first failing check), which the later runs then keep, and the output
+# says so; TESSERA_GPU_OVERRIDES="KEY=VALUE ..." passes such keys to
 # every run from the start (for a second call after a first one found them).
 set -uo pipefail
 TOK="${1:?TOKENIZER_DIR}"; OUT="${2:?OUT_DIR}"; STEPS="${3:-3}"

@@ -166,7 +166,9 @@ int run(const Args& a) {
   // The tail (see the header): the same graph engine with rows cut into parts and whole.
   Run tail_split, tail_whole;
   const int64_t tail_prompt = std::max<int64_t>(1, std::min(a.tail_prompt_len, config.max_position_embeddings - a.response));
-  if (device.is_cuda() && a.tail_rows > 0) {
+  if (device.is_cuda() && a.tail_rows > 0 && a.attention == "gather") {
+    std::printf("tail: not run (--attention=gather reads no paged kernel, so there are no parts to compare)\n");
+  } else if (device.is_cuda() && a.tail_rows > 0) {
     Args t = a;
     t.prompts = a.tail_rows;
     t.n = 1;

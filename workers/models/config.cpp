@@ -153,6 +153,18 @@ Status validate_model_config(const ModelConfig& c, const std::string& source) {
   return validate_rope_scaling(c, source);
 }
 
+int64_t ModelConfig::context_length() const {
+  const RopeScaling& r = rope_scaling;
+  const auto scaled = [&](int64_t n) { return static_cast<int64_t>(static_cast<double>(n) * r.factor); };
+  if (r.rope_type == "linear" || r.rope_type == "dynamic") return std::max(max_position_embeddings, scaled(max_position_embeddings));
+  if (r.rope_type == "yarn") {
+    const int64_t original = r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
+                                                                     : max_position_embeddings;
+    return std::max(max_position_embeddings, scaled(original));
+  }
+  return max_position_embeddings;
+}
+
 bool ModelConfig::layer_slides(int64_t index) const {
   if (!sliding_window) return false;
   if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(index)) == "sliding_attention";

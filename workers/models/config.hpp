@@ -113,6 +113,11 @@ struct ModelConfig {
   bool gemma_norms() const { return model_type == "gemma2"; }
   /// Whether layer `index` attends through the sliding window (see sliding_window, layer_types).
   bool layer_slides(int64_t index) const;
+  /// The longest sequence the model serves, as vLLM derives max_model_len: max_position_embeddings,
+  /// times the factor of linear and dynamic RoPE scaling; for yarn the larger of that and
+  /// original_max_position_embeddings x factor (Qwen2.5 keeps max_position_embeddings 32768 and
+  /// adds yarn with factor 4 for 131072 positions).
+  int64_t context_length() const;
 };
 
 /// Parses a config.json object; `source` (a file name) is used in error messages.

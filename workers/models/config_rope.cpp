@@ -1,6 +1,8 @@
 // config_rope.cpp: RoPE read from config.json, validated and written back (internal/config_rope.hpp).
 #include "workers/models/internal/config_rope.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "workers/models/internal/config_fields.hpp"
@@ -47,7 +49,8 @@ Status rope_number(const json& v, const std::string& source, const std::string& 
 
 // yarn's optional numbers as _compute_yarn_parameters reads them: beta_fast / beta_slow default to
 // 32 / 1 when absent, null or 0 (`or`), mscale / mscale_all_dim count only when non-zero, a null
-// attention_factor is inferred, truncate defaults to true.
+// attention_factor is inferred, truncate defaults to true when absent (`get("truncate", True)`: a
+// null truncate is None, which does not truncate).
 Status read_yarn(const json& v, const std::string& source, const std::string& key, RopeScaling& r) {
   TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "beta_fast", false, r.beta_fast));
   TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "beta_slow", false, r.beta_slow));
@@ -60,11 +63,10 @@ Status read_yarn(const json& v, const std::string& source, const std::string& ke
     TESSERA_RETURN_IF_ERROR(rope_number(v, source, key, "yarn", "attention_factor", true, attention_factor));
     r.attention_factor = attention_factor;
   }
-  if (v.contains("truncate") && !v.at("truncate").is_null()) {
-    if (!v.at("truncate").is_boolean()) {
-      return field_error(source, key, "'truncate' must be true or false, got " + v.at("truncate").dump());
-    }
-    r.truncate = v.at("truncate").get<bool>();
+  if (v.contains("truncate")) {
+    const json& t = v.at("truncate");
+    if (!t.is_null() && !t.is_boolean()) return field_error(source, key, "'truncate' must be true or false, got " + t.dump());
+    r.truncate = t.is_boolean() && t.get<bool>();
   }
   return Status();
 }
@@ -124,11 +126,13 @@ Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
     if (!holder->contains("original_max_position_embeddings")) continue;
     const json& o = holder->at("original_max_position_embeddings");
     if (o.is_null()) continue;
-    if (!o.is_number_integer()) {
+    // An integer, or a float with an integral value (64.0), as Python's arithmetic takes both.
+    const bool integral = o.is_number_integer() || (o.is_number_float() && o.get<double>() == std::floor(o.get<double>()));
+    if (!integral || o.get<double>() <= 0) {
       return field_error(source, holder == &j ? std::string("original_max_position_embeddings") : key,
-                         "original_max_position_embeddings must be an integer, got " + o.dump());
+                         "original_max_position_embeddings must be a positive integer, got " + o.dump());
     }
-    r.original_max_position_embeddings = o.get<int64_t>();
+    r.original_max_position_embeddings = static_cast<int64_t>(o.get<double>());
   }
   if (factor_from_lengths && r.original_max_position_embeddings > 0) {
     r.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(r.original_max_position_embeddings);

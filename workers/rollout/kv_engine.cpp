@@ -54,11 +54,11 @@ Status check_engine_config(const RolloutConfig& config, const StepModel& model) 
                    model.device().str());
     });
   }
-  const int64_t context = model.cache_config().max_position_embeddings;
+  const int64_t context = model.cache_config().context_length();
   if (config.prompt_length + config.response_length > context) {
     return make_error(ErrorCode::invalid_argument,
                       "actor_rollout_ref.rollout: prompt_length {} + response_length {} exceeds the model's "
-                      "max_position_embeddings {}",
+                      "context of {} positions (max_position_embeddings, scaled by rope_scaling)",
                       config.prompt_length, config.response_length, context);
   }
   return Status();
@@ -140,10 +140,10 @@ Status KVCacheEngine::check_prompts(const std::vector<std::vector<int64_t>>& pro
       }
     }
     const int64_t end = static_cast<int64_t>(prompts[row].size()) + config_.response_length;
-    if (end > c.max_position_embeddings) {
+    if (end > c.context_length()) {
       return make_error(ErrorCode::out_of_range,
                         "generate_sequences: row {} needs {} positions (prompt {} + response_length {}), the model has {}",
-                        row, end, prompts[row].size(), config_.response_length, c.max_position_embeddings);
+                        row, end, prompts[row].size(), config_.response_length, c.context_length());
     }
   }
   return Status();

@@ -315,6 +315,46 @@ TEST(ModelConfig, YarnRopeIsReadAsTransformersReadsIt) {
   ASSERT_TRUE(given.ok()) << given.status().to_string();
   EXPECT_EQ(rotary_attention_factor(*given), 1.25);
   EXPECT_EQ(given->rope_scaling.original_max_position_embeddings, given->max_position_embeddings);
+
+  // get("truncate", True): a null truncate is None, which does not truncate.
+  auto null_truncate = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}, {"truncate", nullptr}}}}), "x");
+  ASSERT_TRUE(null_truncate.ok()) << null_truncate.status().to_string();
+  EXPECT_FALSE(null_truncate->rope_scaling.truncate);
+  // An integral float is an integer; zero is refused.
+  auto float_original = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 64.0}}}}),
+      "x");
+  ASSERT_TRUE(float_original.ok()) << float_original.status().to_string();
+  EXPECT_EQ(float_original->rope_scaling.original_max_position_embeddings, 64);
+  auto zero_original = parse_model_config(
+      llama_json({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 0}}}}),
+      "x");
+  ASSERT_FALSE(zero_original.ok());
+  EXPECT_NE(zero_original.status().message().find("original_max_position_embeddings"), std::string::npos);
+}
+
+// The longest sequence a model serves, as vLLM derives max_model_len from the RoPE scaling.
+TEST(ModelConfig, ContextLengthFollowsTheRopeScaling) {
+  auto qwen25 = parse_model_config(
+      llama_json({{"max_position_embeddings", 32768},
+                  {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}}}),
+      "x");
+  ASSERT_TRUE(qwen25.ok()) << qwen25.status().to_string();
+  EXPECT_EQ(qwen25->context_length(), 131072);
+  auto linear = parse_model_config(llama_json({{"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}}}), "x");
+  ASSERT_TRUE(linear.ok());
+  EXPECT_EQ(linear->context_length(), 8192);
+  auto llama31 = parse_model_config(
+      llama_json({{"max_position_embeddings", 131072},
+                  {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                    {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}}}),
+      "x");
+  ASSERT_TRUE(llama31.ok());
+  EXPECT_EQ(llama31->context_length(), 131072);
+  auto plain = parse_model_config(llama_json(json::object()), "x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->context_length(), 4096);
 }
 
 TEST(ModelConfig, LlamaMlpBiasIsRefused) {

@@ -11,7 +11,9 @@
 //   llama_dynamic  rope_scaling dynamic (NTK) with max_position_embeddings 8 under 12 columns, so
 //                  the base is recomputed: per call from its own positions, which is why the
 //                  KV-cache logits differ from the full forward's (and must match HF's)
-//   llama_yarn     rope_scaling yarn (factor 4 over an original context of 64, Qwen's form)
+//   llama_yarn     rope_scaling yarn (factor 4 over an original context of 64) written as Qwen2.5
+//                  ships it ("type": "yarn" in rope_scaling), with beta_fast 0 and beta_slow null
+//                  (transformers' `or` defaults: 32 and 1)
 //   qwen2_yarn     yarn with every knob: beta_fast/slow, mscale and mscale_all_dim, no truncation
 //   mistral        MistralForCausalLM, sliding_window 4 under 9 columns (and 6 generated tokens)
 //   gemma2         Gemma2ForCausalLM: 3 layers (sliding, full, sliding; window 4), head_dim 32,
@@ -94,6 +96,9 @@ def build(out, case):
                      rope_scaling=dict(scaling), attention_bias=kind == "linear", tie_word_embeddings=False, **common)
         if kind == "llama3":
             legacy = (10000.0, scaling)
+        if kind == "yarn":
+            legacy = (10000.0, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 0,
+                                "beta_slow": None})
     try:
         model = Model._from_config(cfg, attn_implementation="eager")
     except TypeError:
