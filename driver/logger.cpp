@@ -10,6 +10,7 @@
 
 #include "driver/config.hpp"
 #include "driver/internal/jsonl.hpp"
+#include "driver/python_tracker.hpp"
 #include "driver/tensorboard.hpp"
 #include "proto/atomic_file.hpp"
 
@@ -121,13 +122,14 @@ Status JsonlLogger::start_at(int64_t step) {
   return Status();
 }
 
-constexpr const char* kSupportedLoggers = "console, jsonl (or file), tensorboard";
+constexpr const char* kSupportedLoggers = "console, jsonl (or file), tensorboard, wandb, mlflow, swanlab";
 
 Status check_logger_backends(const std::vector<std::string>& backends) {
   for (const auto& name : backends) {
-    if (name == "console" || name == "jsonl" || name == "file" || name == "tensorboard") continue;
-    if (name == "wandb" || name == "mlflow" || name == "swanlab" || name == "vemlp_wandb" || name == "clearml" ||
-        name == "trackio") {
+    if (name == "console" || name == "jsonl" || name == "file" || name == "tensorboard" || is_python_tracker(name)) {
+      continue;
+    }
+    if (name == "vemlp_wandb" || name == "clearml" || name == "trackio") {
       return make_error(ErrorCode::unimplemented, "trainer.logger: '{}' is not supported by Tessera (supported: {})",
                         name, kSupportedLoggers);
     }
@@ -138,11 +140,21 @@ Status check_logger_backends(const std::vector<std::string>& backends) {
 }
 
 Result<Tracking> Tracking::create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
-                                  std::FILE* console, const std::filesystem::path& tensorboard_dir) {
+                                  std::FILE* console, const std::filesystem::path& tensorboard_dir,
+                                  const TrackerRun* run) {
   TESSERA_RETURN_IF_ERROR(check_logger_backends(backends));
   Tracking t;
   bool has_jsonl = false;
   for (const auto& name : backends) {
+    if (is_python_tracker(name)) {
+      if (run == nullptr) {
+        return make_error(ErrorCode::invalid_argument, "trainer.logger: '{}' needs the run's project, experiment and "
+                                                       "config (Tracking::from_config)", name);
+      }
+      TESSERA_ASSIGN_OR_RETURN(auto logger, PythonTracker::open(name, *run));
+      t.add(std::move(logger));
+      continue;
+    }
     if (name == "console") {
       t.add(std::make_unique<ConsoleLogger>(console));
     } else if (name == "jsonl" || name == "file") {  // "file" is verl's name for its JSONL backend
@@ -176,7 +188,8 @@ Result<Tracking> Tracking::from_config(const nlohmann::json& cfg, std::FILE* con
   TESSERA_RETURN_IF_ERROR(proto::write_file_atomic((std::filesystem::path(dir) / "config.yaml").string(), config_to_yaml(cfg)));
   TESSERA_ASSIGN_OR_RETURN(std::string project, config_get<std::string>(cfg, "trainer.project_name"));
   TESSERA_ASSIGN_OR_RETURN(std::string experiment, config_get<std::string>(cfg, "trainer.experiment_name"));
-  return create(backends, dir, console ? console : stdout, tensorboard_dir(project, experiment));
+  const TrackerRun run{project, experiment, cfg};
+  return create(backends, dir, console ? console : stdout, tensorboard_dir(project, experiment), &run);
 }
 
 Status Tracking::start_at(int64_t step) {

@@ -10,8 +10,8 @@
 //            into that row.
 //   file     verl's name for its JSONL backend: the same file as jsonl.
 //   tensorboard  TensorBoard event files (driver/tensorboard.hpp), in verl's directory.
-// wandb, mlflow, swanlab, clearml and trackio are refused naming what is supported, as is an
-// unknown name. The progress bar redraws one line with "\r"
+//   wandb, mlflow, swanlab  the Python libraries, in a process each (driver/python_tracker.hpp).
+// vemlp_wandb, clearml and trackio are refused naming what is supported, as is an unknown name. The progress bar redraws one line with "\r"
 // when its stream is a TTY, and prints a plain line per update otherwise.
 //
 // Thread-safety: none; the trainer's thread owns its loggers.
@@ -82,13 +82,17 @@ class JsonlLogger final : public MetricLogger {
 Status check_logger_backends(const std::vector<std::string>& backends);
 
 /// verl's Tracking: fans each log call out to the configured backends.
+struct TrackerRun;  // python_tracker.hpp
+
 class Tracking {
  public:
-  /// Backends by name ("console", "jsonl", "file", "tensorboard"); jsonl writes
-  /// <local_dir>/metrics.jsonl. Errors: check_logger_backends's.
+  /// Backends by name ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab");
+  /// jsonl writes <local_dir>/metrics.jsonl; the Python ones open their run with `run` (required
+  /// for them). Errors: check_logger_backends's, and a Python backend's start (python_tracker.hpp).
   static Result<Tracking> create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
                                  std::FILE* console = stdout,
-                                 const std::filesystem::path& tensorboard_dir = "tensorboard_log");
+                                 const std::filesystem::path& tensorboard_dir = "tensorboard_log",
+                                 const TrackerRun* run = nullptr);
   /// From trainer.logger and trainer.default_local_dir of a loaded config; a null `console` drops
   /// the console backend (a quiet run). Writes the resolved config to <dir>/config.yaml.
   static Result<Tracking> from_config(const nlohmann::json& cfg, std::FILE* console = stdout);

@@ -1,27 +1,20 @@
 // custom_reward_function in Python worker processes (driver/python_reward.hpp).
 #include "driver/python_reward.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 
 #include "driver/config.hpp"
-
-extern char** environ;
+#include "driver/internal/python_child.hpp"
 
 namespace tessera::driver {
 namespace {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using internal::Clock;
+using internal::first_line;
 
 // The child: imports the user's file, then answers one JSON line per request line. The user's
 // prints go to stderr so stdout carries only the protocol.
@@ -58,19 +51,9 @@ for line in sys.stdin:
     proto.flush()
 )PY";
 
-std::string first_line(std::string s) {
-  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
-  return s;
-}
-
 }  // namespace
 
-struct PythonRewardPool::Process {
-  pid_t pid = -1;
-  int in = -1;   // the child's stdin
-  int out = -1;  // the child's stdout
-  std::string buffer;
-};
+struct PythonRewardPool::Process : internal::PythonChild {};
 
 Result<PythonRewardOptions> python_reward_options(const json& cfg) {
   PythonRewardOptions o;
@@ -118,93 +101,18 @@ PythonRewardPool::~PythonRewardPool() {
   for (size_t i = 0; i < procs_.size(); ++i) stop(i);
 }
 
-void PythonRewardPool::stop(size_t slot) {
-  Process& p = *procs_[slot];
-  if (p.in >= 0) ::close(p.in);
-  if (p.out >= 0) ::close(p.out);
-  if (p.pid > 0) {
-    ::kill(p.pid, SIGKILL);
-    ::waitpid(p.pid, nullptr, 0);
-  }
-  p = Process{};
-}
+void PythonRewardPool::stop(size_t slot) { internal::kill_child(*procs_[slot]); }
 
 Status PythonRewardPool::spawn(size_t slot) {
-  int to_child[2], from_child[2];
-  if (::pipe2(to_child, O_CLOEXEC) != 0) return make_error(ErrorCode::io_error, "custom_reward_function: pipe: {}", std::strerror(errno));
-  if (::pipe2(from_child, O_CLOEXEC) != 0) {
-    ::close(to_child[0]), ::close(to_child[1]);
-    return make_error(ErrorCode::io_error, "custom_reward_function: pipe: {}", std::strerror(errno));
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
-  const std::string kwargs = options_.kwargs.dump();
-  std::vector<std::string> args = {options_.python, "-u", "-c", kChildScript, options_.path, options_.name, kwargs};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, options_.python.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(to_child[0]);
-  ::close(from_child[1]);
-  if (rc != 0) {
-    ::close(to_child[1]), ::close(from_child[0]);
-    return make_error(ErrorCode::unavailable, "custom_reward_function: cannot start '{}': {}", options_.python,
-                      std::strerror(rc));
-  }
-  Process& p = *procs_[slot];
-  p.pid = pid, p.in = to_child[1], p.out = from_child[0];
+  TESSERA_ASSIGN_OR_RETURN(internal::PythonChild child,
+                           internal::spawn_python(options_.python, kChildScript,
+                                                  {options_.path, options_.name, options_.kwargs.dump()},
+                                                  "custom_reward_function"));
+  static_cast<internal::PythonChild&>(*procs_[slot]) = std::move(child);
   return Status();
 }
-
-namespace {
-
-// Reads from `fd` into `buffer` until it holds a newline or `deadline` passes. Returns the line
-// (without the newline); timeout or unavailable (EOF) otherwise.
-Result<std::string> read_line(int fd, std::string& buffer, Clock::time_point deadline) {
-  for (;;) {
-    if (auto nl = buffer.find('\n'); nl != std::string::npos) {
-      std::string line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      return line;
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return Status(ErrorCode::timeout, "timed out");
-    pollfd pfd{fd, POLLIN, 0};
-    const int n = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (n < 0 && errno != EINTR) return Status(ErrorCode::io_error, std::strerror(errno));
-    if (n <= 0) continue;
-    char chunk[65536];
-    const ssize_t got = ::read(fd, chunk, sizeof chunk);
-    if (got == 0) return Status(ErrorCode::unavailable, "the process exited");
-    if (got < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return Status(ErrorCode::io_error, std::strerror(errno));
-    }
-    buffer.append(chunk, static_cast<size_t>(got));
-  }
-}
-
-Status write_all(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status(ErrorCode::unavailable, errno == EPIPE ? "the process exited" : std::strerror(errno));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status();
-}
-
-}  // namespace
 
 Result<std::shared_ptr<PythonRewardPool>> PythonRewardPool::start(const PythonRewardOptions& options) {
-  ::signal(SIGPIPE, SIG_IGN);  // a dead child must be an error on write, not the end of Tessera
   std::shared_ptr<PythonRewardPool> pool(new PythonRewardPool(options));
   const auto deadline = Clock::now() + pool->options_.timeout;
   for (int i = 0; i < pool->options_.processes; ++i) {
@@ -212,7 +120,7 @@ Result<std::shared_ptr<PythonRewardPool>> PythonRewardPool::start(const PythonRe
     TESSERA_RETURN_IF_ERROR(pool->spawn(static_cast<size_t>(i)));
   }
   for (auto& p : pool->procs_) {
-    auto line = read_line(p->out, p->buffer, deadline);
+    auto line = internal::read_line(*p, deadline);
     json ready = line.ok() ? json::parse(*line, nullptr, false) : json();
     if (ready.is_object() && ready.value("ready", false)) continue;
     std::string why = !line.ok() ? line.status().message()
@@ -243,22 +151,23 @@ Result<std::vector<ScoreResult>> PythonRewardPool::score(const std::vector<Score
     for (size_t i = begin; i < end; ++i) {
       request.push_back(json::array({rows[i].data_source, rows[i].solution_str, rows[i].ground_truth, rows[i].extra_info}));
     }
-    sent[k] = procs_[k]->pid > 0 ? write_all(procs_[k]->in, request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")
-                                 : Status(ErrorCode::unavailable, "the process is not running");
+    sent[k] = procs_[k]->pid > 0
+                  ? internal::write_all(*procs_[k], request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")
+                  : Status(ErrorCode::unavailable, "the process is not running");
   }
   Status first;
   for (size_t k = 0; k < procs; ++k) {
     auto [begin, end] = chunks[k];
     if (begin == end) continue;
     const std::string span = end - begin == 1 ? fmt::format("row {}", begin) : fmt::format("rows {}..{}", begin, end - 1);
-    Result<std::string> line = sent[k].ok() ? read_line(procs_[k]->out, procs_[k]->buffer, deadline) : sent[k];
+    Result<std::string> line = sent[k].ok() ? internal::read_line(*procs_[k], deadline) : sent[k];
     json answer = line.ok() ? json::parse(*line, nullptr, false) : json();
     if (!line.ok() || !answer.is_array() || answer.size() != end - begin) {
       // Replace the process: it timed out, died or broke the protocol.
       stop(k);
       Status restarted = spawn(k);
       if (restarted.ok()) {
-        auto ready = read_line(procs_[k]->out, procs_[k]->buffer, Clock::now() + options_.timeout);
+        auto ready = internal::read_line(*procs_[k], Clock::now() + options_.timeout);
         if (!ready.ok()) stop(k);
       }
       const std::string why = !line.ok() ? (line.status().code() == ErrorCode::timeout

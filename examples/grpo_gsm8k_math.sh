@@ -53,7 +53,8 @@ TESSERA="${TESSERA:-$(dirname "$0")/../build/bin/tessera}"
     trainer.save_freq=20 \
     trainer.test_freq=5 \
     trainer.total_epochs=15 "$@"
-# Tessera: trainer.logger names tensorboard where verl's script has wandb (refused by name), and
+# Tessera: trainer.logger names tensorboard where verl's script has wandb (which works too, with the
+# wandb package installed and logged in for $TESSERA_LOGGER_PYTHON, else python3), and
 # actor_rollout_ref.model.path is a local HF directory (MODEL_PATH) where verl's names a hub id:
 # Tessera does not download one (it reads a hub id from the local HF cache only). rollout.name=vllm
 # is listed at start as having no effect on Tessera's own engine; gpu_memory_utilization sizes its

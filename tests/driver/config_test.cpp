@@ -11,6 +11,7 @@
 #include "driver/model_paths.hpp"
 #include "driver/ppo_trainer.hpp"
 #include "driver/runtime_config.hpp"
+#include "tests/driver/driver_test_util.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -305,7 +306,7 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
            {"critic.strategy=megatron", "critic.strategy"},
            {"reward_model.strategy=megatron", "reward_model.strategy"},
            {"algorithm.kl_penalty=full", "algorithm.kl_penalty"},
-           {"trainer.logger=[console,wandb]", "trainer.logger"},
+           {"trainer.logger=[console,clearml]", "trainer.logger"},
            {"actor_rollout_ref.actor.checkpoint.save_contents=[model,extra]", "save_contents"},
            {"critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]", "critic.checkpoint.save_contents"},
        }) {
@@ -398,19 +399,7 @@ TEST(Config, TypedGetters) {
   EXPECT_EQ(list->size(), 2u);
 }
 
-// Sets an environment variable for one scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 TEST(Config, ModelPathsExpandHomeAndFindHubRepoIdsInTheLocalCache) {
   namespace fs = std::filesystem;

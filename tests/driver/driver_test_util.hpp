@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "workers/tokenizer/tokenizer.hpp"
@@ -36,6 +37,22 @@ inline std::string tessera_python() {
   const char* py = std::getenv("TESSERA_PYTHON");
   return py != nullptr ? py : "";
 }
+
+/// Sets an environment variable for one scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 /// A fresh directory under the system temp dir, removed by the destructor.
 class TempDir {

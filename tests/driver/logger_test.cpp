@@ -1,12 +1,15 @@
 // Loggers: console line, jsonl rows (one object per step, each step once across resumes), backend
-// names (verl's `file`, refused trackers), progress bar, start-up summary.
+// names (verl's `file`, refused trackers), the Python trackers (wandb, mlflow, swanlab: against
+// stand-in modules that record every call), progress bar, start-up summary.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include "driver/logger.hpp"
+#include "driver/python_tracker.hpp"
 #include "tests/driver/driver_test_util.hpp"
 
 namespace tessera::driver {
@@ -75,14 +78,172 @@ TEST(Logger, JsonlHoldsEachStepOnceAcrossResumes) {
 
 TEST(Logger, UnknownOrUnsupportedBackendIsAnError) {
   testing::TempDir dir("unknown");
-  auto t = Tracking::create({"console", "wandb"}, dir.path());
+  auto t = Tracking::create({"console", "clearml"}, dir.path());
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().message(), "trainer.logger: 'wandb' is not supported by Tessera (supported: console, jsonl (or file), tensorboard)");
+  EXPECT_EQ(t.status().message(), "trainer.logger: 'clearml' is not supported by Tessera (supported: console, jsonl "
+                                  "(or file), tensorboard, wandb, mlflow, swanlab)");
   auto typo = Tracking::create({"consol"}, dir.path());
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(typo.status().message().find("unknown logger 'consol'"), std::string::npos);
-  EXPECT_TRUE(check_logger_backends({"console", "file", "jsonl"}).ok());
-  EXPECT_FALSE(check_logger_backends({"mlflow"}).ok());
+  EXPECT_TRUE(check_logger_backends({"console", "file", "jsonl", "wandb", "mlflow", "swanlab"}).ok());
+  EXPECT_FALSE(check_logger_backends({"vemlp_wandb"}).ok());
+  EXPECT_FALSE(check_logger_backends({"trackio"}).ok());
+}
+
+// Stand-ins for wandb, mlflow and swanlab: each call is a JSON line [name, kwargs] in
+// $FAKE_TRACKER_LOG (non-finite floats as "nan" / "inf" / "-inf", which JSON cannot hold).
+// `extra` is appended to wandb.py (a failure to inject).
+void write_fake_trackers(const testing::TempDir& dir, const std::string& extra = "") {
+  const std::string record = R"PY(import json, math, os
+def _plain(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if v != v else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+def _rec(_call, **kwargs):
+    with open(os.environ["FAKE_TRACKER_LOG"], "a") as f:
+        f.write(json.dumps([_call, _plain(kwargs)], default=repr) + "\n")
+)PY";
+  dir.write("fake/wandb.py", record + R"PY(
+class Settings:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+    def __repr__(self):
+        return "Settings(" + ", ".join(f"{k}={v}" for k, v in sorted(self.kwargs.items())) + ")"
+def init(**kwargs):
+    _rec("wandb.init", **kwargs)
+def log(data, step):
+    _rec("wandb.log", data=data, step=step)
+def finish(exit_code=None):
+    _rec("wandb.finish", exit_code=exit_code)
+)PY" + extra);
+  dir.write("fake/mlflow.py", record + R"PY(
+class _Experiment:
+    experiment_id = "7"
+def set_tracking_uri(uri):
+    _rec("mlflow.set_tracking_uri", uri=uri)
+def set_experiment(name):
+    _rec("mlflow.set_experiment", name=name)
+    return _Experiment()
+def start_run(**kwargs):
+    _rec("mlflow.start_run", **kwargs)
+def log_params(params):
+    _rec("mlflow.log_params", params=params)
+def log_metrics(metrics, step):
+    _rec("mlflow.log_metrics", metrics=metrics, step=step)
+def end_run():
+    _rec("mlflow.end_run")
+)PY");
+  dir.write("fake/swanlab.py", record + R"PY(
+def login(key):
+    _rec("swanlab.login", key=key)
+def init(**kwargs):
+    _rec("swanlab.init", **kwargs)
+def log(data, step):
+    _rec("swanlab.log", data=data, step=step)
+def finish():
+    _rec("swanlab.finish")
+)PY");
+}
+
+// As verl's Tracking: each library opens its run with the project, the experiment and the config,
+// logs every step's metrics with step=, and finishes the run when the trainer is done.
+TEST(Logger, PythonTrackersLogAsVerlDoes) {
+  testing::TempDir dir("trackers");
+  write_fake_trackers(dir);
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+  testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "calls.jsonl").string());
+  testing::ScopedEnv python("TESSERA_LOGGER_PYTHON", "python3");
+  testing::ScopedEnv mlflow_uri("MLFLOW_TRACKING_URI", "sqlite:///runs.db");
+  testing::ScopedEnv swan_key("SWANLAB_API_KEY", "k123");
+  const TrackerRun run{"proj", "exp", {{"trainer", {{"wandb_proxy", "http://proxy:3128"}}}, {"a", {{"b", {10, 20}}}}}};
+  {
+    auto t = Tracking::create({"wandb", "mlflow", "swanlab"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(t->log({{"critic/score/mean", 0.5}, {"actor/kl", NAN}, {"val-core/acc@4", 1.0}}, 1).ok());
+    ASSERT_TRUE(t->log({{"critic/score/mean", 0.75}}, 2).ok());
+  }  // finishes every run
+  std::vector<json> calls = read_lines(dir.path() / "calls.jsonl");
+  std::map<std::string, std::vector<json>> by_lib;
+  for (const json& c : calls) by_lib[c[0].get<std::string>().substr(0, c[0].get<std::string>().find('.'))].push_back(c);
+
+  const std::vector<json>& wandb = by_lib["wandb"];
+  ASSERT_EQ(wandb.size(), 4u) << json(calls).dump();
+  EXPECT_EQ(wandb[0][0], "wandb.init");
+  EXPECT_EQ(wandb[0][1]["project"], "proj");
+  EXPECT_EQ(wandb[0][1]["name"], "exp");
+  EXPECT_EQ(wandb[0][1]["config"], run.config);
+  EXPECT_EQ(wandb[0][1]["settings"], "Settings(https_proxy=http://proxy:3128)");
+  EXPECT_EQ(wandb[1][1]["step"], 1);
+  EXPECT_EQ(wandb[1][1]["data"], json({{"actor/kl", "nan"}, {"critic/score/mean", 0.5}, {"val-core/acc@4", 1.0}}));
+  EXPECT_EQ(wandb[2][1]["step"], 2);
+  EXPECT_EQ(wandb[3], json::parse(R"(["wandb.finish", {"exit_code": 0}])"));
+
+  const std::vector<json>& mlflow = by_lib["mlflow"];
+  ASSERT_EQ(mlflow.size(), 7u) << json(calls).dump();
+  EXPECT_EQ(mlflow[0][1]["uri"], "sqlite:///runs.db");
+  EXPECT_EQ(mlflow[1][1]["name"], "proj");
+  EXPECT_EQ(mlflow[2][1], json({{"experiment_id", "7"}, {"run_name", "exp"}}));
+  EXPECT_EQ(mlflow[3][1]["params"], json({{"trainer/wandb_proxy", "http://proxy:3128"}, {"a/b/list_len", 2},
+                                          {"a/b/0", 10}, {"a/b/1", 20}}));
+  EXPECT_EQ(mlflow[4][1]["metrics"], json({{"actor/kl", "nan"}, {"critic/score/mean", 0.5}, {"val-core/acc_at_4", 1.0}}));
+  EXPECT_EQ(mlflow[4][1]["step"], 1);
+  EXPECT_EQ(mlflow[6][0], "mlflow.end_run");
+
+  const std::vector<json>& swanlab = by_lib["swanlab"];
+  ASSERT_EQ(swanlab.size(), 5u) << json(calls).dump();
+  EXPECT_EQ(swanlab[0][1]["key"], "k123");
+  EXPECT_EQ(swanlab[1][1]["project"], "proj");
+  EXPECT_EQ(swanlab[1][1]["experiment_name"], "exp");
+  EXPECT_EQ(swanlab[1][1]["config"]["FRAMEWORK"], "verl");
+  EXPECT_EQ(swanlab[1][1]["config"]["a"], run.config["a"]);
+  EXPECT_EQ(swanlab[1][1]["logdir"], "swanlog");
+  EXPECT_EQ(swanlab[1][1]["mode"], "cloud");
+  EXPECT_EQ(swanlab[3][1]["step"], 2);
+  EXPECT_EQ(swanlab[4][0], "swanlab.finish");
+}
+
+// A library that is not installed, or whose run does not open, stops the start with one line naming
+// the backend; one whose process dies stops the run at the next step rather than dropping metrics.
+TEST(Logger, PythonTrackerFailuresAreOneLineNamingTheBackend) {
+  testing::TempDir dir("tracker_failures");
+  testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "calls.jsonl").string());
+  testing::ScopedEnv python("TESSERA_LOGGER_PYTHON", "python3");
+  const TrackerRun run{"proj", "exp", json::object()};
+  {
+    write_fake_trackers(dir, "raise ModuleNotFoundError(\"No module named 'wandb'\")\n");
+    testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+    auto t = Tracking::create({"wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_FALSE(t.ok());
+    const std::string m = t.status().message();
+    EXPECT_EQ(m.rfind("trainer.logger: wandb: ModuleNotFoundError: No module named 'wandb' (install it for python3", 0), 0u)
+        << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  {
+    write_fake_trackers(dir, "def init(**kwargs):\n    raise RuntimeError('api key rejected')\n");
+    testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+    auto t = Tracking::create({"wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().message(), "trainer.logger: wandb: RuntimeError: api key rejected");
+  }
+  {
+    write_fake_trackers(dir, "def log(data, step):\n    os._exit(3)\n");
+    testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+    auto t = Tracking::create({"wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(t->log({{"x", 1.0}}, 1).ok());  // the process reads it, then exits
+    // Later steps fail once the process is gone: a write to its closed pipe, or, once the pipe is
+    // full, the wait for it to read, which ends when it exits.
+    Status failed;
+    for (int64_t step = 2; failed.ok() && step < 100000; ++step) failed = t->log({{"x", 1.0}}, step);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.message().rfind("trainer.logger: wandb: step ", 0), 0u) << failed.to_string();
+    EXPECT_NE(failed.message().find("the process exited"), std::string::npos) << failed.to_string();
+  }
+  EXPECT_EQ(tracker_line({{"a", 1.5}, {"b", -INFINITY}, {"c\"", NAN}}, 3),
+            "{\"step\": 3, \"data\": {\"a\": 1.5, \"b\": -Infinity, \"c\\\"\": NaN}}\n");
 }
 
 // TensorBoard's own reader (PyPI's tensorboard EventAccumulator) reads the scalars back, and a

@@ -1,0 +1,52 @@
+// python_child.hpp (internal): a Python interpreter run as a child process that talks one JSON
+// line at a time over its stdin and stdout (its stderr stays the terminal's). Used by verl's
+// custom_reward_function pool (python_reward.cpp) and the Python-side loggers (python_tracker.cpp).
+//
+// Thread-safety: none; one owner per child.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "proto/status.hpp"
+
+namespace tessera::driver::internal {
+
+using Clock = std::chrono::steady_clock;
+
+/// One running child: its pid and the parent's ends of its stdin and stdout pipes.
+struct PythonChild {
+  pid_t pid = -1;
+  int in = -1;   ///< The child's stdin.
+  int out = -1;  ///< The child's stdout.
+  std::string buffer;  ///< Bytes read from `out` past the last line returned.
+};
+
+/// Starts `python -u -c script args...` with the parent's environment; the parent's end of its
+/// stdin does not block (write_all waits with a deadline). Ignores SIGPIPE in this process (a
+/// dead child is then an error on write, not the end of Tessera). Errors name `what`.
+Result<PythonChild> spawn_python(const std::string& python, const std::string& script,
+                                 const std::vector<std::string>& args, const std::string& what);
+
+/// Closes both pipes, then kills the child (SIGKILL) and reaps it. Leaves `child` empty.
+void kill_child(PythonChild& child);
+
+/// Closes the child's stdin (its end-of-input), waits up to `grace` for it to exit, then kills
+/// it. Returns whether it exited by itself with status 0.
+bool finish_child(PythonChild& child, std::chrono::milliseconds grace);
+
+/// The next line of `child`'s stdout (without the newline), waiting until `deadline`: timeout,
+/// or unavailable when the child closed its stdout (exited).
+Result<std::string> read_line(PythonChild& child, Clock::time_point deadline);
+
+/// Writes all of `data` to the child's stdin: unavailable when it exited, timeout when it has not
+/// taken the data by `deadline`.
+Status write_all(PythonChild& child, const std::string& data, Clock::time_point deadline = Clock::time_point::max());
+
+/// `s` up to its first newline.
+std::string first_line(std::string s);
+
+}  // namespace tessera::driver::internal

@@ -1,0 +1,156 @@
+// python_tracker.cpp: see python_tracker.hpp.
+#include "driver/python_tracker.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "driver/internal/python_child.hpp"
+
+namespace tessera::driver {
+namespace {
+
+using nlohmann::json;
+using internal::Clock;
+
+// The backend's process: reads the config (one JSON line), opens the run as verl's Tracking does,
+// answers {"ready": true} (or {"fatal": ...}), then logs one step per input line and finishes the
+// run at end of input. The library's prints go to stderr so that stdout carries only the answer.
+constexpr const char* kTrackerScript = R"PY(
+import json, os, sys
+proto = sys.stdout
+sys.stdout = sys.stderr
+backend, project, experiment = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def flatten(x, prefix, out):  # verl's mlflow params: lists as dicts, then pandas.json_normalize(sep="/")
+    if isinstance(x, list):
+        x = dict({"list_len": len(x)}, **{str(i): v for i, v in enumerate(x)})
+    if isinstance(x, dict):
+        for k, v in x.items():
+            flatten(v, f"{prefix}/{k}" if prefix else str(k), out)
+    else:
+        out[prefix] = x
+    return out
+
+try:
+    config = json.loads(sys.stdin.readline())
+    if backend == "wandb":
+        import wandb
+        proxy = (config.get("trainer") or {}).get("wandb_proxy")
+        settings = wandb.Settings(https_proxy=proxy) if proxy else None
+        wandb.init(project=project, name=experiment, config=config, settings=settings)
+        log = lambda data, step: wandb.log(data=data, step=step)
+        finish = lambda: wandb.finish(exit_code=0)
+    elif backend == "mlflow":
+        import mlflow
+        mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:////tmp/mlruns.db"))
+        experiment_id = mlflow.set_experiment(project).experiment_id
+        mlflow.start_run(experiment_id=experiment_id, run_name=experiment)
+        mlflow.log_params(flatten(config, "", {}))
+        log = lambda data, step: mlflow.log_metrics(metrics={k.replace("@", "_at_"): v for k, v in data.items()},
+                                                    step=step)
+        finish = lambda: mlflow.end_run()
+    elif backend == "swanlab":
+        import swanlab
+        if os.environ.get("SWANLAB_API_KEY"):
+            swanlab.login(os.environ["SWANLAB_API_KEY"])
+        swanlab.init(project=project, experiment_name=experiment, config={"FRAMEWORK": "verl", **config},
+                     logdir=os.environ.get("SWANLAB_LOG_DIR", "swanlog"), mode=os.environ.get("SWANLAB_MODE", "cloud"))
+        log = lambda data, step: swanlab.log(data, step=step)
+        finish = lambda: swanlab.finish()
+    else:
+        raise ValueError(f"unknown backend {backend}")
+except BaseException as e:
+    proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
+    proto.flush()
+    sys.exit(1)
+proto.write(json.dumps({"ready": True}) + "\n")
+proto.flush()
+for line in sys.stdin:
+    row = json.loads(line)
+    log(row["data"], row["step"])
+finish()
+)PY";
+
+std::string tracker_python() {
+  const char* env = std::getenv("TESSERA_LOGGER_PYTHON");
+  return env != nullptr && *env != '\0' ? env : "python3";
+}
+
+// JSON for a metric value; Python's json module reads NaN, Infinity and -Infinity.
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return json(v).dump();
+}
+
+}  // namespace
+
+struct PythonTracker::Child : internal::PythonChild {};
+
+bool is_python_tracker(const std::string& name) { return name == "wandb" || name == "mlflow" || name == "swanlab"; }
+
+std::string tracker_line(const Metrics& metrics, int64_t step) {
+  std::string line = fmt::format("{{\"step\": {}, \"data\": {{", step);
+  bool first = true;
+  for (const auto& [key, value] : metrics) {
+    line += fmt::format("{}{}: {}", first ? "" : ", ", json(key).dump(-1, ' ', false, json::error_handler_t::replace),
+                        number(value));
+    first = false;
+  }
+  return line + "}}\n";
+}
+
+Result<std::unique_ptr<PythonTracker>> PythonTracker::open(const std::string& backend, const TrackerRun& run,
+                                                           std::chrono::milliseconds start_timeout) {
+  if (!is_python_tracker(backend)) {
+    return make_error(ErrorCode::invalid_argument, "trainer.logger: '{}' is not a Python logger", backend);
+  }
+  const std::string python = tracker_python(), what = "trainer.logger: " + backend;
+  TESSERA_ASSIGN_OR_RETURN(internal::PythonChild spawned,
+                           internal::spawn_python(python, kTrackerScript, {backend, run.project, run.experiment}, what));
+  auto child = std::make_unique<Child>();
+  static_cast<internal::PythonChild&>(*child) = std::move(spawned);
+  Status sent = internal::write_all(*child, run.config.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+  Result<std::string> line = sent.ok() ? internal::read_line(*child, Clock::now() + start_timeout) : sent;
+  const json ready = line.ok() ? json::parse(*line, nullptr, false) : json();
+  if (ready.is_object() && ready.value("ready", false)) {
+    return std::unique_ptr<PythonTracker>(new PythonTracker(backend, std::move(child)));
+  }
+  internal::kill_child(*child);
+  std::string why = !line.ok() ? (line.status().code() == ErrorCode::timeout
+                                      ? fmt::format("its run did not open within {} s", start_timeout.count() / 1000)
+                                      : line.status().message())
+                    : ready.is_object() && ready.contains("fatal") ? ready["fatal"].get<std::string>()
+                                                                   : "unexpected output: " + internal::first_line(*line);
+  const bool missing = why.rfind("ModuleNotFoundError", 0) == 0;
+  return make_error(missing ? ErrorCode::unimplemented : ErrorCode::unavailable, "{}: {}{}", what,
+                    internal::first_line(why),
+                    missing ? fmt::format(" (install it for {}, or point TESSERA_LOGGER_PYTHON at a Python that has it)",
+                                          python)
+                            : std::string());
+}
+
+PythonTracker::PythonTracker(std::string backend, std::unique_ptr<Child> child)
+    : backend_(std::move(backend)), child_(std::move(child)) {}
+
+PythonTracker::~PythonTracker() {
+  constexpr auto kGrace = std::chrono::minutes(3);
+  if (child_ && !internal::finish_child(*child_, kGrace)) {
+    std::fprintf(stderr, "warning: trainer.logger: %s did not finish its run cleanly (see its output above)\n",
+                 backend_.c_str());
+  }
+}
+
+Status PythonTracker::log(const Metrics& metrics, int64_t step) {
+  // A logger that stopped reading for this long is stuck: the run stops instead of hanging.
+  constexpr auto kWriteTimeout = std::chrono::minutes(5);
+  Status st = internal::write_all(*child_, tracker_line(metrics, step), Clock::now() + kWriteTimeout);
+  if (st.ok()) return st;
+  return make_error(ErrorCode::unavailable, "trainer.logger: {}: step {} was not logged: {} (its output is above)",
+                    backend_, step, st.message());
+}
+
+}  // namespace tessera::driver

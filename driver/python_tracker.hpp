@@ -1,0 +1,66 @@
+// python_tracker.hpp: the trainer.logger backends that are Python libraries (wandb, mlflow,
+// swanlab), run as verl's Tracking runs them, in one Python process per backend.
+//
+// At start the process imports the library and opens the run as verl does:
+//   wandb    wandb.init(project=project_name, name=experiment_name, config=<the resolved config>,
+//            settings=wandb.Settings(https_proxy=trainer.wandb_proxy) when that is set)
+//   mlflow   tracking URI $MLFLOW_TRACKING_URI (default sqlite:////tmp/mlruns.db), experiment
+//            project_name, a run named experiment_name, the config flattened into params
+//            ("a/b/c", lists as list_len, 0, 1, ...); '@' in metric names becomes '_at_'
+//   swanlab  swanlab.login($SWANLAB_API_KEY) when set, swanlab.init(project, experiment_name,
+//            config={"FRAMEWORK": "verl", ...}, logdir=$SWANLAB_LOG_DIR or swanlog,
+//            mode=$SWANLAB_MODE or cloud)
+// then logs each step's metrics (non-finite values as NaN / inf) with step=, and at the end
+// finishes the run (wandb.finish(exit_code=0), mlflow.end_run(), swanlab.finish()).
+//
+// The interpreter is $TESSERA_LOGGER_PYTHON, else python3: the one where the library and its
+// credentials (WANDB_API_KEY, `wandb login`, ...) are. The library's own output goes to stderr.
+// Failures, one line each naming the backend: the library does not import or its init fails (at
+// start, before the first step); the process dies during the run (at the next step's log; the run
+// stops rather than losing metrics quietly).
+//
+// Thread-safety: none; the trainer's thread owns its loggers.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "driver/logger.hpp"
+
+namespace tessera::driver {
+
+/// Whether `name` is one of the Python-library backends above.
+bool is_python_tracker(const std::string& name);
+
+/// What a Python backend opens its run with.
+struct TrackerRun {
+  std::string project;     ///< trainer.project_name
+  std::string experiment;  ///< trainer.experiment_name
+  nlohmann::json config = nlohmann::json::object();  ///< The resolved config.
+};
+
+class PythonTracker final : public MetricLogger {
+ public:
+  /// Starts the backend's process and waits (up to `start_timeout`) until its run is open.
+  static Result<std::unique_ptr<PythonTracker>> open(const std::string& backend, const TrackerRun& run,
+                                                     std::chrono::milliseconds start_timeout = std::chrono::minutes(5));
+  /// Finishes the run: closes the process's input and waits for it to exit (the library uploads
+  /// what it still holds), at most a few minutes.
+  ~PythonTracker() override;
+  Status log(const Metrics& metrics, int64_t step) override;
+
+ private:
+  struct Child;
+  PythonTracker(std::string backend, std::unique_ptr<Child> child);
+  std::string backend_;
+  std::unique_ptr<Child> child_;
+};
+
+/// One JSON line {"step": N, "data": {...}} with non-finite values as Python's json module reads
+/// them (NaN, Infinity, -Infinity).
+std::string tracker_line(const Metrics& metrics, int64_t step);
+
+}  // namespace tessera::driver
