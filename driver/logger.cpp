@@ -151,8 +151,8 @@ Result<Tracking> Tracking::create(const std::vector<std::string>& backends, cons
         return make_error(ErrorCode::invalid_argument, "trainer.logger: '{}' needs the run's project, experiment and "
                                                        "config (Tracking::from_config)", name);
       }
-      TESSERA_ASSIGN_OR_RETURN(auto logger, PythonTracker::open(name, *run));
-      t.add(std::move(logger));
+      if (std::find(t.pending_.begin(), t.pending_.end(), name) == t.pending_.end()) t.pending_.push_back(name);
+      if (!t.run_) t.run_ = std::make_shared<const TrackerRun>(*run);
       continue;
     }
     if (name == "console") {
@@ -192,12 +192,31 @@ Result<Tracking> Tracking::from_config(const nlohmann::json& cfg, std::FILE* con
   return create(backends, dir, console ? console : stdout, tensorboard_dir(project, experiment), &run);
 }
 
+Tracking::~Tracking() { finish(false); }
+
+Status Tracking::open_python_trackers() {
+  for (auto it = pending_.begin(); it != pending_.end(); it = pending_.erase(it)) {
+    TESSERA_ASSIGN_OR_RETURN(auto logger, PythonTracker::open(*it, *run_));
+    add(std::move(logger));
+  }
+  return Status();
+}
+
 Status Tracking::start_at(int64_t step) {
+  TESSERA_RETURN_IF_ERROR(open_python_trackers());
   for (auto& l : loggers_) TESSERA_RETURN_IF_ERROR(l->start_at(step));
   return Status();
 }
 
+void Tracking::finish(bool ok) {
+  if (finished_) return;
+  finished_ = true;
+  pending_.clear();
+  for (auto& l : loggers_) l->finish(ok);
+}
+
 Status Tracking::log(const Metrics& metrics, int64_t step) {
+  TESSERA_RETURN_IF_ERROR(open_python_trackers());
   Status first;
   for (auto& l : loggers_) {
     Status st = l->log(metrics, step);

@@ -41,6 +41,8 @@ class MetricLogger {
   virtual Status log(const Metrics& metrics, int64_t step) = 0;
   /// The run continues after `step` (a resume), or starts afresh when `step` < 0.
   virtual Status start_at(int64_t step) { return Status(); }
+  /// The run is over: `ok` false when it stopped on an error. No log() after it.
+  virtual void finish(bool ok) {}
 };
 
 /// The console backend. `all_metrics` prints every metric instead of the key ones.
@@ -87,8 +89,10 @@ struct TrackerRun;  // python_tracker.hpp
 class Tracking {
  public:
   /// Backends by name ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab");
-  /// jsonl writes <local_dir>/metrics.jsonl; the Python ones open their run with `run` (required
-  /// for them). Errors: check_logger_backends's, and a Python backend's start (python_tracker.hpp).
+  /// jsonl writes <local_dir>/metrics.jsonl. The Python ones (required: `run`) open their run at
+  /// the first start_at() or log(), when the workers are up, as verl opens its Tracking in fit():
+  /// a run that fails before leaves no empty experiment behind. Errors: check_logger_backends's,
+  /// and a Python backend's start (python_tracker.hpp) from start_at() / log().
   static Result<Tracking> create(const std::vector<std::string>& backends, const std::filesystem::path& local_dir,
                                  std::FILE* console = stdout,
                                  const std::filesystem::path& tensorboard_dir = "tensorboard_log",
@@ -97,15 +101,28 @@ class Tracking {
   /// the console backend (a quiet run). Writes the resolved config to <dir>/config.yaml.
   static Result<Tracking> from_config(const nlohmann::json& cfg, std::FILE* console = stdout);
 
+  Tracking() = default;
+  Tracking(Tracking&&) noexcept = default;
+  Tracking& operator=(Tracking&&) noexcept = default;
+  /// Without a finish() first, ends every backend's run as failed (an error stopped the trainer).
+  ~Tracking();
+
   /// Logs to every backend; the first error is returned after all were tried.
   Status log(const Metrics& metrics, int64_t step);
   /// Tells every backend where the run starts: after `step` when resumed, < 0 when fresh.
   Status start_at(int64_t step);
+  /// Ends every backend's run, as finished (`ok`) or failed; the Python backends all finish at
+  /// once, each waited for when the Tracking goes. Later calls do nothing.
+  void finish(bool ok);
   /// Adds a backend (tests, custom sinks).
   void add(std::unique_ptr<MetricLogger> logger) { loggers_.push_back(std::move(logger)); }
 
  private:
+  Status open_python_trackers();
   std::vector<std::unique_ptr<MetricLogger>> loggers_;
+  std::vector<std::string> pending_;        ///< Python backends not opened yet.
+  std::shared_ptr<const TrackerRun> run_;  ///< What they open their run with.
+  bool finished_ = false;
 };
 
 /// A progress bar with ETA for `total` steps.

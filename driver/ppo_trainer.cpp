@@ -184,6 +184,12 @@ Status RayPPOTrainer::load_checkpoint() {
 }
 
 Status RayPPOTrainer::fit() {
+  Status st = fit_loop();
+  if (state_->tracking) state_->tracking->finish(st.ok());  // the trackers' runs: finished or failed
+  return st;
+}
+
+Status RayPPOTrainer::fit_loop() {
   State& s = *state_;
   global_steps_ = 0;
   TESSERA_RETURN_IF_ERROR(load_checkpoint());

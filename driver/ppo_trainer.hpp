@@ -105,6 +105,7 @@ class RayPPOTrainer {
   RayPPOTrainer() = default;
   Status start_workers(const runtime::WorkerTypeRegistry& registry);
   Result<Metrics> train_step(const std::vector<int64_t>& indices, bool is_last_step);
+  Status fit_loop();  // fit() less the loggers' finish
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);
   void announce() const;  // the start-up summary on the console stream

@@ -32,6 +32,7 @@ Result<std::optional<Metrics>> RayPPOTrainer::step() {
   }
   (*metrics)["training/epoch"] = static_cast<double>(epoch);
   TESSERA_RETURN_IF_ERROR(log_step(global_steps_, *metrics));
+  if (global_steps_ >= total_training_steps_ && s.tracking) s.tracking->finish(true);  // the last step
   return std::optional<Metrics>(std::move(*metrics));
 }
 

@@ -16,11 +16,16 @@ using nlohmann::json;
 using internal::Clock;
 using internal::first_line;
 
-// The child: imports the user's file, then answers one JSON line per request line. The user's
-// prints go to stderr so stdout carries only the protocol.
+// The child: imports the user's file, then answers one JSON line per request line. The protocol
+// keeps private copies of the pipes (os.dup: not inherited); fd 1 becomes stderr and fd 0
+// /dev/null, so the user's prints, and whatever their code starts, stay out of it.
 constexpr const char* kChildScript = R"PY(
-import importlib.util, json, sys, traceback
-proto = sys.stdout
+import importlib.util, json, os, sys, traceback
+proto, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0))
+os.dup2(2, 1)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
 sys.stdout = sys.stderr
 path, name, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 try:
@@ -39,7 +44,7 @@ proto.write(json.dumps({"ready": True}) + "\n")
 proto.flush()
 def plain(o):
     return o.item() if hasattr(o, "item") else str(o)
-for line in sys.stdin:
+for line in requests:
     results = []
     for item in json.loads(line):
         try:

@@ -1,6 +1,8 @@
 // python_tracker.cpp: see python_tracker.hpp.
 #include "driver/python_tracker.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,8 +21,15 @@ using internal::Clock;
 // answers {"ready": true} (or {"fatal": ...}), then logs one step per input line and finishes the
 // run at end of input. The library's prints go to stderr so that stdout carries only the answer.
 constexpr const char* kTrackerScript = R"PY(
-import json, os, sys
-proto = sys.stdout
+import json, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it ends the run with "end"
+# The protocol keeps private copies of the pipes (os.dup: not inherited); fd 1 becomes stderr and fd 0
+# /dev/null, so that nothing the library starts can write into the answers or read the requests.
+proto, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0))
+os.dup2(2, 1)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
 sys.stdout = sys.stderr
 backend, project, experiment = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -34,15 +43,21 @@ def flatten(x, prefix, out):  # verl's mlflow params: lists as dicts, then panda
         out[prefix] = x
     return out
 
+def swanlab_finish(state):
+    try:
+        swanlab.finish(state=state, error=None if state == "success" else "the Tessera run " + how)
+    except TypeError:  # an older swanlab
+        swanlab.finish()
+
 try:
-    config = json.loads(sys.stdin.readline())
+    config = json.loads(requests.readline())
     if backend == "wandb":
         import wandb
         proxy = (config.get("trainer") or {}).get("wandb_proxy")
         settings = wandb.Settings(https_proxy=proxy) if proxy else None
         wandb.init(project=project, name=experiment, config=config, settings=settings)
         log = lambda data, step: wandb.log(data=data, step=step)
-        finish = lambda: wandb.finish(exit_code=0)
+        finish = lambda: wandb.finish(exit_code=0 if how == "finished" else 1)
     elif backend == "mlflow":
         import mlflow
         mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:////tmp/mlruns.db"))
@@ -51,7 +66,7 @@ try:
         mlflow.log_params(flatten(config, "", {}))
         log = lambda data, step: mlflow.log_metrics(metrics={k.replace("@", "_at_"): v for k, v in data.items()},
                                                     step=step)
-        finish = lambda: mlflow.end_run()
+        finish = lambda: mlflow.end_run(status={"finished": "FINISHED", "failed": "FAILED"}.get(how, "KILLED"))
     elif backend == "swanlab":
         import swanlab
         if os.environ.get("SWANLAB_API_KEY"):
@@ -59,17 +74,22 @@ try:
         swanlab.init(project=project, experiment_name=experiment, config={"FRAMEWORK": "verl", **config},
                      logdir=os.environ.get("SWANLAB_LOG_DIR", "swanlog"), mode=os.environ.get("SWANLAB_MODE", "cloud"))
         log = lambda data, step: swanlab.log(data, step=step)
-        finish = lambda: swanlab.finish()
+        finish = lambda: swanlab_finish("success" if how == "finished" else "crashed")
     else:
         raise ValueError(f"unknown backend {backend}")
 except BaseException as e:
-    proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
+    missing = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == backend
+    proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}", "missing": missing}) + "\n")
     proto.flush()
     sys.exit(1)
 proto.write(json.dumps({"ready": True}) + "\n")
 proto.flush()
-for line in sys.stdin:
+how = "was killed"  # input ends without {"end": ...}: the trainer died
+for line in requests:
     row = json.loads(line)
+    if "end" in row:
+        how = "finished" if row["end"] == 0 else "failed"
+        break
     log(row["data"], row["step"])
 finish()
 )PY";
@@ -113,8 +133,10 @@ Result<std::unique_ptr<PythonTracker>> PythonTracker::open(const std::string& ba
                            internal::spawn_python(python, kTrackerScript, {backend, run.project, run.experiment}, what));
   auto child = std::make_unique<Child>();
   static_cast<internal::PythonChild&>(*child) = std::move(spawned);
-  Status sent = internal::write_all(*child, run.config.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
-  Result<std::string> line = sent.ok() ? internal::read_line(*child, Clock::now() + start_timeout) : sent;
+  const auto deadline = Clock::now() + start_timeout;
+  Status sent =
+      internal::write_all(*child, run.config.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", deadline);
+  Result<std::string> line = sent.ok() ? internal::read_line(*child, deadline) : sent;
   const json ready = line.ok() ? json::parse(*line, nullptr, false) : json();
   if (ready.is_object() && ready.value("ready", false)) {
     return std::unique_ptr<PythonTracker>(new PythonTracker(backend, std::move(child)));
@@ -125,7 +147,7 @@ Result<std::unique_ptr<PythonTracker>> PythonTracker::open(const std::string& ba
                                       : line.status().message())
                     : ready.is_object() && ready.contains("fatal") ? ready["fatal"].get<std::string>()
                                                                    : "unexpected output: " + internal::first_line(*line);
-  const bool missing = why.rfind("ModuleNotFoundError", 0) == 0;
+  const bool missing = ready.is_object() && ready.value("missing", false);
   return make_error(missing ? ErrorCode::unimplemented : ErrorCode::unavailable, "{}: {}{}", what,
                     internal::first_line(why),
                     missing ? fmt::format(" (install it for {}, or point TESSERA_LOGGER_PYTHON at a Python that has it)",
@@ -138,9 +160,25 @@ PythonTracker::PythonTracker(std::string backend, std::unique_ptr<Child> child)
 
 PythonTracker::~PythonTracker() {
   constexpr auto kGrace = std::chrono::minutes(3);
-  if (child_ && !internal::finish_child(*child_, kGrace)) {
-    std::fprintf(stderr, "warning: trainer.logger: %s did not finish its run cleanly (see its output above)\n",
-                 backend_.c_str());
+  if (!child_) return;
+  const std::optional<int> status = internal::finish_child(*child_, kGrace);
+  if (!status) {
+    std::fprintf(stderr, "warning: trainer.logger: %s had not finished its run after %ld s and was stopped\n",
+                 backend_.c_str(), static_cast<long>(std::chrono::seconds(kGrace).count()));
+  } else if (*status != 0) {
+    std::fprintf(stderr, "warning: trainer.logger: %s exited with status %d while finishing its run (its output is "
+                 "above)\n", backend_.c_str(), *status);
+  }
+}
+
+void PythonTracker::finish(bool ok) {
+  if (ended_ || !child_) return;
+  ended_ = true;
+  // A process that does not take this line quickly ends the run as killed instead.
+  (void)internal::write_all(*child_, ok ? "{\"end\": 0}\n" : "{\"end\": 1}\n", Clock::now() + std::chrono::seconds(10));
+  if (child_->in >= 0) {
+    ::close(child_->in);
+    child_->in = -1;
   }
 }
 

@@ -11,10 +11,14 @@
 //            config={"FRAMEWORK": "verl", ...}, logdir=$SWANLAB_LOG_DIR or swanlog,
 //            mode=$SWANLAB_MODE or cloud)
 // then logs each step's metrics (non-finite values as NaN / inf) with step=, and at the end
-// finishes the run (wandb.finish(exit_code=0), mlflow.end_run(), swanlab.finish()).
+// finishes the run: as finished when the trainer ends it so (finish(true): wandb.finish(exit_code=0),
+// mlflow.end_run(status="FINISHED"), swanlab.finish(state="success")), as failed when the trainer
+// stops on an error (exit_code=1, FAILED, crashed), and as killed when Tessera dies without a word
+// (its input just ends: exit_code=1, KILLED, crashed), as verl's runs are left when they crash.
 //
 // The interpreter is $TESSERA_LOGGER_PYTHON, else python3: the one where the library and its
-// credentials (WANDB_API_KEY, `wandb login`, ...) are. The library's own output goes to stderr.
+// credentials (WANDB_API_KEY, `wandb login`, ...) are. The library's own output goes to stderr; the
+// process ignores SIGINT (an interrupted trainer ends the run itself).
 // Failures, one line each naming the backend: the library does not import or its init fails (at
 // start, before the first step); the process dies during the run (at the next step's log; the run
 // stops rather than losing metrics quietly).
@@ -47,16 +51,19 @@ class PythonTracker final : public MetricLogger {
   /// Starts the backend's process and waits (up to `start_timeout`) until its run is open.
   static Result<std::unique_ptr<PythonTracker>> open(const std::string& backend, const TrackerRun& run,
                                                      std::chrono::milliseconds start_timeout = std::chrono::minutes(5));
-  /// Finishes the run: closes the process's input and waits for it to exit (the library uploads
-  /// what it still holds), at most a few minutes.
+  /// Waits for the process to finish its run (the library uploads what it still holds), at most a
+  /// few minutes; without a finish() first the run is left as killed.
   ~PythonTracker() override;
   Status log(const Metrics& metrics, int64_t step) override;
+  /// Tells the process how the run ended and closes its input; the destructor waits for it.
+  void finish(bool ok) override;
 
  private:
   struct Child;
   PythonTracker(std::string backend, std::unique_ptr<Child> child);
   std::string backend_;
   std::unique_ptr<Child> child_;
+  bool ended_ = false;
 };
 
 /// One JSON line {"step": N, "data": {...}} with non-finite values as Python's json module reads

@@ -184,6 +184,12 @@ Status FSDPSFTTrainer::load_checkpoint() {
 }
 
 Status FSDPSFTTrainer::fit() {
+  Status st = fit_loop();
+  state_->tracking->finish(st.ok());  // the trackers' runs: finished or failed
+  return st;
+}
+
+Status FSDPSFTTrainer::fit_loop() {
   State& s = *state_;
   TESSERA_RETURN_IF_ERROR(load_checkpoint());
   TESSERA_RETURN_IF_ERROR(s.tracking->start_at(global_step_ > 0 ? global_step_ : -1));

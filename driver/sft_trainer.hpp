@@ -70,6 +70,7 @@ class FSDPSFTTrainer {
   FSDPSFTTrainer() = default;
   Status save_checkpoint();
   Status load_checkpoint();
+  Status fit_loop();  // fit() less the loggers' finish
   Status log_step(int64_t step, const Metrics& metrics);
   void announce() const;  // the start-up summary on the console stream
 

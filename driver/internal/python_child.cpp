@@ -62,19 +62,19 @@ void kill_child(PythonChild& child) {
   child = PythonChild{};
 }
 
-bool finish_child(PythonChild& child, std::chrono::milliseconds grace) {
+std::optional<int> finish_child(PythonChild& child, std::chrono::milliseconds grace) {
   if (child.in >= 0) {
     ::close(child.in);
     child.in = -1;
   }
-  bool clean = false;
+  std::optional<int> exit_status;
   if (child.pid > 0) {
     const auto deadline = Clock::now() + grace;
     for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(100))) {
       int status = 0;
       const pid_t done = ::waitpid(child.pid, &status, WNOHANG);
       if (done == child.pid) {
-        clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (WIFEXITED(status)) exit_status = WEXITSTATUS(status);
         child.pid = -1;
         break;
       }
@@ -84,7 +84,7 @@ bool finish_child(PythonChild& child, std::chrono::milliseconds grace) {
     }
   }
   kill_child(child);
-  return clean;
+  return exit_status;
 }
 
 Result<std::string> read_line(PythonChild& child, Clock::time_point deadline) {

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,8 @@ Result<PythonChild> spawn_python(const std::string& python, const std::string& s
 void kill_child(PythonChild& child);
 
 /// Closes the child's stdin (its end-of-input), waits up to `grace` for it to exit, then kills
-/// it. Returns whether it exited by itself with status 0.
-bool finish_child(PythonChild& child, std::chrono::milliseconds grace);
+/// it. Returns its exit status, or nullopt when it had to be killed (or had no exit status).
+std::optional<int> finish_child(PythonChild& child, std::chrono::milliseconds grace);
 
 /// The next line of `child`'s stdout (without the newline), waiting until `deadline`: timeout,
 /// or unavailable when the child closed its stdout (exited).

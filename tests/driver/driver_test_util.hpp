@@ -38,12 +38,12 @@ inline std::string tessera_python() {
   return py != nullptr ? py : "";
 }
 
-/// Sets an environment variable for one scope, restoring what was there.
+/// Sets (or, with nullopt, unsets) an environment variable for one scope, restoring what was there.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
+    value ? ::setenv(name, value->c_str(), 1) : ::unsetenv(name);
   }
   ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
   ScopedEnv(const ScopedEnv&) = delete;

@@ -112,6 +112,8 @@ class Settings:
     def __repr__(self):
         return "Settings(" + ", ".join(f"{k}={v}" for k, v in sorted(self.kwargs.items())) + ")"
 def init(**kwargs):
+    print("wandb prints")
+    os.system("echo a program wandb starts prints too")  # fd 1 is not the protocol's
     _rec("wandb.init", **kwargs)
 def log(data, step):
     _rec("wandb.log", data=data, step=step)
@@ -132,8 +134,8 @@ def log_params(params):
     _rec("mlflow.log_params", params=params)
 def log_metrics(metrics, step):
     _rec("mlflow.log_metrics", metrics=metrics, step=step)
-def end_run():
-    _rec("mlflow.end_run")
+def end_run(status="FINISHED"):
+    _rec("mlflow.end_run", status=status)
 )PY");
   dir.write("fake/swanlab.py", record + R"PY(
 def login(key):
@@ -142,8 +144,8 @@ def init(**kwargs):
     _rec("swanlab.init", **kwargs)
 def log(data, step):
     _rec("swanlab.log", data=data, step=step)
-def finish():
-    _rec("swanlab.finish")
+def finish(state="success", error=None):
+    _rec("swanlab.finish", state=state, error=error)
 )PY");
 }
 
@@ -157,13 +159,18 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
   testing::ScopedEnv python("TESSERA_LOGGER_PYTHON", "python3");
   testing::ScopedEnv mlflow_uri("MLFLOW_TRACKING_URI", "sqlite:///runs.db");
   testing::ScopedEnv swan_key("SWANLAB_API_KEY", "k123");
+  testing::ScopedEnv swan_dir("SWANLAB_LOG_DIR", std::nullopt);
+  testing::ScopedEnv swan_mode("SWANLAB_MODE", std::nullopt);
   const TrackerRun run{"proj", "exp", {{"trainer", {{"wandb_proxy", "http://proxy:3128"}}}, {"a", {{"b", {10, 20}}}}}};
   {
-    auto t = Tracking::create({"wandb", "mlflow", "swanlab"}, dir.path(), stdout, dir.path() / "tb", &run);
+    auto t = Tracking::create({"wandb", "mlflow", "swanlab", "wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
     ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "calls.jsonl")) << "a run opened before the trainer started";
+    ASSERT_TRUE(t->start_at(-1).ok());
     ASSERT_TRUE(t->log({{"critic/score/mean", 0.5}, {"actor/kl", NAN}, {"val-core/acc@4", 1.0}}, 1).ok());
     ASSERT_TRUE(t->log({{"critic/score/mean", 0.75}}, 2).ok());
-  }  // finishes every run
+    t->finish(true);
+  }  // waits for every run to finish
   std::vector<json> calls = read_lines(dir.path() / "calls.jsonl");
   std::map<std::string, std::vector<json>> by_lib;
   for (const json& c : calls) by_lib[c[0].get<std::string>().substr(0, c[0].get<std::string>().find('.'))].push_back(c);
@@ -178,7 +185,7 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
   EXPECT_EQ(wandb[1][1]["step"], 1);
   EXPECT_EQ(wandb[1][1]["data"], json({{"actor/kl", "nan"}, {"critic/score/mean", 0.5}, {"val-core/acc@4", 1.0}}));
   EXPECT_EQ(wandb[2][1]["step"], 2);
-  EXPECT_EQ(wandb[3], json::parse(R"(["wandb.finish", {"exit_code": 0}])"));
+  EXPECT_EQ(wandb[3], json::parse(R"(["wandb.finish", {"exit_code": 0}])"));  // one run: the name twice
 
   const std::vector<json>& mlflow = by_lib["mlflow"];
   ASSERT_EQ(mlflow.size(), 7u) << json(calls).dump();
@@ -189,7 +196,7 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
                                           {"a/b/0", 10}, {"a/b/1", 20}}));
   EXPECT_EQ(mlflow[4][1]["metrics"], json({{"actor/kl", "nan"}, {"critic/score/mean", 0.5}, {"val-core/acc_at_4", 1.0}}));
   EXPECT_EQ(mlflow[4][1]["step"], 1);
-  EXPECT_EQ(mlflow[6][0], "mlflow.end_run");
+  EXPECT_EQ(mlflow[6], json::parse(R"(["mlflow.end_run", {"status": "FINISHED"}])"));
 
   const std::vector<json>& swanlab = by_lib["swanlab"];
   ASSERT_EQ(swanlab.size(), 5u) << json(calls).dump();
@@ -201,7 +208,43 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
   EXPECT_EQ(swanlab[1][1]["logdir"], "swanlog");
   EXPECT_EQ(swanlab[1][1]["mode"], "cloud");
   EXPECT_EQ(swanlab[3][1]["step"], 2);
-  EXPECT_EQ(swanlab[4][0], "swanlab.finish");
+  EXPECT_EQ(swanlab[4], json::parse(R"(["swanlab.finish", {"state": "success", "error": null}])"));
+}
+
+// A run the trainer ends on an error is left failed; one whose trainer dies without a word (the
+// process's input just ends) is left killed, as verl's crashed runs are.
+TEST(Logger, PythonTrackerRunsEndFailedOrKilled) {
+  testing::TempDir dir("tracker_ends");
+  write_fake_trackers(dir);
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+  testing::ScopedEnv python("TESSERA_LOGGER_PYTHON", "python3");
+  const TrackerRun run{"proj", "exp", json::object()};
+  {
+    testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "failed.jsonl").string());
+    auto t = Tracking::create({"wandb", "mlflow", "swanlab"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(t->log({{"x", 1.0}}, 1).ok());
+  }  // no finish(true): the Tracking ends its runs as failed
+  std::vector<json> failed = read_lines(dir.path() / "failed.jsonl");
+  ASSERT_GE(failed.size(), 3u);
+  std::vector<json> ends;
+  for (const json& c : failed) {
+    if (c[0] == "wandb.finish" || c[0] == "mlflow.end_run" || c[0] == "swanlab.finish") ends.push_back(c);
+  }
+  ASSERT_EQ(ends.size(), 3u) << json(failed).dump();
+  for (const json& c : ends) {
+    if (c[0] == "wandb.finish") EXPECT_EQ(c[1]["exit_code"], 1);
+    if (c[0] == "mlflow.end_run") EXPECT_EQ(c[1]["status"], "FAILED");
+    if (c[0] == "swanlab.finish") EXPECT_EQ(c[1]["state"], "crashed");
+  }
+  {
+    testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "killed.jsonl").string());
+    auto tracker = PythonTracker::open("mlflow", run);
+    ASSERT_TRUE(tracker.ok()) << tracker.status().to_string();
+  }  // no finish at all: its input ends
+  std::vector<json> killed = read_lines(dir.path() / "killed.jsonl");
+  ASSERT_FALSE(killed.empty());
+  EXPECT_EQ(killed.back(), json::parse(R"(["mlflow.end_run", {"status": "KILLED"}])"));
 }
 
 // A library that is not installed, or whose run does not open, stops the start with one line naming
@@ -212,21 +255,31 @@ TEST(Logger, PythonTrackerFailuresAreOneLineNamingTheBackend) {
   testing::ScopedEnv python("TESSERA_LOGGER_PYTHON", "python3");
   const TrackerRun run{"proj", "exp", json::object()};
   {
-    write_fake_trackers(dir, "raise ModuleNotFoundError(\"No module named 'wandb'\")\n");
+    write_fake_trackers(dir, "raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n");
     testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
     auto t = Tracking::create({"wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
-    ASSERT_FALSE(t.ok());
-    const std::string m = t.status().message();
+    ASSERT_TRUE(t.ok()) << t.status().to_string();  // opened when the trainer starts
+    const Status st = t->start_at(-1);
+    ASSERT_FALSE(st.ok());
+    const std::string m = st.message();
     EXPECT_EQ(m.rfind("trainer.logger: wandb: ModuleNotFoundError: No module named 'wandb' (install it for python3", 0), 0u)
         << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
   {
+    // A dependency of the library that is missing is its own error, without the install hint.
+    write_fake_trackers(dir, "raise ModuleNotFoundError(\"No module named 'pydantic'\", name='pydantic')\n");
+    testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+    auto t = Tracking::create({"wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->log({{"x", 1.0}}, 1).message(), "trainer.logger: wandb: ModuleNotFoundError: No module named 'pydantic'");
+  }
+  {
     write_fake_trackers(dir, "def init(**kwargs):\n    raise RuntimeError('api key rejected')\n");
     testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
     auto t = Tracking::create({"wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
-    ASSERT_FALSE(t.ok());
-    EXPECT_EQ(t.status().message(), "trainer.logger: wandb: RuntimeError: api key rejected");
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->start_at(-1).message(), "trainer.logger: wandb: RuntimeError: api key rejected");
   }
   {
     write_fake_trackers(dir, "def log(data, step):\n    os._exit(3)\n");

@@ -16,10 +16,11 @@ namespace {
 using nlohmann::json;
 
 const char* kRewardFile = R"PY(
-import threading
+import os, threading
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
     print("a user's print goes to stderr, not into the protocol")
+    os.system("echo so does a program it starts")
     if solution_str == "boom":
         raise ValueError("cannot parse")
     if solution_str == "slow":
