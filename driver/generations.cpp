@@ -93,7 +93,7 @@ std::vector<size_t> numpy_shuffled_order(size_t n, uint32_t seed) {
   return order;
 }
 
-std::vector<std::string> val_generation_lines(const Generations& g, int64_t n) {
+std::vector<GenerationSample> val_generation_samples(const Generations& g, int64_t n) {
   if (n <= 0) return {};
   std::vector<size_t> by_input(g.inputs.size());
   std::iota(by_input.begin(), by_input.end(), size_t{0});
@@ -101,11 +101,19 @@ std::vector<std::string> val_generation_lines(const Generations& g, int64_t n) {
   // points; UTF-8 byte order is the same order).
   std::stable_sort(by_input.begin(), by_input.end(), [&](size_t a, size_t b) { return g.inputs[a] < g.inputs[b]; });
   const std::vector<size_t> order = numpy_shuffled_order(by_input.size(), 42);
-  std::vector<std::string> lines;
+  std::vector<GenerationSample> samples;
   for (size_t k = 0; k < order.size() && static_cast<int64_t>(k) < n; ++k) {
     const size_t i = by_input[order[k]];
-    lines.push_back(fmt::format("[validation sample {}] score={}\n[input] {}\n[output] {}", k + 1, g.scores[i],
-                                g.inputs[i], g.outputs[i]));
+    samples.push_back({g.inputs[i], g.outputs[i], g.scores[i]});
+  }
+  return samples;
+}
+
+std::vector<std::string> val_generation_lines(const Generations& g, int64_t n) {
+  std::vector<std::string> lines;
+  for (const GenerationSample& s : val_generation_samples(g, n)) {
+    lines.push_back(fmt::format("[validation sample {}] score={}\n[input] {}\n[output] {}", lines.size() + 1, s.score,
+                                s.input, s.output));
   }
   return lines;
 }

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "driver/logger.hpp"
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
 #include "workers/tokenizer/tokenizer.hpp"
@@ -45,7 +46,10 @@ Status dump_generations(const Generations& g, int64_t step, const std::filesyste
 /// rejection sampling), so sample choices match verl's.
 std::vector<size_t> numpy_shuffled_order(size_t n, uint32_t seed);
 
-/// Console lines for the first `n` samples verl would log (see the header comment).
+/// The first `n` samples verl would log (see the header comment), in its order.
+std::vector<GenerationSample> val_generation_samples(const Generations& g, int64_t n);
+
+/// Console lines for those samples.
 std::vector<std::string> val_generation_lines(const Generations& g, int64_t n);
 
 }  // namespace tessera::driver

@@ -208,6 +208,16 @@ Status Tracking::start_at(int64_t step) {
   return Status();
 }
 
+Status Tracking::log_generations(const std::vector<GenerationSample>& samples, int64_t step) {
+  TESSERA_RETURN_IF_ERROR(open_python_trackers());
+  Status first;
+  for (auto& l : loggers_) {
+    Status st = l->log_generations(samples, step);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
 void Tracking::finish(bool ok) {
   if (finished_) return;
   finished_ = true;

@@ -33,6 +33,12 @@
 
 namespace tessera::driver {
 
+/// One validation sample as verl's ValidationGenerationsLogger logs it: (input, output, score).
+struct GenerationSample {
+  std::string input, output;
+  double score = 0;
+};
+
 /// One logging backend.
 class MetricLogger {
  public:
@@ -41,6 +47,9 @@ class MetricLogger {
   virtual Status log(const Metrics& metrics, int64_t step) = 0;
   /// The run continues after `step` (a resume), or starts afresh when `step` < 0.
   virtual Status start_at(int64_t step) { return Status(); }
+  /// trainer.log_val_generations: the samples of the validation at `step`, for the backends that
+  /// keep them (verl's wandb table, swanlab table, mlflow artifact); the others ignore them.
+  virtual Status log_generations(const std::vector<GenerationSample>& samples, int64_t step) { return Status(); }
   /// The run is over: `ok` false when it stopped on an error. No log() after it.
   virtual void finish(bool ok) {}
 };
@@ -111,6 +120,8 @@ class Tracking {
   Status log(const Metrics& metrics, int64_t step);
   /// Tells every backend where the run starts: after `step` when resumed, < 0 when fresh.
   Status start_at(int64_t step);
+  /// Validation samples to every backend that keeps them (MetricLogger::log_generations).
+  Status log_generations(const std::vector<GenerationSample>& samples, int64_t step);
   /// Ends every backend's run, as finished (`ok`) or failed; the Python backends all finish at
   /// once, each waited for when the Tracking goes. Later calls do nothing.
   void finish(bool ok);

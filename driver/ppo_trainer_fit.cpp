@@ -278,6 +278,9 @@ Result<Metrics> RayPPOTrainer::validate() {
       }
       std::fflush(options_.console);
     }
+    if (s.log_val_generations > 0 && s.tracking) {  // verl's ValidationGenerationsLogger
+      TESSERA_RETURN_IF_ERROR(s.tracking->log_generations(val_generation_samples(g, s.log_val_generations), global_steps_));
+    }
   }
   TESSERA_ASSIGN_OR_RETURN(ValidationMetrics vm, process_validation_metrics(data_sources, inputs, infos));
   return validation_metric_dict(vm);

@@ -57,6 +57,14 @@ try:
         settings = wandb.Settings(https_proxy=proxy) if proxy else None
         wandb.init(project=project, name=experiment, config=config, settings=settings)
         log = lambda data, step: wandb.log(data=data, step=step)
+        table = None
+        def log_generations(samples, step):  # verl: one table, a row per validation, re-logged whole
+            global table
+            columns = ["step"] + sum([[f"input_{i + 1}", f"output_{i + 1}", f"score_{i + 1}"]
+                                      for i in range(len(samples))], [])
+            table = wandb.Table(columns=columns, data=table.data if table is not None else None)
+            table.add_data(step, *[x for sample in samples for x in sample])
+            wandb.log({"val/generations": table}, step=step)
         finish = lambda: wandb.finish(exit_code=0 if how == "finished" else 1)
     elif backend == "mlflow":
         import mlflow
@@ -66,6 +74,13 @@ try:
         mlflow.log_params(flatten(config, "", {}))
         log = lambda data, step: mlflow.log_metrics(metrics={k.replace("@", "_at_"): v for k, v in data.items()},
                                                     step=step)
+        def log_generations(samples, step):
+            import tempfile
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, f"val_step{step}.json")
+                with open(path, "w") as f:
+                    json.dump([{"input": i, "output": o, "score": s} for i, o, s in samples], f)
+                mlflow.log_artifact(path)
         finish = lambda: mlflow.end_run(status={"finished": "FINISHED", "failed": "FAILED"}.get(how, "KILLED"))
     elif backend == "swanlab":
         import swanlab
@@ -74,6 +89,10 @@ try:
         swanlab.init(project=project, experiment_name=experiment, config={"FRAMEWORK": "verl", **config},
                      logdir=os.environ.get("SWANLAB_LOG_DIR", "swanlog"), mode=os.environ.get("SWANLAB_MODE", "cloud"))
         log = lambda data, step: swanlab.log(data, step=step)
+        def log_generations(samples, step):
+            t = swanlab.echarts.Table()
+            t.add(headers=["step", "input", "output", "score"], rows=[[step, *sample] for sample in samples])
+            swanlab.log({"val/generations": t}, step=step)
         finish = lambda: swanlab_finish("success" if how == "finished" else "crashed")
     else:
         raise ValueError(f"unknown backend {backend}")
@@ -90,7 +109,10 @@ for line in requests:
     if "end" in row:
         how = "finished" if row["end"] == 0 else "failed"
         break
-    log(row["data"], row["step"])
+    if "generations" in row:
+        log_generations(row["generations"], row["step"])
+    else:
+        log(row["data"], row["step"])
 finish()
 )PY";
 
@@ -169,6 +191,20 @@ PythonTracker::~PythonTracker() {
     std::fprintf(stderr, "warning: trainer.logger: %s exited with status %d while finishing its run (its output is "
                  "above)\n", backend_.c_str(), *status);
   }
+}
+
+Status PythonTracker::log_generations(const std::vector<GenerationSample>& samples, int64_t step) {
+  json rows = json::array();
+  for (const GenerationSample& s : samples) {
+    rows.push_back({s.input, s.output, std::isfinite(s.score) ? json(s.score) : json(nullptr)});
+  }
+  const std::string line =
+      json{{"step", step}, {"generations", rows}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  constexpr auto kWriteTimeout = std::chrono::minutes(5);
+  Status st = internal::write_all(*child_, line, Clock::now() + kWriteTimeout);
+  if (st.ok()) return st;
+  return make_error(ErrorCode::unavailable, "trainer.logger: {}: the validation samples of step {} were not logged: {}",
+                    backend_, step, st.message());
 }
 
 void PythonTracker::finish(bool ok) {

@@ -10,7 +10,10 @@
 //   swanlab  swanlab.login($SWANLAB_API_KEY) when set, swanlab.init(project, experiment_name,
 //            config={"FRAMEWORK": "verl", ...}, logdir=$SWANLAB_LOG_DIR or swanlog,
 //            mode=$SWANLAB_MODE or cloud)
-// then logs each step's metrics (non-finite values as NaN / inf) with step=, and at the end
+// then logs each step's metrics (non-finite values as NaN / inf) with step=, the validation samples
+// of trainer.log_val_generations as verl's ValidationGenerationsLogger does (wandb: the table
+// val/generations, a row per validation with every sample's input, output and score; swanlab: an
+// echarts table; mlflow: an artifact val_step<N>.json), and at the end
 // finishes the run: as finished when the trainer ends it so (finish(true): wandb.finish(exit_code=0),
 // mlflow.end_run(status="FINISHED"), swanlab.finish(state="success")), as failed when the trainer
 // stops on an error (exit_code=1, FAILED, crashed), and as killed when Tessera dies without a word
@@ -55,6 +58,7 @@ class PythonTracker final : public MetricLogger {
   /// few minutes; without a finish() first the run is left as killed.
   ~PythonTracker() override;
   Status log(const Metrics& metrics, int64_t step) override;
+  Status log_generations(const std::vector<GenerationSample>& samples, int64_t step) override;
   /// Tells the process how the run ended and closes its input; the destructor waits for it.
   void finish(bool ok) override;
 

@@ -101,6 +101,15 @@ def _plain(v):
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     return v
+class _Table:  # wandb.Table and swanlab.echarts.Table, as what was put in them
+    def __init__(self, columns=None, data=None):
+        self.columns, self.data = columns, [list(r) for r in (data or [])]
+    def add_data(self, *row):
+        self.data.append(list(row))
+    def add(self, headers, rows):
+        self.columns, self.data = headers, rows
+def _values(data):
+    return {k: {"columns": v.columns, "data": v.data} if isinstance(v, _Table) else v for k, v in data.items()}
 def _rec(_call, **kwargs):
     with open(os.environ["FAKE_TRACKER_LOG"], "a") as f:
         f.write(json.dumps([_call, _plain(kwargs)], default=repr) + "\n")
@@ -115,8 +124,9 @@ def init(**kwargs):
     print("wandb prints")
     os.system("echo a program wandb starts prints too")  # fd 1 is not the protocol's
     _rec("wandb.init", **kwargs)
+Table = _Table
 def log(data, step):
-    _rec("wandb.log", data=data, step=step)
+    _rec("wandb.log", data=_values(data), step=step)
 def finish(exit_code=None):
     _rec("wandb.finish", exit_code=exit_code)
 )PY" + extra);
@@ -134,6 +144,8 @@ def log_params(params):
     _rec("mlflow.log_params", params=params)
 def log_metrics(metrics, step):
     _rec("mlflow.log_metrics", metrics=metrics, step=step)
+def log_artifact(path):
+    _rec("mlflow.log_artifact", name=os.path.basename(path), content=json.load(open(path)))
 def end_run(status="FINISHED"):
     _rec("mlflow.end_run", status=status)
 )PY");
@@ -142,8 +154,10 @@ def login(key):
     _rec("swanlab.login", key=key)
 def init(**kwargs):
     _rec("swanlab.init", **kwargs)
+class echarts:
+    Table = _Table
 def log(data, step):
-    _rec("swanlab.log", data=data, step=step)
+    _rec("swanlab.log", data=_values(data), step=step)
 def finish(state="success", error=None):
     _rec("swanlab.finish", state=state, error=error)
 )PY");
@@ -169,11 +183,47 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
     ASSERT_TRUE(t->start_at(-1).ok());
     ASSERT_TRUE(t->log({{"critic/score/mean", 0.5}, {"actor/kl", NAN}, {"val-core/acc@4", 1.0}}, 1).ok());
     ASSERT_TRUE(t->log({{"critic/score/mean", 0.75}}, 2).ok());
+    ASSERT_TRUE(t->log_generations({{"1+1=", "2", 1.0}, {"2+2=", "5", 0.0}}, 2).ok());
+    ASSERT_TRUE(t->log_generations({{"1+1=", "2", 1.0}, {"2+2=", "4", 1.0}}, 3).ok());
     t->finish(true);
   }  // waits for every run to finish
   std::vector<json> calls = read_lines(dir.path() / "calls.jsonl");
   std::map<std::string, std::vector<json>> by_lib;
   for (const json& c : calls) by_lib[c[0].get<std::string>().substr(0, c[0].get<std::string>().find('.'))].push_back(c);
+
+  // Validation samples as verl's ValidationGenerationsLogger: wandb's table gains a row per
+  // validation, swanlab gets a table per validation, mlflow an artifact per validation.
+  const json wandb_table = json::parse(R"({"columns": ["step", "input_1", "output_1", "score_1", "input_2", "output_2",
+      "score_2"], "data": [[2, "1+1=", "2", 1.0, "2+2=", "5", 0.0], [3, "1+1=", "2", 1.0, "2+2=", "4", 1.0]]})");
+  std::vector<json> generation_calls;
+  for (auto& [lib, lib_calls] : by_lib) {
+    for (auto it = lib_calls.begin(); it != lib_calls.end();) {
+      const json& args = (*it)[1];
+      const bool generations = (args.contains("data") && args["data"].contains("val/generations")) ||
+                               (*it)[0] == "mlflow.log_artifact";
+      if (generations) {
+        generation_calls.push_back(*it);
+        it = lib_calls.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  ASSERT_EQ(generation_calls.size(), 6u) << json(calls).dump();
+  for (const json& c : generation_calls) {
+    if (c[0] == "wandb.log" && c[1]["step"] == 3) {
+      EXPECT_EQ(c[1]["data"]["val/generations"], wandb_table);
+    }
+    if (c[0] == "swanlab.log" && c[1]["step"] == 2) {
+      EXPECT_EQ(c[1]["data"]["val/generations"],
+                json::parse(R"({"columns": ["step", "input", "output", "score"],
+                                "data": [[2, "1+1=", "2", 1.0], [2, "2+2=", "5", 0.0]]})"));
+    }
+    if (c[0] == "mlflow.log_artifact" && c[1]["name"] == "val_step3.json") {
+      EXPECT_EQ(c[1]["content"], json::parse(R"([{"input": "1+1=", "output": "2", "score": 1.0},
+                                                  {"input": "2+2=", "output": "4", "score": 1.0}])"));
+    }
+  }
 
   const std::vector<json>& wandb = by_lib["wandb"];
   ASSERT_EQ(wandb.size(), 4u) << json(calls).dump();
@@ -233,9 +283,13 @@ TEST(Logger, PythonTrackerRunsEndFailedOrKilled) {
   }
   ASSERT_EQ(ends.size(), 3u) << json(failed).dump();
   for (const json& c : ends) {
-    if (c[0] == "wandb.finish") EXPECT_EQ(c[1]["exit_code"], 1);
-    if (c[0] == "mlflow.end_run") EXPECT_EQ(c[1]["status"], "FAILED");
-    if (c[0] == "swanlab.finish") EXPECT_EQ(c[1]["state"], "crashed");
+    if (c[0] == "wandb.finish") {
+      EXPECT_EQ(c[1]["exit_code"], 1);
+    } else if (c[0] == "mlflow.end_run") {
+      EXPECT_EQ(c[1]["status"], "FAILED");
+    } else {
+      EXPECT_EQ(c[1]["state"], "crashed");
+    }
   }
   {
     testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "killed.jsonl").string());
