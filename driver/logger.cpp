@@ -208,14 +208,19 @@ Status Tracking::start_at(int64_t step) {
   return Status();
 }
 
-Status Tracking::log_generations(const std::vector<GenerationSample>& samples, int64_t step) {
+template <class Call>
+Status Tracking::each_logger(Call call) {
   TESSERA_RETURN_IF_ERROR(open_python_trackers());
   Status first;
   for (auto& l : loggers_) {
-    Status st = l->log_generations(samples, step);
+    Status st = call(*l);
     if (first.ok() && !st.ok()) first = st;
   }
   return first;
+}
+
+Status Tracking::log_generations(const std::vector<GenerationSample>& samples, int64_t step) {
+  return each_logger([&](MetricLogger& l) { return l.log_generations(samples, step); });
 }
 
 void Tracking::finish(bool ok) {
@@ -226,13 +231,7 @@ void Tracking::finish(bool ok) {
 }
 
 Status Tracking::log(const Metrics& metrics, int64_t step) {
-  TESSERA_RETURN_IF_ERROR(open_python_trackers());
-  Status first;
-  for (auto& l : loggers_) {
-    Status st = l->log(metrics, step);
-    if (first.ok() && !st.ok()) first = st;
-  }
-  return first;
+  return each_logger([&](MetricLogger& l) { return l.log(metrics, step); });
 }
 
 std::vector<std::string> run_summary_lines(const RunSummary& s) {

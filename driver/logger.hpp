@@ -130,6 +130,10 @@ class Tracking {
 
  private:
   Status open_python_trackers();
+  /// Opens the pending Python backends, then calls `call` on every backend; the first error
+  /// after all were tried.
+  template <class Call>
+  Status each_logger(Call call);
   std::vector<std::unique_ptr<MetricLogger>> loggers_;
   std::vector<std::string> pending_;        ///< Python backends not opened yet.
   std::shared_ptr<const TrackerRun> run_;  ///< What they open their run with.

@@ -17,16 +17,10 @@ using internal::Clock;
 using internal::first_line;
 
 // The child: imports the user's file, then answers one JSON line per request line. The protocol
-// keeps private copies of the pipes (os.dup: not inherited); fd 1 becomes stderr and fd 0
-// /dev/null, so the user's prints, and whatever their code starts, stay out of it.
+// keeps private copies of the pipes (internal::kProtocolPipes), so the user's prints, and whatever
+// their code starts, stay out of it.
 constexpr const char* kChildScript = R"PY(
-import importlib.util, json, os, sys, traceback
-proto, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0))
-os.dup2(2, 1)
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-sys.stdout = sys.stderr
+import importlib.util, traceback
 path, name, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 try:
     spec = importlib.util.spec_from_file_location("tessera_custom_reward", path)

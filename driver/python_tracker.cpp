@@ -19,18 +19,10 @@ using internal::Clock;
 
 // The backend's process: reads the config (one JSON line), opens the run as verl's Tracking does,
 // answers {"ready": true} (or {"fatal": ...}), then logs one step per input line and finishes the
-// run at end of input. The library's prints go to stderr so that stdout carries only the answer.
+// run at end of input. After internal::kProtocolPipes: the library's output goes to stderr.
 constexpr const char* kTrackerScript = R"PY(
-import json, os, signal, sys
+import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it ends the run with "end"
-# The protocol keeps private copies of the pipes (os.dup: not inherited); fd 1 becomes stderr and fd 0
-# /dev/null, so that nothing the library starts can write into the answers or read the requests.
-proto, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0))
-os.dup2(2, 1)
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-sys.stdout = sys.stderr
 backend, project, experiment = sys.argv[1], sys.argv[2], sys.argv[3]
 
 def flatten(x, prefix, out):  # verl's mlflow params: lists as dicts, then pandas.json_normalize(sep="/")

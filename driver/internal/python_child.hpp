@@ -26,7 +26,21 @@ struct PythonChild {
   std::string buffer;  ///< Bytes read from `out` past the last line returned.
 };
 
-/// Starts `python -u -c script args...` with the parent's environment; the parent's end of its
+/// The first lines of every child script: the protocol keeps private copies of the pipes
+/// (`proto` to write answers to, `requests` to read from; os.dup's copies are not inherited), fd 1
+/// becomes stderr and fd 0 /dev/null, so nothing the script runs or starts (a user's print, a
+/// library's subprocess) can write into the answers or read the requests. Imports json, os, sys.
+inline constexpr const char* kProtocolPipes = R"PY(
+import json, os, sys
+proto, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0))
+os.dup2(2, 1)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+sys.stdout = sys.stderr
+)PY";
+
+/// Starts `python -u -c <kProtocolPipes><script> args...` with the parent's environment; the parent's end of its
 /// stdin does not block (write_all waits with a deadline). Ignores SIGPIPE in this process (a
 /// dead child is then an error on write, not the end of Tessera). Errors name `what`.
 Result<PythonChild> spawn_python(const std::string& python, const std::string& script,
