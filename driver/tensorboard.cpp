@@ -1,7 +1,9 @@
 // TensorBoard event files (driver/tensorboard.hpp). The protobuf messages are encoded by hand:
 // four fields of tensorflow.Event (wall_time = 1, step = 2, file_version = 3, summary = 5,
-// session_log = 7), Summary.value = 1, Summary.Value {tag = 1, simple_value = 2} and
-// SessionLog.status = 1 (START = 1), in the protobuf wire format.
+// session_log = 7), Summary.value = 1, Summary.Value {tag = 1, simple_value = 2, tensor = 8,
+// metadata = 9}, SummaryMetadata.plugin_data = 1 {plugin_name = 1}, TensorProto {dtype = 1,
+// tensor_shape = 2, string_val = 8}, TensorShapeProto.dim = 2 {size = 1} and SessionLog.status = 1
+// (START = 1), in the protobuf wire format.
 #include "driver/tensorboard.hpp"
 
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <boost/crc.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +39,15 @@ void bytes_field(std::string& out, int field, const std::string& bytes) {
   key(out, field, 2);
   varint(out, bytes.size());
   out += bytes;
+}
+
+// A double as Python's str() writes it: the shortest repr, with ".0" on integral values.
+std::string python_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
 }
 
 double wall_time() {
@@ -112,6 +124,32 @@ Status TensorBoardLogger::log(const Metrics& metrics, int64_t step) {
     bytes_field(summary, 1, value);
   }
   std::string rest;
+  bytes_field(rest, 5, summary);
+  return write_event(event(step, rest));
+}
+
+Status TensorBoardLogger::log_generations(const std::vector<GenerationSample>& samples, int64_t step) {
+  // verl's log_generations_to_tensorboard: one markdown text, as SummaryWriter.add_text writes it
+  // (tag + "/text_summary", the text plugin, a DT_STRING tensor of shape [1]).
+  std::string text = fmt::format("**Generation Results - Step {}**\n\n", step);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    text += fmt::format("### Sample {}\n**Input:** {}\n\n**Output:** {}\n\n**Score:** {}\n\n---\n\n", i + 1,
+                        samples[i].input, samples[i].output, python_float(samples[i].score));
+  }
+  std::string plugin_data, metadata, dim, shape, tensor, value, summary, rest;
+  bytes_field(plugin_data, 1, "text");
+  bytes_field(metadata, 1, plugin_data);
+  key(dim, 1, 0);
+  varint(dim, 1);
+  bytes_field(shape, 2, dim);
+  key(tensor, 1, 0);
+  varint(tensor, 7);  // DT_STRING
+  bytes_field(tensor, 2, shape);
+  bytes_field(tensor, 8, text);
+  bytes_field(value, 1, "val/generations/text_summary");
+  bytes_field(value, 8, tensor);
+  bytes_field(value, 9, metadata);
+  bytes_field(summary, 1, value);
   bytes_field(rest, 5, summary);
   return write_event(event(step, rest));
 }

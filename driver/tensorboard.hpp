@@ -1,6 +1,7 @@
 // tensorboard.hpp: the `tensorboard` logger backend, written natively: TensorBoard event files
 // (TFRecord framing with masked CRC-32C, tensorflow.Event protobuf messages) holding one scalar
-// summary per metric and step. The directory is verl's: $TENSORBOARD_DIR, else
+// summary per metric and step, and trainer.log_val_generations' samples as verl's text summary
+// (val/generations). The directory is verl's: $TENSORBOARD_DIR, else
 // tensorboard_log/<trainer.project_name>/<trainer.experiment_name>. A run that resumes after step
 // N writes a SessionLog START at N + 1, so TensorBoard drops the steps a killed run logged past
 // its checkpoint (each step is then shown once).
@@ -24,6 +25,7 @@ class TensorBoardLogger final : public MetricLogger {
   ~TensorBoardLogger() override;
   Status log(const Metrics& metrics, int64_t step) override;
   Status start_at(int64_t step) override;
+  Status log_generations(const std::vector<GenerationSample>& samples, int64_t step) override;
   const std::filesystem::path& path() const { return path_; }
 
  private:

@@ -372,6 +372,7 @@ TEST(Logger, TensorBoardReadsTheEventFiles) {
     auto t = Tracking::create({"tensorboard"}, dir.path(), stdout, tb);  // resumed after step 2
     ASSERT_TRUE(t->start_at(2).ok());
     ASSERT_TRUE(t->log({{"critic/score/mean", 3.0}}, 3).ok());
+    ASSERT_TRUE(t->log_generations({{"1+1=", "2", 1.0}, {"2+2=", "5", 0.25}}, 3).ok());
   }
   std::ofstream(dir.path() / "read.py") << R"(
 import sys
@@ -381,11 +382,19 @@ acc.Reload()
 for e in acc.Scalars("critic/score/mean"):
     print(e.step, e.value)
 print("tags", sorted(acc.Tags()["scalars"]))
+for e in acc.Tensors("val/generations/text_summary"):
+    print("text", e.step, repr(e.tensor_proto.string_val[0].decode()))
 )";
   const std::string out =
       testing::run_command(fmt::format("{} {} {} 2>&1", py, (dir.path() / "read.py").string(), tb.string())).text;
   // (TensorBoard's own log line about the purge may come first.)
   EXPECT_NE(out.find("\n1 0.25\n2 0.5\n3 3.0\ntags ['actor/kl', 'critic/score/mean']\n"), std::string::npos) << out;
+  // verl's text for trainer.log_val_generations, as SummaryWriter.add_text writes it.
+  EXPECT_NE(out.find("text 3 '**Generation Results - Step 3**\\n\\n### Sample 1\\n**Input:** 1+1=\\n\\n**Output:** 2"
+                     "\\n\\n**Score:** 1.0\\n\\n---\\n\\n### Sample 2\\n**Input:** 2+2=\\n\\n**Output:** 5\\n\\n"
+                     "**Score:** 0.25\\n\\n---\\n\\n'"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Logger, ProgressBarClearsItsLineForConsoleLines) {
