@@ -210,6 +210,7 @@ Status Tracking::start_at(int64_t step) {
 
 template <class Call>
 Status Tracking::each_logger(Call call) {
+  if (finished_) return Status();  // the runs are over (e.g. a REPL validation after the last step)
   TESSERA_RETURN_IF_ERROR(open_python_trackers());
   Status first;
   for (auto& l : loggers_) {

@@ -48,7 +48,8 @@ class MetricLogger {
   /// The run continues after `step` (a resume), or starts afresh when `step` < 0.
   virtual Status start_at(int64_t step) { return Status(); }
   /// trainer.log_val_generations: the samples of the validation at `step`, for the backends that
-  /// keep them (verl's wandb table, swanlab table, mlflow artifact); the others ignore them.
+  /// keep them (verl's wandb table, swanlab table, mlflow artifact, TensorBoard text); the others
+  /// ignore them.
   virtual Status log_generations(const std::vector<GenerationSample>& samples, int64_t step) { return Status(); }
   /// The run is over: `ok` false when it stopped on an error. No log() after it.
   virtual void finish(bool ok) {}
@@ -123,7 +124,7 @@ class Tracking {
   /// Validation samples to every backend that keeps them (MetricLogger::log_generations).
   Status log_generations(const std::vector<GenerationSample>& samples, int64_t step);
   /// Ends every backend's run, as finished (`ok`) or failed; the Python backends all finish at
-  /// once, each waited for when the Tracking goes. Later calls do nothing.
+  /// once, each waited for when the Tracking goes. Later calls, and log()s after it, do nothing.
   void finish(bool ok);
   /// Adds a backend (tests, custom sinks).
   void add(std::unique_ptr<MetricLogger> logger) { loggers_.push_back(std::move(logger)); }

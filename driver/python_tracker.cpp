@@ -66,13 +66,16 @@ try:
         mlflow.log_params(flatten(config, "", {}))
         log = lambda data, step: mlflow.log_metrics(metrics={k.replace("@", "_at_"): v for k, v in data.items()},
                                                     step=step)
-        def log_generations(samples, step):
+        def log_generations(samples, step):  # as verl: a failed upload is a warning
             import tempfile
-            with tempfile.TemporaryDirectory() as tmp:
-                path = os.path.join(tmp, f"val_step{step}.json")
-                with open(path, "w") as f:
-                    json.dump([{"input": i, "output": o, "score": s} for i, o, s in samples], f)
-                mlflow.log_artifact(path)
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, f"val_step{step}.json")
+                    with open(path, "w") as f:
+                        json.dump([{"input": i, "output": o, "score": s} for i, o, s in samples], f)
+                    mlflow.log_artifact(path)
+            except Exception as e:
+                print(f"WARNING: save validation generation file to mlflow failed with error {e}")
         finish = lambda: mlflow.end_run(status={"finished": "FINISHED", "failed": "FAILED"}.get(how, "KILLED"))
     elif backend == "swanlab":
         import swanlab
@@ -186,16 +189,18 @@ PythonTracker::~PythonTracker() {
 }
 
 Status PythonTracker::log_generations(const std::vector<GenerationSample>& samples, int64_t step) {
-  json rows = json::array();
-  for (const GenerationSample& s : samples) {
-    rows.push_back({s.input, s.output, std::isfinite(s.score) ? json(s.score) : json(nullptr)});
+  const auto text = [](const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); };
+  std::string line = fmt::format("{{\"step\": {}, \"generations\": [", step);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    line += fmt::format("{}[{}, {}, {}]", i == 0 ? "" : ", ", text(samples[i].input), text(samples[i].output),
+                        number(samples[i].score));
   }
-  const std::string line =
-      json{{"step", step}, {"generations", rows}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  line += "]}\n";
   constexpr auto kWriteTimeout = std::chrono::minutes(5);
   Status st = internal::write_all(*child_, line, Clock::now() + kWriteTimeout);
   if (st.ok()) return st;
-  return make_error(ErrorCode::unavailable, "trainer.logger: {}: the validation samples of step {} were not logged: {}",
+  return make_error(ErrorCode::unavailable,
+                    "trainer.logger: {}: the validation samples of step {} were not logged: {} (its output is above)",
                     backend_, step, st.message());
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "driver/logger.hpp"
@@ -186,6 +187,7 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
     ASSERT_TRUE(t->log_generations({{"1+1=", "2", 1.0}, {"2+2=", "5", 0.0}}, 2).ok());
     ASSERT_TRUE(t->log_generations({{"1+1=", "2", 1.0}, {"2+2=", "4", 1.0}}, 3).ok());
     t->finish(true);
+    EXPECT_TRUE(t->log({{"after", 1.0}}, 4).ok());  // the runs are over: nothing more is sent
   }  // waits for every run to finish
   std::vector<json> calls = read_lines(dir.path() / "calls.jsonl");
   std::map<std::string, std::vector<json>> by_lib;
@@ -349,6 +351,25 @@ TEST(Logger, PythonTrackerFailuresAreOneLineNamingTheBackend) {
     EXPECT_EQ(failed.message().rfind("trainer.logger: wandb: step ", 0), 0u) << failed.to_string();
     EXPECT_NE(failed.message().find("the process exited"), std::string::npos) << failed.to_string();
   }
+  {
+    // As verl: a failed mlflow artifact upload is a warning, and the run still ends finished.
+    testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "artifact.jsonl").string());
+    write_fake_trackers(dir);
+    std::string mlflow = [&] {
+      std::ifstream in(dir.path() / "fake/mlflow.py");
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    dir.write("fake/mlflow.py", mlflow + "def log_artifact(path):\n    raise OSError('artifact store unreachable')\n");
+    testing::ScopedEnv path("PYTHONPATH", (dir.path() / "fake").string());
+    auto t = Tracking::create({"mlflow"}, dir.path(), stdout, dir.path() / "tb", &run);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(t->log_generations({{"1+1=", "2", NAN}}, 1).ok());
+    ASSERT_TRUE(t->log({{"x", 1.0}}, 1).ok());
+    t->finish(true);
+  }
+  std::vector<json> artifact = read_lines(dir.path() / "artifact.jsonl");
+  ASSERT_FALSE(artifact.empty());
+  EXPECT_EQ(artifact.back(), json::parse(R"(["mlflow.end_run", {"status": "FINISHED"}])"));
   EXPECT_EQ(tracker_line({{"a", 1.5}, {"b", -INFINITY}, {"c\"", NAN}}, 3),
             "{\"step\": 3, \"data\": {\"a\": 1.5, \"b\": -Infinity, \"c\\\"\": NaN}}\n");
 }
