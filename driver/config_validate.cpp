@@ -315,6 +315,11 @@ Status check_ppo_support(const nlohmann::json& cfg) {
 Status validate_ppo_config(const nlohmann::json& cfg) {
   TESSERA_RETURN_IF_ERROR(check_common(cfg));
   TESSERA_RETURN_IF_ERROR(check_ppo_support(cfg));
+  // verl's samples[:n] with n < 0 would log all but the last |n| samples: never what is meant.
+  TESSERA_ASSIGN_OR_RETURN(int64_t val_generations, config_get<int64_t>(cfg, "trainer.log_val_generations"));
+  if (val_generations < 0) {
+    return invalid(fmt::format("trainer.log_val_generations = {} must be >= 0", val_generations));
+  }
   TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "algorithm.adv_estimator",
                                        {"gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
                                         "rloo", "opo", "grpo_passk", "gpg"}));

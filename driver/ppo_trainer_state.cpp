@@ -36,10 +36,6 @@ Status read_flags(const json& cfg, State& s) {
     *out = dir.value_or("");
   }
   TESSERA_ASSIGN_OR_RETURN(s.log_val_generations, config_get<int64_t>(cfg, "trainer.log_val_generations"));
-  if (s.log_val_generations < 0) {  // verl's samples[:n] would drop the last |n| samples: never meant
-    return make_error(ErrorCode::invalid_argument, "trainer.log_val_generations = {} must be >= 0",
-                      s.log_val_generations);
-  }
   TESSERA_ASSIGN_OR_RETURN(s.profiler, StepProfiler::from_config(cfg));
   TESSERA_ASSIGN_OR_RETURN(s.use_pf_ppo, config_get<bool>(cfg, "algorithm.use_pf_ppo"));
   TESSERA_ASSIGN_OR_RETURN(s.pf_reweight_method, config_get<std::string>(cfg, "algorithm.pf_ppo.reweight_method"));
