@@ -144,6 +144,41 @@ Result<nlohmann::json> read_yaml_file(const std::filesystem::path& path) {
   return yaml_to_json(ss.str(), path.string());
 }
 
+namespace {
+
+// Hydra writes a mapping's pairs as key:value; YAML's flow mappings need key: value. Puts the space
+// after each key's colon (a key follows '{' or a ',' inside a mapping; quoted text is skipped).
+std::string hydra_flow_to_yaml(std::string_view text) {
+  std::string out;
+  std::vector<char> open;  // the brackets we are inside
+  bool at_key = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\'' || c == '"') {  // a quoted string, copied whole
+      const size_t end = text.find(c, i + 1);
+      const size_t stop = end == std::string_view::npos ? text.size() : end + 1;
+      out.append(text.substr(i, stop - i));
+      i = stop - 1;
+      at_key = false;
+      continue;
+    }
+    out.push_back(c);
+    if (c == '{' || c == '[') open.push_back(c);
+    if ((c == '}' || c == ']') && !open.empty()) open.pop_back();
+    if (c == '{' || (c == ',' && !open.empty() && open.back() == '{')) {
+      at_key = true;
+    } else if (at_key && c == ':') {
+      if (i + 1 < text.size() && text[i + 1] != ' ') out.push_back(' ');
+      at_key = false;
+    } else if (at_key && !(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == ' ')) {
+      at_key = false;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<nlohmann::json> parse_override_value(std::string_view text) {
   if (text.empty()) return nlohmann::json(std::string());
   char c = text.front();
@@ -151,7 +186,7 @@ Result<nlohmann::json> parse_override_value(std::string_view text) {
     // Flow collections and quoted strings: let YAML parse them, then type the plain scalars.
     YAML::Node node;
     try {
-      node = YAML::Load(std::string(text));
+      node = YAML::Load(hydra_flow_to_yaml(text));
     } catch (const YAML::Exception& e) {
       return make_error(ErrorCode::invalid_argument, "value '{}' does not parse: {}", text, e.msg);
     }

@@ -138,6 +138,12 @@ TEST(Config, OverrideValueParsing) {
   EXPECT_EQ(*parse_override_value("\"007\""), json("007"));
   EXPECT_EQ(*parse_override_value("[]"), json::array());
   EXPECT_EQ(*parse_override_value("{a: 1, b: [x]}"), json({{"a", 1}, {"b", {"x"}}}));
+  // Hydra's own form, without the space YAML wants after a key's colon.
+  EXPECT_EQ(*parse_override_value("{type:yarn,factor:4.0,original_max_position_embeddings:32768}"),
+            json({{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}));
+  EXPECT_EQ(*parse_override_value("{a:{b:1},c:[1,2],'d:e':'f:g',h:i:j}"),
+            json({{"a", {{"b", 1}}}, {"c", {1, 2}}, {"d:e", "f:g"}, {"h", "i:j"}}));
+  EXPECT_EQ(*parse_override_value("[{a:1},{b:x}]"), json::array({{{"a", 1}}, {{"b", "x"}}}));
   EXPECT_FALSE(parse_override_value("[1, 2").ok());
 }
 

@@ -171,7 +171,22 @@ bool ModelConfig::layer_slides(int64_t index) const {
   return model_type != "gemma2" || index % 2 == 0;  // Gemma2Config: (i + 1) % 2 slides
 }
 
-Result<ModelConfig> load_model_config(const std::string& path) {
+namespace {
+
+// verl's update_model_config: setattr for each key, recursing into mappings.
+void merge_override(json& target, const json& patch) {
+  for (const auto& [key, value] : patch.items()) {
+    if (value.is_object() && target.contains(key) && target[key].is_object()) {
+      merge_override(target[key], value);
+    } else {
+      target[key] = value;
+    }
+  }
+}
+
+}  // namespace
+
+Result<ModelConfig> load_model_config(const std::string& path, const json& override, const std::string& override_key) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return make_error(ErrorCode::not_found, "{}: no such directory", path);
   std::string file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
@@ -179,7 +194,13 @@ Result<ModelConfig> load_model_config(const std::string& path) {
   if (!in) return make_error(ErrorCode::not_found, "{}: cannot open", file);
   json j = json::parse(in, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return make_error(ErrorCode::corrupt_data, "{}: not valid JSON", file);
-  return parse_model_config(j, file);
+  if (override.is_null() || (override.is_object() && override.empty())) return parse_model_config(j, file);
+  if (!override.is_object()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected a mapping of config.json fields", override_key,
+                      override.dump());
+  }
+  merge_override(j, override);
+  return parse_model_config(j, file + " with " + override_key);
 }
 
 json model_config_to_json(const ModelConfig& c) {

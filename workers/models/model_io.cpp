@@ -21,7 +21,7 @@ struct Loaded {
 
 Result<Loaded> read_directory(const std::string& dir, const LoadOptions& options) {
   Loaded out;
-  TESSERA_ASSIGN_OR_RETURN(out.config, load_model_config(dir));
+  TESSERA_ASSIGN_OR_RETURN(out.config, load_model_config(dir, options.config_override, options.config_override_key));
   TESSERA_ASSIGN_OR_RETURN(out.entry, WeightLoaderRegistry::global().find(out.config.architecture));
   TESSERA_ASSIGN_OR_RETURN(out.checkpoint, read_safetensors_checkpoint(dir));
   auto embed = out.checkpoint.find("model.embed_tokens.weight");

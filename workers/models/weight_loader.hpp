@@ -35,6 +35,10 @@ struct LoadOptions {
   /// Where the parameters end up: each tensor is uploaded in the checkpoint's dtype and converted
   /// there (a GPU), or converted on the host. Unset: the host.
   std::optional<c10::Device> device;
+  /// model.override_config: config.json fields set over the file's (load_model_config), and the
+  /// config key that holds them, for errors.
+  nlohmann::json config_override;
+  std::string config_override_key = "override_config";
 };
 
 /// Moves `checkpoint` (read from `source`) into `model`; every parameter must end up set.

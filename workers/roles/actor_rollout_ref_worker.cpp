@@ -75,7 +75,8 @@ Status ActorRolloutRefWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(config_, parse_actor_rollout_ref_config(init_config_, context().world_size));
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
-  TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path));
+  TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path, config_.model.override_config,
+                                                                    config_.model.override_config_key));
   TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, model_config_));
   const bool split_rollout = config_.is_rollout && !config_.is_actor && config_.rollout.placement == "split";
   if (split_rollout) {
@@ -94,6 +95,8 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   const std::string fsdp_path = "actor_rollout_ref.actor.fsdp_config";
   TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.actor_fsdp_config, fsdp_path));
   models::LoadOptions load;
+  load.config_override = config_.model.override_config;
+  load.config_override_key = config_.model.override_config_key;
   load.dtype = dtype;
   load.device = device();
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
@@ -144,6 +147,8 @@ Status ActorRolloutRefWorker::build_ref() {
   const json fsdp_config = frozen_model_fsdp_config(config_.ref.fsdp_config);  // verl: the reference in bf16
   TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(fsdp_config, fsdp_path));
   models::LoadOptions load;
+  load.config_override = config_.model.override_config;
+  load.config_override_key = config_.model.override_config_key;
   load.dtype = dtype;
   load.device = device();
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));

@@ -63,6 +63,8 @@ Status CriticWorker::init_model() {
   const std::string fsdp_path = "critic.model.fsdp_config";
   TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(model_.fsdp_config, fsdp_path));
   models::LoadOptions load;
+  load.config_override = model_.override_config;
+  load.config_override_key = model_.override_config_key;
   load.dtype = dtype;
   load.score_seed = init_config_.value("seed", uint64_t{0});
   load.device = device();

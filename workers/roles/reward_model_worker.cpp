@@ -109,6 +109,8 @@ Status RewardModelWorker::init_model() {
   config_.model.fsdp_config = frozen_model_fsdp_config(config_.model.fsdp_config);  // verl: the reward model in bf16
   TESSERA_ASSIGN_OR_RETURN(c10::ScalarType dtype, fsdp_model_dtype(config_.model.fsdp_config, fsdp_path));
   models::LoadOptions load;
+  load.config_override = config_.model.override_config;
+  load.config_override_key = config_.model.override_config_key;
   load.dtype = dtype;
   load.device = device();
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_value_model(config_.model.path, load));

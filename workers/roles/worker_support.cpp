@@ -126,8 +126,12 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
   r.fail(refuse_if_set(r, "lora_rank", lora, lora.is_number() && lora.get<double>() != 0));
   const json& lib = r.nested("external_lib");
   r.fail(refuse_if_set(r, "external_lib", lib, !lib.is_null()));
-  const json& over = r.nested("override_config");
-  r.fail(refuse_if_set(r, "override_config", over, !over.is_null() && !over.empty()));
+  m.override_config = r.nested("override_config");
+  m.override_config_key = r.key_path("override_config");
+  if (!m.override_config.is_null() && !m.override_config.is_object()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected a mapping of config.json fields",
+                      m.override_config_key, m.override_config.dump());
+  }
   const json& ckpt = r.nested("enable_gradient_checkpointing");
   if (!ckpt.is_null() && !ckpt.is_boolean()) {
     return make_error(ErrorCode::invalid_argument, "{} = {}: expected true or false", r.key_path("enable_gradient_checkpointing"),

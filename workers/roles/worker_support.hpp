@@ -65,6 +65,10 @@ struct ModelSection {
   /// use_liger: on a GPU, RMSNorm, rotary and SwiGLU run as one fused kernel each way (verl applies
   /// Liger's kernels; models' Note [Fused layers]). No effect on the CPU.
   bool use_liger = false;
+  /// override_config: config.json fields set over the checkpoint's (verl's update_model_config),
+  /// and its full key for errors.
+  nlohmann::json override_config;
+  std::string override_config_key;
 };
 
 /// Parses a model block; `path` (e.g. "critic.model") prefixes errors. Unknown keys are errors.

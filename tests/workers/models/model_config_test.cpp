@@ -517,6 +517,38 @@ TEST(ModelConfig, FilesThatAreMissingOrNotJson) {
   EXPECT_NE(bad.status().message().find("not valid JSON"), std::string::npos);
 }
 
+// model.override_config over config.json, as verl's update_model_config sets it: mappings merge,
+// other values replace; what the override makes invalid names the file "with" the key.
+TEST(ModelConfig, OverrideConfigIsMergedOverTheFile) {
+  testing::TempDir dir;
+  std::ofstream(dir / "config.json") << llama_json({{"max_position_embeddings", 32768},
+                                                    {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}}})
+                                            .dump();
+  const std::string key = "actor_rollout_ref.model.override_config";
+  auto plain = load_model_config(dir.path(), nlohmann::json::object(), key);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->rope_scaling.rope_type, "linear");
+  // Qwen2.5's long context: yarn over the file's RoPE, keeping what the override leaves alone.
+  auto yarn = load_model_config(
+      dir.path(),
+      {{"rms_norm_eps", 1e-5},
+       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}}},
+      key);
+  ASSERT_TRUE(yarn.ok()) << yarn.status().to_string();
+  EXPECT_EQ(yarn->rms_norm_eps, 1e-5);
+  EXPECT_EQ(yarn->rope_scaling.rope_type, "yarn");
+  EXPECT_EQ(yarn->context_length(), 131072);
+  EXPECT_EQ(yarn->num_attention_heads, 4);  // untouched
+  auto refused = load_model_config(dir.path(), {{"attention_dropout", 0.1}}, key);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("config.json with " + key), std::string::npos) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("attention_dropout"), std::string::npos) << refused.status().to_string();
+  auto not_a_mapping = load_model_config(dir.path(), nlohmann::json::array({1}), key);
+  ASSERT_FALSE(not_a_mapping.ok());
+  EXPECT_NE(not_a_mapping.status().message().find(key + " = [1]: expected a mapping"), std::string::npos)
+      << not_a_mapping.status().to_string();
+}
+
 TEST(WeightLoaderRegistry, KnowsBuiltinsAndListsThemForUnknownNames) {
   auto& r = WeightLoaderRegistry::global();
   for (const char* a : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
