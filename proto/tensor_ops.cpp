@@ -111,9 +111,10 @@ Result<DataProto> gather_rows(const DataProto& d, const std::vector<int64_t>& id
     TensorDict batch;
     for (const auto& [key, t] : d.batch()) {
       at::Tensor on_device = index;
-      if (t.device() != index.device()) {
-        auto it = std::find_if(uploaded.begin(), uploaded.end(), [&](const auto& u) { return u.first == t.device(); });
-        if (it == uploaded.end()) it = uploaded.insert(uploaded.end(), {t.device(), upload(idx, t.device())});
+      if (const c10::Device device = t.device(); device != index.device()) {
+        // (a named copy: C++17 lambdas cannot capture the structured binding `t`; clang refuses it)
+        auto it = std::find_if(uploaded.begin(), uploaded.end(), [&](const auto& u) { return u.first == device; });
+        if (it == uploaded.end()) it = uploaded.insert(uploaded.end(), {device, upload(idx, device)});
         on_device = it->second;
       }
       batch.insert_or_assign(key, t.index_select(0, on_device));
