@@ -147,7 +147,8 @@ Result<nlohmann::json> read_yaml_file(const std::filesystem::path& path) {
 namespace {
 
 // Hydra writes a mapping's pairs as key:value; YAML's flow mappings need key: value. Puts the space
-// after each key's colon (a key follows '{' or a ',' inside a mapping; quoted text is skipped).
+// after each key's colon: a key follows '{' or a ',' inside a mapping and ends at its first ':'.
+// Quoted text (with its backslash escapes) is copied as it is.
 std::string hydra_flow_to_yaml(std::string_view text) {
   std::string out;
   std::vector<char> open;  // the brackets we are inside
@@ -155,8 +156,9 @@ std::string hydra_flow_to_yaml(std::string_view text) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (c == '\'' || c == '"') {  // a quoted string, copied whole
-      const size_t end = text.find(c, i + 1);
-      const size_t stop = end == std::string_view::npos ? text.size() : end + 1;
+      size_t end = i + 1;
+      while (end < text.size() && text[end] != c) end += text[end] == '\\' ? 2 : 1;
+      const size_t stop = std::min(end + 1, text.size());
       out.append(text.substr(i, stop - i));
       i = stop - 1;
       at_key = false;
@@ -170,7 +172,7 @@ std::string hydra_flow_to_yaml(std::string_view text) {
     } else if (at_key && c == ':') {
       if (i + 1 < text.size() && text[i + 1] != ' ') out.push_back(' ');
       at_key = false;
-    } else if (at_key && !(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == ' ')) {
+    } else if (at_key && (c == '}' || c == '[' || c == ']' || c == ',')) {
       at_key = false;
     }
   }

@@ -141,8 +141,9 @@ TEST(Config, OverrideValueParsing) {
   // Hydra's own form, without the space YAML wants after a key's colon.
   EXPECT_EQ(*parse_override_value("{type:yarn,factor:4.0,original_max_position_embeddings:32768}"),
             json({{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}));
-  EXPECT_EQ(*parse_override_value("{a:{b:1},c:[1,2],'d:e':'f:g',h:i:j}"),
-            json({{"a", {{"b", 1}}}, {"c", {1, 2}}, {"d:e", "f:g"}, {"h", "i:j"}}));
+  EXPECT_EQ(*parse_override_value("{a:{b:1},c:[1,2],d:'f:g',h:i:j,a/b:1,$x:2}"),
+            json({{"a", {{"b", 1}}}, {"c", {1, 2}}, {"d", "f:g"}, {"h", "i:j"}, {"a/b", 1}, {"$x", 2}}));
+  EXPECT_EQ(*parse_override_value(R"({a:"x\"y",b:1})"), json({{"a", "x\"y"}, {"b", 1}}));
   EXPECT_EQ(*parse_override_value("[{a:1},{b:x}]"), json::array({{{"a", 1}}, {{"b", "x"}}}));
   EXPECT_FALSE(parse_override_value("[1, 2").ok());
 }

@@ -171,21 +171,6 @@ bool ModelConfig::layer_slides(int64_t index) const {
   return model_type != "gemma2" || index % 2 == 0;  // Gemma2Config: (i + 1) % 2 slides
 }
 
-namespace {
-
-// verl's update_model_config: setattr for each key, recursing into mappings.
-void merge_override(json& target, const json& patch) {
-  for (const auto& [key, value] : patch.items()) {
-    if (value.is_object() && target.contains(key) && target[key].is_object()) {
-      merge_override(target[key], value);
-    } else {
-      target[key] = value;
-    }
-  }
-}
-
-}  // namespace
-
 Result<ModelConfig> load_model_config(const std::string& path, const json& override, const std::string& override_key) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return make_error(ErrorCode::not_found, "{}: no such directory", path);
@@ -199,7 +184,11 @@ Result<ModelConfig> load_model_config(const std::string& path, const json& overr
     return make_error(ErrorCode::invalid_argument, "{} = {}: expected a mapping of config.json fields", override_key,
                       override.dump());
   }
-  merge_override(j, override);
+  // verl's update_model_config: setattr(config, key, value) for each key. It recurses only into
+  // nested config objects, which these decoder configs do not have: a mapping such as rope_scaling
+  // is replaced whole (merging a {type: yarn} into a file's {rope_type: llama3, ...} would read
+  // as llama3).
+  for (const auto& [key, value] : override.items()) j[key] = value;
   return parse_model_config(j, file + " with " + override_key);
 }
 

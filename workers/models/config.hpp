@@ -124,9 +124,9 @@ struct ModelConfig {
 Result<ModelConfig> parse_model_config(const nlohmann::json& json, const std::string& source);
 
 /// Reads `path` (a config.json file, or a directory holding one) and parses it. A non-empty
-/// `override` object is merged over the file first, as verl's update_model_config applies
-/// model.override_config (a mapping merges into the field's mapping, anything else replaces the
-/// field); errors then name the file "with <override_key>".
+/// `override` object sets its fields over the file's first, each replacing the field whole, as
+/// verl's update_model_config applies model.override_config; errors then name the file
+/// "with <override_key>".
 Result<ModelConfig> load_model_config(const std::string& path, const nlohmann::json& override = nullptr,
                                       const std::string& override_key = "override_config");
 

@@ -77,7 +77,10 @@ Status ActorRolloutRefWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
   TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path, config_.model.override_config,
                                                                     config_.model.override_config_key));
-  TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, model_config_));
+  // The generation tokens fall back to the checkpoint's own config.json, as verl's
+  // get_generation_config reads it (without the override).
+  TESSERA_ASSIGN_OR_RETURN(models::ModelConfig file_config, models::load_model_config(config_.model.path));
+  TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, file_config));
   const bool split_rollout = config_.is_rollout && !config_.is_actor && config_.rollout.placement == "split";
   if (split_rollout) {
     TESSERA_RETURN_IF_ERROR(build_split_rollout());

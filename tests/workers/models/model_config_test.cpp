@@ -517,8 +517,8 @@ TEST(ModelConfig, FilesThatAreMissingOrNotJson) {
   EXPECT_NE(bad.status().message().find("not valid JSON"), std::string::npos);
 }
 
-// model.override_config over config.json, as verl's update_model_config sets it: mappings merge,
-// other values replace; what the override makes invalid names the file "with" the key.
+// model.override_config over config.json, as verl's update_model_config sets it: each field is
+// replaced whole (rope_scaling too); what the override makes invalid names the file "with" the key.
 TEST(ModelConfig, OverrideConfigIsMergedOverTheFile) {
   testing::TempDir dir;
   std::ofstream(dir / "config.json") << llama_json({{"max_position_embeddings", 32768},
@@ -539,6 +539,12 @@ TEST(ModelConfig, OverrideConfigIsMergedOverTheFile) {
   EXPECT_EQ(yarn->rope_scaling.rope_type, "yarn");
   EXPECT_EQ(yarn->context_length(), 131072);
   EXPECT_EQ(yarn->num_attention_heads, 4);  // untouched
+  // The file's RoPE is replaced, not merged: a legacy "type" over the file's "rope_type" is yarn.
+  auto legacy = load_model_config(
+      dir.path(), {{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}}},
+      key);
+  ASSERT_TRUE(legacy.ok()) << legacy.status().to_string();
+  EXPECT_EQ(legacy->rope_scaling.rope_type, "yarn");
   auto refused = load_model_config(dir.path(), {{"attention_dropout", 0.1}}, key);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("config.json with " + key), std::string::npos) << refused.status().to_string();
