@@ -148,13 +148,28 @@ namespace {
 
 // Hydra writes a mapping's pairs as key:value; YAML's flow mappings need key: value. Puts the space
 // after each key's colon: a key follows '{' or a ',' inside a mapping and ends at its first ':'.
-// Quoted text (with its backslash escapes) is copied as it is.
+// Quoted text (with its backslash escapes) is copied as it is; an interpolation ${...} that is a
+// whole element is single-quoted, so YAML keeps it as the string the config resolves later.
 std::string hydra_flow_to_yaml(std::string_view text) {
   std::string out;
   std::vector<char> open;  // the brackets we are inside
   bool at_key = false;
+  const auto element_starts = [&] {  // nothing but spaces since the last '[', ',' or key ':'
+    const size_t last = out.find_last_not_of(' ');
+    return last != std::string::npos && (out[last] == '[' || out[last] == ',' || out[last] == ':');
+  };
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
+    if (c == '$' && i + 1 < text.size() && text[i + 1] == '{' && !at_key && element_starts()) {
+      size_t end = i + 2;
+      for (int depth = 1; end < text.size() && depth > 0; ++end) depth += text[end] == '{' ? 1 : text[end] == '}' ? -1 : 0;
+      const size_t next = text.find_first_not_of(' ', end);
+      if (next == std::string_view::npos || text[next] == ',' || text[next] == '}' || text[next] == ']') {
+        out += "'" + std::string(text.substr(i, end - i)) + "'";
+        i = end - 1;
+        continue;
+      }
+    }
     if (c == '\'' || c == '"') {  // a quoted string, copied whole
       size_t end = i + 1;
       while (end < text.size() && text[end] != c) end += text[end] == '\\' ? 2 : 1;

@@ -144,6 +144,9 @@ TEST(Config, OverrideValueParsing) {
   EXPECT_EQ(*parse_override_value("{a:{b:1},c:[1,2],d:'f:g',h:i:j,a/b:1,$x:2}"),
             json({{"a", {{"b", 1}}}, {"c", {1, 2}}, {"d", "f:g"}, {"h", "i:j"}, {"a/b", 1}, {"$x", 2}}));
   EXPECT_EQ(*parse_override_value(R"({a:"x\"y",b:1})"), json({{"a", "x\"y"}, {"b", 1}}));
+  // An interpolation as a whole element stays the text the config resolves.
+  EXPECT_EQ(*parse_override_value("{a:${trainer.n_gpus_per_node},b:[${x.y}, 2]}"),
+            json({{"a", "${trainer.n_gpus_per_node}"}, {"b", {"${x.y}", 2}}}));
   EXPECT_EQ(*parse_override_value("[{a:1},{b:x}]"), json::array({{{"a", 1}}, {{"b", "x"}}}));
   EXPECT_FALSE(parse_override_value("[1, 2").ok());
 }
