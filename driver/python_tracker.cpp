@@ -196,12 +196,16 @@ Status PythonTracker::log_generations(const std::vector<GenerationSample>& sampl
                         number(samples[i].score));
   }
   line += "]}\n";
+  return send(line, fmt::format("the validation samples of step {} were", step));
+}
+
+Status PythonTracker::send(const std::string& line, const std::string& what) {
+  // A logger that stopped reading for this long is stuck: the run stops instead of hanging.
   constexpr auto kWriteTimeout = std::chrono::minutes(5);
   Status st = internal::write_all(*child_, line, Clock::now() + kWriteTimeout);
   if (st.ok()) return st;
-  return make_error(ErrorCode::unavailable,
-                    "trainer.logger: {}: the validation samples of step {} were not logged: {} (its output is above)",
-                    backend_, step, st.message());
+  return make_error(ErrorCode::unavailable, "trainer.logger: {}: {} not logged: {} (its output is above)", backend_,
+                    what, st.message());
 }
 
 void PythonTracker::finish(bool ok) {
@@ -216,12 +220,7 @@ void PythonTracker::finish(bool ok) {
 }
 
 Status PythonTracker::log(const Metrics& metrics, int64_t step) {
-  // A logger that stopped reading for this long is stuck: the run stops instead of hanging.
-  constexpr auto kWriteTimeout = std::chrono::minutes(5);
-  Status st = internal::write_all(*child_, tracker_line(metrics, step), Clock::now() + kWriteTimeout);
-  if (st.ok()) return st;
-  return make_error(ErrorCode::unavailable, "trainer.logger: {}: step {} was not logged: {} (its output is above)",
-                    backend_, step, st.message());
+  return send(tracker_line(metrics, step), fmt::format("step {} was", step));
 }
 
 }  // namespace tessera::driver

@@ -65,6 +65,8 @@ class PythonTracker final : public MetricLogger {
  private:
   struct Child;
   PythonTracker(std::string backend, std::unique_ptr<Child> child);
+  /// Writes one line to the process; an error names the backend and `what` ("step 3 was").
+  Status send(const std::string& line, const std::string& what);
   std::string backend_;
   std::unique_ptr<Child> child_;
   bool ended_ = false;

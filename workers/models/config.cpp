@@ -157,11 +157,7 @@ int64_t ModelConfig::context_length() const {
   const RopeScaling& r = rope_scaling;
   const auto scaled = [&](int64_t n) { return static_cast<int64_t>(static_cast<double>(n) * r.factor); };
   if (r.rope_type == "linear" || r.rope_type == "dynamic") return std::max(max_position_embeddings, scaled(max_position_embeddings));
-  if (r.rope_type == "yarn") {
-    const int64_t original = r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
-                                                                     : max_position_embeddings;
-    return std::max(max_position_embeddings, scaled(original));
-  }
+  if (r.rope_type == "yarn") return std::max(max_position_embeddings, scaled(rope_original_context()));
   return max_position_embeddings;
 }
 

@@ -113,6 +113,12 @@ struct ModelConfig {
   bool gemma_norms() const { return model_type == "gemma2"; }
   /// Whether layer `index` attends through the sliding window (see sliding_window, layer_types).
   bool layer_slides(int64_t index) const;
+  /// The pre-training context llama3 and yarn scale from: rope_scaling's
+  /// original_max_position_embeddings, HF's default max_position_embeddings.
+  int64_t rope_original_context() const {
+    return rope_scaling.original_max_position_embeddings > 0 ? rope_scaling.original_max_position_embeddings
+                                                             : max_position_embeddings;
+  }
   /// The longest sequence the model serves, as vLLM derives max_model_len: max_position_embeddings,
   /// times the factor of linear and dynamic RoPE scaling; for yarn the larger of that and
   /// original_max_position_embeddings x factor (Qwen2.5 keeps max_position_embeddings 32768 and

@@ -185,8 +185,7 @@ json rope_scaling_json(const ModelConfig& c) {
     s["high_freq_factor"] = r.high_freq_factor;
   }
   if (r.rope_type == "llama3" || r.rope_type == "yarn") {
-    s["original_max_position_embeddings"] =
-        r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : c.max_position_embeddings;
+    s["original_max_position_embeddings"] = c.rope_original_context();
   }
   if (r.rope_type == "yarn") {
     s["beta_fast"] = r.beta_fast;

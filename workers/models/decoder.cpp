@@ -77,9 +77,9 @@ namespace {
 // `1.0 / t` is t.reciprocal(), `x / t` is t.reciprocal() * x), so the frequencies agree bit for bit.
 
 // _compute_llama3_parameters on the default frequencies.
-at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& r, int64_t max_positions) {
-  const double old_context = static_cast<double>(
-      r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings : max_positions);
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const ModelConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  const double old_context = static_cast<double>(c.rope_original_context());
   const double low_freq_wavelen = old_context / r.low_freq_factor;
   const double high_freq_wavelen = old_context / r.high_freq_factor;
   at::Tensor wavelen = inv_freq.reciprocal() * (2.0 * M_PI);
@@ -91,20 +91,13 @@ at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& r, int
   return at::where(medium, smoothed, scaled);
 }
 
-// yarn's original context: original_max_position_embeddings, HF's default max_position_embeddings.
-double yarn_original_context(const ModelConfig& c) {
-  const RopeScaling& r = c.rope_scaling;
-  return static_cast<double>(r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
-                                                                    : c.max_position_embeddings);
-}
-
 // _compute_yarn_parameters' frequencies: the interpolated (/ factor) and original ones blended
 // along a linear ramp over the dimensions [low, high] that turn beta_fast and beta_slow times over
 // the original context (in double, as Python computes them), the blend in fp32 tensor ops.
 at::Tensor yarn_inv_freq(const at::Tensor& exponent, const ModelConfig& c) {
   const RopeScaling& r = c.rope_scaling;
   const double dim = static_cast<double>(c.head_dim), base = c.rope_theta;
-  const double original = yarn_original_context(c);
+  const double original = static_cast<double>(c.rope_original_context());
   const auto correction_dim = [&](double rotations) {
     return (dim * std::log(original / (rotations * 2.0 * M_PI))) / (2.0 * std::log(base));
   };
@@ -150,7 +143,7 @@ at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c)
   if (type == "dynamic") return dynamic_inv_freq(position_ids, exponent, c);
   at::Tensor inv_freq = at::pow(c.rope_theta, exponent).reciprocal();                   // [D/2]
   if (type == "linear") return inv_freq / c.rope_scaling.factor;
-  if (type == "llama3") return llama3_inv_freq(inv_freq, c.rope_scaling, c.max_position_embeddings);
+  if (type == "llama3") return llama3_inv_freq(inv_freq, c);
   if (type == "yarn") return yarn_inv_freq(exponent, c);
   // parse_model_config refuses every other type naming config.json; reaching here is a bug.
   TORCH_CHECK(type == "default", "rotary_inv_freq: rope_scaling type '", type, "' got past parse_model_config");

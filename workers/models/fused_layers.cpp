@@ -299,7 +299,8 @@ Status check_fused_layers(c10::Device device, c10::ScalarType dtype) {
 Status check_fused_residual_norm(c10::Device device, c10::ScalarType dtype) {
   static proto::cuda::CheckOnce verdicts;
   return verdicts.get(device, dtype, kFusedResidualNorm, kFusedResidualNormFix, [&] {
-    // Host boundary, deliberate: the one-time verdict, read once.
+    // Host boundary, deliberate: the self-check's verdict must reach the host; it runs once per
+    // process and (device, dtype), before any generation, never inside a step or a graph capture.
     const double worst = fused_add_norm_error(device, dtype).item<double>();
     return within_tolerance(worst, device, dtype, kFusedResidualNorm, kFusedResidualNormFix);
   });

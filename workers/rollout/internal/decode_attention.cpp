@@ -147,9 +147,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& key_poo
   return out;
 }
 
+namespace {
+
+// The most positions a row attends to: its capacity, or the window when that is shorter.
+int64_t attended_span(int64_t capacity, int64_t window) { return window > 0 ? std::min(capacity, window) : capacity; }
+
+}  // namespace
+
 DecodeSplit choose_decode_split(int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity, int64_t window,
                                 bool tiled, int64_t sm_count) {
-  const int64_t span = window > 0 ? std::min(capacity, window) : capacity;
+  const int64_t span = attended_span(capacity, window);
   if (batch < 1 || kv_heads < 1 || heads < kv_heads || sm_count < 1 || span < 2 * kMinSplitLen) return {};
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   const int64_t group = heads / kv_heads;
@@ -289,8 +296,7 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& q, const at::Tensor& ke
     split = choose_decode_split(B, H, args.kv_heads, capacity, window, tiled,
                                 cuda::multiprocessor_count(key_pool.device().index()));
   } else if (splits > 1) {
-    const int64_t span = window > 0 ? std::min(capacity, window) : capacity;
-    split.split_len = std::max<int64_t>(1, (span + splits - 1) / splits);
+    split.split_len = std::max<int64_t>(1, (attended_span(capacity, window) + splits - 1) / splits);
     split.splits = splits;
   }
   at::Tensor partials;
