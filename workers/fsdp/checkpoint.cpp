@@ -43,7 +43,7 @@ Status write_rank_files(FsdpModule& e, const std::string& tmp) {
       const auto& s = std::as_const(e).unit_state(static_cast<int>(u));  // reads: the host copy stays current
       const std::string& name = e.layouts()[u].unit;
       model[name] = current(s.shard, s.offload_shard);
-      if (e.frozen()) continue;
+      if (e.frozen() || !s.trainable) continue;  // no moments (Note [Attached units])
       optim[name + ".exp_avg"] = current(s.adam.exp_avg, s.offload_adam.exp_avg);
       optim[name + ".exp_avg_sq"] = current(s.adam.exp_avg_sq, s.offload_adam.exp_avg_sq);
     }
@@ -165,7 +165,7 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
         s.shard = std::move(shard);
       }
       s.shard_grad = at::Tensor();
-      if (e.frozen()) continue;  // a frozen module reads no optimizer files
+      if (e.frozen() || !s.trainable) continue;  // a frozen module or unit reads no optimizer files
       AdamWState& into = optim_off ? s.offload_adam : s.adam;
       TESSERA_ASSIGN_OR_RETURN(at::Tensor exp_avg, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg", e.options().model_dtype));
       TESSERA_ASSIGN_OR_RETURN(at::Tensor exp_avg_sq, files.recut(old_layouts[u], begin, end, "optim", unit + ".exp_avg_sq", e.options().model_dtype));
@@ -180,7 +180,7 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
     for (size_t u = 0; u < old_layouts.size(); ++u) {
       auto& s = e.unit_state(static_cast<int>(u));
       if (!params_off) s.shard = s.shard.to(e.device());
-      if (e.frozen() || optim_off) continue;
+      if (e.frozen() || !s.trainable || optim_off) continue;
       s.adam.exp_avg = s.adam.exp_avg.to(e.device());
       s.adam.exp_avg_sq = s.adam.exp_avg_sq.to(e.device());
     }

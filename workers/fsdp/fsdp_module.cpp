@@ -172,6 +172,22 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
       return make_error(ErrorCode::invalid_argument, "FSDP wrap: parameter '{}' is in no unit", name);
     }
   }
+  for (size_t u = 0; u < units.size(); ++u) {  // Note [Attached units]
+    if (units[u].owner.empty()) continue;
+    auto owner = unit_index(units[u].owner);
+    if (!owner.ok() || *owner == static_cast<int>(u) || !units[static_cast<size_t>(*owner)].owner.empty()) {
+      return make_error(ErrorCode::invalid_argument,
+                        "FSDP wrap: unit '{}' is attached to '{}', which is not a unit of its own", units[u].name,
+                        units[u].owner);
+    }
+    if (units[u].recompute) {
+      return make_error(ErrorCode::invalid_argument,
+                        "FSDP wrap: unit '{}' is attached to '{}' and cannot be recomputed on its own",
+                        units[u].name, units[u].owner);
+    }
+    units_[u]->owner = *owner;
+    units_[static_cast<size_t>(*owner)]->attached.push_back(static_cast<int>(u));
+  }
   return Status();
 }
 
@@ -188,7 +204,7 @@ Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
   }
   auto [begin, end] = layout.shard_range(shard_index_);
   state.shard = flat.narrow(0, begin, end - begin).clone();
-  if (!options_.frozen) init_moments(state);
+  if (state.trainable) init_moments(state);
   state.anchor = at::empty({0}, at::TensorOptions(at::kFloat).device(device_)).requires_grad_(true);
   for (auto& p : state.params) p.set_data(empty_param(options_.mixed_precision.param_dtype, device_));
   return Status();
@@ -272,6 +288,7 @@ Status FsdpModule::start_gather(int u) {
     full.copy_(local);
   }
   s.full = full;
+  for (int a : s.attached) TESSERA_RETURN_IF_ERROR(start_gather(a));
   return Status();
 }
 
@@ -288,6 +305,7 @@ Status FsdpModule::gather_unit(int u, bool train) {
     s.params[i].mutable_grad() = at::Tensor();  // Note [Gradients taken over]
   }
   s.pending_reduce = s.pending_reduce || with_grad;
+  for (int a : s.attached) TESSERA_RETURN_IF_ERROR(gather_unit(a, train));
   return Status();
 }
 
@@ -307,6 +325,7 @@ Status FsdpModule::prefetch_after(int unit, bool backward) {
 Status FsdpModule::reduce_unit(int u) {
   UnitState& s = *units_[u];
   const FlatLayout& layout = layouts_[u];
+  for (int a : s.attached) TESSERA_RETURN_IF_ERROR(reduce_unit(a));
   if (!s.pending_reduce) return Status();
   s.pending_reduce = false;
   // The reductions started by the units before this one have run beside this unit's backward:
@@ -372,6 +391,7 @@ void FsdpModule::release_unit(int u) {
   }
   s.full = at::Tensor();
   s.pending_reduce = false;
+  for (int a : s.attached) release_unit(a);
 }
 
 Status FsdpModule::begin_forward(ForwardMode mode) {
@@ -389,6 +409,7 @@ Status FsdpModule::begin_forward(ForwardMode mode) {
   try {
     for (size_t u = 0; u < units_.size(); ++u) {
       if (units_[u]->recompute && recompute_in_backward()) continue;  // run_unit gathers it
+      if (units_[u]->owner >= 0) continue;  // gathered with its owner
       TESSERA_RETURN_IF_ERROR(gather_unit(static_cast<int>(u), mode == ForwardMode::train));
     }
   } catch (...) {

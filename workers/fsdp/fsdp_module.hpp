@@ -54,6 +54,16 @@
 // and run AdamW (optim.hpp) on every shard. A unit that received no gradient since the last step
 // is not updated (torch skips parameters whose grad is None).
 //
+// Note [Attached units]
+// A unit may be attached to another (UnitSpec::owner): whenever the owner is gathered (by
+// begin_forward, run_unit, a prefetch, a recompute), released or reduced, so is every unit
+// attached to it, in the same order on every rank. A LoRA layer is two units: its frozen base
+// weights and its trainable adapters (models' Note [LoRA adapters]); a unit's parameters are
+// either all trainable or all frozen, so the flat buffers, gradients and AdamW moments exist only
+// for the adapters, while both run, and are recomputed, as one layer.
+// Units of a trainable module may be frozen (none of their parameters requires grad): they get no
+// gradient buffers and no AdamW moments, and step(), checkpoints and optimizer offload skip them.
+//
 // Frozen (FsdpOptions::frozen; the reference policy, the reward model): no AdamW moments and no
 // gradient buffers are ever allocated; begin_forward(train), backward() and step() fail naming the
 // module; offload / load of the optimizer state are no-ops; checkpoints hold no optimizer files.
@@ -94,6 +104,9 @@ struct UnitSpec {
   /// The model runs this unit through run_unit(): under FULL_SHARD / HYBRID_SHARD it is then not
   /// gathered by begin_forward(), freed after its forward and recomputed in backward.
   bool recompute = false;
+  /// Non-empty: the unit this one is attached to (Note [Attached units]); it is never run or
+  /// gathered on its own.
+  std::string owner;
 };
 
 /// How an FsdpModule shards, casts and offloads.
@@ -279,6 +292,8 @@ class FsdpModule {
 struct FsdpModule::UnitState {
   std::vector<at::Tensor> params;  ///< The module's parameters (same TensorImpl), flat order.
   bool trainable = true;           ///< All parameters require grad (mixed units are refused).
+  int owner = -1;                  ///< The unit this one is attached to (Note [Attached units]).
+  std::vector<int> attached;       ///< Units attached to this one, in unit order.
   bool recompute = false;          ///< UnitSpec::recompute.
   at::Tensor shard;                ///< [S] model_dtype; undefined while offloaded.
   at::Tensor shard_grad;           ///< [S] model_dtype reduced gradient; undefined when none.

@@ -248,6 +248,7 @@ Status FsdpModule::offload_optimizer() {
   if (optimizer_offloaded_ || options_.frozen) return Status();  // frozen: nothing to move
   try {
     for (auto& s : units_) {
+      if (!s->trainable) continue;  // a frozen unit has no moments (Note [Attached units])
       offload_into(s->offload_adam.exp_avg, s->adam.exp_avg);
       offload_into(s->offload_adam.exp_avg_sq, s->adam.exp_avg_sq);
     }
@@ -264,6 +265,10 @@ Status FsdpModule::load_optimizer() {
   std::vector<AdamWState> loaded;
   try {
     for (auto& s : units_) {
+      if (!s->trainable) {  // a frozen unit has no moments (Note [Attached units])
+        loaded.emplace_back();
+        continue;
+      }
       loaded.push_back(AdamWState{load_from(s->offload_adam.exp_avg, device_),
                                   load_from(s->offload_adam.exp_avg_sq, device_)});
     }

@@ -74,6 +74,10 @@ Result<at::Tensor> FsdpModule::run_unit(int unit, std::function<at::Tensor(const
                       units_.size());
   }
   UnitState& s = *units_[unit];
+  if (s.owner >= 0) {
+    return make_error(ErrorCode::invalid_argument, "FSDP run_unit: unit '{}' is attached to '{}' and runs with it",
+                      layouts_[unit].unit, layouts_[s.owner].unit);
+  }
   try {
     bool recompute = s.recompute && recompute_in_backward();
     if (!recompute) {

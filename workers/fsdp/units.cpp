@@ -1,6 +1,8 @@
 // units.cpp: wrap policies -> UnitSpecs (see units.hpp).
 #include "workers/fsdp/units.hpp"
 
+#include "workers/models/lora.hpp"
+
 #include <torch/torch.h>
 
 #include <set>
@@ -108,12 +110,32 @@ bool frees_after_forward(ShardingStrategy s) {
   return s == ShardingStrategy::full_shard || s == ShardingStrategy::hybrid_shard;
 }
 
+
+// Note [Attached units]: a unit holding LoRA adapters keeps its base weights, and its adapters
+// move to a unit "<name>.lora" attached to it, placed right after it.
+std::vector<UnitSpec> split_adapters(std::vector<UnitSpec> units) {
+  std::vector<UnitSpec> out;
+  for (auto& u : units) {
+    UnitSpec adapters{u.name + ".lora", {}, false, u.name};
+    std::vector<std::string> base;
+    for (auto& name : u.param_names) (models::is_lora_parameter(name) ? adapters.param_names : base).push_back(name);
+    if (adapters.param_names.empty() || base.empty()) {
+      out.push_back(std::move(u));
+      continue;
+    }
+    u.param_names = std::move(base);
+    out.push_back(std::move(u));
+    out.push_back(std::move(adapters));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
                                                  const WrapPolicy& policy, ShardingStrategy strategy) {
   TESSERA_ASSIGN_OR_RETURN(auto units, make_units(model, policy, /*recompute_layers=*/false));
-  if (!frees_after_forward(strategy)) return units;
+  if (!frees_after_forward(strategy)) return split_adapters(std::move(units));
   const auto& layers = model.backbone().layers;
   for (size_t i = 0; i < layers.size(); ++i) {
     std::vector<std::string> want = params_under(*layers[i], layer_unit_name(i));
@@ -123,7 +145,7 @@ Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& 
       u.recompute = have == std::set<std::string>(want.begin(), want.end());
     }
   }
-  return units;
+  return split_adapters(std::move(units));
 }
 
 Status install_layer_runner(FsdpModule& engine, models::PretrainedModel& model) {

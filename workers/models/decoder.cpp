@@ -22,7 +22,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const 
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor Linear::forward(const at::Tensor& x, bool with_bias) const {
+  at::Tensor y = at::linear(x, weight, with_bias ? bias : at::Tensor());
+  if (!lora_A || !adapter_enabled) return y;
+  // PEFT's LoraLayer: result + lora_B(lora_A(x)) * scaling (lora_dropout 0, as verl configures it).
+  return y + at::linear(at::linear(x, lora_A->weight), lora_B->weight) * lora_scaling;
+}
 
 namespace {
 
@@ -261,7 +266,7 @@ at::Tensor Attention::values(const at::Tensor& x) const {
 }
 
 at::Tensor Attention::output(const at::Tensor& attended, bool output_bias) const {
-  return output_bias ? o_proj->forward(attended) : at::linear(attended, o_proj->weight);
+  return o_proj->forward(attended, output_bias);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, const at::Tensor& visible,

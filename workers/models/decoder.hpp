@@ -50,13 +50,20 @@ namespace tessera::models {
 
 class KVCache;
 
-/// y = x W^T (+ b), with parameters "weight" [out, in] and optionally "bias" [out].
+/// y = x W^T (+ b), with parameters "weight" [out, in] and optionally "bias" [out]; with a LoRA
+/// adapter (lora.hpp) y += (x A^T) B^T * lora_scaling while the adapter is enabled.
 class Linear : public torch::nn::Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool with_bias, const at::TensorOptions& options);
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x) const { return forward(x, /*with_bias=*/true); }
+  /// `with_bias` false leaves the bias out (a tensor-parallel caller adds it after its sum).
+  at::Tensor forward(const at::Tensor& x, bool with_bias) const;
   at::Tensor weight;
   at::Tensor bias;  ///< Undefined when constructed without bias.
+  /// PEFT's lora_A [r, in] and lora_B [out, r] ("<name>.lora_A.weight", ...); null without adapter.
+  std::shared_ptr<Linear> lora_A, lora_B;
+  double lora_scaling = 0.0;   ///< lora_alpha / r.
+  bool adapter_enabled = true; ///< False: the base layer alone (verl's disable_adapter()).
 };
 
 /// Token embedding table, parameter "weight" [vocab, hidden].
