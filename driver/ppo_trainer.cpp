@@ -69,14 +69,16 @@ Status RayPPOTrainer::start_workers(const runtime::WorkerTypeRegistry& registry)
   const std::string actor_role = split > 0 ? "actor" : "actor_rollout";
   roles.push_back({"actor_rollout", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", actor_role, s.seed)});
   if (s.use_critic) roles.push_back({"critic", "critic", role_init(cfg_, "critic", "", s.seed)});
-  if (s.use_ref) roles.push_back({"ref", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", "ref", s.seed)});
+  if (s.use_ref && !s.ref_in_actor) {
+    roles.push_back({"ref", "actor_rollout_ref", role_init(cfg_, "actor_rollout_ref", "ref", s.seed)});
+  }
   if (s.use_rm) roles.push_back({"rm", "reward_model", role_init(cfg_, "reward_model", "", s.seed)});
   TESSERA_ASSIGN_OR_RETURN(colocated_, dispatch::WorkerGroup::spawn(*runtime_, "global_pool", pool, roles));
   TESSERA_ASSIGN_OR_RETURN(actor_rollout_wg_, colocated_->role("actor_rollout"));
   if (s.use_critic) {
     TESSERA_ASSIGN_OR_RETURN(critic_wg_, colocated_->role("critic"));
   }
-  if (s.use_ref) {
+  if (s.use_ref && !s.ref_in_actor) {
     TESSERA_ASSIGN_OR_RETURN(ref_wg_, colocated_->role("ref"));
   }
   if (s.use_rm) {

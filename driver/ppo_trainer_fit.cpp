@@ -164,9 +164,9 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     }
     TESSERA_RETURN_IF_ERROR(union_output(batch, old));
   }
-  if (ref_wg_) {
+  if (dispatch::WorkerGroup* ref_group = s.ref_in_actor ? actor_rollout_wg_.get() : ref_wg_.get()) {
     MarkedTimer t("ref", timing);
-    TESSERA_ASSIGN_OR_RETURN(proto::DataProto ref, call_proto(*ref_wg_, "compute_ref_log_prob", batch, metrics, timing));
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto ref, call_proto(*ref_group, "compute_ref_log_prob", batch, metrics, timing));
     TESSERA_RETURN_IF_ERROR(union_output(batch, ref));
   }
   if (critic_wg_) {

@@ -36,6 +36,10 @@ struct RayPPOTrainer::State {
   std::unique_ptr<StepProfiler> profiler;  ///< trainer.profile_steps; null when none are listed.
 
   bool use_critic = false, use_ref = false, use_rm = false, use_kl_in_reward = false;
+  /// verl's ref_in_actor: with actor_rollout_ref.model.lora_rank > 0 the reference policy is the
+  /// actor with its adapters disabled; compute_ref_log_prob goes to the actor group, and no
+  /// reference group is spawned.
+  bool ref_in_actor = false;
   bool balance = true, norm_adv_by_std_in_grpo = true;
   int64_t seed = 1, n = 1, total_training_steps = 0, critic_warmup = 0, test_freq = -1, save_freq = -1;
   int64_t world_size = 1;

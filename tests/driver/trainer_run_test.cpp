@@ -162,6 +162,32 @@ TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   EXPECT_DOUBLE_EQ(h[1].second.at("actor/reward_kl_penalty_coeff"), 0.001);
 }
 
+// LoRA (actor_rollout_ref.model.lora_rank) with a KL loss: verl's ref_in_actor, so no reference
+// group is spawned and the actor group answers compute_ref_log_prob with its adapters disabled;
+// the adapters start at B = 0, so step 1's KL against the reference is zero; the checkpoint holds
+// the PEFT adapter.
+TEST(TrainerRun, LoraGrpoTakesTheReferenceFromTheActor) {
+  TempDir dir("lora");
+  testing::make_tiny_run(dir.path());
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+  for (const char* s : {"actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+                        "actor_rollout_ref.actor.optim.lr=5e-2", "trainer.save_freq=2"}) {
+    o.push_back(s);
+  }
+  auto t = testing::fit_trainer(o);
+  ASSERT_NE(t, nullptr);
+  for (const auto& [name, wg] : t->worker_groups()) EXPECT_NE(name, "ref");
+  const auto& h = t->history();
+  ASSERT_EQ(h.size(), 3u);
+  for (int64_t step = 1; step <= 2; ++step) {
+    expect_step_metrics(h[static_cast<size_t>(step)].second, {"timing_s/ref", "actor/kl_loss", "actor/pg_loss", "actor/grad_norm"});
+  }
+  EXPECT_LE(std::abs(h[1].second.at("actor/kl_loss")), 1e-6);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "run" / "global_step_2" / "actor" / "lora_adapter" / "adapter_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "run" / "global_step_2" / "actor" / "lora_adapter" / "adapter_model.safetensors"));
+}
+
 // use_remove_padding end to end (actor, reference and critic forwards packed without padding):
 // the same run as the padded one, step for step, up to float rounding.
 TEST(TrainerRun, PaddingFreeRunMatchesThePaddedRun) {

@@ -7,11 +7,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <utility>
 
 #include "workers/fsdp/internal/checkpoint_io.hpp"
+#include "workers/models/lora.hpp"
 #include "workers/models/safetensors.hpp"
 
 namespace tessera::fsdp {
@@ -210,8 +212,25 @@ Status export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
     TESSERA_ASSIGN_OR_RETURN(at::Tensor flat, files.recut(layout, 0, layout.numel, "model", layout.unit, std::nullopt));
     for (const auto& p : layout.params) {
       at::Tensor t = flat.narrow(0, p.offset, p.numel).view(p.shape);
-      tensors[p.name] = options.dtype ? t.to(*options.dtype) : t;
+      tensors[p.name] = t;
     }
+  }
+  // LoRA adapters are merged into their base weights (PEFT's merge_and_unload), with the alpha and
+  // rank recorded beside them in lora_adapter/adapter_config.json.
+  if (std::any_of(tensors.begin(), tensors.end(), [](const auto& kv) { return models::is_lora_parameter(kv.first); })) {
+    const std::string adapter_config =
+        internal::resolve_checkpoint_dir(checkpoint_dir) + "/lora_adapter/adapter_config.json";
+    TESSERA_ASSIGN_OR_RETURN(std::string text, internal::read_text(adapter_config));
+    nlohmann::json adapter = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (adapter.is_discarded() || !adapter.value("r", nlohmann::json()).is_number_integer() ||
+        !adapter.value("lora_alpha", nlohmann::json()).is_number() || adapter["r"].get<int64_t>() <= 0) {
+      return make_error(ErrorCode::corrupt_data, "export_hf: {} has no valid r and lora_alpha", adapter_config);
+    }
+    const double scaling = adapter["lora_alpha"].get<double>() / static_cast<double>(adapter["r"].get<int64_t>());
+    TESSERA_ASSIGN_OR_RETURN(tensors, models::merge_lora_weights(tensors, scaling, /*in_place=*/false));
+  }
+  if (options.dtype) {
+    for (auto& [name, t] : tensors) t = t.to(*options.dtype);
   }
   std::error_code ec;
   fs::create_directories(out_dir, ec);

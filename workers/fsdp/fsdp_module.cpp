@@ -466,16 +466,19 @@ void FsdpModule::zero_grad() {
   for (auto& s : units_) s->shard_grad = at::Tensor();
 }
 
-Result<std::map<std::string, at::Tensor>> FsdpModule::full_state_dict(c10::ScalarType dtype) {
-  TESSERA_RETURN_IF_ERROR(check_loaded("full_state_dict"));
+Result<std::map<std::string, at::Tensor>> FsdpModule::full_state_dict(
+    c10::ScalarType dtype, const std::function<bool(const FlatLayout&)>& include) {
   std::map<std::string, at::Tensor> out;
   try {
     for (size_t u = 0; u < units_.size(); ++u) {
       const FlatLayout& layout = layouts_[u];
-      at::Tensor full = units_[u]->shard;
+      if (include && !include(layout)) continue;
+      // Offloaded shards are read from their host buffers, a unit at a time.
+      const at::Tensor shard = params_offloaded_ ? units_[u]->offload_shard.to(device_) : units_[u]->shard;
+      at::Tensor full = shard;
       if (shard_group_) {
-        full = at::empty({layout.padded_numel}, units_[u]->shard.options());
-        Status st = shard_group_->all_gather(units_[u]->shard, full, options_.comm);
+        full = at::empty({layout.padded_numel}, shard.options());
+        Status st = shard_group_->all_gather(shard, full, options_.comm);
         if (!st.ok()) return st.with_context("FSDP full_state_dict of unit '" + layout.unit + "'");
       }
       for (const auto& e : layout.params) {

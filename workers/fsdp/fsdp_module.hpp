@@ -208,9 +208,11 @@ class FsdpModule {
   /// Expires when this FsdpModule is destroyed (for hooks that hold a pointer to it).
   std::weak_ptr<const bool> lifetime() const { return alive_; }
 
-  /// Every parameter by name, gathered and cast to `dtype` (fresh tensors). Collective over the
-  /// fsdp group.
-  Result<std::map<std::string, at::Tensor>> full_state_dict(c10::ScalarType dtype);
+  /// Every parameter by name, gathered and cast to `dtype` (fresh tensors); with `include`, only
+  /// the units it accepts (every rank must pass the same filter). Offloaded shards are read from
+  /// their host buffers, a unit at a time. Collective over the fsdp group.
+  Result<std::map<std::string, at::Tensor>> full_state_dict(
+      c10::ScalarType dtype, const std::function<bool(const FlatLayout&)>& include = nullptr);
 
   /// This rank's shard of unit `unit` (model_dtype). REQUIRES: params loaded.
   const at::Tensor& shard(int unit) const;

@@ -1,11 +1,12 @@
 // units.cpp: wrap policies -> UnitSpecs (see units.hpp).
 #include "workers/fsdp/units.hpp"
 
-#include "workers/models/lora.hpp"
+#include <algorithm>
+#include <set>
 
 #include <torch/torch.h>
 
-#include <set>
+#include "workers/models/lora.hpp"
 
 namespace tessera::fsdp {
 namespace {
@@ -66,51 +67,6 @@ std::vector<std::string> wrap_by_size(const torch::nn::Module& m, const std::str
   return unclaimed;
 }
 
-}  // namespace
-
-Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const WrapPolicy& policy,
-                                         bool recompute_layers) {
-  std::vector<UnitSpec> units;
-  std::vector<std::string> all = params_under(module, "");
-  if (all.empty()) return make_error(ErrorCode::invalid_argument, "FSDP units: module has no parameters");
-  if (!policy.disable && policy.min_num_params > 0) {
-    auto rest = wrap_by_size(module, "", policy.min_num_params, units, /*is_root=*/true);
-    for (auto& u : units) u.recompute = recompute_layers;
-    if (!rest.empty()) units.push_back({"root", rest});
-    return units;
-  }
-  std::set<std::string> claimed;
-  if (!policy.disable) {
-    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-      const std::string& key = item.key();
-      bool inside_unit = false;
-      for (const auto& u : units) inside_unit |= key.rfind(u.name + ".", 0) == 0;
-      if (inside_unit || !matches_layer_class(item.value()->name(), policy.transformer_layer_cls_to_wrap)) {
-        continue;
-      }
-      UnitSpec spec{key, params_under(*item.value(), key), recompute_layers};
-      if (spec.param_names.empty()) continue;
-      claimed.insert(spec.param_names.begin(), spec.param_names.end());
-      units.push_back(std::move(spec));
-    }
-  }
-  UnitSpec root{"root", {}, false};
-  for (const auto& name : all) {
-    if (!claimed.count(name)) root.param_names.push_back(name);
-  }
-  if (!root.param_names.empty()) units.push_back(std::move(root));
-  return units;
-}
-
-namespace {
-
-std::string layer_unit_name(size_t i) { return "model.layers." + std::to_string(i); }
-
-bool frees_after_forward(ShardingStrategy s) {
-  return s == ShardingStrategy::full_shard || s == ShardingStrategy::hybrid_shard;
-}
-
-
 // Note [Attached units]: a unit holding LoRA adapters keeps its base weights, and its adapters
 // move to a unit "<name>.lora" attached to it, placed right after it.
 std::vector<UnitSpec> split_adapters(std::vector<UnitSpec> units) {
@@ -132,20 +88,67 @@ std::vector<UnitSpec> split_adapters(std::vector<UnitSpec> units) {
 
 }  // namespace
 
+Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const WrapPolicy& policy,
+                                         bool recompute_layers) {
+  std::vector<UnitSpec> units;
+  std::vector<std::string> all = params_under(module, "");
+  if (all.empty()) return make_error(ErrorCode::invalid_argument, "FSDP units: module has no parameters");
+  if (!policy.disable && policy.min_num_params > 0) {
+    auto rest = wrap_by_size(module, "", policy.min_num_params, units, /*is_root=*/true);
+    for (auto& u : units) u.recompute = recompute_layers;
+    if (!rest.empty()) units.push_back({"root", rest});
+    return split_adapters(std::move(units));
+  }
+  std::set<std::string> claimed;
+  if (!policy.disable) {
+    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+      const std::string& key = item.key();
+      bool inside_unit = false;
+      for (const auto& u : units) inside_unit |= key.rfind(u.name + ".", 0) == 0;
+      if (inside_unit || !matches_layer_class(item.value()->name(), policy.transformer_layer_cls_to_wrap)) {
+        continue;
+      }
+      UnitSpec spec{key, params_under(*item.value(), key), recompute_layers};
+      if (spec.param_names.empty()) continue;
+      claimed.insert(spec.param_names.begin(), spec.param_names.end());
+      units.push_back(std::move(spec));
+    }
+  }
+  UnitSpec root{"root", {}, false};
+  for (const auto& name : all) {
+    if (!claimed.count(name)) root.param_names.push_back(name);
+  }
+  if (!root.param_names.empty()) units.push_back(std::move(root));
+  return split_adapters(std::move(units));
+}
+
+namespace {
+
+std::string layer_unit_name(size_t i) { return "model.layers." + std::to_string(i); }
+
+bool frees_after_forward(ShardingStrategy s) {
+  return s == ShardingStrategy::full_shard || s == ShardingStrategy::hybrid_shard;
+}
+
+
+}  // namespace
+
 Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
                                                  const WrapPolicy& policy, ShardingStrategy strategy) {
   TESSERA_ASSIGN_OR_RETURN(auto units, make_units(model, policy, /*recompute_layers=*/false));
-  if (!frees_after_forward(strategy)) return split_adapters(std::move(units));
+  if (!frees_after_forward(strategy)) return units;
   const auto& layers = model.backbone().layers;
   for (size_t i = 0; i < layers.size(); ++i) {
     std::vector<std::string> want = params_under(*layers[i], layer_unit_name(i));
+    // A layer's adapters are in its attached unit (Note [Attached units]).
+    want.erase(std::remove_if(want.begin(), want.end(), models::is_lora_parameter), want.end());
     for (auto& u : units) {
       if (u.name != layer_unit_name(i)) continue;
       std::set<std::string> have(u.param_names.begin(), u.param_names.end());
       u.recompute = have == std::set<std::string>(want.begin(), want.end());
     }
   }
-  return split_adapters(std::move(units));
+  return units;
 }
 
 Status install_layer_runner(FsdpModule& engine, models::PretrainedModel& model) {

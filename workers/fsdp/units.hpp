@@ -10,7 +10,9 @@
 //   min_num_params > 0: size-based, like FSDP's size_based_auto_wrap_policy: bottom-up, a
 //     submodule whose not-yet-wrapped parameters number at least min_num_params becomes a unit.
 //   disable: one "root" unit with every parameter.
-// Units are listed in module order, root last. Layer units are marked `recompute` when asked
+// Units are listed in module order, root last. A unit that holds LoRA adapters (models'
+// Note [LoRA adapters]) is split in two: its base weights keep the unit's name, and its adapters
+// form a unit "<name>.lora" attached to it, right after it (Note [Attached units]). Layer units are marked `recompute` when asked
 // (the model must then run them through FsdpModule::run_unit).
 //
 // HF decoders (models::PretrainedModel): make_decoder_units marks each unit that is exactly one

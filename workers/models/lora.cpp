@@ -206,10 +206,11 @@ Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bo
     }
     try {
       at::Tensor delta = at::matmul(b->second.to(at::kFloat), a.to(at::kFloat)).mul_(scaling);
+      at::Tensor merged = base.to(at::kFloat) + delta;  // out of place: an fp32 base is not touched here
       if (in_place) {
-        base.copy_(base.to(at::kFloat).add_(delta));
+        base.copy_(merged);
       } else {
-        w->second = base.to(at::kFloat).add_(delta).to(base.scalar_type());
+        w->second = merged.to(base.scalar_type());
       }
     } catch (const std::exception& e) {
       return make_error(ErrorCode::internal, "merge LoRA weights of '{}': {}", module, e.what());

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -10,6 +11,7 @@
 
 #include "runtime/collective/device_mesh.hpp"
 #include "workers/fsdp/checkpoint.hpp"
+#include "workers/models/lora.hpp"
 #include "workers/models/model_io.hpp"
 #include "workers/ppo/flops_counter.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
@@ -87,7 +89,8 @@ Status ActorRolloutRefWorker::init_model() {
   } else if (config_.is_actor || config_.is_rollout) {
     TESSERA_RETURN_IF_ERROR(build_actor_rollout());
   }
-  if (config_.is_ref) TESSERA_RETURN_IF_ERROR(build_ref());
+  // verl (ref_in_actor): with LoRA the reference policy is the actor with its adapters disabled.
+  if (config_.is_ref && !lora_actor()) TESSERA_RETURN_IF_ERROR(build_ref());
   if (actor_module_) TESSERA_RETURN_IF_ERROR(check_on_device(actor_module_->engine(), device(), context().rank));
   if (ref_module_) TESSERA_RETURN_IF_ERROR(check_on_device(ref_module_->engine(), device(), context().rank));
   initialized_ = true;
@@ -103,6 +106,15 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   load.dtype = dtype;
   load.device = device();
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
+  if (lora_actor()) {
+    if (config_.rollout.placement == "split") {
+      return make_error(ErrorCode::unimplemented,
+                        "actor_rollout_ref.rollout.engine_kwargs.tessera.placement=split with "
+                        "actor_rollout_ref.model.lora_rank={} is not supported (the colocated rollout serves the "
+                        "merged weights)", config_.model.lora.rank);
+    }
+    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, config_.model.lora, "actor_rollout_ref.model"));
+  }
   FsdpBuildOptions b;
   b.fsdp_config = config_.actor_fsdp_config;
   b.fsdp_config_path = fsdp_path;
@@ -132,6 +144,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
     o.config = config_.rollout;
     o.engine = engine_options(dp_rank);
     o.generation_seed = dp_rank + 1000;
+    if (lora_actor()) o.lora_scaling = config_.model.lora.scaling();
     TESSERA_ASSIGN_OR_RETURN(sharding_, rollout::FsdpShardingManager::create(actor_module_->engine(), model_config_, o));
   }
   return Status();
@@ -193,30 +206,49 @@ Result<proto::DataProto> ActorRolloutRefWorker::compute_log_prob(const proto::Da
   return out;
 }
 
-Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataProto& data) {
+Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataProto& data, bool calculate_entropy) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "compute_log_prob", "actor"));
-  if (data.meta_info().value("is_lora", false)) {
-    return make_error(ErrorCode::unimplemented, "compute_log_prob: meta_info.is_lora (LoRA reference) is not implemented");
+  // verl: meta_info.is_lora runs the actor with its adapters disabled (the reference policy).
+  const json& is_lora = data.meta_info().contains("is_lora") ? data.meta_info()["is_lora"] : json(false);
+  const bool base_model = is_lora.is_boolean() && is_lora.get<bool>();
+  if (base_model && !lora_actor()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "compute_log_prob: meta_info.is_lora on an actor without LoRA adapters "
+                      "(actor_rollout_ref.model.lora_rank = 0)");
   }
   const auto& fc = actor_module_->engine().options();
   TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(actor_module_->engine(), fc.param_offload));
   const auto& r = config_.rollout;
+  if (base_model) models::set_lora_enabled(actor_module_->model(), false);
   Result<ppo::LogProbOutput> lp = log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu,
                                             r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
-                                            /*calculate_entropy=*/true);
+                                            calculate_entropy);
+  if (base_model) models::set_lora_enabled(actor_module_->model(), true);
   if (!lp.ok()) {
     return name_memory_keys(lp.status(), micro_batch_key("actor_rollout_ref.rollout.log_prob", r.log_prob_use_dynamic_bsz));
   }
   TESSERA_RETURN_IF_ERROR(scope->exit());
   proto::TensorDict t;
   t.insert_or_assign("old_log_probs", lp->log_probs);
-  t.insert_or_assign("entropys", lp->entropys);
+  if (calculate_entropy) t.insert_or_assign("entropys", lp->entropys);
   return proto::DataProto::from_dict(std::move(t), {}, json{{"temperature", r.temperature}});
 }
 
 Result<proto::DataProto> ActorRolloutRefWorker::compute_ref_log_prob(const proto::DataProto& data) {
-  TESSERA_RETURN_IF_ERROR(require(ref_policy_ != nullptr, "compute_ref_log_prob", "reference model"));
   Stopwatch timer;
+  if (ref_policy_ == nullptr && actor_ != nullptr && lora_actor()) {
+    // verl's ref_in_actor: the actor with its adapters disabled, batched as compute_log_prob.
+    proto::DataProto d = data;  // shares the tensors; only meta_info changes
+    d.meta_info()["is_lora"] = true;
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto lp, old_log_probs(d, /*calculate_entropy=*/false));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor ref, lp.tensor("old_log_probs"));
+    proto::TensorDict t;
+    t.insert_or_assign("ref_log_prob", ref);
+    TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(t)));
+    record_call_metrics(out, "compute_ref_log_prob", timer.seconds());
+    return out;
+  }
+  TESSERA_RETURN_IF_ERROR(require(ref_policy_ != nullptr, "compute_ref_log_prob", "reference model"));
   TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(ref_module_->engine(), true));
   const auto& ref = config_.ref;
   Result<ppo::LogProbOutput> lp = log_probs(*ref_policy_, data, ref.log_prob_micro_batch_size_per_gpu,
@@ -330,13 +362,57 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
 
 // ---- Checkpoints --------------------------------------------------------------------------------
 
+namespace {
+
+// verl's _save_lora_adapter: <dir>/lora_adapter/adapter_model.safetensors and adapter_config.json
+// as PEFT's save_pretrained writes them (keys "base_model.model.<parameter>", the adapters in their
+// fp32 master values), so PeftModel.from_pretrained loads them over the base model. Only the
+// adapter units are gathered. Collective; rank 0 writes, into a temporary directory renamed into
+// place.
+Status save_lora_adapter(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora, const std::string& base_path,
+                         const std::string& dir, int rank) {
+  auto is_adapter_unit = [](const fsdp::FlatLayout& l) {
+    return std::all_of(l.params.begin(), l.params.end(), [](const auto& e) { return models::is_lora_parameter(e.name); });
+  };
+  TESSERA_ASSIGN_OR_RETURN(auto adapters, module.engine().full_state_dict(at::kFloat, is_adapter_unit));
+  if (rank != 0) return Status();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets,
+                           models::lora_target_modules(module.model(), lora, "actor_rollout_ref.model"));
+  models::TensorMap peft;
+  for (auto& [name, t] : adapters) {
+    if (models::is_lora_parameter(name)) peft["base_model.model." + name] = t.cpu();
+  }
+  namespace fs = std::filesystem;
+  const fs::path final_dir = fs::path(dir) / "lora_adapter", tmp = fs::path(dir) / "lora_adapter.tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
+  TESSERA_RETURN_IF_ERROR(models::write_safetensors((tmp / "adapter_model.safetensors").string(), peft));
+  {
+    std::ofstream out(tmp / "adapter_config.json");
+    out << models::peft_adapter_config(lora, targets, base_path).dump(4);
+    if (!out) return make_error(ErrorCode::io_error, "save_checkpoint: cannot write '{}'", (tmp / "adapter_config.json").string());
+  }
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot move '{}' into place: {}", tmp.string(), ec.message());
+  return Status();
+}
+
+}  // namespace
+
 Status ActorRolloutRefWorker::save_checkpoint(const SaveCheckpointArgs& args) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "save_checkpoint", "actor"));
   TESSERA_RETURN_IF_ERROR(save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_,
                                                  context().rank, rotation_));
+  if (lora_actor()) {
+    TESSERA_RETURN_IF_ERROR(save_lora_adapter(*actor_module_, config_.model.lora, config_.model.path, args.local_path,
+                                              context().rank));
+  }
   if (!config_.save_hf_model || context().rank != 0) return Status();
   // save_contents lists hf_model: a complete HF directory beside the shards (config.json and the
-  // tokenizer files are already there).
+  // tokenizer files are already there); LoRA adapters are merged into it.
   return fsdp::export_hf(args.local_path, (std::filesystem::path(args.local_path) / "huggingface").string());
 }
 

@@ -27,6 +27,10 @@
 // Roles: actor | rollout | ref | actor_rollout | actor_rollout_ref. Actor and rollout share one
 // FSDP model (fp32 master weights; AdamW only for actor roles); ref is a second FSDP model of
 // model.path without optimizer, its parameters CPU-offloaded between calls (verl forces it).
+// With model.lora_rank > 0 the actor trains LoRA adapters on a frozen base (models' Note [LoRA
+// adapters]); the rollout serves the merged weights, and the reference policy is the actor with
+// its adapters disabled (verl's ref_in_actor: compute_ref_log_prob on an actor role, batched by
+// rollout.log_prob_*; no second model is loaded). Checkpoints add lora_adapter/ in PEFT's format.
 // Actor param/optimizer offload (actor.fsdp_config.param_offload / optimizer_offload) wraps every
 // call in load -> compute -> offload. Log-prob passes use the rollout temperature and
 // rollout.log_prob_* (actor) / ref.log_prob_* (ref) micro-batching.
@@ -146,7 +150,9 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Result<ppo::LogProbOutput> log_probs(ppo::DataParallelPPOActor& actor, const proto::DataProto& data,
                                   const std::optional<int64_t>& micro_batch_size, bool use_dynamic_bsz,
                                   int64_t max_token_len, bool calculate_entropy);
-  Result<proto::DataProto> old_log_probs(const proto::DataProto& data);
+  Result<proto::DataProto> old_log_probs(const proto::DataProto& data, bool calculate_entropy = true);
+  /// The actor trains LoRA adapters (model.lora_rank > 0 on an actor role).
+  bool lora_actor() const { return config_.is_actor && config_.model.lora.enabled(); }
   Result<proto::DataProto> generate_with_sharding(const proto::DataProto& prompts, double& reshard_seconds);
 
   nlohmann::json init_config_;

@@ -57,6 +57,10 @@ Status CriticWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(config_, ppo::normalize_critic_config(parsed, ppo::DataParallelShape{context().world_size,
                                                                                       parsed.ulysses_sequence_parallel_size}));
   TESSERA_ASSIGN_OR_RETURN(model_, parse_model_section(c.value("model", json()), "critic.model"));
+  if (model_.lora.enabled()) {
+    return make_error(ErrorCode::unimplemented, "critic.model.lora_rank = {}: LoRA for the critic is not implemented "
+                      "(the actor's is: actor_rollout_ref.model.lora_rank)", model_.lora.rank);
+  }
   config_.use_remove_padding = model_.use_remove_padding;
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));

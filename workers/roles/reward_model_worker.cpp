@@ -47,6 +47,10 @@ Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world
   }
   TESSERA_RETURN_IF_ERROR(r.finish());
   TESSERA_ASSIGN_OR_RETURN(c.model, parse_model_section(model, "reward_model.model"));
+  if (c.model.lora.enabled()) {
+    return make_error(ErrorCode::unimplemented, "reward_model.model.lora_rank = {}: a reward model is never trained, "
+                      "LoRA has nothing to adapt", c.model.lora.rank);
+  }
   if (c.model.input_tokenizer && !same_directory(*c.model.input_tokenizer, c.model.path)) {
     return make_error(ErrorCode::unimplemented,
                       "reward_model.model.input_tokenizer = '{}' differs from reward_model.model.path = '{}': "

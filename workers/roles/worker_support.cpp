@@ -1,6 +1,7 @@
 // worker_support.cpp: see worker_support.hpp.
 #include "workers/roles/worker_support.hpp"
 
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -105,7 +106,7 @@ constexpr const char* kModelKeysAccepted[] = {
     "_target_",        "tokenizer_path",         "custom_chat_template", "use_shm",
     "enable_activation_offload",
     "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
-    "lora_alpha",      "target_modules",         "exclude_modules",      "tiled_mlp",
+    "tiled_mlp",
 };
 
 Status refuse_if_set(ppo::ConfigReader& r, const char* key, const json& value, bool set) {
@@ -122,8 +123,8 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
   for (const char* key : kModelKeysAccepted) r.skip(key);
   r.field("path", m.path);
   m.fsdp_config = r.nested("fsdp_config");
-  const json& lora = r.nested("lora_rank");
-  r.fail(refuse_if_set(r, "lora_rank", lora, lora.is_number() && lora.get<double>() != 0));
+  TESSERA_ASSIGN_OR_RETURN(m.lora, models::lora_config_from_json(json_in, path));
+  for (const char* key : {"lora_rank", "lora_alpha", "target_modules", "exclude_modules"}) r.skip(key);
   const json& lib = r.nested("external_lib");
   r.fail(refuse_if_set(r, "external_lib", lib, !lib.is_null()));
   m.override_config = r.nested("override_config");

@@ -27,6 +27,7 @@
 #include "workers/fsdp/fsdp_module.hpp"
 #include "workers/ppo/fsdp_trainable.hpp"
 #include "workers/models/config.hpp"
+#include "workers/models/lora.hpp"
 #include "workers/models/model.hpp"
 
 namespace tessera::workers {
@@ -49,8 +50,8 @@ Result<std::shared_ptr<collective::Communicator>> world_communicator(const runti
 
 /// The `model` block of a worker config (actor_rollout_ref.model, critic.model,
 /// reward_model.model). Only `path` is read by every worker; keys that ask for a feature Tessera
-/// does not implement (lora_rank > 0, external_lib, a non-empty override_config, ...) are
-/// unimplemented errors naming the key; performance-only switches are accepted.
+/// does not implement (external_lib, ...) are unimplemented errors naming the key; a worker that
+/// cannot adapt its model refuses lora_rank > 0 itself; performance-only switches are accepted.
 struct ModelSection {
   std::string path;                 ///< HF directory: config.json + safetensors (+ tokenizer files).
   nlohmann::json fsdp_config;       ///< model.fsdp_config (critic / reward model), null otherwise.
@@ -69,6 +70,8 @@ struct ModelSection {
   /// and its full key for errors.
   nlohmann::json override_config;
   std::string override_config_key;
+  /// lora_rank, lora_alpha, target_modules, exclude_modules (models' Note [LoRA adapters]).
+  models::LoraConfig lora;
 };
 
 /// Parses a model block; `path` (e.g. "critic.model") prefixes errors. Unknown keys are errors.

@@ -1,6 +1,7 @@
 // sharding_manager.cpp: FsdpShardingManager (Note [Colocated resharding] in sharding_manager.hpp).
 #include "workers/rollout/sharding_manager.hpp"
 
+
 #include <chrono>
 #include <mutex>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "proto/device.hpp"
 #include "runtime/collective/device_mesh.hpp"
 #include "runtime/collective/exchange.hpp"
+#include "workers/models/lora.hpp"
 
 namespace tessera::rollout {
 
@@ -67,6 +69,11 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
   const c10::ScalarType dtype = configured.value_or(fsdp.options().mixed_precision.param_dtype);
   const int64_t tp = options.config.tensor_model_parallel_size;
   const auto& group = options.tp_group;
+  if (tp > 1 && options.lora_scaling > 0) {
+    return make_error(ErrorCode::unimplemented,
+                      "actor_rollout_ref.rollout.tensor_model_parallel_size={} with actor_rollout_ref.model.lora_rank > 0 "
+                      "is not supported: the adapters are merged into whole weights (use 1)", tp);
+  }
   if (tp > 1 && (group == nullptr || group->size() != tp)) {
     return make_error(ErrorCode::invalid_argument,
                       "actor_rollout_ref.rollout.tensor_model_parallel_size={} but the rollout TP group has {} ranks", tp,
@@ -97,6 +104,7 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
     std::unique_ptr<FsdpShardingManager> m(
         new FsdpShardingManager(fsdp, std::move(model), std::move(*engine), dtype, options.generation_seed));
     if (tp > 1) TESSERA_RETURN_IF_ERROR(m->plan_tp(tp, group->rank()));
+    m->lora_scaling_ = options.lora_scaling;
     return m;
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "sharding manager: {}", e.what());
@@ -149,7 +157,9 @@ Result<models::TensorMap> FsdpShardingManager::gather_units() {
   const auto& layouts = fsdp_.layouts();
   for (size_t u = 0; u < layouts.size(); ++u) {
     const fsdp::FlatLayout& layout = layouts[u];
-    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(dtype_).contiguous();
+    // LoRA merges into the buffer: it must not be the shard itself (K == 1, same dtype).
+    const bool own_copy = lora_scaling_ > 0 && K == 1;
+    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(dtype_, /*non_blocking=*/false, own_copy).contiguous();
     at::Tensor full = local;
     if (K > 1) {
       full = at::empty({layout.padded_numel}, local.options());
@@ -162,6 +172,7 @@ Result<models::TensorMap> FsdpShardingManager::gather_units() {
     if (K > 1) stats_.received_bytes += (full.numel() - local.numel()) * static_cast<int64_t>(full.element_size());
   }
   stats_.units = static_cast<int64_t>(layouts.size());
+  if (lora_scaling_ > 0) return models::merge_lora_weights(tensors, lora_scaling_, /*in_place=*/true);
   return tensors;
 }
 

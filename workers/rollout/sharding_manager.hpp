@@ -7,6 +7,10 @@
 //   2. for every FSDP unit, all-gathers the shards over the "fsdp" mesh group straight into one
 //      full flat buffer in the ROLLOUT dtype (the local shard is cast first, so each rank casts
 //      1/K of the unit; with K == 1 and equal dtypes the shard itself is the buffer);
+//      With LoRA adapters (ShardingManagerOptions::lora_scaling), every unit is gathered into a
+//      buffer of its own (never the shard), and each adapted weight is merged there in place,
+//      W + B A * alpha / r computed in fp32 (models::merge_lora_weights): the engine serves the
+//      adapted policy at the base model's speed, and the handoff still copies nothing;
 //   3. hands every parameter, as a view of its unit's buffer, to the engine's model BY REFERENCE
 //      (RolloutEngine::load_weights_by_reference): zero bytes are copied, and enter() verifies it
 //      by checking that every engine parameter's storage lies inside a gathered buffer
@@ -66,6 +70,9 @@ struct ShardingManagerOptions {
   uint64_t generation_seed = 1000;  ///< Seed of the generation RNG state (verl: dp_rank + 1000).
   /// The rollout TP group (config.tensor_model_parallel_size ranks); null when that is 1.
   std::shared_ptr<collective::Communicator> tp_group;
+  /// > 0: the FSDP module holds LoRA adapters with this alpha / r (models' Note [LoRA adapters]),
+  /// which enter() folds into the gathered base weights.
+  double lora_scaling = 0.0;
 };
 
 /// What the last enter() did.
@@ -132,6 +139,7 @@ class FsdpShardingManager {
   at::Tensor training_rng_state_;
   bool entered_ = false;
   bool swapped_ = false;  // this manager holds the process's default generator swapped
+  double lora_scaling_ = 0.0;  // ShardingManagerOptions::lora_scaling
   ReshardStats stats_;
 };
 

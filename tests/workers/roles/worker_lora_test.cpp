@@ -1,0 +1,224 @@
+// ActorRolloutRefWorker with model.lora_rank > 0 (Note [LoRA adapters], verl's ref_in_actor):
+// the reference log-probs are the base model file's (an independent forward) before and after
+// training, with no second model loaded; the trained actor differs from it and only its adapters
+// moved; the rollout's own log-probs of what it sampled (merged weights, KV-cache engine) equal
+// the actor's recomputation with adapters (the training forward); the checkpoint holds a PEFT
+// adapter (keys, values, config) and an HF model with the adapters merged, and round-trips; the
+// combinations Tessera does not serve are refused naming the keys.
+#include <filesystem>
+#include <fstream>
+
+#include "tests/workers/roles/worker_test_util.hpp"
+#include "workers/models/lora.hpp"
+#include "workers/models/safetensors.hpp"
+#include "workers/roles/actor_rollout_ref_worker.hpp"
+#include "workers/roles/critic_worker.hpp"
+
+namespace tessera::workers {
+namespace {
+
+using namespace testing;  // NOLINT
+
+json lora_config(int64_t rank = 4, double alpha = 8) {
+  json c = arr_config();
+  c["model"]["lora_rank"] = rank;
+  c["model"]["lora_alpha"] = alpha;
+  c["model"]["target_modules"] = "all-linear";
+  c["actor"]["optim"]["lr"] = 5e-2;  // adapters start at B = 0: a visible step
+  return c;
+}
+
+at::Tensor base_log_probs(const proto::DataProto& d) {
+  auto m = load_tiny_model();
+  torch::NoGradGuard g;
+  at::Tensor ids = *d.tensor("input_ids"), responses = *d.tensor("responses");
+  at::Tensor logits = m->forward(ids, *d.tensor("attention_mask"), *d.tensor("position_ids"));
+  const int64_t T = ids.size(1), R = responses.size(1);
+  at::Tensor z = logits.slice(1, T - R - 1, T - 1).to(at::kDouble);
+  return (z - z.logsumexp(-1, true)).gather(-1, responses.unsqueeze(-1)).squeeze(-1);
+}
+
+// Trains `w` for `steps` updates on a batch whose advantages push the policy somewhere.
+void train(ActorRolloutRefWorker& w, int steps) {
+  proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 31, kVocab);
+  for (int s = 0; s < steps; ++s) {
+    auto lp = w.compute_log_prob(batch);
+    ASSERT_TRUE(lp.ok()) << lp.status().to_string();
+    ASSERT_TRUE(batch.set_tensor("old_log_probs", *lp->tensor("old_log_probs")).ok());
+    batch.meta_info()["temperature"] = 1.0;
+    auto out = w.update_actor(batch);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+  }
+}
+
+TEST(LoraActor, TheReferenceIsTheBaseModelAndOnlyTheAdaptersTrain) {
+  auto w = make_worker(context(0, 1, next_port()), "actor_rollout_ref", lora_config());
+  EXPECT_EQ(w->ref_module(), nullptr);  // no second model: the actor without its adapters
+  ASSERT_TRUE(models::has_lora(w->actor_module()->model()));
+  proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 23, kVocab);
+  const at::Tensor want = base_log_probs(batch);
+  auto ref = w->compute_ref_log_prob(batch);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  EXPECT_LE(max_diff(*ref->tensor("ref_log_prob"), want), 1e-5);
+  EXPECT_TRUE(ref->meta_info().at("metrics").contains("timing_s/compute_ref_log_prob"));
+  auto before = w->compute_log_prob(batch);  // B = 0: the adapted actor starts as the base
+  ASSERT_TRUE(before.ok());
+  EXPECT_LE(max_diff(*before->tensor("old_log_probs"), want), 1e-5);
+  auto initial = w->actor_module()->engine().full_state_dict(at::kFloat);
+  ASSERT_TRUE(initial.ok());
+
+  train(*w, 2);
+  auto after = w->compute_log_prob(batch);
+  ASSERT_TRUE(after.ok());
+  EXPECT_GT(max_diff(*after->tensor("old_log_probs"), want), 1e-3);
+  ref = w->compute_ref_log_prob(batch);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_LE(max_diff(*ref->tensor("ref_log_prob"), want), 1e-5);  // still the base model
+  auto trained = w->actor_module()->engine().full_state_dict(at::kFloat);
+  ASSERT_TRUE(trained.ok());
+  int adapters = 0;
+  for (const auto& [name, t] : *initial) {
+    if (models::is_lora_parameter(name)) {
+      adapters += name.find(".lora_B.") != std::string::npos;
+      if (name.find(".lora_B.") != std::string::npos) EXPECT_GT(trained->at(name).abs().max().item<double>(), 0) << name;
+    } else {
+      EXPECT_TRUE(at::equal(trained->at(name), t)) << name << " changed";
+    }
+  }
+  EXPECT_EQ(adapters, 2 * 7);
+  // verl's is_lora flag on an actor without adapters is an error, not the trained policy.
+  auto plain = make_worker(context(0, 1, next_port()), "actor", arr_config());
+  proto::DataProto flagged = batch;
+  flagged.meta_info()["is_lora"] = true;
+  auto refused = plain->compute_log_prob(flagged);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("lora_rank = 0"), std::string::npos) << refused.status().message();
+}
+
+TEST(LoraActor, TheRolloutServesTheAdaptedPolicyFromMergedWeights) {
+  json c = lora_config();
+  auto w = make_worker(context(0, 1, next_port()), "actor_rollout", c);
+  train(*w, 2);
+  proto::DataProto prompts = make_prompts({3, 8, 5, 6}, 8, 51, kVocab);
+  auto out = w->generate_sequences(prompts);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  // The engine's log-probs of its own samples (merged weights) against the actor's recomputation
+  // (base + adapters, the training forward).
+  at::Tensor mask = out->tensor("attention_mask")->narrow(1, 8, 6).to(at::kFloat);
+  at::Tensor rollout = *out->tensor("rollout_log_probs"), actor = *out->tensor("old_log_probs");
+  EXPECT_LE(((rollout - actor) * mask).abs().max().item<double>(), 1e-4);
+  // ... and they are not the base model's.
+  EXPECT_GT(((actor - base_log_probs(*out)) * mask).abs().max().item<double>(), 1e-3);
+  const rollout::ReshardStats st = w->sharding_manager()->last_reshard();
+  EXPECT_EQ(st.handoff_copied_bytes, 0);
+  // The shards themselves were not touched by the merge: the next recomputation is unchanged.
+  auto again = w->compute_log_prob(*out);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(max_diff(*again->tensor("old_log_probs"), actor), 0.0);
+}
+
+TEST(LoraActor, CheckpointsHoldAPeftAdapterAndAMergedHfModel) {
+  char tmpl[] = "/tmp/tessera_lora_ckpt_XXXXXX";
+  const std::string root = mkdtemp(tmpl);
+  json c = lora_config(4, 16);
+  c["actor"]["checkpoint"] = {{"save_contents", {"model", "optimizer", "extra", "hf_model"}}};
+  auto w = make_worker(context(0, 1, next_port()), "actor", c);
+  train(*w, 2);
+  const std::string dir = root + "/global_step_2";
+  ASSERT_TRUE(w->save_checkpoint({dir, std::nullopt, 2, std::nullopt}).ok());
+  // PEFT's adapter_config.json and adapter_model.safetensors.
+  std::ifstream in(dir + "/lora_adapter/adapter_config.json");
+  json adapter = json::parse(in);
+  EXPECT_EQ(adapter["r"], 4);
+  EXPECT_EQ(adapter["lora_alpha"], 16.0);
+  EXPECT_EQ(adapter["peft_type"], "LORA");
+  EXPECT_EQ(adapter["target_modules"],
+            json({"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"}));
+  EXPECT_EQ(adapter["base_model_name_or_path"], tiny_model_dir());
+  auto file = models::read_safetensors(dir + "/lora_adapter/adapter_model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  auto state = w->actor_module()->engine().full_state_dict(at::kFloat);
+  ASSERT_TRUE(state.ok());
+  int keys = 0;
+  for (const auto& [name, t] : state.value()) {
+    if (!models::is_lora_parameter(name)) continue;
+    ++keys;
+    auto it = file->tensors.find("base_model.model." + name);
+    ASSERT_NE(it, file->tensors.end()) << name;
+    EXPECT_TRUE(at::equal(it->second, t)) << name;
+  }
+  EXPECT_EQ(static_cast<int64_t>(file->tensors.size()), keys);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/lora_adapter.tmp"));
+  // The HF model has the adapters merged: a plain model of it gives the adapted log-probs.
+  proto::DataProto batch = make_rollout({3, 5, 2}, {4, 2, 6}, 5, 6, 61, kVocab);
+  auto adapted = w->compute_log_prob(batch);
+  ASSERT_TRUE(adapted.ok());
+  models::LoadOptions load;
+  load.dtype = at::kFloat;
+  auto merged = models::load_causal_lm(dir + "/huggingface", load);
+  ASSERT_TRUE(merged.ok()) << merged.status().to_string();
+  EXPECT_FALSE(models::has_lora(**merged));
+  {
+    torch::NoGradGuard g;
+    at::Tensor ids = *batch.tensor("input_ids"), responses = *batch.tensor("responses");
+    at::Tensor z = (*merged)->forward(ids, *batch.tensor("attention_mask"), *batch.tensor("position_ids"))
+                       .slice(1, ids.size(1) - 7, ids.size(1) - 1)
+                       .to(at::kDouble);
+    at::Tensor lp = (z - z.logsumexp(-1, true)).gather(-1, responses.unsqueeze(-1)).squeeze(-1);
+    EXPECT_LE(max_diff(lp, *adapted->tensor("old_log_probs")), 1e-4);
+  }
+  // Round trip into a fresh adapted actor.
+  auto fresh = make_worker(context(0, 1, next_port()), "actor", lora_config(4, 16));
+  ASSERT_TRUE(fresh->load_checkpoint({dir, std::nullopt, false}).ok());
+  auto loaded = fresh->compute_log_prob(batch);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(max_diff(*loaded->tensor("old_log_probs"), *adapted->tensor("old_log_probs")), 0.0);
+  // A plain actor cannot load it (its units differ), and says so.
+  auto plain = make_worker(context(0, 1, next_port()), "actor", arr_config());
+  EXPECT_FALSE(plain->load_checkpoint({dir, std::nullopt, false}).ok());
+  std::filesystem::remove_all(root);
+}
+
+std::string init_error(const runtime::WorkerContext& ctx, const std::string& role, const json& config) {
+  auto w = ActorRolloutRefWorker::create(ctx, json{{"role", role}, {"config", config}, {"seed", 3},
+                                                   {"comm_backend", "inproc"}});
+  if (!w.ok()) return w.status().message();
+  Status st = (*w)->init_model();
+  return st.ok() ? std::string() : st.message();
+}
+
+TEST(LoraActor, WhatTesseraDoesNotServeIsRefusedNamingTheKeys) {
+  json split = lora_config();
+  split["rollout"]["engine_kwargs"] = {{"tessera", {{"placement", "split"}}}};
+  const std::string split_error = init_error(context(0, 1, next_port()), "actor", split);
+  EXPECT_NE(split_error.find("placement=split"), std::string::npos) << split_error;
+  EXPECT_NE(split_error.find("lora_rank"), std::string::npos) << split_error;
+
+  json tp = lora_config();
+  tp["rollout"]["tensor_model_parallel_size"] = 2;
+  std::vector<std::string> errors(2);
+  const uint16_t port = next_port();
+  run_ranks(2, [&](int r) { errors[static_cast<size_t>(r)] = init_error(context(r, 2, port), "actor_rollout", tp); });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("tensor_model_parallel_size=2"), std::string::npos) << e;
+    EXPECT_NE(e.find("lora_rank"), std::string::npos) << e;
+  }
+
+  json bad = lora_config();
+  bad["model"]["target_modules"] = json::array({"lm_head"});
+  const std::string head = init_error(context(0, 1, next_port()), "actor", bad);
+  EXPECT_NE(head.find("actor_rollout_ref.model.target_modules"), std::string::npos) << head;
+
+  json critic = {{"model", {{"path", tiny_model_dir()}, {"fsdp_config", fp32_fsdp()}, {"lora_rank", 8}}},
+                 {"optim", {{"lr", 5e-3}}},
+                 {"rollout_n", 1},
+                 {"ppo_mini_batch_size", 4},
+                 {"ppo_micro_batch_size_per_gpu", 2}};
+  auto cw = CriticWorker::create(context(0, 1, next_port()), json{{"config", critic}, {"seed", 3}, {"comm_backend", "inproc"}});
+  ASSERT_TRUE(cw.ok()) << cw.status().to_string();
+  Status st = (*cw)->init_model();
+  EXPECT_NE(st.message().find("critic.model.lora_rank = 8"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace tessera::workers
