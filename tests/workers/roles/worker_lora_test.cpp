@@ -3,8 +3,10 @@
 // training, with no second model loaded; the trained actor differs from it and only its adapters
 // moved; the rollout's own log-probs of what it sampled (merged weights, KV-cache engine) equal
 // the actor's recomputation with adapters (the training forward); the checkpoint holds a PEFT
-// adapter (keys, values, config) and an HF model with the adapters merged, and round-trips; the
+// adapter (keys, values, config) and an HF model with the adapters merged, and round-trips; PEFT
+// itself loads that adapter over the base model and computes the actor's log-probs; the
 // combinations Tessera does not serve are refused naming the keys.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -176,6 +178,66 @@ TEST(LoraActor, CheckpointsHoldAPeftAdapterAndAMergedHfModel) {
   // A plain actor cannot load it (its units differ), and says so.
   auto plain = make_worker(context(0, 1, next_port()), "actor", arr_config());
   EXPECT_FALSE(plain->load_checkpoint({dir, std::nullopt, false}).ok());
+  std::filesystem::remove_all(root);
+}
+
+// PEFT itself ($TESSERA_PYTHON with transformers and peft, as deploy/dev.sh installs them) loads
+// the saved adapter over the base model file: its log-probs of a batch are the trained actor's.
+constexpr const char* kPeftScript = R"PY(
+import json, sys
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+base, adapter, batch_path, out_path = sys.argv[1:5]
+model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
+model.eval()
+b = {k: torch.tensor(v) for k, v in json.load(open(batch_path)).items()}
+with torch.no_grad():
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+T, R = b["input_ids"].shape[1], b["responses"].shape[1]
+z = logits[:, T - R - 1:T - 1].double()
+lp = torch.log_softmax(z, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+json.dump(lp.tolist(), open(out_path, "w"))
+)PY";
+
+TEST(LoraActor, PeftLoadsTheSavedAdapterAndComputesTheActorsLogProbs) {
+  const char* env = std::getenv("TESSERA_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+  if (std::system((python + " -c 'import torch, transformers, peft' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << python << " cannot import torch, transformers and peft (deploy/dev.sh installs them)";
+  }
+  char tmpl[] = "/tmp/tessera_lora_peft_XXXXXX";
+  const std::string root = mkdtemp(tmpl);
+  auto w = make_worker(context(0, 1, next_port()), "actor", lora_config(4, 16));
+  train(*w, 3);
+  ASSERT_TRUE(w->save_checkpoint({root + "/ckpt", std::nullopt, 3, std::nullopt}).ok());
+  proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 71, kVocab);
+  auto adapted = w->compute_log_prob(batch);
+  ASSERT_TRUE(adapted.ok());
+  json b;
+  for (const char* key : {"input_ids", "attention_mask", "position_ids", "responses"}) {
+    at::Tensor t = batch.tensor(key)->to(at::kLong).contiguous();
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t i = 0; i < t.size(0); ++i) rows.emplace_back(t[i].data_ptr<int64_t>(), t[i].data_ptr<int64_t>() + t.size(1));
+    b[key] = rows;
+  }
+  std::ofstream(root + "/batch.json") << b.dump();
+  std::ofstream(root + "/load_adapter.py") << kPeftScript;
+  const std::string cmd = python + " " + root + "/load_adapter.py " + tiny_model_dir() + " " + root + "/ckpt/lora_adapter " +
+                          root + "/batch.json " + root + "/out.json";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(root + "/out.json");
+  const json got = json::parse(in);
+  at::Tensor peft = at::zeros({4, 6}, at::kDouble);
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 6; ++j) peft[i][j] = got[i][j].get<double>();
+  }
+  at::Tensor mask = batch.tensor("response_mask")->to(at::kDouble);
+  at::Tensor mine = adapted->tensor("old_log_probs")->to(at::kDouble);
+  EXPECT_LE(((peft - mine) * mask).abs().max().item<double>(), 1e-4);
+  // Not the base model's: PEFT applied the trained adapters.
+  EXPECT_GT(((peft - base_log_probs(batch)) * mask).abs().max().item<double>(), 1e-3);
   std::filesystem::remove_all(root);
 }
 
