@@ -67,7 +67,7 @@ FsdpOptions fsdp_options_from_config(const FsdpConfig& config, int world_size) {
 FsdpModule::~FsdpModule() = default;
 
 FsdpModule::UnitState& FsdpModule::unit_state(int unit) {
-  host_params_current_ = false;  // the caller may write the shard (Note [Clean offload])
+  units_[unit]->host_current = false;  // the caller may write the shard (Note [Clean offload])
   return *units_[unit];
 }
 

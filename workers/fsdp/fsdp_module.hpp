@@ -282,7 +282,6 @@ class FsdpModule {
   int64_t optimizer_steps_ = 0;
   bool params_offloaded_ = false;
   bool optimizer_offloaded_ = false;
-  bool host_params_current_ = false;  // every offload_shard holds its shard's values (Note [Clean offload])
   bool in_forward_ = false;
   ForwardMode mode_ = ForwardMode::eval;
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
@@ -301,6 +300,7 @@ struct FsdpModule::UnitState {
   at::Tensor shard_grad;           ///< [S] model_dtype reduced gradient; undefined when none.
   AdamWState adam;                 ///< Moments; undefined while offloaded or frozen.
   at::Tensor offload_shard;        ///< CPU copy while offloaded (kept allocated).
+  bool host_current = false;       ///< offload_shard holds the shard's values (Note [Clean offload]).
   AdamWState offload_adam;         ///< CPU copies of the moments.
   at::Tensor full;                 ///< [padded] param_dtype while gathered (or being gathered).
   collective::PendingCollective gathering;  ///< The all-gather into `full`, until gather_unit waits.

@@ -33,10 +33,11 @@
 // still hold exactly what the device holds. offload_params() then only frees the working copies
 // instead of copying them back: per GRPO step of a 7B model with param offload that is the
 // actor's fp32 shards twice (30 GB each) and the bf16 reference once (15 GB) not moved over
-// PCIe. verl copies them back every time. host_params_current_ says the buffers are current:
+// PCIe. verl copies them back every time. Each unit's host_current says its buffer is current:
 // offload_params() sets it, load_params() keeps it, and whatever may write a shard clears it:
-// step() (before AdamW runs, so a failure part way leaves it cleared) and the write accessor
-// unit_state() (checkpoint restore, tests).
+// step() for the units it updates (before AdamW runs, so a failure part way leaves it cleared)
+// and the write accessor unit_state() (checkpoint restore, tests). Per unit, so a LoRA actor's
+// frozen base (Note [Attached units]) is never copied back: only its adapters change.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -178,12 +179,12 @@ Result<StepResult> FsdpModule::step() {
     }
     double clip = optim_.clip_grad;
     double coef = clip > 0 ? clip / (result.grad_norm + 1e-6) : 1.0;
-    host_params_current_ = false;  // AdamW writes the shards (Note [Clean offload])
     std::vector<UnitState*> stepped;
     std::vector<at::Tensor> params, grads;
     std::vector<AdamWState*> states;
     for (auto& s : units_) {
       if (!s->shard_grad.defined() || !s->trainable) continue;
+      s->host_current = false;  // AdamW writes the shard (Note [Clean offload])
       stepped.push_back(s.get());
       params.push_back(s->shard);
       grads.push_back(s->shard_grad);
@@ -217,7 +218,7 @@ Status FsdpModule::offload_params() {
   // loaded), then the working copies are dropped.
   try {
     for (auto& s : units_) {
-      const bool current = host_params_current_ && s->offload_shard.defined() &&
+      const bool current = s->host_current && s->offload_shard.defined() &&
                            s->offload_shard.sizes() == s->shard.sizes() &&
                            s->offload_shard.scalar_type() == s->shard.scalar_type();
       if (!current) offload_into(s->offload_shard, s->shard);  // Note [Clean offload]
@@ -225,9 +226,11 @@ Status FsdpModule::offload_params() {
   } catch (...) {
     return proto::status_from_current_exception("FSDP offload_params");
   }
-  for (auto& s : units_) s->shard = at::Tensor();  // frees the working copies
+  for (auto& s : units_) {
+    s->shard = at::Tensor();  // frees the working copies
+    s->host_current = true;
+  }
   params_offloaded_ = true;
-  host_params_current_ = true;
   return Status();
 }
 

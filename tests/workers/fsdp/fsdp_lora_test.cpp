@@ -224,6 +224,35 @@ TEST(FsdpLoraUnits, CheckpointsRoundTripAndHoldMomentsOfTheAdaptersOnly) {
   std::filesystem::remove_all(dir);
 }
 
+// Note [Clean offload], per unit: a step writes the adapters only, so offloading after it copies
+// the adapter units back and leaves the frozen base's host buffers alone.
+TEST(FsdpLoraUnits, OffloadAfterAStepCopiesTheAdaptersOnly) {
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    auto model = make_adapted();
+    auto e = wrap(model, borrow(w), S::full_shard);
+    ASSERT_TRUE(e);
+    const FsdpModule& view = *e;  // const access: reads that do not mark the shards written
+    ASSERT_TRUE(e->offload_params().ok());
+    ASSERT_TRUE(e->load_params().ok());
+    for (int u = 0; u < 5; ++u) view.unit_state(u).offload_shard.fill_(7.0f);  // markers
+    ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
+    ASSERT_TRUE(e->backward(loss_of(*model, batch(0, rank, 2))).ok());
+    ASSERT_TRUE(e->step().ok());
+    std::vector<at::Tensor> shards;
+    for (int u = 0; u < 5; ++u) shards.push_back(view.unit_state(u).shard.clone());
+    ASSERT_TRUE(e->offload_params().ok());
+    for (int u = 0; u < 5; ++u) {
+      const at::Tensor& host = view.unit_state(u).offload_shard;
+      const bool adapters = e->layouts()[static_cast<size_t>(u)].unit.find(".lora") != std::string::npos;
+      if (adapters) {
+        EXPECT_TRUE(at::equal(host, shards[static_cast<size_t>(u)])) << e->layouts()[static_cast<size_t>(u)].unit;
+      } else {
+        EXPECT_TRUE(at::equal(host, at::full_like(host, 7.0f))) << e->layouts()[static_cast<size_t>(u)].unit << " copied back";
+      }
+    }
+  });
+}
+
 TEST(FsdpLoraUnits, AttachmentsMustNameAUnitOfItsOwn) {
   collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
     auto mesh = collective::DeviceMesh::for_fsdp(borrow(w), -1);
