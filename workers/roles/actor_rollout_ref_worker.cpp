@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -362,53 +361,13 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
 
 // ---- Checkpoints --------------------------------------------------------------------------------
 
-namespace {
-
-// verl's _save_lora_adapter: <dir>/lora_adapter/adapter_model.safetensors and adapter_config.json
-// as PEFT's save_pretrained writes them (keys "base_model.model.<parameter>", the adapters in their
-// fp32 master values), so PeftModel.from_pretrained loads them over the base model. Only the
-// adapter units are gathered. Collective; rank 0 writes, into a temporary directory renamed into
-// place.
-Status save_lora_adapter(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora, const std::string& base_path,
-                         const std::string& dir, int rank) {
-  auto is_adapter_unit = [](const fsdp::FlatLayout& l) {
-    return std::all_of(l.params.begin(), l.params.end(), [](const auto& e) { return models::is_lora_parameter(e.name); });
-  };
-  TESSERA_ASSIGN_OR_RETURN(auto adapters, module.engine().full_state_dict(at::kFloat, is_adapter_unit));
-  if (rank != 0) return Status();
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets,
-                           models::lora_target_modules(module.model(), lora, "actor_rollout_ref.model"));
-  models::TensorMap peft;
-  for (auto& [name, t] : adapters) {
-    if (models::is_lora_parameter(name)) peft["base_model.model." + name] = t.cpu();
-  }
-  namespace fs = std::filesystem;
-  const fs::path final_dir = fs::path(dir) / "lora_adapter", tmp = fs::path(dir) / "lora_adapter.tmp";
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
-  TESSERA_RETURN_IF_ERROR(models::write_safetensors((tmp / "adapter_model.safetensors").string(), peft));
-  {
-    std::ofstream out(tmp / "adapter_config.json");
-    out << models::peft_adapter_config(lora, targets, base_path).dump(4);
-    if (!out) return make_error(ErrorCode::io_error, "save_checkpoint: cannot write '{}'", (tmp / "adapter_config.json").string());
-  }
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
-  if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot move '{}' into place: {}", tmp.string(), ec.message());
-  return Status();
-}
-
-}  // namespace
-
 Status ActorRolloutRefWorker::save_checkpoint(const SaveCheckpointArgs& args) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "save_checkpoint", "actor"));
   TESSERA_RETURN_IF_ERROR(save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_,
                                                  context().rank, rotation_));
   if (lora_actor()) {
-    TESSERA_RETURN_IF_ERROR(save_lora_adapter(*actor_module_, config_.model.lora, config_.model.path, args.local_path,
-                                              context().rank));
+    TESSERA_RETURN_IF_ERROR(save_lora_adapter(*actor_module_, config_.model.lora, "actor_rollout_ref.model",
+                                              config_.model.path, args.local_path, context().rank));
   }
   if (!config_.save_hf_model || context().rank != 0) return Status();
   // save_contents lists hf_model: a complete HF directory beside the shards (config.json and the

@@ -38,6 +38,7 @@ struct SftWorkerConfig {
   bool gradient_checkpointing = false;  // model.enable_gradient_checkpointing
   bool use_remove_padding = false;      // padding-free micro-batches (workers/ppo/packing.hpp)
   bool use_liger = false;               // model.use_liger: fused layer ops on a GPU (Note [Fused layers])
+  models::LoraConfig lora;              // model.lora_rank, lora_alpha, target_modules (Note [LoRA adapters])
 };
 
 // sft_loss_terms over a packed micro-batch: logits [n, V] at the packed tokens of columns [0, T-1).
@@ -76,14 +77,14 @@ Status read_model_block(const json& model, SftWorkerConfig& out) {
   ppo::ConfigReader r(model, "model");
   r.field("partial_pretrain", out.model_path);
   const json& fsdp = r.nested("fsdp_config");
-  int64_t lora_rank = 0;
-  r.field("lora_rank", lora_rank);
   const json& external = r.nested("external_lib");
   r.field("enable_gradient_checkpointing", out.gradient_checkpointing);
   r.field("use_liger", out.use_liger);
   std::string strategy = "fsdp2";
   r.field("strategy", strategy);
-  for (const char* key : {"trust_remote_code", "use_shm", "lora_alpha", "target_modules"}) {
+  // verl's SFT trainer passes lora_rank, lora_alpha and target_modules to PEFT (no exclude_modules).
+  TESSERA_ASSIGN_OR_RETURN(out.lora, models::lora_config_from_json(model, "model"));
+  for (const char* key : {"trust_remote_code", "use_shm", "lora_rank", "lora_alpha", "target_modules"}) {
     r.skip(key);
   }
   TESSERA_RETURN_IF_ERROR(r.finish());
@@ -91,7 +92,6 @@ Status read_model_block(const json& model, SftWorkerConfig& out) {
     return make_error(ErrorCode::invalid_argument, "model.strategy='{}': expected fsdp or fsdp2", strategy);
   }
   if (out.model_path.empty()) return make_error(ErrorCode::invalid_argument, "model.partial_pretrain: required");
-  if (lora_rank > 0) return make_error(ErrorCode::unimplemented, "model.lora_rank: {} (LoRA is not implemented)", lora_rank);
   if (!external.is_null()) return make_error(ErrorCode::unimplemented, "model.external_lib: not supported");
   TESSERA_ASSIGN_OR_RETURN(out.fsdp_config, translate_fsdp_config(fsdp, "model.fsdp_config"));
   return Status();
@@ -214,6 +214,7 @@ class SftWorker : public dispatch::WorkerBase {
     load.device = device();
     TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model_path, load));
     model_config_ = model->config();
+    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, config_.lora, "model"));
     FsdpBuildOptions b;
     b.fsdp_config = config_.fsdp_config;
     b.fsdp_config_path = "model.fsdp_config";
@@ -302,8 +303,13 @@ class SftWorker : public dispatch::WorkerBase {
     TESSERA_RETURN_IF_ERROR(require_init("save_checkpoint"));
     TESSERA_RETURN_IF_ERROR(
         save_worker_checkpoint(module_->engine(), args, config_.model_path, model_config_, context().rank, rotation_));
+    if (config_.lora.enabled()) {
+      TESSERA_RETURN_IF_ERROR(
+          save_lora_adapter(*module_, config_.lora, "model", config_.model_path, args.local_path, context().rank));
+    }
     if (context().rank != 0) return Status();
-    // A complete HF directory beside the shards: config.json and the tokenizer are already there.
+    // A complete HF directory beside the shards: config.json and the tokenizer are already there;
+    // LoRA adapters are merged into it, so the RL phase starts from the fine-tuned model.
     return fsdp::export_hf(args.local_path, (std::filesystem::path(args.local_path) / "huggingface").string());
   }
 

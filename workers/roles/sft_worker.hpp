@@ -10,10 +10,12 @@
 //                               cpu_offload / offload_params true are unimplemented errors.
 //                               Without mixed_precision, CPU ranks compute in fp32 (verl's SFT
 //                               trainer hard-codes bf16 for CUDA, which CUDA ranks keep).
-//   model.lora_rank > 0, model.external_lib: unimplemented errors. enable_gradient_checkpointing:
-//   under FULL_SHARD / HYBRID_SHARD, free each decoder layer after forward and recompute it in
-//   backward (worker_support.hpp). trust_remote_code, use_liger, use_shm, strategy, lora_alpha,
-//   target_modules: accepted, no effect.
+//   model.lora_rank > 0: LoRA adapters with lora_alpha on target_modules (models' Note [LoRA
+//   adapters]; verl's SFT trainer passes no exclude_modules); checkpoints add lora_adapter/ in
+//   PEFT's format and the HF model has them merged. model.external_lib: unimplemented error.
+//   enable_gradient_checkpointing: under FULL_SHARD / HYBRID_SHARD, free each decoder layer after
+//   forward and recompute it in backward (worker_support.hpp). trust_remote_code, use_liger,
+//   use_shm, strategy: accepted, no effect.
 //   optim.{lr, betas, weight_decay, warmup_steps_ratio, clip_grad, lr_scheduler (cosine|constant),
 //   min_lr_ratio}: AdamW and verl's schedule over total_training_steps.
 //   data.micro_batch_size_per_gpu: micro-batch rows (other data.* keys belong to the driver).

@@ -219,6 +219,14 @@ class CheckpointRotation {
 Status save_worker_checkpoint(fsdp::FsdpModule& engine, const SaveCheckpointArgs& args, const std::string& model_path,
                               const models::ModelConfig& model_config, int rank, CheckpointRotation& rotation);
 
+/// verl's _save_lora_adapter: `dir`/lora_adapter/adapter_model.safetensors and adapter_config.json
+/// as PEFT's save_pretrained writes them (keys "base_model.model.<parameter>", the adapters in their
+/// fp32 master values; models::peft_adapter_config over `base_path`), so PeftModel.from_pretrained
+/// loads them over the base model. Only the adapter units are gathered; `key_path` (e.g.
+/// "actor_rollout_ref.model") names the LoRA keys in errors. Collective; rank 0 writes, into a
+/// temporary directory renamed into place.
+Status save_lora_adapter(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora, const std::string& key_path,
+                         const std::string& base_path, const std::string& dir, int rank);
 /// Loads args.local_path into `engine` (any world size); keeps the offload state. With
 /// del_local_after_load, rank 0 removes the directory once every rank has loaded.
 Status load_worker_checkpoint(fsdp::FsdpModule& engine, const LoadCheckpointArgs& args, int rank,

@@ -1,6 +1,6 @@
 // The "sft" worker type through WorkerGroups on the embedded runtime: its losses against plain
 // LibTorch cross-entropy over the same model, data-parallel invariance of an update (2 ranks vs
-// 1 rank give the same weights), the HF export, and one-line errors for bad inputs.
+// 1 rank give the same weights), the HF export, LoRA, and one-line errors for bad inputs.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -172,6 +172,53 @@ TEST(SftWorker, PaddingFreeMatchesPadded) {
   auto st = g.wg->call("init_model", {});
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("use_remove_padding"), std::string::npos) << st.status().to_string();
+}
+
+// model.lora_rank (verl's SFT trainer with PEFT): 2 ranks train the adapters as 1 rank does; the
+// HF export has them merged, so only the adapted projections moved (embeddings, norms and head are
+// bitwise the base model's) and the loss went down; the PEFT adapter is saved beside it.
+TEST(SftWorker, LoraTrainsTheAdaptersAndExportsTheMergedModel) {
+  char tmpl[] = "/tmp/tessera_sft_lora_XXXXXX";
+  const std::string base = ::mkdtemp(tmpl);
+  std::map<std::string, at::Tensor> merged[2];
+  for (int ranks : {1, 2}) {
+    json init = init_config(testing::tiny_model_dir());
+    init["config"]["model"]["lora_rank"] = 4;
+    init["config"]["model"]["lora_alpha"] = 8;
+    init["config"]["model"]["target_modules"] = json::array({"q_proj", "v_proj", "down_proj"});
+    Group g = spawn(ranks, init);
+    ASSERT_TRUE(g.wg->call("init_model", {}).ok());
+    for (int step = 0; step < 2; ++step) metric(g.wg->call("train_batch", {Value(sft_batch())}), "train/loss");
+    const std::string out = base + "/dp" + std::to_string(ranks);
+    auto saved = g.wg->call("save_checkpoint", {Value(json{{"local_path", out}, {"global_step", 2}})});
+    ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+    EXPECT_TRUE(std::filesystem::exists(out + "/lora_adapter/adapter_model.safetensors"));
+    auto m = models::load_causal_lm(out + "/huggingface");
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    for (const auto& [name, t] : (*m)->parameter_map()) merged[ranks - 1][name] = t.clone();
+    EXPECT_LT(reference_loss(out + "/huggingface", sft_batch()), reference_loss(testing::tiny_model_dir(), sft_batch()));
+  }
+  auto m0 = models::load_causal_lm(testing::tiny_model_dir());
+  ASSERT_TRUE(m0.ok());
+  for (const auto& [name, t] : (*m0)->parameter_map()) {
+    ASSERT_TRUE(merged[0].count(name) && merged[1].count(name)) << name;
+    EXPECT_TRUE(torch::allclose(merged[0].at(name), merged[1].at(name), 1e-5, 1e-6)) << name;
+    const bool adapted = name.find("q_proj.weight") != std::string::npos || name.find("v_proj.weight") != std::string::npos ||
+                         name.find("down_proj.weight") != std::string::npos;
+    if (adapted) {
+      EXPECT_GT((merged[0].at(name) - t).abs().max().item<double>(), 1e-5) << name << " did not move";
+    } else {
+      EXPECT_TRUE(at::equal(merged[0].at(name), t)) << name << " moved";
+    }
+  }
+  std::filesystem::remove_all(base);
+  json bad = init_config(testing::tiny_model_dir());
+  bad["config"]["model"]["lora_rank"] = 4;
+  bad["config"]["model"]["target_modules"] = json::array({"lm_head"});
+  Group g = spawn(1, bad);
+  auto st = g.wg->call("init_model", {});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("model.target_modules"), std::string::npos) << st.status().to_string();
 }
 
 TEST(SftWorker, BadInputsGiveOneLineErrors) {
