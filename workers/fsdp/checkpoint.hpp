@@ -37,8 +37,9 @@ namespace tessera::fsdp {
 /// Options for save_checkpoint.
 struct SaveOptions {
   nlohmann::json hf_config;  ///< Non-null: written to huggingface/config.json (by world rank 0).
-  /// Test hook, called on every rank after its files are in the temp directory and before the
-  /// ranks agree; an error (or a process kill) here must leave the previous checkpoint intact.
+  /// Called on every rank after its files are in the temp directory and before the ranks agree:
+  /// files a worker adds (the LoRA adapter), and the tests' failure injection. An error (or a
+  /// process kill) here must leave the previous checkpoint intact.
   std::function<Status(const std::string& temp_dir)> after_rank_files;
 };
 

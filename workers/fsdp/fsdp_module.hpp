@@ -45,7 +45,8 @@
 //    backward() returns; with a replicate group (HYBRID_SHARD, NO_SHARD) the reduction stays
 //    blocking (its all-reduce needs the reduce-scatter's result).
 // "Next" is the neighbouring recomputed unit in module order (forward) and the one that ran
-// before in this forward (backward). At most two units are gathered at once. Nothing changes
+// before in this forward (backward). At most two units (with their attached units) are gathered
+// at once. Nothing changes
 // the numbers: the same collectives run on the same tensors in the same order, and each unit's
 // shard gradient is accumulated in the same order.
 //

@@ -1,7 +1,10 @@
 // lora.cpp: Note [LoRA adapters] in lora.hpp.
 #include "workers/models/lora.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -23,7 +26,9 @@ Result<ModuleSelector> selector_from_json(const json& value, const std::string& 
   if (value.is_null()) return out;
   if (value.is_string()) {
     const std::string text = value.get<std::string>();
-    if (allow_all_linear && text == "all-linear") {
+    std::string lower = text;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    if (allow_all_linear && lower == "all-linear") {  // PEFT compares it lower-cased
       out.all_linear = true;
       return out;
     }
@@ -50,13 +55,24 @@ Result<ModuleSelector> selector_from_json(const json& value, const std::string& 
                     value.dump());
 }
 
-bool selects(const ModuleSelector& s, const std::string& name) {
-  if (s.regex) return std::regex_match(name, std::regex(*s.regex));
-  for (const auto& n : s.names) {
-    if (name == n || ends_with(name, "." + n)) return true;
+// A ModuleSelector with its regular expression compiled once.
+class Selector {
+ public:
+  explicit Selector(const ModuleSelector& s) : s_(s) {
+    if (s.regex) regex_.emplace(*s.regex);
   }
-  return false;
-}
+  bool operator()(const std::string& name) const {
+    if (regex_) return std::regex_match(name, *regex_);
+    for (const auto& n : s_.names) {
+      if (name == n || ends_with(name, "." + n)) return true;
+    }
+    return false;
+  }
+
+ private:
+  const ModuleSelector& s_;
+  std::optional<std::regex> regex_;
+};
 
 // Every Linear of the model by module name, in module order.
 std::vector<std::pair<std::string, std::shared_ptr<Linear>>> linear_modules(const PretrainedModel& model) {
@@ -95,8 +111,8 @@ Result<LoraConfig> lora_config_from_json(const json& block, const std::string& p
   const json targets = block.contains("target_modules") ? block.at("target_modules") : json("all-linear");
   TESSERA_ASSIGN_OR_RETURN(c.target, selector_from_json(targets, path + ".target_modules", /*allow_all_linear=*/true));
   if (c.enabled() && c.target.empty()) {
-    return make_error(ErrorCode::invalid_argument, "{}.target_modules is empty: name the modules to adapt (verl's "
-                      "default is all-linear)", path);
+    return make_error(ErrorCode::invalid_argument, "{}.target_modules is empty or null: name the modules to adapt "
+                      "(verl's default is all-linear)", path);
   }
   const json excluded = block.contains("exclude_modules") ? block.at("exclude_modules") : json();
   TESSERA_ASSIGN_OR_RETURN(c.exclude, selector_from_json(excluded, path + ".exclude_modules", false));
@@ -105,25 +121,27 @@ Result<LoraConfig> lora_config_from_json(const json& block, const std::string& p
 
 Result<std::vector<std::string>> lora_target_modules(const PretrainedModel& model, const LoraConfig& config,
                                                      const std::string& path) {
+  const Selector target(config.target), exclude(config.exclude);
   std::set<std::string> linear_names;
   std::vector<std::string> out;
   for (const auto& [name, linear] : linear_modules(model)) {
     linear_names.insert(name);
-    const bool wanted = config.target.all_linear ? in_decoder_layer(name) : selects(config.target, name);
-    if (!wanted || selects(config.exclude, name)) continue;
+    const bool wanted = config.target.all_linear ? in_decoder_layer(name) : target(name);
+    if (!wanted || exclude(name)) continue;
     if (!in_decoder_layer(name)) {
       return make_error(ErrorCode::unimplemented,
                         "{}.target_modules matches '{}': adapters outside the decoder layers are not supported "
-                        "(exclude it with {}.exclude_modules)",
-                        path, name, path);
+                        "(leave it out of the targets)",
+                        path, name);
     }
     out.push_back(name);
   }
-  // A selected module that is not a Linear (PEFT: "Target module ... is not supported").
+  // A selected module that is not a Linear, a container included (PEFT: "Target module ... is not
+  // supported").
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
     if (linear_names.count(name) || config.target.all_linear || name.find(".lora_") != std::string::npos) continue;
-    if (selects(config.target, name) && !selects(config.exclude, name) && !item.value()->parameters(false).empty()) {
+    if (target(name) && !exclude(name)) {
       return make_error(ErrorCode::invalid_argument,
                         "{}.target_modules matches '{}', which is not a linear layer (LoRA adapts linear layers)",
                         path, name);
@@ -228,8 +246,6 @@ Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bo
 
 json peft_adapter_config(const LoraConfig& config, const std::vector<std::string>& targets,
                          const std::string& base_model_path) {
-  std::set<std::string> short_names;
-  for (const auto& t : targets) short_names.insert(t.substr(t.rfind('.') + 1));
   json exclude = nullptr;
   if (config.exclude.regex) exclude = *config.exclude.regex;
   if (!config.exclude.names.empty()) exclude = config.exclude.names;
@@ -244,7 +260,7 @@ json peft_adapter_config(const LoraConfig& config, const std::vector<std::string
               {"modules_to_save", nullptr},
               {"peft_type", "LORA"},
               {"r", config.rank},
-              {"target_modules", std::vector<std::string>(short_names.begin(), short_names.end())},
+              {"target_modules", targets},  // whole names: PEFT adapts exactly these on reload
               {"task_type", "CAUSAL_LM"},
               {"use_dora", false},
               {"use_rslora", false}};

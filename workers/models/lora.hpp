@@ -17,8 +17,11 @@
 // target_modules follows PEFT: a string is a regular expression that must match a module's whole
 // name; a list matches a module whose name is an entry or ends with "." + entry; "all-linear" is
 // every Linear of the decoder layers (PEFT's shorthand: every linear layer but the output head).
-// exclude_modules removes matches the same way. A match that is not a Linear layer, or one outside
-// the decoder layers (lm_head, score), is refused, as is a target list that matches nothing.
+// exclude_modules removes matches the same way. A match that is not a Linear layer (a container
+// such as "mlp" included, as PEFT refuses it), or one outside the decoder layers (lm_head, score),
+// is refused, as is a target list that matches nothing. The regular expressions are ECMAScript's
+// (std::regex), which reads the patterns used to select modules as Python's re does; Python-only
+// syntax is refused as invalid rather than misread.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +52,7 @@ struct LoraConfig {
   double alpha = 16.0;
   ModuleSelector target;
   ModuleSelector exclude;
-  /// Seed of lora_A's initial values.
+  /// Seed of lora_A's initial values (the workers pass the run's seed).
   uint64_t seed = 0;
   bool enabled() const { return rank > 0; }
   double scaling() const { return alpha / static_cast<double>(rank); }
@@ -88,7 +91,7 @@ bool is_lora_parameter(const std::string& name);
 Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place);
 
 /// PEFT's adapter_config.json for `config` over the base model at `base_model_path`, with the
-/// target modules as PEFT records them (the distinct last name components).
+/// target modules by their whole names, so PEFT adapts exactly those modules when it loads it.
 nlohmann::json peft_adapter_config(const LoraConfig& config, const std::vector<std::string>& targets,
                                    const std::string& base_model_path);
 

@@ -112,7 +112,9 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
                         "actor_rollout_ref.model.lora_rank={} is not supported (the colocated rollout serves the "
                         "merged weights)", config_.model.lora.rank);
     }
-    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, config_.model.lora, "actor_rollout_ref.model"));
+    models::LoraConfig lora = config_.model.lora;
+    lora.seed = config_.seed;  // lora_A's initial values follow the run's seed
+    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, lora, "actor_rollout_ref.model"));
   }
   FsdpBuildOptions b;
   b.fsdp_config = config_.actor_fsdp_config;
@@ -209,7 +211,11 @@ Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataP
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "compute_log_prob", "actor"));
   // verl: meta_info.is_lora runs the actor with its adapters disabled (the reference policy).
   const json& is_lora = data.meta_info().contains("is_lora") ? data.meta_info()["is_lora"] : json(false);
-  const bool base_model = is_lora.is_boolean() && is_lora.get<bool>();
+  if (!is_lora.is_boolean()) {
+    return make_error(ErrorCode::invalid_argument, "compute_log_prob: meta_info.is_lora = {}: expected true or false",
+                      is_lora.dump());
+  }
+  const bool base_model = is_lora.get<bool>();
   if (base_model && !lora_actor()) {
     return make_error(ErrorCode::invalid_argument,
                       "compute_log_prob: meta_info.is_lora on an actor without LoRA adapters "
@@ -218,11 +224,17 @@ Result<proto::DataProto> ActorRolloutRefWorker::old_log_probs(const proto::DataP
   const auto& fc = actor_module_->engine().options();
   TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(actor_module_->engine(), fc.param_offload));
   const auto& r = config_.rollout;
-  if (base_model) models::set_lora_enabled(actor_module_->model(), false);
-  Result<ppo::LogProbOutput> lp = log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu,
-                                            r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
-                                            calculate_entropy);
-  if (base_model) models::set_lora_enabled(actor_module_->model(), true);
+  Result<ppo::LogProbOutput> lp = [&] {
+    struct AdaptersOff {  // the adapters are on again however the pass ends
+      models::PretrainedModel* model;
+      ~AdaptersOff() {
+        if (model) models::set_lora_enabled(*model, true);
+      }
+    } off{base_model ? &actor_module_->model() : nullptr};
+    if (off.model) models::set_lora_enabled(*off.model, false);
+    return log_probs(*actor_, data, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
+                     r.log_prob_max_token_len_per_gpu, calculate_entropy);
+  }();
   if (!lp.ok()) {
     return name_memory_keys(lp.status(), micro_batch_key("actor_rollout_ref.rollout.log_prob", r.log_prob_use_dynamic_bsz));
   }
@@ -363,12 +375,13 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
 
 Status ActorRolloutRefWorker::save_checkpoint(const SaveCheckpointArgs& args) {
   TESSERA_RETURN_IF_ERROR(require(actor_ != nullptr, "save_checkpoint", "actor"));
-  TESSERA_RETURN_IF_ERROR(save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_,
-                                                 context().rank, rotation_));
+  CheckpointFiles adapter;
   if (lora_actor()) {
-    TESSERA_RETURN_IF_ERROR(save_lora_adapter(*actor_module_, config_.model.lora, "actor_rollout_ref.model",
-                                              config_.model.path, args.local_path, context().rank));
+    TESSERA_ASSIGN_OR_RETURN(adapter, lora_adapter_files(*actor_module_, config_.model.lora, "actor_rollout_ref.model",
+                                                         config_.model.path, context().rank));
   }
+  TESSERA_RETURN_IF_ERROR(save_worker_checkpoint(actor_module_->engine(), args, config_.model.path, model_config_,
+                                                 context().rank, rotation_, adapter));
   if (!config_.save_hf_model || context().rank != 0) return Status();
   // save_contents lists hf_model: a complete HF directory beside the shards (config.json and the
   // tokenizer files are already there); LoRA adapters are merged into it.

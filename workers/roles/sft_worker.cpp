@@ -214,7 +214,9 @@ class SftWorker : public dispatch::WorkerBase {
     load.device = device();
     TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model_path, load));
     model_config_ = model->config();
-    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, config_.lora, "model"));
+    models::LoraConfig lora = config_.lora;
+    lora.seed = init_.value("seed", uint64_t{0});  // lora_A's initial values follow the run's seed
+    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, lora, "model"));
     FsdpBuildOptions b;
     b.fsdp_config = config_.fsdp_config;
     b.fsdp_config_path = "model.fsdp_config";
@@ -301,12 +303,12 @@ class SftWorker : public dispatch::WorkerBase {
 
   Status save_checkpoint(const SaveCheckpointArgs& args) {
     TESSERA_RETURN_IF_ERROR(require_init("save_checkpoint"));
-    TESSERA_RETURN_IF_ERROR(
-        save_worker_checkpoint(module_->engine(), args, config_.model_path, model_config_, context().rank, rotation_));
+    CheckpointFiles adapter;
     if (config_.lora.enabled()) {
-      TESSERA_RETURN_IF_ERROR(
-          save_lora_adapter(*module_, config_.lora, "model", config_.model_path, args.local_path, context().rank));
+      TESSERA_ASSIGN_OR_RETURN(adapter, lora_adapter_files(*module_, config_.lora, "model", config_.model_path, context().rank));
     }
+    TESSERA_RETURN_IF_ERROR(save_worker_checkpoint(module_->engine(), args, config_.model_path, model_config_,
+                                                   context().rank, rotation_, adapter));
     if (context().rank != 0) return Status();
     // A complete HF directory beside the shards: config.json and the tokenizer are already there;
     // LoRA adapters are merged into it, so the RL phase starts from the fine-tuned model.

@@ -383,13 +383,15 @@ Status copy_tokenizer_files(const std::string& model_path, const std::string& hf
 }  // namespace
 
 Status save_worker_checkpoint(fsdp::FsdpModule& engine, const SaveCheckpointArgs& args, const std::string& model_path,
-                              const models::ModelConfig& model_config, int rank, CheckpointRotation& rotation) {
+                              const models::ModelConfig& model_config, int rank, CheckpointRotation& rotation,
+                              const CheckpointFiles& extra_files) {
   if (args.hdfs_path) {
     return make_error(ErrorCode::unimplemented, "save_checkpoint: hdfs_path '{}' is not supported (local paths only)",
                       *args.hdfs_path);
   }
   fsdp::SaveOptions options;
   options.hf_config = models::model_config_to_json(model_config);
+  options.after_rank_files = extra_files;  // inside the temporary directory: published with the rest
   TESSERA_RETURN_IF_ERROR(fsdp::save_checkpoint(engine, args.local_path, options));
   if (rank == 0) {
     TESSERA_RETURN_IF_ERROR(copy_tokenizer_files(model_path, (fs::path(args.local_path) / "huggingface").string()));
@@ -397,38 +399,31 @@ Status save_worker_checkpoint(fsdp::FsdpModule& engine, const SaveCheckpointArgs
   return rotation.saved(args.local_path, args.max_ckpt_to_keep, rank == 0);
 }
 
-// verl's _save_lora_adapter, in PEFT's format (see the header); only the adapter units are gathered.
-Status save_lora_adapter(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora, const std::string& key_path,
-                         const std::string& base_path, const std::string& dir, int rank) {
+// verl's _save_lora_adapter in PEFT's format (see the header); only the adapter units are gathered.
+Result<CheckpointFiles> lora_adapter_files(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora,
+                                           const std::string& key_path, const std::string& base_path, int rank) {
   auto is_adapter_unit = [](const fsdp::FlatLayout& l) {
     return std::all_of(l.params.begin(), l.params.end(), [](const auto& e) { return models::is_lora_parameter(e.name); });
   };
   TESSERA_ASSIGN_OR_RETURN(auto adapters, module.engine().full_state_dict(at::kFloat, is_adapter_unit));
-  if (rank != 0) return Status();
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets,
-                           models::lora_target_modules(module.model(), lora, key_path));
+  if (rank != 0) return CheckpointFiles();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets, models::lora_target_modules(module.model(), lora, key_path));
   models::TensorMap peft;
-  for (auto& [name, t] : adapters) {
-    if (models::is_lora_parameter(name)) peft["base_model.model." + name] = t.cpu();
-  }
-  namespace fs = std::filesystem;
-  const fs::path final_dir = fs::path(dir) / "lora_adapter", tmp = fs::path(dir) / "lora_adapter.tmp";
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
-  TESSERA_RETURN_IF_ERROR(models::write_safetensors((tmp / "adapter_model.safetensors").string(), peft));
-  {
-    std::ofstream out(tmp / "adapter_config.json");
-    out << models::peft_adapter_config(lora, targets, base_path).dump(4);
-    if (!out) return make_error(ErrorCode::io_error, "save_checkpoint: cannot write '{}'", (tmp / "adapter_config.json").string());
-  }
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
-  if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot move '{}' into place: {}", tmp.string(), ec.message());
-  return Status();
+  for (auto& [name, t] : adapters) peft["base_model.model." + name] = t.cpu();
+  const json config = models::peft_adapter_config(lora, targets, base_path);
+  return CheckpointFiles([peft = std::move(peft), config](const std::string& dir) -> Status {
+    const fs::path out = fs::path(dir) / "lora_adapter";
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) return make_error(ErrorCode::io_error, "save_checkpoint: cannot create '{}': {}", out.string(), ec.message());
+    TESSERA_RETURN_IF_ERROR(models::write_safetensors((out / "adapter_model.safetensors").string(), peft));
+    std::ofstream file(out / "adapter_config.json");
+    file << config.dump(4);
+    file.close();
+    if (!file) return make_error(ErrorCode::io_error, "save_checkpoint: cannot write '{}'", (out / "adapter_config.json").string());
+    return Status();
+  });
 }
-
 
 Status load_worker_checkpoint(fsdp::FsdpModule& engine, const LoadCheckpointArgs& args, int rank,
                               collective::Communicator& world) {

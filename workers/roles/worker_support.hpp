@@ -213,20 +213,25 @@ class CheckpointRotation {
   std::deque<std::string> saved_;
 };
 
+/// Files a worker adds to its checkpoint: called with the checkpoint's temporary directory before
+/// it is published (fsdp::SaveOptions::after_rank_files), so they appear atomically with it.
+using CheckpointFiles = std::function<Status(const std::string& dir)>;
 /// Saves `engine` to args.local_path (fsdp::save_checkpoint: sharded, atomic, huggingface/
-/// config.json), copies the tokenizer files of `model_path` into local_path/huggingface (rank 0),
-/// then rotates. hdfs_path is unimplemented. Collective over the engine's world.
+/// config.json, and what `extra_files` writes), copies the tokenizer files of `model_path` into
+/// local_path/huggingface (rank 0), then rotates. hdfs_path is unimplemented. Collective over the
+/// engine's world.
 Status save_worker_checkpoint(fsdp::FsdpModule& engine, const SaveCheckpointArgs& args, const std::string& model_path,
-                              const models::ModelConfig& model_config, int rank, CheckpointRotation& rotation);
+                              const models::ModelConfig& model_config, int rank, CheckpointRotation& rotation,
+                              const CheckpointFiles& extra_files = nullptr);
 
-/// verl's _save_lora_adapter: `dir`/lora_adapter/adapter_model.safetensors and adapter_config.json
-/// as PEFT's save_pretrained writes them (keys "base_model.model.<parameter>", the adapters in their
+/// verl's _save_lora_adapter: lora_adapter/adapter_model.safetensors and adapter_config.json as
+/// PEFT's save_pretrained writes them (keys "base_model.model.<parameter>", the adapters in their
 /// fp32 master values; models::peft_adapter_config over `base_path`), so PeftModel.from_pretrained
-/// loads them over the base model. Only the adapter units are gathered; `key_path` (e.g.
-/// "actor_rollout_ref.model") names the LoRA keys in errors. Collective; rank 0 writes, into a
-/// temporary directory renamed into place.
-Status save_lora_adapter(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora, const std::string& key_path,
-                         const std::string& base_path, const std::string& dir, int rank);
+/// loads them over the base model. Gathers only the adapter units (collective); returns the
+/// writer on rank 0 and an empty function elsewhere. `key_path` (e.g. "actor_rollout_ref.model")
+/// names the LoRA keys in errors.
+Result<CheckpointFiles> lora_adapter_files(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora,
+                                           const std::string& key_path, const std::string& base_path, int rank);
 /// Loads args.local_path into `engine` (any world size); keeps the offload state. With
 /// del_local_after_load, rank 0 removes the directory once every rank has loaded.
 Status load_worker_checkpoint(fsdp::FsdpModule& engine, const LoadCheckpointArgs& args, int rank,

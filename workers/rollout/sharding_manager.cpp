@@ -2,8 +2,10 @@
 #include "workers/rollout/sharding_manager.hpp"
 
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -155,10 +157,23 @@ Result<models::TensorMap> FsdpShardingManager::gather_units() {
   }
   models::TensorMap tensors;
   const auto& layouts = fsdp_.layouts();
+  std::set<std::string> adapted;  // base weights that LoRA adapters merge into
+  if (lora_scaling_ > 0) {
+    const std::string suffix = ".lora_A.weight";
+    for (const auto& l : layouts) {
+      for (const auto& e : l.params) {
+        if (e.name.size() > suffix.size() && e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          adapted.insert(e.name.substr(0, e.name.size() - suffix.size()) + ".weight");
+        }
+      }
+    }
+  }
   for (size_t u = 0; u < layouts.size(); ++u) {
     const fsdp::FlatLayout& layout = layouts[u];
-    // LoRA merges into the buffer: it must not be the shard itself (K == 1, same dtype).
-    const bool own_copy = lora_scaling_ > 0 && K == 1;
+    // LoRA merges into the units holding adapted weights: their buffers must not be the shards
+    // themselves (K == 1, same dtype).
+    const bool own_copy = K == 1 && std::any_of(layout.params.begin(), layout.params.end(),
+                                                [&](const auto& e) { return adapted.count(e.name) > 0; });
     at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(dtype_, /*non_blocking=*/false, own_copy).contiguous();
     at::Tensor full = local;
     if (K > 1) {

@@ -5,6 +5,7 @@
 // bitwise unchanged; AdamW moments exist for the adapters only; a layer and its adapters are
 // gathered and freed together (FULL_SHARD recompute); checkpoints round-trip; bad attachments
 // are refused.
+#include <algorithm>
 #include <filesystem>
 
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
@@ -64,14 +65,25 @@ OptimizerOptions optim() {
   return o;
 }
 
+enum class Policy { layers, disable, by_size };
+
+WrapPolicy wrap_policy(Policy p) {
+  WrapPolicy w;
+  w.disable = p == Policy::disable;
+  if (p == Policy::by_size) w.min_num_params = 300;  // cuts the layers apart
+  return w;
+}
+
 std::unique_ptr<FsdpModule> wrap(std::shared_ptr<models::CausalLM> model, std::shared_ptr<Communicator> world, S strategy,
-                                 int fsdp_size = -1, bool prefetch = false) {
-  auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
+                                 int fsdp_size = -1, bool prefetch = false, Policy policy = Policy::layers,
+                                 bool optimizer_offload = false) {
+  auto units = make_decoder_units(*model, wrap_policy(policy), strategy);
   EXPECT_TRUE(units.ok()) << units.status().to_string();
   FsdpOptions fo;
   fo.strategy = strategy;
   fo.mixed_precision.param_dtype = at::kFloat;
   fo.forward_prefetch = prefetch;
+  fo.optimizer_offload = optimizer_offload;
   auto mesh = collective::DeviceMesh::for_fsdp(world, fsdp_size);
   EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
   auto e = FsdpModule::wrap(model, *units, *mesh, fo, optim());
@@ -86,6 +98,8 @@ struct Case {
   int world;
   int fsdp_size;
   bool prefetch = false;
+  Policy policy = Policy::layers;
+  bool optimizer_offload = false;
 };
 
 class FsdpLora : public ::testing::TestWithParam<Case> {};
@@ -103,15 +117,24 @@ TEST_P(FsdpLora, AdaptersTrainAsInOneProcessAndTheBaseStaysBitwise) {
       testing::reference_train(*ref, optim(), kSteps, [&](int s) { return loss_of(*ref, batch(s, 0, 1)); });
   collective::testing::with_world("inproc", c.world, [&](int rank, Communicator& w) {
     auto model = make_adapted();
-    auto e = wrap(model, borrow(w), c.strategy, c.fsdp_size, c.prefetch);
+    auto e = wrap(model, borrow(w), c.strategy, c.fsdp_size, c.prefetch, c.policy, c.optimizer_offload);
     ASSERT_TRUE(e);
     std::vector<std::string> units;
     for (const auto& l : e->layouts()) units.push_back(l.unit);
-    EXPECT_EQ(units, (std::vector<std::string>{"model.layers.0", "model.layers.0.lora", "model.layers.1",
-                                               "model.layers.1.lora", "root"}));
+    if (c.policy == Policy::layers) {
+      EXPECT_EQ(units, (std::vector<std::string>{"model.layers.0", "model.layers.0.lora", "model.layers.1",
+                                                 "model.layers.1.lora", "root"}));
+    } else if (c.policy == Policy::disable) {
+      EXPECT_EQ(units, (std::vector<std::string>{"root", "root.lora"}));
+    }
     // Moments for the adapters only: 2 x fp32 per adapter element of this rank's shards.
     int64_t adapter_shard = 0;
-    for (int u : {1, 3}) adapter_shard += e->layouts()[static_cast<size_t>(u)].shard_numel();
+    for (const auto& l : e->layouts()) {
+      const bool adapters = std::all_of(l.params.begin(), l.params.end(),
+                                        [](const auto& p) { return models::is_lora_parameter(p.name); });
+      if (adapters) adapter_shard += l.shard_numel();
+    }
+    EXPECT_GT(adapter_shard, 0);
     EXPECT_EQ(e->optimizer_state_bytes(), 2 * 4 * adapter_shard);
     for (int s = 0; s < kSteps; ++s) {
       ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
@@ -142,10 +165,17 @@ TEST_P(FsdpLora, AdaptersTrainAsInOneProcessAndTheBaseStaysBitwise) {
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpLora,
                          ::testing::Values(Case{S::full_shard, 2, -1}, Case{S::full_shard, 2, -1, true},
                                            Case{S::shard_grad_op, 2, -1}, Case{S::no_shard, 2, -1},
-                                           Case{S::hybrid_shard, 4, 2}),
+                                           Case{S::hybrid_shard, 4, 2},
+                                           Case{S::full_shard, 2, -1, false, Policy::layers, /*optimizer_offload=*/true},
+                                           Case{S::full_shard, 2, -1, false, Policy::disable},
+                                           Case{S::full_shard, 2, -1, false, Policy::by_size}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(to_string(info.param.strategy)) + "_world" +
-                                  std::to_string(info.param.world) + (info.param.prefetch ? "_prefetch" : "");
+                           const Case& c = info.param;
+                           return std::string(to_string(c.strategy)) + "_world" + std::to_string(c.world) +
+                                  (c.prefetch ? "_prefetch" : "") + (c.optimizer_offload ? "_optimizer_offload" : "") +
+                                  (c.policy == Policy::disable   ? "_one_unit"
+                                   : c.policy == Policy::by_size ? "_by_size"
+                                                                 : "");
                          });
 
 TEST(FsdpLoraUnits, ALayerAndItsAdaptersAreGatheredAndFreedTogether) {

@@ -172,9 +172,9 @@ TEST(Lora, TargetAndExcludeModulesSelectAsPeftDoes) {
   for (const auto& t : excluded) EXPECT_TRUE(t.find("down_proj") == std::string::npos && t.find("o_proj") == std::string::npos) << t;
   auto excluded_regex = targets({{"lora_rank", 2}, {"exclude_modules", R"(model\.layers\.0\..*)"}});
   EXPECT_EQ(excluded_regex.size(), 7u);
-  // The recorded adapter config lists the last components, as PEFT writes them.
-  json cfg = peft_adapter_config(lora({{"lora_rank", 2}, {"lora_alpha", 4}}), excluded, "/models/q");
-  EXPECT_EQ(cfg["target_modules"], json({"gate_proj", "k_proj", "q_proj", "up_proj", "v_proj"}));
+  // The recorded adapter config lists the whole names, so PEFT adapts exactly these on reload.
+  json cfg = peft_adapter_config(lora({{"lora_rank", 2}, {"lora_alpha", 4}}), regex, "/models/q");
+  EXPECT_EQ(cfg["target_modules"], json({"model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj"}));
   EXPECT_EQ(cfg["r"], 2);
   EXPECT_EQ(cfg["peft_type"], "LORA");
   EXPECT_EQ(cfg["base_model_name_or_path"], "/models/q");
@@ -190,9 +190,17 @@ TEST(Lora, BadKeysAndUnsupportedTargetsAreOneLineNamingTheKey) {
             std::string::npos);
   std::string head = error_of({{"lora_rank", 8}, {"target_modules", {"q_proj", "lm_head"}}});
   EXPECT_NE(head.find("'lm_head'"), std::string::npos) << head;
-  EXPECT_NE(head.find("exclude_modules"), std::string::npos) << head;
+  EXPECT_NE(head.find("leave it out of the targets"), std::string::npos) << head;
   std::string norm = error_of({{"lora_rank", 8}, {"target_modules", {"input_layernorm"}}});
   EXPECT_NE(norm.find("not a linear layer"), std::string::npos) << norm;
+  // A container is refused too (PEFT: "Target module Qwen2MLP(...) is not supported"), not
+  // silently dropped beside a linear target.
+  std::string mlp = error_of({{"lora_rank", 8}, {"target_modules", {"q_proj", "mlp"}}});
+  EXPECT_NE(mlp.find("'model.layers.0.mlp', which is not a linear layer"), std::string::npos) << mlp;
+  // PEFT reads "all-linear" in any case.
+  auto upper = tiny_model();
+  ASSERT_TRUE(apply_lora(*upper, lora({{"lora_rank", 2}, {"target_modules", "ALL-LINEAR"}}), "m").ok());
+  EXPECT_TRUE(has_lora(*upper));
   // Rank 0: nothing is added.
   auto m = tiny_model();
   ASSERT_TRUE(apply_lora(*m, lora({{"lora_rank", 0}}), "m").ok());
