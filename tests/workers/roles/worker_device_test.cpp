@@ -76,6 +76,34 @@ TEST_P(OnDevice, RolloutMatchesTheCpuTokenForToken) {
   }
 }
 
+// LoRA on the device (Note [LoRA adapters]): one update of the adapters through the method table
+// moves the actor as on the CPU, the reference (the actor with its adapters off) stays the CPU's
+// base model, and the rollout's merged weights give the actor's log-probs.
+TEST_P(OnDevice, LoraActorMatchesTheCpuAndItsRolloutTheActor) {
+  json c = arr_config();
+  c["model"]["lora_rank"] = 4;
+  c["model"]["lora_alpha"] = 8;
+  c["actor"]["optim"]["lr"] = 5e-2;
+  proto::DataProto batch = make_rollout({3, 5, 2, 4}, {4, 2, 6, 3}, 5, 6, 33, kVocab);
+  batch.meta_info()["temperature"] = 1.0;
+  std::vector<proto::DataProto> ref, updated, rollout;
+  for (bool on_device : {true, false}) {
+    auto w = make_worker(on_device ? ctx(0, 1, next_port()) : context(0, 1, next_port()), "actor_rollout_ref", c);
+    proto::DataProto b = batch;
+    ASSERT_TRUE(b.set_tensor("old_log_probs", *call(*w, "compute_log_prob", b).tensor("old_log_probs")).ok());
+    ref.push_back(call(*w, "compute_ref_log_prob", b));
+    call(*w, "update_actor", b);
+    updated.push_back(call(*w, "compute_log_prob", b));
+    rollout.push_back(call(*w, "generate_sequences", make_prompts({3, 8, 5, 1}, 8, 34, kVocab)));
+  }
+  EXPECT_LE(max_diff(*ref[0].tensor("ref_log_prob"), *ref[1].tensor("ref_log_prob")), 1e-4);
+  EXPECT_LE(max_diff(*updated[0].tensor("old_log_probs"), *updated[1].tensor("old_log_probs")), 1e-4);
+  EXPECT_GT(max_diff(*updated[0].tensor("old_log_probs"), *ref[0].tensor("ref_log_prob")), 1e-3);
+  const proto::DataProto& out = rollout[0];
+  at::Tensor mask = out.tensor("attention_mask")->narrow(1, 8, 6).to(at::kFloat);
+  EXPECT_LE(((*out.tensor("rollout_log_probs") - *out.tensor("old_log_probs")) * mask).abs().max().item<double>(), 1e-4);
+}
+
 // free_cache_engine: the KV cache lives inside generate_sequences, so after the call the device
 // holds what it held before (the caching allocator's allocated bytes; 0 == 0 on the CPU), while
 // the call itself used more (its peak).

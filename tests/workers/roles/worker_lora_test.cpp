@@ -82,7 +82,9 @@ TEST(LoraActor, TheReferenceIsTheBaseModelAndOnlyTheAdaptersTrain) {
   for (const auto& [name, t] : *initial) {
     if (models::is_lora_parameter(name)) {
       adapters += name.find(".lora_B.") != std::string::npos;
-      if (name.find(".lora_B.") != std::string::npos) EXPECT_GT(trained->at(name).abs().max().item<double>(), 0) << name;
+      if (name.find(".lora_B.") != std::string::npos) {
+        EXPECT_GT(trained->at(name).abs().max().item<double>(), 0) << name;
+      }
     } else {
       EXPECT_TRUE(at::equal(trained->at(name), t)) << name << " changed";
     }
@@ -157,7 +159,9 @@ TEST(LoraActor, TwoRanksAndBf16ServeTheAdaptedPolicy) {
       auto file = models::read_safetensors(root + "/ckpt/lora_adapter/adapter_model.safetensors");
       ASSERT_TRUE(file.ok()) << file.status().to_string();
       for (const auto& [name, t] : *state) {
-        if (models::is_lora_parameter(name)) EXPECT_TRUE(at::equal(file->tensors.at("base_model.model." + name), t)) << name;
+        if (models::is_lora_parameter(name)) {
+          EXPECT_TRUE(at::equal(file->tensors.at("base_model.model." + name), t)) << name;
+        }
       }
     });
     std::filesystem::remove_all(root);
