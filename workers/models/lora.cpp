@@ -201,7 +201,7 @@ bool is_lora_parameter(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
 }
 
-Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place) {
+Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place, const DeltaSlicer& slice) {
   TensorMap out;
   for (const auto& [name, t] : params) {
     if (!is_lora_parameter(name)) out.emplace(name, t);
@@ -217,13 +217,15 @@ Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bo
                         b == params.end() ? "lora_B" : "base weight");
     }
     const at::Tensor& base = w->second;
-    if (a.dim() != 2 || b->second.dim() != 2 || base.dim() != 2 || b->second.size(1) != a.size(0) ||
-        b->second.size(0) != base.size(0) || a.size(1) != base.size(1)) {
+    auto bad_shapes = [&] {
       return make_error(ErrorCode::invalid_argument, "merge LoRA weights: '{}' has A [{}], B [{}], W [{}]", module,
                         fmt::join(a.sizes(), ","), fmt::join(b->second.sizes(), ","), fmt::join(base.sizes(), ","));
-    }
+    };
+    if (a.dim() != 2 || b->second.dim() != 2 || base.dim() != 2 || b->second.size(1) != a.size(0)) return bad_shapes();
     try {
       at::Tensor delta = at::matmul(b->second.to(at::kFloat), a.to(at::kFloat)).mul_(scaling);
+      if (slice) delta = slice(w->first, delta);
+      if (delta.sizes() != base.sizes()) return bad_shapes();
       at::Tensor merged = base.to(at::kFloat) + delta;  // out of place: an fp32 base is not touched here
       if (in_place) {
         base.copy_(merged);

@@ -67,7 +67,9 @@ Status ActorRolloutRefWorker::build_split_rollout() {
   auto engine = rollout::KVCacheEngine::create(model, config_.rollout, engine_options(static_cast<uint64_t>(context().rank)));
   if (!engine.ok()) return engine.status().with_context("split-placement rollout engine");
   split_engine_ = std::move(*engine);
-  importer_ = std::make_unique<rollout::WeightImporter>(*split_engine_);
+  // The actor's LoRA adapters arrive with its weights and are merged here.
+  const double lora_scaling = config_.model.lora.enabled() ? config_.model.lora.scaling() : 0.0;
+  importer_ = std::make_unique<rollout::WeightImporter>(*split_engine_, lora_scaling);
   rollout::drop_weight_storage(*model);  // the weights arrive by load_rollout_weights
   return Status();
 }

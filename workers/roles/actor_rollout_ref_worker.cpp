@@ -106,12 +106,6 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   load.device = device();
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
   if (lora_actor()) {
-    if (config_.rollout.placement == "split") {
-      return make_error(ErrorCode::unimplemented,
-                        "actor_rollout_ref.rollout.engine_kwargs.tessera.placement=split with "
-                        "actor_rollout_ref.model.lora_rank={} is not supported (the colocated rollout serves the "
-                        "merged weights)", config_.model.lora.rank);
-    }
     models::LoraConfig lora = config_.model.lora;
     lora.seed = config_.seed;  // lora_A's initial values follow the run's seed
     TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, lora, "actor_rollout_ref.model"));

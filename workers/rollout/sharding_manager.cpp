@@ -71,11 +71,6 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
   const c10::ScalarType dtype = configured.value_or(fsdp.options().mixed_precision.param_dtype);
   const int64_t tp = options.config.tensor_model_parallel_size;
   const auto& group = options.tp_group;
-  if (tp > 1 && options.lora_scaling > 0) {
-    return make_error(ErrorCode::unimplemented,
-                      "actor_rollout_ref.rollout.tensor_model_parallel_size={} with actor_rollout_ref.model.lora_rank > 0 "
-                      "is not supported: the adapters are merged into whole weights (use 1)", tp);
-  }
   if (tp > 1 && (group == nullptr || group->size() != tp)) {
     return make_error(ErrorCode::invalid_argument,
                       "actor_rollout_ref.rollout.tensor_model_parallel_size={} but the rollout TP group has {} ranks", tp,
@@ -209,6 +204,10 @@ Result<models::TensorMap> FsdpShardingManager::gather_tp_slices() {
     at::Tensor buffer;
     if (K == 1) {
       buffer = mine.pack(local, 0);
+      // LoRA merges into the slices: they must not be the shard itself.
+      if (lora_scaling_ > 0 && buffer.storage().is_alias_of(fsdp_.shard(static_cast<int>(u)).storage())) {
+        buffer = buffer.clone();
+      }
     } else {
       buffer = at::empty({mine.numel()}, local.options());
       std::vector<at::Tensor> send(static_cast<size_t>(K)), recv(static_cast<size_t>(K)), packed(tp_plans_[u].size());
@@ -236,7 +235,14 @@ Result<models::TensorMap> FsdpShardingManager::gather_tp_slices() {
     stats_.gathered_bytes += buffer.numel() * static_cast<int64_t>(buffer.element_size());
   }
   stats_.units = static_cast<int64_t>(layouts.size());
-  return tensors;
+  if (lora_scaling_ <= 0) return tensors;
+  // The adapters are replicated on every TP rank (tp_split_of); each rank merges the slice of
+  // B A * alpha / r that its slice of the weight holds.
+  const int64_t tp = static_cast<int64_t>(tp_plans_.front().size());
+  return models::merge_lora_weights(tensors, lora_scaling_, /*in_place=*/true,
+                                    [&](const std::string& name, const at::Tensor& delta) {
+                                      return tp_slice(delta, tp_split_of(name), tp, tp_rank_);
+                                    });
 }
 
 int64_t FsdpShardingManager::bytes_outside_buffers() const {

@@ -7,10 +7,12 @@
 //   2. for every FSDP unit, all-gathers the shards over the "fsdp" mesh group straight into one
 //      full flat buffer in the ROLLOUT dtype (the local shard is cast first, so each rank casts
 //      1/K of the unit; with K == 1 and equal dtypes the shard itself is the buffer);
-//      With LoRA adapters (ShardingManagerOptions::lora_scaling), every unit is gathered into a
-//      buffer of its own (never the shard), and each adapted weight is merged there in place,
-//      W + B A * alpha / r computed in fp32 (models::merge_lora_weights): the engine serves the
-//      adapted policy at the base model's speed, and the handoff still copies nothing;
+//      With LoRA adapters (ShardingManagerOptions::lora_scaling), every unit holding an adapted
+//      weight is gathered into a buffer of its own (never the shard), and each adapted weight is
+//      merged there in place, W + B A * alpha / r computed in fp32 (models::merge_lora_weights):
+//      the engine serves the adapted policy at the base model's speed, and the handoff still
+//      copies nothing. With rollout TP the adapters are replicated on every TP rank, and each
+//      rank adds the slice of B A * alpha / r that its slice of the weight holds;
 //   3. hands every parameter, as a view of its unit's buffer, to the engine's model BY REFERENCE
 //      (RolloutEngine::load_weights_by_reference): zero bytes are copied, and enter() verifies it
 //      by checking that every engine parameter's storage lies inside a gathered buffer

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "workers/fsdp/flat_param.hpp"
+#include "workers/models/lora.hpp"
 
 namespace tessera::rollout {
 namespace {
@@ -105,6 +106,15 @@ Status WeightImporter::import_bucket(const proto::DataProto& bucket) {
     for (const json& unit : meta.at("units")) TESSERA_RETURN_IF_ERROR(import_unit(unit, bucket));
     ++next_bucket_;
     if (next_bucket_ < count) return Status();
+    if (lora_scaling_ > 0) {
+      // Out of place: the received rows may be shared with whoever sent them in-process.
+      TESSERA_ASSIGN_OR_RETURN(models::TensorMap merged,
+                               models::merge_lora_weights(pending_tensors_, lora_scaling_, /*in_place=*/false));
+      for (const auto& [name, t] : merged) {
+        if (!pending_tensors_.at(name).is_same(t)) pending_buffers_.push_back(t);
+      }
+      pending_tensors_ = std::move(merged);
+    }
     TESSERA_RETURN_IF_ERROR(engine_.load_weights_by_reference(pending_tensors_));
     buffers_ = std::move(pending_buffers_);
     version_ = version;

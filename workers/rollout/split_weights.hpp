@@ -59,7 +59,11 @@ class WeightExporter {
 /// Rollout side of Note [Split placement weight transfer].
 class WeightImporter {
  public:
-  explicit WeightImporter(RolloutEngine& engine) : engine_(engine) {}
+  /// `lora_scaling` > 0: the actor trains LoRA adapters with this alpha / r (models' Note [LoRA
+  /// adapters]); they arrive with the base weights and are merged into them (new tensors, kept
+  /// with buffers()) before the engine takes the weights.
+  explicit WeightImporter(RolloutEngine& engine, double lora_scaling = 0.0)
+      : engine_(engine), lora_scaling_(lora_scaling) {}
 
   /// Takes one bucket (every contributing actor rank's rows, in rank order). Buckets of one
   /// version must arrive in order; a new version restarts the assembly. After the last bucket the
@@ -78,6 +82,7 @@ class WeightImporter {
   Status import_unit(const nlohmann::json& unit, const proto::DataProto& bucket);
 
   RolloutEngine& engine_;
+  double lora_scaling_ = 0.0;
   int64_t version_ = -1;
   std::vector<at::Tensor> buffers_;
   int64_t received_bytes_ = 0;

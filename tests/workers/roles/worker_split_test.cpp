@@ -103,7 +103,12 @@ void sync(WorkerGroup& actor, WorkerGroup& rollout, int64_t version) {
   }
 }
 
-TEST(SplitPlacement, RolloutGroupOnOtherDevicesGeneratesLikeTheHybridEngine) {
+// With LoRA (model.lora_rank) the adapters travel with the weights and the rollout group merges
+// them as the colocated engine does: the same tokens and log-probs, bitwise.
+class SplitPlacement : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SplitPlacement, RolloutGroupOnOtherDevicesGeneratesLikeTheHybridEngine) {
+  const bool lora = GetParam();
   runtime::RuntimeConfig cfg;
   cfg.embedded_devices = "cpu:4";
   auto rt = runtime::Runtime::start(cfg, worker_registry());
@@ -116,6 +121,11 @@ TEST(SplitPlacement, RolloutGroupOnOtherDevicesGeneratesLikeTheHybridEngine) {
     return runtime::ResourcePool::make({n});
   };
   json config = arr_config(/*mini=*/4, /*micro=*/1);
+  if (lora) {
+    config["model"]["lora_rank"] = 4;
+    config["model"]["lora_alpha"] = 8;
+    config["actor"]["optim"]["lr"] = 5e-2;
+  }
   const std::string actor_init = json{{"role", "actor_rollout"}, {"config", config}, {"seed", 1}}.dump();
   config["rollout"]["engine_kwargs"] = {{"tessera", {{"placement", "split"}}}};
   const std::string rollout_init = json{{"role", "rollout"}, {"config", config}, {"seed", 1}}.dump();
@@ -152,6 +162,9 @@ TEST(SplitPlacement, RolloutGroupOnOtherDevicesGeneratesLikeTheHybridEngine) {
     ASSERT_TRUE(upd.ok()) << upd.status().to_string();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Weights, SplitPlacement, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "lora" : "full"; });
 
 }  // namespace
 }  // namespace tessera::workers
