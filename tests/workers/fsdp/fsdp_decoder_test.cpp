@@ -95,19 +95,7 @@ TEST_P(FsdpDecoder, CausalLMMatchesSingleProcessWithLayerRunner) {
     EXPECT_EQ(e->layouts()[0].unit, "model.layers.0");
     EXPECT_EQ(e->layouts()[2].unit, "root");
     ASSERT_TRUE(model->backbone().layer_runner());
-    for (int s = 0; s < kSteps; ++s) {
-      ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
-      at::Tensor loss = llama_loss(*model, llama_batch(s, rank, c.world));
-      at::Tensor l = at::tensor({loss.item<double>()}, at::kDouble);
-      Status st = e->backward(loss);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      auto r = e->step();
-      ASSERT_TRUE(r.ok()) << r.status().to_string();
-      e->lr_scheduler_step();
-      ASSERT_TRUE(w.all_reduce(l, collective::ReduceOp::avg).ok());
-      EXPECT_NEAR(l.item<double>(), want.losses[s], 1e-5 * want.losses[s]) << "step " << s;
-      EXPECT_NEAR(r->grad_norm, want.grad_norms[s], 1e-5 * want.grad_norms[s]) << "step " << s;
-    }
+    testing::expect_training_matches(*e, w, want, [&](int s) { return llama_loss(*model, llama_batch(s, rank, c.world)); });
     auto got = e->full_state_dict(at::kFloat);
     ASSERT_TRUE(got.ok());
     EXPECT_LE(testing::max_relative_error(*got, want.params), 1e-5);

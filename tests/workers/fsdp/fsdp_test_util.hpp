@@ -230,6 +230,26 @@ inline double fsdp_step(FsdpModule& e, collective::Communicator& world, int step
   return l.item<double>();
 }
 
+/// Trains `e` (a decoder wrapped with its layer runner) for want.losses.size() steps, step s on
+/// loss_at(s), this rank's share of the batch: the rank-averaged losses and the grad norms equal
+/// `want`'s within 1e-5 (relative), and so do the final parameters.
+inline void expect_training_matches(FsdpModule& e, collective::Communicator& w, const RunResult& want,
+                                    const std::function<at::Tensor(int step)>& loss_at) {
+  for (int s = 0; s < static_cast<int>(want.losses.size()); ++s) {
+    ASSERT_TRUE(e.begin_forward(ForwardMode::train).ok());
+    at::Tensor loss = loss_at(s);
+    at::Tensor l = at::tensor({loss.item<double>()}, at::kDouble);
+    Status st = e.backward(loss);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    auto r = e.step();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    e.lr_scheduler_step();
+    ASSERT_TRUE(w.all_reduce(l, collective::ReduceOp::avg).ok());
+    EXPECT_NEAR(l.item<double>(), want.losses[s], 1e-5 * want.losses[s]) << "step " << s;
+    EXPECT_NEAR(r->grad_norm, want.grad_norms[s], 1e-5 * want.grad_norms[s]) << "step " << s;
+  }
+}
+
 /// Max |a - b| / max |b| over every parameter (the "relative" of the equivalence tests).
 inline double max_relative_error(const std::map<std::string, at::Tensor>& got,
                                  const std::map<std::string, at::Tensor>& want) {
