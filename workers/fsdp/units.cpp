@@ -151,6 +151,12 @@ Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& 
   return units;
 }
 
+bool is_adapter_unit(const FlatLayout& layout) {
+  return !layout.params.empty() && std::all_of(layout.params.begin(), layout.params.end(), [](const FlatParamEntry& e) {
+    return models::is_lora_parameter(e.name);
+  });
+}
+
 Status install_layer_runner(FsdpModule& engine, models::PretrainedModel& model) {
   if (&engine.module() != static_cast<torch::nn::Module*>(&model)) {
     return make_error(ErrorCode::invalid_argument, "install_layer_runner: the FSDP engine does not wrap this model");

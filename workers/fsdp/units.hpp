@@ -43,6 +43,10 @@ Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const 
 Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
                                                  const WrapPolicy& policy, ShardingStrategy strategy);
 
+/// Whether `layout` is a unit of LoRA adapters only (split_adapters' "<name>.lora" units, or a
+/// size-based unit that holds nothing else).
+bool is_adapter_unit(const FlatLayout& layout);
+
 /// Makes `model`'s backbone run each decoder layer that is a unit of `engine` through
 /// engine.run_unit() (other layers run directly). Once `engine` is destroyed, a forward through
 /// the runner throws an error saying so. Errors: `engine` does not wrap `model`.

@@ -201,7 +201,7 @@ bool is_lora_parameter(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
 }
 
-Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place, const DeltaSlicer& slice) {
+Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place, const FactorSlicer& slice) {
   TensorMap out;
   for (const auto& [name, t] : params) {
     if (!is_lora_parameter(name)) out.emplace(name, t);
@@ -223,8 +223,8 @@ Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bo
     };
     if (a.dim() != 2 || b->second.dim() != 2 || base.dim() != 2 || b->second.size(1) != a.size(0)) return bad_shapes();
     try {
-      at::Tensor delta = at::matmul(b->second.to(at::kFloat), a.to(at::kFloat)).mul_(scaling);
-      if (slice) delta = slice(w->first, delta);
+      auto [fa, fb] = slice ? slice(w->first, a, b->second) : std::pair<at::Tensor, at::Tensor>(a, b->second);
+      at::Tensor delta = at::matmul(fb.to(at::kFloat), fa.to(at::kFloat)).mul_(scaling);
       if (delta.sizes() != base.sizes()) return bad_shapes();
       at::Tensor merged = base.to(at::kFloat) + delta;  // out of place: an fp32 base is not touched here
       if (in_place) {

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,18 +84,20 @@ void set_lora_enabled(PretrainedModel& model, bool enabled);
 /// Whether `name` is a parameter of an adapter ("...lora_A.weight" / "...lora_B.weight").
 bool is_lora_parameter(const std::string& name);
 
-/// Cuts the part of a full-size delta [out, in] that a (sliced) base weight `name` holds.
-using DeltaSlicer = std::function<at::Tensor(const std::string& name, const at::Tensor& delta)>;
+/// The factors whose product B A is the part of the full delta that a (sliced) base weight `name`
+/// holds: rows of W are rows of B, columns of W are columns of A. Gets and returns {A, B}.
+using FactorSlicer =
+    std::function<std::pair<at::Tensor, at::Tensor>(const std::string& name, const at::Tensor& a, const at::Tensor& b)>;
 
 /// `params` (tensors by name, adapters included) with every adapter folded into its base weight,
 /// W + B A * scaling computed in fp32 and cast to W's dtype, and the adapter entries removed.
 /// With `slice`, the base weights are slices of the full ones (rollout tensor parallelism) and
-/// each gets slice(name, B A * scaling). `in_place` writes the merged values into the base
+/// each gets the product of its sliced factors. `in_place` writes the merged values into the base
 /// tensors given (they must not be views of anything that must keep the base values); otherwise
 /// the merged weights are new tensors and the other entries alias `params`. Errors: an adapter
 /// without its base weight or partner, mismatched shapes.
 Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place,
-                                     const DeltaSlicer& slice = nullptr);
+                                     const FactorSlicer& slice = nullptr);
 
 /// PEFT's adapter_config.json for `config` over the base model at `base_model_path`, with the
 /// target modules by their whole names, so PEFT adapts exactly those modules when it loads it.

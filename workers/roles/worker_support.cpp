@@ -402,16 +402,20 @@ Status save_worker_checkpoint(fsdp::FsdpModule& engine, const SaveCheckpointArgs
 // verl's _save_lora_adapter in PEFT's format (see the header); only the adapter units are gathered.
 Result<CheckpointFiles> lora_adapter_files(ppo::FsdpTrainableModule& module, const models::LoraConfig& lora,
                                            const std::string& key_path, const std::string& base_path, int rank) {
-  auto is_adapter_unit = [](const fsdp::FlatLayout& l) {
-    return std::all_of(l.params.begin(), l.params.end(), [](const auto& e) { return models::is_lora_parameter(e.name); });
-  };
-  TESSERA_ASSIGN_OR_RETURN(auto adapters, module.engine().full_state_dict(at::kFloat, is_adapter_unit));
+  TESSERA_ASSIGN_OR_RETURN(auto adapters, module.engine().full_state_dict(at::kFloat, fsdp::is_adapter_unit));
   if (rank != 0) return CheckpointFiles();
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets, models::lora_target_modules(module.model(), lora, key_path));
-  models::TensorMap peft;
-  for (auto& [name, t] : adapters) peft["base_model.model." + name] = t.cpu();
-  const json config = models::peft_adapter_config(lora, targets, base_path);
-  return CheckpointFiles([peft = std::move(peft), config](const std::string& dir) -> Status {
+  // Everything that can fail on rank 0 alone runs inside the writer, whose error the ranks agree
+  // on (fsdp::save_checkpoint), rather than here, where the others would wait for rank 0.
+  const models::PretrainedModel* model = &module.model();
+  return CheckpointFiles([adapters = std::move(adapters), model, lora, key_path, base_path](const std::string& dir) -> Status {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets, models::lora_target_modules(*model, lora, key_path));
+    models::TensorMap peft;
+    try {
+      for (const auto& [name, t] : adapters) peft["base_model.model." + name] = t.cpu();
+    } catch (...) {
+      return proto::status_from_current_exception("save_checkpoint: the LoRA adapter");
+    }
+    const json config = models::peft_adapter_config(lora, targets, base_path);
     const fs::path out = fs::path(dir) / "lora_adapter";
     std::error_code ec;
     fs::create_directories(out, ec);

@@ -15,6 +15,7 @@
 #include "proto/device.hpp"
 #include "runtime/collective/device_mesh.hpp"
 #include "runtime/collective/exchange.hpp"
+#include "workers/fsdp/units.hpp"
 #include "workers/models/lora.hpp"
 
 namespace tessera::rollout {
@@ -169,7 +170,9 @@ Result<models::TensorMap> FsdpShardingManager::gather_units() {
     // themselves (K == 1, same dtype).
     const bool own_copy = K == 1 && std::any_of(layout.params.begin(), layout.params.end(),
                                                 [&](const auto& e) { return adapted.count(e.name) > 0; });
-    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(dtype_, /*non_blocking=*/false, own_copy).contiguous();
+    // Adapters are gathered in fp32 (the merge computes in fp32); the rest in the rollout dtype.
+    const c10::ScalarType unit_dtype = fsdp::is_adapter_unit(layout) ? at::kFloat : dtype_;
+    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(unit_dtype, /*non_blocking=*/false, own_copy).contiguous();
     at::Tensor full = local;
     if (K > 1) {
       full = at::empty({layout.padded_numel}, local.options());
@@ -200,14 +203,11 @@ Result<models::TensorMap> FsdpShardingManager::gather_tp_slices() {
   for (size_t u = 0; u < layouts.size(); ++u) {
     const fsdp::FlatLayout& layout = layouts[u];
     const TpUnitPlan& mine = tp_plans_[u][static_cast<size_t>(tp_rank_)];
-    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(dtype_).contiguous();
+    const c10::ScalarType unit_dtype = fsdp::is_adapter_unit(layout) ? at::kFloat : dtype_;  // as gather_units
+    at::Tensor local = fsdp_.shard(static_cast<int>(u)).to(unit_dtype).contiguous();
     at::Tensor buffer;
     if (K == 1) {
-      buffer = mine.pack(local, 0);
-      // LoRA merges into the slices: they must not be the shard itself.
-      if (lora_scaling_ > 0 && buffer.storage().is_alias_of(fsdp_.shard(static_cast<int>(u)).storage())) {
-        buffer = buffer.clone();
-      }
+      buffer = mine.pack(local, 0);  // a new buffer: LoRA's merge into it leaves the shard alone
     } else {
       buffer = at::empty({mine.numel()}, local.options());
       std::vector<at::Tensor> send(static_cast<size_t>(K)), recv(static_cast<size_t>(K)), packed(tp_plans_[u].size());
@@ -237,12 +237,15 @@ Result<models::TensorMap> FsdpShardingManager::gather_tp_slices() {
   stats_.units = static_cast<int64_t>(layouts.size());
   if (lora_scaling_ <= 0) return tensors;
   // The adapters are replicated on every TP rank (tp_split_of); each rank merges the slice of
-  // B A * alpha / r that its slice of the weight holds.
+  // B A * alpha / r that its slice of the weight holds: rows of W are rows of B, columns of W
+  // columns of A.
   const int64_t tp = static_cast<int64_t>(tp_plans_.front().size());
-  return models::merge_lora_weights(tensors, lora_scaling_, /*in_place=*/true,
-                                    [&](const std::string& name, const at::Tensor& delta) {
-                                      return tp_slice(delta, tp_split_of(name), tp, tp_rank_);
-                                    });
+  return models::merge_lora_weights(
+      tensors, lora_scaling_, /*in_place=*/true, [&](const std::string& name, const at::Tensor& a, const at::Tensor& b) {
+        const TpSplit split = tp_split_of(name);
+        if (split == TpSplit::rows) return std::pair<at::Tensor, at::Tensor>(a, tp_slice(b, split, tp, tp_rank_));
+        return std::pair<at::Tensor, at::Tensor>(tp_slice(a, split, tp, tp_rank_), b);
+      });
 }
 
 int64_t FsdpShardingManager::bytes_outside_buffers() const {

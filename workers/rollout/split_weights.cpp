@@ -3,9 +3,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <set>
 #include <utility>
 
 #include "workers/fsdp/flat_param.hpp"
+#include "workers/fsdp/units.hpp"
 #include "workers/models/lora.hpp"
 
 namespace tessera::rollout {
@@ -23,12 +26,16 @@ Status bad_bucket(const std::string& what) {
 
 }  // namespace
 
+c10::ScalarType WeightExporter::unit_dtype(size_t u) const {
+  return fsdp::is_adapter_unit(fsdp_.layouts()[u]) ? at::kFloat : dtype_;
+}
+
 WeightExporter::WeightExporter(fsdp::FsdpModule& fsdp, c10::ScalarType dtype, int64_t bucket_bytes)
     : fsdp_(fsdp), dtype_(dtype) {
   const auto& layouts = fsdp.layouts();
-  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   int64_t in_bucket = 0;
   for (size_t u = 0; u < layouts.size(); ++u) {
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(unit_dtype(u)));
     const int64_t bytes = layouts[u].padded_numel * elem;
     if (buckets_.empty() || (in_bucket > 0 && in_bucket + bytes > bucket_bytes)) {
       buckets_.emplace_back();
@@ -59,9 +66,10 @@ Result<proto::DataProto> WeightExporter::export_bucket(int64_t bucket, int64_t v
   try {
     for (int u : buckets_[static_cast<size_t>(bucket)]) {
       const at::Tensor& source = offloaded ? std::as_const(fsdp_).unit_state(u).offload_shard : fsdp_.shard(u);
+      const c10::ScalarType dtype = unit_dtype(static_cast<size_t>(u));
       tensors.insert_or_assign(unit_key(u), contributes
-                                                ? source.to(dtype_, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1})
-                                                : at::empty({0, source.numel()}, source.options().dtype(dtype_)));
+                                                ? source.to(dtype, /*non_blocking=*/false, /*copy=*/true).reshape({1, -1})
+                                                : at::empty({0, source.numel()}, source.options().dtype(dtype)));
     }
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "export_rollout_weights: {}", e.what());
@@ -80,9 +88,55 @@ Status WeightImporter::import_unit(const json& unit, const proto::DataProto& buc
                                   fmt::join(rows.sizes(), ","), layout.shard_count, layout.shard_numel()));
   }
   at::Tensor full = rows.contiguous().view(-1);
-  for (const auto& e : layout.params) pending_tensors_[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
+  std::vector<std::string> names;
+  for (const auto& e : layout.params) {
+    pending_tensors_[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
+    names.push_back(e.name);
+  }
   pending_buffers_.push_back(full);
+  pending_names_.push_back(std::move(names));
   pending_bytes_ += full.numel() * static_cast<int64_t>(full.element_size());
+  return Status();
+}
+
+// Note [Split placement weight transfer]: the units holding adapted weights get buffers of their
+// own, which the adapters are merged into; the adapters' own buffers are dropped after.
+Status WeightImporter::merge_adapters() {
+  const std::string suffix = ".lora_A.weight";
+  std::set<std::string> adapted;
+  for (const auto& [name, t] : pending_tensors_) {
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      adapted.insert(name.substr(0, name.size() - suffix.size()) + ".weight");
+    }
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    for (size_t b = 0; b < pending_buffers_.size(); ++b) {
+      const auto& names = pending_names_[b];
+      if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return adapted.count(n) > 0; })) continue;
+      const at::Tensor own = pending_buffers_[b].clone();
+      const void* base = pending_buffers_[b].data_ptr();
+      const int64_t elem = static_cast<int64_t>(own.element_size());
+      for (const auto& n : names) {
+        at::Tensor& view = pending_tensors_.at(n);
+        const int64_t offset = (static_cast<const char*>(view.data_ptr()) - static_cast<const char*>(base)) / elem;
+        view = own.narrow(0, offset, view.numel()).view(view.sizes());
+      }
+      pending_buffers_[b] = own;
+    }
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "load_rollout_weights: merging the LoRA adapters: {}", e.what());
+  }
+  TESSERA_ASSIGN_OR_RETURN(pending_tensors_, models::merge_lora_weights(pending_tensors_, lora_scaling_, /*in_place=*/true));
+  for (size_t b = 0; b < pending_buffers_.size();) {  // the adapters' buffers: nothing views them now
+    const auto& names = pending_names_[b];
+    if (!names.empty() && std::all_of(names.begin(), names.end(), models::is_lora_parameter)) {
+      pending_buffers_.erase(pending_buffers_.begin() + static_cast<std::ptrdiff_t>(b));
+      pending_names_.erase(pending_names_.begin() + static_cast<std::ptrdiff_t>(b));
+    } else {
+      ++b;
+    }
+  }
   return Status();
 }
 
@@ -98,6 +152,7 @@ Status WeightImporter::import_bucket(const proto::DataProto& bucket) {
       next_bucket_ = 0;
       pending_tensors_.clear();
       pending_buffers_.clear();
+      pending_names_.clear();
       pending_bytes_ = 0;
     }
     if (index != next_bucket_) {
@@ -106,21 +161,14 @@ Status WeightImporter::import_bucket(const proto::DataProto& bucket) {
     for (const json& unit : meta.at("units")) TESSERA_RETURN_IF_ERROR(import_unit(unit, bucket));
     ++next_bucket_;
     if (next_bucket_ < count) return Status();
-    if (lora_scaling_ > 0) {
-      // Out of place: the received rows may be shared with whoever sent them in-process.
-      TESSERA_ASSIGN_OR_RETURN(models::TensorMap merged,
-                               models::merge_lora_weights(pending_tensors_, lora_scaling_, /*in_place=*/false));
-      for (const auto& [name, t] : merged) {
-        if (!pending_tensors_.at(name).is_same(t)) pending_buffers_.push_back(t);
-      }
-      pending_tensors_ = std::move(merged);
-    }
+    if (lora_scaling_ > 0) TESSERA_RETURN_IF_ERROR(merge_adapters());
     TESSERA_RETURN_IF_ERROR(engine_.load_weights_by_reference(pending_tensors_));
     buffers_ = std::move(pending_buffers_);
     version_ = version;
     received_bytes_ = pending_bytes_;
     pending_tensors_.clear();
     pending_buffers_.clear();
+    pending_names_.clear();
     pending_version_ = -1;
     next_bucket_ = 0;
     return Status();

@@ -18,6 +18,10 @@
 //   4. after the last bucket the engine is re-pointed at the new buffers by reference
 //      (RolloutEngine::load_weights_by_reference; no copy beyond the transfer) and the previous
 //      version's buffers are freed.
+// LoRA adapters (models' Note [LoRA adapters]) travel as units of their own, in fp32, and the
+// rollout rank merges them: each unit holding an adapted weight is copied into a buffer of its own
+// (the received rows may be shared with the sender in-process), merged there in place, and the
+// received rows are let go, so the rollout holds one copy of the weights as without LoRA.
 // The weights stay resident on the rollout ranks between steps (no reshard when unchanged).
 #pragma once
 
@@ -49,6 +53,9 @@ class WeightExporter {
   Result<proto::DataProto> export_bucket(int64_t bucket, int64_t version);
 
  private:
+  /// The dtype unit `u` travels in: fp32 for LoRA adapters, the rollout dtype otherwise.
+  c10::ScalarType unit_dtype(size_t u) const;
+
   fsdp::FsdpModule& fsdp_;
   c10::ScalarType dtype_;
   std::vector<std::vector<int>> buckets_;  // unit indices
@@ -60,8 +67,8 @@ class WeightExporter {
 class WeightImporter {
  public:
   /// `lora_scaling` > 0: the actor trains LoRA adapters with this alpha / r (models' Note [LoRA
-  /// adapters]); they arrive with the base weights and are merged into them (new tensors, kept
-  /// with buffers()) before the engine takes the weights.
+  /// adapters]); they arrive with the base weights and are merged into them before the engine
+  /// takes the weights (Note [Split placement weight transfer]).
   explicit WeightImporter(RolloutEngine& engine, double lora_scaling = 0.0)
       : engine_(engine), lora_scaling_(lora_scaling) {}
 
@@ -80,6 +87,7 @@ class WeightImporter {
 
  private:
   Status import_unit(const nlohmann::json& unit, const proto::DataProto& bucket);
+  Status merge_adapters();
 
   RolloutEngine& engine_;
   double lora_scaling_ = 0.0;
@@ -91,6 +99,7 @@ class WeightImporter {
   int64_t next_bucket_ = 0;
   models::TensorMap pending_tensors_;
   std::vector<at::Tensor> pending_buffers_;
+  std::vector<std::vector<std::string>> pending_names_;  // the parameters viewing each pending buffer
   int64_t pending_bytes_ = 0;
 };
 

@@ -210,6 +210,35 @@ TEST(Lora, BadKeysAndUnsupportedTargetsAreOneLineNamingTheKey) {
   EXPECT_FALSE(apply_lora(*m, lora({{"lora_rank", 2}}), "m").ok());
 }
 
+// Rollout tensor parallelism merges slices: the product of sliced factors (rows of B for a
+// row-cut weight, columns of A for a column-cut one) is the slice of the full merge.
+TEST(Lora, MergingSlicedFactorsGivesTheSliceOfTheFullMerge) {
+  at::Generator gen = at::detail::createCPUGenerator(2);
+  const at::Tensor w = at::randn({6, 8}, gen), a = at::randn({3, 8}, gen), b = at::randn({6, 3}, gen);
+  auto full = merge_lora_weights({{"l.weight", w}, {"l.lora_A.weight", a}, {"l.lora_B.weight", b}}, 0.5, false);
+  ASSERT_TRUE(full.ok());
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    for (int64_t dim : {0, 1}) {
+      const at::Tensor part = w.narrow(dim, rank * w.size(dim) / 2, w.size(dim) / 2).clone();
+      auto sliced = merge_lora_weights({{"l.weight", part}, {"l.lora_A.weight", a}, {"l.lora_B.weight", b}}, 0.5, false,
+                                       [&](const std::string& name, const at::Tensor& fa, const at::Tensor& fb) {
+                                         EXPECT_EQ(name, "l.weight");
+                                         if (dim == 0) return std::make_pair(fa, fb.narrow(0, rank * 3, 3));
+                                         return std::make_pair(fa.narrow(1, rank * 4, 4), fb);
+                                       });
+      ASSERT_TRUE(sliced.ok()) << sliced.status().to_string();
+      const at::Tensor want = full->at("l.weight").narrow(dim, rank * w.size(dim) / 2, w.size(dim) / 2);
+      EXPECT_LE((sliced->at("l.weight") - want).abs().max().item<double>(), 1e-6) << "dim " << dim << " rank " << rank;
+    }
+  }
+  // A slicer that disagrees with the weight's shape is an error, not a broadcast.
+  auto bad = merge_lora_weights({{"l.weight", w.narrow(0, 0, 3)}, {"l.lora_A.weight", a}, {"l.lora_B.weight", b}}, 0.5,
+                                false, [](const std::string&, const at::Tensor& fa, const at::Tensor& fb) {
+                                  return std::make_pair(fa, fb);
+                                });
+  EXPECT_FALSE(bad.ok());
+}
+
 TEST(Lora, MergeRefusesAnIncompleteAdapter) {
   TensorMap params{{"l.weight", at::zeros({4, 3})}, {"l.lora_A.weight", at::zeros({2, 3})}};
   auto merged = merge_lora_weights(params, 1.0, false);

@@ -12,6 +12,7 @@
 #include "runtime/runtime.hpp"
 #include "tests/workers/roles/worker_test_util.hpp"
 #include "workers/models/model_io.hpp"
+#include "workers/models/safetensors.hpp"
 #include "workers/roles/sft_worker.hpp"
 
 namespace tessera::workers {
@@ -196,6 +197,18 @@ TEST(SftWorker, LoraTrainsTheAdaptersAndExportsTheMergedModel) {
     auto m = models::load_causal_lm(out + "/huggingface");
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     for (const auto& [name, t] : (*m)->parameter_map()) merged[ranks - 1][name] = t.clone();
+    // The export is the base plus B A * alpha / r of the adapter saved beside it.
+    auto adapter = models::read_safetensors(out + "/lora_adapter/adapter_model.safetensors");
+    ASSERT_TRUE(adapter.ok()) << adapter.status().to_string();
+    auto base_model = models::load_causal_lm(testing::tiny_model_dir());
+    ASSERT_TRUE(base_model.ok());
+    for (const char* module : {"model.layers.1.self_attn.q_proj", "model.layers.0.mlp.down_proj"}) {
+      const std::string prefix = std::string("base_model.model.") + module;
+      const at::Tensor want = (*base_model)->parameter_map().at(std::string(module) + ".weight") +
+                              at::matmul(adapter->tensors.at(prefix + ".lora_B.weight"),
+                                         adapter->tensors.at(prefix + ".lora_A.weight")) * 2.0;
+      EXPECT_LE((merged[ranks - 1].at(std::string(module) + ".weight") - want).abs().max().item<double>(), 1e-6) << module;
+    }
     EXPECT_LT(reference_loss(out + "/huggingface", sft_batch()), reference_loss(testing::tiny_model_dir(), sft_batch()));
   }
   auto m0 = models::load_causal_lm(testing::tiny_model_dir());

@@ -95,6 +95,10 @@ TEST_P(OnDevice, LoraActorMatchesTheCpuAndItsRolloutTheActor) {
     call(*w, "update_actor", b);
     updated.push_back(call(*w, "compute_log_prob", b));
     rollout.push_back(call(*w, "generate_sequences", make_prompts({3, 8, 5, 1}, 8, 34, kVocab)));
+    EXPECT_EQ(w->sharding_manager()->last_reshard().handoff_copied_bytes, 0);
+    // The merge left the shards alone: the actor recomputes what it computed before generating.
+    EXPECT_EQ(max_diff(*call(*w, "compute_log_prob", b).tensor("old_log_probs"), *updated.back().tensor("old_log_probs")),
+              0.0);
   }
   EXPECT_LE(max_diff(*ref[0].tensor("ref_log_prob"), *ref[1].tensor("ref_log_prob")), 1e-4);
   EXPECT_LE(max_diff(*updated[0].tensor("old_log_probs"), *updated[1].tensor("old_log_probs")), 1e-4);

@@ -131,10 +131,14 @@ TEST(LoraActor, TwoRanksAndBf16ServeTheAdaptedPolicy) {
     bool bf16;
     double tolerance;
     int64_t tp = 1;
+    bool no_shard = false;  // K == 1: every rank holds whole units
   };
-  for (const Variant v : {Variant{2, false, 1e-4}, Variant{1, true, 0.1}, Variant{2, false, 1e-4, 2}}) {
-    SCOPED_TRACE(::testing::Message() << "world " << v.world << (v.bf16 ? " bf16" : " fp32") << " tp " << v.tp);
+  for (const Variant v : {Variant{2, false, 1e-4}, Variant{1, true, 0.1}, Variant{2, false, 1e-4, 2},
+                          Variant{2, false, 1e-4, 2, true}, Variant{2, true, 0.1, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "world " << v.world << (v.bf16 ? " bf16" : " fp32") << " tp " << v.tp
+                                      << (v.no_shard ? " NO_SHARD" : ""));
     json c = lora_config();
+    if (v.no_shard) c["actor"]["fsdp_config"]["sharding_strategy"] = "NO_SHARD";
     if (v.bf16) {
       c["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] = "bf16";
       c["rollout"]["dtype"] = "bfloat16";
@@ -155,6 +159,10 @@ TEST(LoraActor, TwoRanksAndBf16ServeTheAdaptedPolicy) {
       at::Tensor diff = (*out->tensor("rollout_log_probs") - *out->tensor("old_log_probs")) * mask;
       EXPECT_LE(diff.abs().max().item<double>(), v.tolerance);
       EXPECT_EQ(w->sharding_manager()->last_reshard().handoff_copied_bytes, 0);
+      // The merge left the shards alone: the actor recomputes the same log-probs.
+      auto again = w->compute_log_prob(*out);
+      ASSERT_TRUE(again.ok());
+      EXPECT_EQ(max_diff(*again->tensor("old_log_probs"), *out->tensor("old_log_probs")), 0.0);
       ASSERT_TRUE(w->save_checkpoint({root + "/ckpt", std::nullopt, 2, std::nullopt}).ok());
       auto state = w->actor_module()->engine().full_state_dict(at::kFloat);
       ASSERT_TRUE(state.ok());

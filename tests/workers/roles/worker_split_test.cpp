@@ -6,6 +6,8 @@
 #include "runtime/runtime.hpp"
 #include "tests/workers/roles/worker_test_util.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
+#include "workers/fsdp/units.hpp"
+#include "workers/models/lora.hpp"
 #include "workers/models/model_io.hpp"
 #include "workers/roles/registry.hpp"
 #include "workers/rollout/kv_engine.hpp"
@@ -88,6 +90,86 @@ TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
   bad.meta_info().erase("tessera_weights");
   EXPECT_EQ(importer.import_bucket(bad).code(), ErrorCode::corrupt_data);
   EXPECT_EQ(importer.version(), 7);
+}
+
+// LoRA adapters (one unit per bucket, so they arrive in other buckets than their base weights)
+// are merged on import: the engine's weights equal the merged state, as views of buffers of the
+// importer's own (the adapters' buffers let go), and the received rows are left as they came.
+TEST(SplitWeights, LoraAdaptersAreMergedIntoBuffersOfTheImportersOwn) {
+  constexpr double kScaling = 2.0;  // alpha 8 / rank 4
+  std::vector<std::vector<proto::DataProto>> parts(2);
+  models::TensorMap want;
+  size_t base_units = 0;
+  const uint16_t port = next_port();
+  run_ranks(2, [&](int r) {
+    auto world = world_communicator(context(r, 2, port), "inproc");
+    ASSERT_TRUE(world.ok()) << world.status().to_string();
+    auto model = load_tiny_model();
+    models::LoraConfig lora;
+    lora.rank = 4;
+    lora.alpha = 8;
+    lora.target.all_linear = true;
+    ASSERT_TRUE(models::apply_lora(*model, lora, "model").ok());
+    {
+      torch::NoGradGuard no_grad;
+      at::Generator gen = at::detail::createCPUGenerator(3);
+      for (auto& item : model->named_parameters()) {
+        if (item.key().find(".lora_B.") != std::string::npos) item.value().copy_(at::randn(item.value().sizes(), gen) * 0.1);
+      }
+    }
+    FsdpBuildOptions b;
+    b.fsdp_config = fp32_fsdp();
+    b.optim = json{{"lr", 1e-3}};
+    auto module = build_fsdp_module(model, *world, b);
+    ASSERT_TRUE(module.ok()) << module.status().to_string();
+    auto state = (*module)->engine().full_state_dict(at::kFloat);
+    ASSERT_TRUE(state.ok());
+    rollout::WeightExporter exporter((*module)->engine(), at::kFloat, /*bucket_bytes=*/1);
+    for (int64_t i = 0; i < exporter.buckets(); ++i) {
+      auto part = exporter.export_bucket(i, /*version=*/3);
+      ASSERT_TRUE(part.ok()) << part.status().to_string();
+      parts[static_cast<size_t>(r)].push_back(*part);
+    }
+    if (r != 0) return;
+    auto merged = models::merge_lora_weights(*state, kScaling, /*in_place=*/false);
+    ASSERT_TRUE(merged.ok());
+    want = *merged;
+    for (const auto& l : (*module)->engine().layouts()) base_units += fsdp::is_adapter_unit(l) ? 0 : 1;
+  });
+  auto shell = models::CausalLM::create(tiny_model_config(), models::ModelInit{at::kFloat, 0});
+  ASSERT_TRUE(shell.ok());
+  rollout::RolloutConfig rc;
+  rc.dtype = "float32";
+  rc.prompt_length = 8;
+  rc.response_length = 6;
+  auto engine = rollout::KVCacheEngine::create(*shell, rc);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  rollout::WeightImporter importer(**engine, kScaling);
+  std::vector<proto::DataProto> buckets;
+  std::vector<std::map<std::string, at::Tensor>> sent;
+  for (size_t i = 0; i < parts[0].size(); ++i) {
+    buckets.push_back(*proto::DataProto::concat({parts[0][i], parts[1][i]}));
+    std::map<std::string, at::Tensor> copy;
+    for (const auto& [key, t] : buckets.back().batch()) copy[key] = t.clone();
+    sent.push_back(copy);
+  }
+  for (const auto& b : buckets) ASSERT_TRUE(importer.import_bucket(b).ok());
+  EXPECT_EQ(importer.version(), 3);
+  EXPECT_EQ(importer.buffers().size(), base_units);
+  for (const auto& [name, t] : (*shell)->parameter_map()) {
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_TRUE(at::equal(t, want.at(name))) << name;
+    bool inside = false;
+    for (const auto& buf : importer.buffers()) {
+      const auto* lo = static_cast<const char*>(buf.data_ptr());
+      const auto* p = static_cast<const char*>(t.data_ptr());
+      inside |= p >= lo && p + t.numel() * t.element_size() <= lo + buf.numel() * buf.element_size();
+    }
+    EXPECT_TRUE(inside) << name << " is not a view of the importer's buffers";
+  }
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    for (const auto& [key, t] : buckets[i].batch()) EXPECT_TRUE(at::equal(t, sent[i].at(key))) << "bucket " << i << " " << key;
+  }
 }
 
 // What the trainer does before a split rollout generates (RayPPOTrainer::sync_rollout_weights).
