@@ -100,6 +100,24 @@ TEST(TrainerAgents, GrpoOnTwoLocalAgentsMatchesEmbedded) {
   EXPECT_EQ(split_trainer->rollout_wg()->world_size(), 2);
   ASSERT_EQ(want_split.size(), 3u);
   testing::expect_same_history(want_split, split_trainer->history());
+
+  // The same with LoRA and a KL loss: the reference is the actor group's (verl's ref_in_actor,
+  // role "actor" under split placement), and the rollout group merges the adapters it receives.
+  for (auto* run : {&colocated, &split}) {
+    for (const char* o : {"actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                          "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr=5e-2"}) {
+      run->push_back(o);
+    }
+  }
+  colocated.push_back("trainer.default_local_dir=" + (dir.path() / "run_lora_colocated").string());
+  split.push_back("trainer.default_local_dir=" + (dir.path() / "run_lora_split").string());
+  auto want_lora = fit(colocated);
+  auto split_lora = testing::fit_trainer(split);
+  ASSERT_NE(split_lora, nullptr);
+  ASSERT_NE(split_lora->rollout_wg(), nullptr);
+  ASSERT_EQ(want_lora.size(), 3u);
+  EXPECT_TRUE(want_lora[1].second.count("actor/kl_loss"));
+  testing::expect_same_history(want_lora, split_lora->history());
 }
 
 }  // namespace
