@@ -1,7 +1,6 @@
 // reward_model_worker.cpp: RewardModelWorker (see reward_model_worker.hpp).
 #include "workers/roles/reward_model_worker.hpp"
 
-#include <filesystem>
 #include <utility>
 
 #include <torch/torch.h>
@@ -9,6 +8,8 @@
 #include "workers/models/model_io.hpp"
 #include "workers/ppo/ppo_batching.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
+#include "workers/tokenizer/chat_template.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::workers {
 
@@ -17,24 +18,89 @@ using dispatch::Args;
 namespace Dispatch = dispatch::Dispatch;
 using dispatch::Value;
 
-namespace {
-
-bool same_directory(const std::string& a, const std::string& b) {
-  std::error_code ea, eb;
-  auto ca = std::filesystem::weakly_canonical(a, ea);
-  auto cb = std::filesystem::weakly_canonical(b, eb);
-  return (!ea && !eb) ? ca == cb : a == b;
+Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, const ChatTemplateSwitch& s) {
+  const std::string key = "reward_model.model.input_tokenizer";
+  auto raw = data.column("raw_prompt");
+  if (!raw.ok()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "{}: re-templating for the reward model needs the prompts' chat messages (non-tensor column "
+                      "raw_prompt), which this batch lacks; set {}=null to score the policy's tokens as given",
+                      key, key);
+  }
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, data.tensor("responses"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, data.tensor("attention_mask"));
+  const int64_t rows = data.size(), width = mask.size(1), response_length = responses.size(1);
+  const int64_t max_length = s.max_length.value_or(width);
+  if (max_length < 1) return make_error(ErrorCode::invalid_argument, "reward_model.max_length = {}: must be >= 1", max_length);
+  std::optional<int32_t> pad = s.target.pad_token_id();
+  if (!pad) pad = s.target.eos_token_id();  // verl's hf_tokenizer sets pad to eos when missing
+  if (!pad) {
+    return make_error(ErrorCode::invalid_argument, "{}: the reward model's tokenizer ({}) has no pad or eos token",
+                      key, s.target.source());
+  }
+  const std::string eos = s.input.config().eos_token.value_or("");
+  const at::Tensor ids_cpu = responses.to(at::kCPU).to(at::kLong).contiguous();
+  const at::Tensor valid = mask.narrow(1, width - response_length, response_length).sum(1).to(at::kCPU).to(at::kLong);
+  at::Tensor out_ids = at::full({rows, max_length}, static_cast<int64_t>(*pad), at::kLong);
+  at::Tensor out_mask = at::zeros({rows, max_length}, at::kLong);
+  tokenizer::DecodeOptions decode;
+  decode.lossy_utf8 = true;  // as HF's decode
+  for (int64_t i = 0; i < rows; ++i) {
+    const json& prompt = raw->json_value(i);
+    if (!prompt.is_array()) {
+      return make_error(ErrorCode::invalid_argument, "{}: row {}'s raw_prompt is not a list of chat messages: {}", key,
+                        i, prompt.dump().substr(0, 80));
+    }
+    const int64_t n = valid[i].item<int64_t>();
+    const int64_t* r = ids_cpu[i].data_ptr<int64_t>();
+    TESSERA_ASSIGN_OR_RETURN(std::string response,
+                             s.input.decode(std::vector<int32_t>(r, r + n), decode));
+    if (!eos.empty()) {  // verl: response.replace(src_tokenizer.eos_token, "")
+      for (size_t at = response.find(eos); at != std::string::npos; at = response.find(eos, at)) response.erase(at, eos.size());
+    }
+    json chat = prompt;
+    chat.push_back(json{{"role", "assistant"}, {"content", response}});
+    auto text = s.chat.render_json(chat, /*add_generation_prompt=*/false);
+    if (!text.ok()) return text.status().with_context(fmt::format("{}: row {}", key, i));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, s.target.encode(*text));
+    std::vector<int32_t> kept = tokens;
+    const auto length = static_cast<int64_t>(tokens.size());
+    if (length > max_length) {
+      if (s.truncation == "left") {
+        kept.assign(tokens.end() - max_length, tokens.end());
+      } else if (s.truncation == "right") {
+        kept.assign(tokens.begin(), tokens.begin() + max_length);
+      } else if (s.truncation == "middle") {
+        const int64_t left = max_length / 2, right = max_length - left;
+        kept.assign(tokens.begin(), tokens.begin() + left);
+        kept.insert(kept.end(), tokens.end() - right, tokens.end());
+      } else {
+        return make_error(ErrorCode::invalid_argument,
+                          "{}: row {} is {} tokens for the reward model, more than reward_model.max_length = {} "
+                          "(reward_model.truncation=error)", key, i, length, max_length);
+      }
+    }
+    for (size_t j = 0; j < kept.size(); ++j) {
+      out_ids[i][static_cast<int64_t>(j)] = kept[j];
+      out_mask[i][static_cast<int64_t>(j)] = 1;
+    }
+  }
+  proto::TensorDict t;
+  t.insert_or_assign("input_ids", out_ids.to(responses.device()));
+  t.insert_or_assign("attention_mask", out_mask.to(responses.device()));
+  t.insert_or_assign("position_ids", (out_mask.cumsum(1) - 1).clamp_min(0).to(responses.device()));
+  return proto::DataProto::from_dict(std::move(t));
 }
-
-}  // namespace
 
 Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world_size) {
   RewardModelConfig c;
   ppo::ConfigReader r(j, "reward_model");
-  for (const char* k : {"_target_", "enable", "strategy", "max_length", "reward_manager", "launch_reward_fn_async",
+  for (const char* k : {"_target_", "enable", "strategy", "reward_manager", "launch_reward_fn_async",
                         "sandbox_fusion", "profiler", "reward_kwargs"}) {
     r.skip(k);
   }
+  r.field("max_length", c.max_length);
+  r.field("truncation", c.truncation);
   const json& model = r.nested("model");
   r.field("micro_batch_size", c.micro_batch_size);
   r.field("micro_batch_size_per_gpu", c.micro_batch_size_per_gpu);
@@ -51,11 +117,12 @@ Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world
     return make_error(ErrorCode::unimplemented, "reward_model.model.lora_rank = {}: a reward model is never trained, "
                       "LoRA has nothing to adapt", c.model.lora.rank);
   }
-  if (c.model.input_tokenizer && !same_directory(*c.model.input_tokenizer, c.model.path)) {
-    return make_error(ErrorCode::unimplemented,
-                      "reward_model.model.input_tokenizer = '{}' differs from reward_model.model.path = '{}': "
-                      "re-templating inputs for the reward model's tokenizer is not implemented",
-                      *c.model.input_tokenizer, c.model.path);
+  if (c.truncation != "left" && c.truncation != "right" && c.truncation != "middle" && c.truncation != "error") {
+    return make_error(ErrorCode::invalid_argument, "reward_model.truncation = '{}': expected left, right, middle or error",
+                      c.truncation);
+  }
+  if (c.max_length && *c.max_length < 1) {
+    return make_error(ErrorCode::invalid_argument, "reward_model.max_length = {}: must be >= 1", *c.max_length);
   }
   if (c.micro_batch_size) {
     TESSERA_ASSIGN_OR_RETURN(int64_t per_gpu, ppo::normalize_global_micro_batch_size(*c.micro_batch_size, world_size,
@@ -124,11 +191,26 @@ Status RewardModelWorker::init_model() {
   b.force_param_offload = true;
   b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
+  if (config_.model.input_tokenizer) {  // verl's _do_switch_chat_template
+    const std::string key = "reward_model.model.input_tokenizer";
+    auto input = tokenizer::Tokenizer::from_dir(*config_.model.input_tokenizer);
+    if (!input.ok()) return input.status().with_context(key);
+    auto target = tokenizer::Tokenizer::from_dir(config_.model.path);
+    if (!target.ok()) return target.status().with_context("reward_model.model.path (the reward model's tokenizer)");
+    auto chat = tokenizer::ChatTemplate::from_name("auto", target->config());
+    if (!chat.ok()) {
+      return make_error(ErrorCode::invalid_argument, "{}: re-templating needs the reward model's chat template: {}; set "
+                        "{}=null to score the policy's tokens as given", key, chat.status().message(), key);
+    }
+    input_tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*input));
+    rm_tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*target));
+    rm_template_ = std::make_shared<const tokenizer::ChatTemplate>(std::move(*chat));
+  }
   return check_on_device(module_->engine(), device(), context().rank);
 }
 
 Result<at::Tensor> RewardModelWorker::sequence_scores(const proto::DataProto& data) {
-  static const std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids", "responses"};
+  static const std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids"};
   TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(keys, std::vector<std::string>{}));
   ppo::MicroBatches micro;
   if (config_.use_dynamic_bsz) {
@@ -141,11 +223,13 @@ Result<at::Tensor> RewardModelWorker::sequence_scores(const proto::DataProto& da
   }
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> scores;
-  for (const auto& mb : micro.batches) {
-    TESSERA_ASSIGN_OR_RETURN(auto seq, ppo::read_sequence_batch(mb));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor values, module_->forward(seq.input_ids, seq.attention_mask, seq.position_ids,
-                                                                 ppo::ForwardMode::eval));
-    at::Tensor eos_idx = (seq.position_ids * seq.attention_mask).argmax(-1);
+  for (const auto& mb : micro.batches) {  // checked by compute_rm_score (or made by switch_chat_template)
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor input_ids, mb.tensor("input_ids"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor attention_mask, mb.tensor("attention_mask"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor position_ids, mb.tensor("position_ids"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor values,
+                             module_->forward(input_ids, attention_mask, position_ids, ppo::ForwardMode::eval));
+    at::Tensor eos_idx = (position_ids * attention_mask).argmax(-1);
     at::Tensor rows = at::arange(values.size(0), at::TensorOptions(at::kLong).device(values.device()));
     scores.push_back(values.index({rows, eos_idx}).to(at::kFloat));
   }
@@ -167,10 +251,16 @@ Result<proto::DataProto> RewardModelWorker::compute_rm_score(const proto::DataPr
     return proto::DataProto::from_dict(std::move(t));
   }
   Stopwatch timer;
+  proto::DataProto rm_data = data;
+  if (rm_template_) {  // verl: the reward model reads its own template of the chat
+    TESSERA_ASSIGN_OR_RETURN(rm_data, switch_chat_template(data, ChatTemplateSwitch{*input_tokenizer_, *rm_tokenizer_,
+                                                                                   *rm_template_, config_.max_length,
+                                                                                   config_.truncation}));
+  }
   TESSERA_ASSIGN_OR_RETURN(auto scope, OffloadScope::enter(module_->engine(), true));
   Result<at::Tensor> scores = [&]() -> Result<at::Tensor> {
     try {
-      return sequence_scores(data);
+      return sequence_scores(rm_data);
     } catch (...) {
       return ppo::status_from_current_exception("compute_rm_score");
     }

@@ -15,9 +15,10 @@
 //                                       (forward_max_token_len_per_gpu), order restored;
 //                                       meta_info.metrics timing_s/compute_rm_score,
 //                                       perf/cpu_memory_used_gb.
-// reward_model.model.input_tokenizer naming a tokenizer other than model.path (verl's
-// _switch_chat_template: decode, re-apply the RM's chat template) is unimplemented and refused at
-// init_model; null or equal to model.path means the inputs are scored as given.
+// reward_model.model.input_tokenizer (verl's default: the policy's model.path) re-templates the
+// inputs for the reward model as verl's _switch_chat_template does (switch_chat_template below);
+// null scores the policy's tokens as given. The score lands at the policy sequence's last valid
+// token either way.
 // Batch size: a global micro_batch_size is divided by the world size into micro_batch_size_per_gpu
 // (verl); fixed batching without one is refused at init_model.
 //
@@ -38,11 +39,18 @@
 #include "workers/ppo/fsdp_trainable.hpp"
 #include "workers/roles/worker_support.hpp"
 
+namespace tessera::tokenizer {
+class ChatTemplate;
+class Tokenizer;
+}  // namespace tessera::tokenizer
+
 namespace tessera::workers {
 
 /// The `reward_model` keys the worker reads.
 struct RewardModelConfig {
   ModelSection model;
+  std::optional<int64_t> max_length;  ///< reward_model.max_length: the re-templated width (null: the input's).
+  std::string truncation = "right";   ///< reward_model.truncation: left, right, middle or error.
   std::optional<int64_t> micro_batch_size;  ///< Deprecated global form.
   std::optional<int64_t> micro_batch_size_per_gpu;
   bool use_dynamic_bsz = false;
@@ -56,6 +64,23 @@ Result<RewardModelConfig> parse_reward_model_config(const nlohmann::json& json, 
 /// each row of a zero [B, T] tensor (scores' dtype); returns its last `response_length` columns.
 at::Tensor expand_to_token_level(const at::Tensor& scores, const at::Tensor& attention_mask,
                                  const at::Tensor& position_ids, int64_t response_length);
+
+/// What switch_chat_template needs: both tokenizers, the reward model's chat template, the width.
+struct ChatTemplateSwitch {
+  const tokenizer::Tokenizer& input;    ///< reward_model.model.input_tokenizer: decodes the responses.
+  const tokenizer::Tokenizer& target;   ///< The reward model's own (model.path).
+  const tokenizer::ChatTemplate& chat;  ///< target's chat template.
+  std::optional<int64_t> max_length;    ///< RewardModelConfig::max_length.
+  std::string truncation = "right";     ///< RewardModelConfig::truncation.
+};
+
+/// verl's _switch_chat_template: per row, the chat of non-tensor column "raw_prompt" (a list of
+/// {role, content} messages) plus {"role": "assistant", "content": the valid response tokens
+/// decoded by `input` with its eos token text removed}, rendered by `chat` without a generation
+/// prompt, encoded by `target` without special tokens, truncated to max_length (default: the
+/// input's width) and right-padded with target's pad id (else its eos id): input_ids,
+/// attention_mask, position_ids on data's device. Errors name the row and the key.
+Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, const ChatTemplateSwitch& s);
 
 /// verl's RewardModelWorker. See the header comment.
 class RewardModelWorker final : public dispatch::WorkerBase {
@@ -75,6 +100,9 @@ class RewardModelWorker final : public dispatch::WorkerBase {
 
   nlohmann::json init_config_;
   RewardModelConfig config_;
+  // Re-templating (input_tokenizer set): the policy's tokenizer, the reward model's, its template.
+  std::shared_ptr<const tokenizer::Tokenizer> input_tokenizer_, rm_tokenizer_;
+  std::shared_ptr<const tokenizer::ChatTemplate> rm_template_;
   std::shared_ptr<collective::Communicator> world_;
   std::shared_ptr<ppo::FsdpTrainableModule> module_;
 };

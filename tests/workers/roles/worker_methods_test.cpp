@@ -4,8 +4,14 @@
 // independent forward of the same value model.
 #include <map>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
 #include "dispatch/worker_group.hpp"
 #include "tests/workers/roles/worker_test_util.hpp"
+#include "workers/tokenizer/chat_template.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/roles/critic_worker.hpp"
 #include "workers/models/model_io.hpp"
@@ -207,14 +213,173 @@ TEST(RewardModelWorker, ScoreAtLastValidTokenRightPadded) {
   EXPECT_EQ((rm != 0).sum().item<int64_t>(), 2);
 }
 
-TEST(RewardModelWorker, DifferentInputTokenizerIsRefused) {
+// A rollout batch of `rows` chats whose responses are `texts` encoded by `tok` (then its eos
+// when `eos`), right-padded to R; raw_prompt holds each row's chat.
+proto::DataProto chat_rollout(const tokenizer::Tokenizer& tok, const std::vector<json>& chats,
+                              const std::vector<std::string>& texts, int64_t P, int64_t R) {
+  const int64_t B = static_cast<int64_t>(chats.size());
+  at::Tensor prompts = at::zeros({B, P}, at::kLong), responses = at::zeros({B, R}, at::kLong);
+  at::Tensor mask = at::zeros({B, P + R}, at::kLong);
+  std::vector<json> raw;
+  for (int64_t i = 0; i < B; ++i) {
+    mask[i].narrow(0, P - 2, 2).fill_(1);  // two prompt tokens: only their mask matters here
+    auto ids = tok.encode(texts[static_cast<size_t>(i)]);
+    EXPECT_TRUE(ids.ok());
+    std::vector<int32_t> r = *ids;
+    r.push_back(*tok.eos_token_id());
+    for (size_t t = 0; t < r.size() && static_cast<int64_t>(t) < R; ++t) {
+      responses[i][static_cast<int64_t>(t)] = r[t];
+      mask[i][P + static_cast<int64_t>(t)] = 1;
+    }
+    raw.push_back(chats[static_cast<size_t>(i)]);
+  }
+  proto::TensorDict t;
+  t.insert_or_assign("input_ids", at::cat({prompts, responses}, 1));
+  t.insert_or_assign("attention_mask", mask);
+  t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
+  t.insert_or_assign("responses", responses);
+  proto::NonTensorBatch cols;
+  cols.insert_or_assign("raw_prompt", proto::Column::jsons(std::move(raw)));
+  auto d = proto::DataProto::from_dict(std::move(t), std::move(cols));
+  EXPECT_TRUE(d.ok()) << d.status().to_string();
+  return *d;
+}
+
+// verl's _switch_chat_template against transformers itself on Qwen3's tokenizer and template:
+// the chat plus the decoded response (its eos text removed) rendered without a generation prompt
+// and encoded without special tokens, right-padded with the pad id.
+TEST(RewardModelWorker, SwitchChatTemplateMatchesTransformers) {
+  const char* env = std::getenv("TESSERA_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+  if (std::system((python + " -c 'import transformers' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << python << " cannot import transformers (deploy/dev.sh installs it)";
+  }
+  const char* shared = std::getenv("TESSERA_SHARED_DIR");
+  const std::filesystem::path dir = std::filesystem::path(shared != nullptr ? shared : "../shared") / "golden" / "qwen3-tokenizer";
+  auto tok = tokenizer::Tokenizer::from_dir(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto chat = tokenizer::ChatTemplate::from_name("auto", tok->config());
+  ASSERT_TRUE(chat.ok()) << chat.status().to_string();
+  const std::vector<json> chats = {
+      json::array({{{"role", "user"}, {"content", "What is 17 * 3? Think step by step."}}}),
+      json::array({{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "Name a prime."}}})};
+  const std::vector<std::string> texts = {"17 * 3 = 51, so the answer is 51.", "7"};
+  proto::DataProto d = chat_rollout(*tok, chats, texts, 3, 24);
+  ChatTemplateSwitch sw{*tok, *tok, *chat, /*max_length=*/64, "right"};
+  auto rm = switch_chat_template(d, sw);
+  ASSERT_TRUE(rm.ok()) << rm.status().to_string();
+  char tmpl[] = "/tmp/tessera_rm_switch_XXXXXX";
+  const std::string root = mkdtemp(tmpl);
+  json in = json::array();
+  for (size_t i = 0; i < chats.size(); ++i) in.push_back({{"chat", chats[i]}, {"response", texts[i]}});
+  std::ofstream(root + "/in.json") << in.dump();
+  std::ofstream(root + "/switch.py") << R"PY(
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+out = []
+for case in json.load(open(sys.argv[2])):
+    chat = case["chat"] + [{"role": "assistant", "content": case["response"]}]
+    text = tok.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    out.append(tok(text, add_special_tokens=False)["input_ids"])
+json.dump(out, open(sys.argv[3], "w"))
+)PY";
+  const std::string cmd = python + " " + root + "/switch.py " + dir.string() + " " + root + "/in.json " + root + "/out.json";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream out_file(root + "/out.json");
+  const json want = json::parse(out_file);
+  at::Tensor ids = *rm->tensor("input_ids"), mask = *rm->tensor("attention_mask"), pos = *rm->tensor("position_ids");
+  const int64_t width = 64;
+  ASSERT_EQ(ids.size(1), width);
+  for (int64_t i = 0; i < 2; ++i) {
+    const auto& w = want[static_cast<size_t>(i)];
+    const auto n = static_cast<int64_t>(w.size());
+    ASSERT_LE(n, width) << "row " << i;
+    for (int64_t t = 0; t < width; ++t) {
+      EXPECT_EQ(ids[i][t].item<int64_t>(), t < n ? w[static_cast<size_t>(t)].get<int64_t>() : *tok->pad_token_id())
+          << "row " << i << " token " << t;
+      EXPECT_EQ(mask[i][t].item<int64_t>(), t < n ? 1 : 0);
+    }
+    EXPECT_EQ(pos[i][n - 1].item<int64_t>(), n - 1);
+  }
+  // Truncation to reward_model.max_length, from the right (verl's default) or refused.
+  sw.max_length = 5;
+  auto cut = switch_chat_template(d, sw);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->tensor("input_ids")->size(1), 5);
+  EXPECT_EQ(cut->tensor("input_ids")->narrow(0, 0, 1).view(-1)[4].item<int64_t>(), want[0][4].get<int64_t>());
+  sw.truncation = "error";
+  auto refused = switch_chat_template(d, sw);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("reward_model.max_length = 5"), std::string::npos) << refused.status().message();
+  // max_length null: the input's width (27), cut from the right.
+  sw.max_length = std::nullopt;
+  sw.truncation = "right";
+  auto input_width = switch_chat_template(d, sw);
+  ASSERT_TRUE(input_width.ok());
+  EXPECT_EQ(input_width->tensor("input_ids")->size(1), d.tensor("attention_mask")->size(1));
+  // Without the chat messages: one line naming the key and the way out.
+  proto::DataProto bare = d;
+  ASSERT_TRUE(bare.pop(std::vector<std::string>{}, std::vector<std::string>{"raw_prompt"}).ok());
+  auto missing = switch_chat_template(bare, ChatTemplateSwitch{*tok, *tok, *chat, std::nullopt, "right"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("input_tokenizer=null"), std::string::npos) << missing.status().message();
+  std::filesystem::remove_all(root);
+}
+
+// The worker with input_tokenizer set (verl's default) scores the re-templated chat: the value at
+// its last token, placed at the policy sequence's last valid token.
+TEST(RewardModelWorker, InputTokenizerScoresTheReTemplatedChat) {
   json c = rm_config(false);
-  c["model"]["input_tokenizer"] = "/some/other/tokenizer";
+  c["model"]["input_tokenizer"] = tiny_model_dir();
+  c["max_length"] = 40;
   auto w = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});
   ASSERT_TRUE(w.ok());
   Status st = (*w)->init_model();
-  EXPECT_EQ(st.code(), ErrorCode::unimplemented);
-  EXPECT_NE(st.message().find("input_tokenizer"), std::string::npos);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto tok = tokenizer::Tokenizer::from_dir(tiny_model_dir());
+  ASSERT_TRUE(tok.ok());
+  const std::vector<json> chats = {json::array({{{"role", "user"}, {"content", "1+1="}}}),
+                                   json::array({{{"role", "user"}, {"content", "abc"}}})};
+  proto::DataProto d = chat_rollout(*tok, chats, {"2", "d e f"}, 3, 8);
+  auto out = (*w)->compute_rm_score(d);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  // Independently: Tessera's native ChatML renderer (the tiny tokenizer's Jinja template is ChatML).
+  const tokenizer::ChatTemplate chatml = tokenizer::ChatTemplate::chatml();
+  proto::TensorDict t;
+  const int64_t width = 40;
+  at::Tensor ids = at::zeros({2, width}, at::kLong), mask = at::zeros({2, width}, at::kLong);
+  const std::vector<std::string> responses = {"2", "d e f"};
+  for (int64_t i = 0; i < 2; ++i) {
+    std::vector<tokenizer::ChatMessage> msgs = {{"user", chats[static_cast<size_t>(i)][0]["content"]},
+                                                {"assistant", responses[static_cast<size_t>(i)]}};
+    auto text = chatml.render(msgs, false);
+    ASSERT_TRUE(text.ok());
+    auto enc = tok->encode(*text);
+    ASSERT_TRUE(enc.ok());
+    ASSERT_LE(static_cast<int64_t>(enc->size()), width);
+    for (size_t j = 0; j < enc->size(); ++j) {
+      ids[i][static_cast<int64_t>(j)] = (*enc)[j];
+      mask[i][static_cast<int64_t>(j)] = 1;
+    }
+  }
+  t.insert_or_assign("input_ids", ids);
+  t.insert_or_assign("attention_mask", mask);
+  t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
+  std::vector<float> want = reference_scores(*proto::DataProto::from_dict(std::move(t)));
+  at::Tensor rm = *out->tensor("rm_scores");
+  at::Tensor rmask = d.tensor("attention_mask")->narrow(1, 3, 8);
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t last = rmask[i].sum().item<int64_t>() - 1;
+    EXPECT_NEAR(rm[i][last].item<float>(), want[static_cast<size_t>(i)], 1e-5) << "row " << i;
+    EXPECT_EQ((rm[i] != 0).sum().item<int64_t>(), 1);
+  }
+  // A truncation other than verl's four is refused at init.
+  c["truncation"] = "both";
+  auto bad = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});
+  ASSERT_TRUE(bad.ok());
+  Status refused = (*bad)->init_model();
+  EXPECT_NE(refused.message().find("reward_model.truncation = 'both'"), std::string::npos) << refused.message();
 }
 
 }  // namespace
