@@ -21,6 +21,25 @@ using namespace testing;  // NOLINT
 using dispatch::Value;
 using dispatch::WorkerGroup;
 
+// A float32 KV-cache engine over `shell` (prompts of 8, responses of 6).
+Result<std::unique_ptr<rollout::KVCacheEngine>> tiny_engine(std::shared_ptr<models::CausalLM> shell) {
+  rollout::RolloutConfig rc;
+  rc.dtype = "float32";
+  rc.prompt_length = 8;
+  rc.response_length = 6;
+  return rollout::KVCacheEngine::create(std::move(shell), rc);
+}
+
+// Whether `t`'s bytes lie inside one of `buffers`.
+bool inside_any(const at::Tensor& t, const std::vector<at::Tensor>& buffers) {
+  const auto* p = static_cast<const char*>(t.data_ptr());
+  for (const auto& buf : buffers) {
+    const auto* lo = static_cast<const char*>(buf.data_ptr());
+    if (p >= lo && p + t.numel() * t.element_size() <= lo + buf.numel() * buf.element_size()) return true;
+  }
+  return false;
+}
+
 // Two FSDP ranks export one unit per bucket; the rows of both ranks (what the rollout pulls through
 // the future) rebuild every parameter exactly, as views of the importer's buffers.
 TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
@@ -60,11 +79,7 @@ TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
   ASSERT_GT(buckets, 1);
   auto shell = models::CausalLM::create(tiny_model_config(), models::ModelInit{at::kFloat, 0});
   ASSERT_TRUE(shell.ok());
-  rollout::RolloutConfig rc;
-  rc.dtype = "float32";
-  rc.prompt_length = 8;
-  rc.response_length = 6;
-  auto engine = rollout::KVCacheEngine::create(*shell, rc);
+  auto engine = tiny_engine(*shell);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   rollout::WeightImporter importer(**engine);
   auto bucket = [&](int64_t i) { return *proto::DataProto::concat({parts[0][i], parts[1][i]}); };
@@ -78,12 +93,7 @@ TEST(SplitWeights, BucketsFromTwoShardsRebuildTheModelByReference) {
   }
   for (const auto& [name, t] : (*shell)->parameter_map()) {
     EXPECT_TRUE(at::equal(t, want.at(name))) << name;
-    bool inside = false;
-    for (const auto& buf : importer.buffers()) {
-      const auto* lo = static_cast<const char*>(buf.data_ptr());
-      const auto* p = static_cast<const char*>(t.data_ptr());
-      inside |= p >= lo && p + t.numel() * t.element_size() <= lo + buf.numel() * buf.element_size();
-    }
+    const bool inside = inside_any(t, importer.buffers());
     EXPECT_TRUE(inside) << name << " is not a view of the transferred buffers";
   }
   proto::DataProto bad = bucket(0);
@@ -138,11 +148,7 @@ TEST(SplitWeights, LoraAdaptersAreMergedIntoBuffersOfTheImportersOwn) {
   });
   auto shell = models::CausalLM::create(tiny_model_config(), models::ModelInit{at::kFloat, 0});
   ASSERT_TRUE(shell.ok());
-  rollout::RolloutConfig rc;
-  rc.dtype = "float32";
-  rc.prompt_length = 8;
-  rc.response_length = 6;
-  auto engine = rollout::KVCacheEngine::create(*shell, rc);
+  auto engine = tiny_engine(*shell);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   rollout::WeightImporter importer(**engine, kScaling);
   std::vector<proto::DataProto> buckets;
@@ -159,12 +165,7 @@ TEST(SplitWeights, LoraAdaptersAreMergedIntoBuffersOfTheImportersOwn) {
   for (const auto& [name, t] : (*shell)->parameter_map()) {
     ASSERT_TRUE(want.count(name)) << name;
     EXPECT_TRUE(at::equal(t, want.at(name))) << name;
-    bool inside = false;
-    for (const auto& buf : importer.buffers()) {
-      const auto* lo = static_cast<const char*>(buf.data_ptr());
-      const auto* p = static_cast<const char*>(t.data_ptr());
-      inside |= p >= lo && p + t.numel() * t.element_size() <= lo + buf.numel() * buf.element_size();
-    }
+    const bool inside = inside_any(t, importer.buffers());
     EXPECT_TRUE(inside) << name << " is not a view of the importer's buffers";
   }
   for (size_t i = 0; i < buckets.size(); ++i) {
