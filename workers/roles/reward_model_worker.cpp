@@ -21,11 +21,15 @@ using dispatch::Value;
 Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, const ChatTemplateSwitch& s) {
   const std::string key = "reward_model.model.input_tokenizer";
   auto raw = data.column("raw_prompt");
-  if (!raw.ok()) {
+  if (!raw.ok() || raw->type() != proto::ColumnType::json || raw->width() != 1) {
     return make_error(ErrorCode::invalid_argument,
-                      "{}: re-templating for the reward model needs the prompts' chat messages (non-tensor column "
-                      "raw_prompt), which this batch lacks; set {}=null to score the policy's tokens as given",
-                      key, key);
+                      "{}: re-templating for the reward model needs the prompts' chat messages (a JSON non-tensor column "
+                      "raw_prompt), which this batch {}; set {}=null to score the policy's tokens as given",
+                      key, raw.ok() ? "holds in another form" : "lacks", key);
+  }
+  if (s.truncation != "left" && s.truncation != "right" && s.truncation != "middle" && s.truncation != "error") {
+    return make_error(ErrorCode::invalid_argument, "reward_model.truncation = '{}': expected left, right, middle or error",
+                      s.truncation);
   }
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, data.tensor("responses"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, data.tensor("attention_mask"));
@@ -34,56 +38,61 @@ Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, cons
   if (max_length < 1) return make_error(ErrorCode::invalid_argument, "reward_model.max_length = {}: must be >= 1", max_length);
   std::optional<int32_t> pad = s.target.pad_token_id();
   if (!pad) pad = s.target.eos_token_id();  // verl's hf_tokenizer sets pad to eos when missing
-  if (!pad) {
-    return make_error(ErrorCode::invalid_argument, "{}: the reward model's tokenizer ({}) has no pad or eos token",
-                      key, s.target.source());
-  }
   const std::string eos = s.input.config().eos_token.value_or("");
   const at::Tensor ids_cpu = responses.to(at::kCPU).to(at::kLong).contiguous();
   const at::Tensor valid = mask.narrow(1, width - response_length, response_length).sum(1).to(at::kCPU).to(at::kLong);
-  at::Tensor out_ids = at::full({rows, max_length}, static_cast<int64_t>(*pad), at::kLong);
-  at::Tensor out_mask = at::zeros({rows, max_length}, at::kLong);
+  const auto valid_a = valid.accessor<int64_t, 1>();
+  std::vector<std::vector<int32_t>> kept(static_cast<size_t>(rows));
   tokenizer::DecodeOptions decode;
   decode.lossy_utf8 = true;  // as HF's decode
   for (int64_t i = 0; i < rows; ++i) {
+    const auto row_error = [&](const Status& st) { return st.with_context(fmt::format("{}: row {}", key, i)); };
     const json& prompt = raw->json_value(i);
     if (!prompt.is_array()) {
       return make_error(ErrorCode::invalid_argument, "{}: row {}'s raw_prompt is not a list of chat messages: {}", key,
                         i, prompt.dump().substr(0, 80));
     }
-    const int64_t n = valid[i].item<int64_t>();
     const int64_t* r = ids_cpu[i].data_ptr<int64_t>();
-    TESSERA_ASSIGN_OR_RETURN(std::string response,
-                             s.input.decode(std::vector<int32_t>(r, r + n), decode));
+    auto response = s.input.decode(std::vector<int32_t>(r, r + valid_a[i]), decode);
+    if (!response.ok()) return row_error(response.status());
     if (!eos.empty()) {  // verl: response.replace(src_tokenizer.eos_token, "")
-      for (size_t at = response.find(eos); at != std::string::npos; at = response.find(eos, at)) response.erase(at, eos.size());
+      for (size_t at = response->find(eos); at != std::string::npos; at = response->find(eos, at)) response->erase(at, eos.size());
     }
     json chat = prompt;
-    chat.push_back(json{{"role", "assistant"}, {"content", response}});
+    chat.push_back(json{{"role", "assistant"}, {"content", *response}});
     auto text = s.chat.render_json(chat, /*add_generation_prompt=*/false);
-    if (!text.ok()) return text.status().with_context(fmt::format("{}: row {}", key, i));
-    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, s.target.encode(*text));
-    std::vector<int32_t> kept = tokens;
-    const auto length = static_cast<int64_t>(tokens.size());
-    if (length > max_length) {
-      if (s.truncation == "left") {
-        kept.assign(tokens.end() - max_length, tokens.end());
-      } else if (s.truncation == "right") {
-        kept.assign(tokens.begin(), tokens.begin() + max_length);
-      } else if (s.truncation == "middle") {
-        const int64_t left = max_length / 2, right = max_length - left;
-        kept.assign(tokens.begin(), tokens.begin() + left);
-        kept.insert(kept.end(), tokens.end() - right, tokens.end());
-      } else {
-        return make_error(ErrorCode::invalid_argument,
-                          "{}: row {} is {} tokens for the reward model, more than reward_model.max_length = {} "
-                          "(reward_model.truncation=error)", key, i, length, max_length);
-      }
+    if (!text.ok()) return row_error(text.status());
+    auto tokens = s.target.encode(*text);
+    if (!tokens.ok()) return row_error(tokens.status());
+    std::vector<int32_t>& out = kept[static_cast<size_t>(i)];
+    const auto length = static_cast<int64_t>(tokens->size());
+    if (length <= max_length) {
+      out = std::move(*tokens);
+    } else if (s.truncation == "left") {
+      out.assign(tokens->end() - max_length, tokens->end());
+    } else if (s.truncation == "right") {
+      out.assign(tokens->begin(), tokens->begin() + max_length);
+    } else if (s.truncation == "middle") {
+      const int64_t left = max_length / 2, right = max_length - left;
+      out.assign(tokens->begin(), tokens->begin() + left);
+      out.insert(out.end(), tokens->end() - right, tokens->end());
+    } else {
+      return make_error(ErrorCode::invalid_argument,
+                        "{}: row {} is {} tokens for the reward model, more than reward_model.max_length = {} "
+                        "(reward_model.truncation=error)", key, i, length, max_length);
     }
-    for (size_t j = 0; j < kept.size(); ++j) {
-      out_ids[i][static_cast<int64_t>(j)] = kept[j];
-      out_mask[i][static_cast<int64_t>(j)] = 1;
+    if (static_cast<int64_t>(out.size()) < max_length && !pad) {
+      return make_error(ErrorCode::invalid_argument, "reward_model.model.path: the reward model's tokenizer ({}) has no "
+                        "pad or eos token to pad row {} with", s.target.source(), i);
     }
+  }
+  at::Tensor out_ids = at::full({rows, max_length}, static_cast<int64_t>(pad.value_or(0)), at::kLong);
+  at::Tensor out_mask = at::zeros({rows, max_length}, at::kLong);
+  auto ids_a = out_ids.accessor<int64_t, 2>();
+  auto mask_a = out_mask.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < rows; ++i) {  // right padding
+    const auto& row = kept[static_cast<size_t>(i)];
+    for (size_t j = 0; j < row.size(); ++j) ids_a[i][static_cast<int64_t>(j)] = row[j], mask_a[i][static_cast<int64_t>(j)] = 1;
   }
   proto::TensorDict t;
   t.insert_or_assign("input_ids", out_ids.to(responses.device()));
@@ -174,6 +183,26 @@ Result<std::unique_ptr<RewardModelWorker>> RewardModelWorker::create(const runti
 Status RewardModelWorker::init_model() {
   if (module_) return make_error(ErrorCode::invalid_argument, "reward_model init_model: already initialised");
   TESSERA_ASSIGN_OR_RETURN(config_, parse_reward_model_config(init_config_["config"], context().world_size));
+  // Re-templating first: its errors come before the weights are loaded, and a failed init leaves
+  // nothing half-built.
+  if (config_.model.input_tokenizer) {  // verl's _do_switch_chat_template
+    const std::string key = "reward_model.model.input_tokenizer";
+    auto input = tokenizer::Tokenizer::from_dir(*config_.model.input_tokenizer);
+    if (!input.ok()) return input.status().with_context(key);
+    auto target = tokenizer::Tokenizer::from_dir(config_.model.path);
+    if (!target.ok()) {
+      return target.status().with_context(fmt::format("reward_model.model.path (the reward model's tokenizer, for "
+                                                      "re-templating; or set {}=null)", key));
+    }
+    auto chat = tokenizer::ChatTemplate::from_name("auto", target->config());
+    if (!chat.ok()) {
+      return make_error(ErrorCode::invalid_argument, "{}: re-templating needs the reward model's chat template, and {} has "
+                        "none; set {}=null to score the policy's tokens as given", key, target->source(), key);
+    }
+    input_tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*input));
+    rm_tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*target));
+    rm_template_ = std::make_shared<const tokenizer::ChatTemplate>(std::move(*chat));
+  }
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
   const std::string fsdp_path = "reward_model.model.fsdp_config";
@@ -191,21 +220,6 @@ Status RewardModelWorker::init_model() {
   b.force_param_offload = true;
   b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
-  if (config_.model.input_tokenizer) {  // verl's _do_switch_chat_template
-    const std::string key = "reward_model.model.input_tokenizer";
-    auto input = tokenizer::Tokenizer::from_dir(*config_.model.input_tokenizer);
-    if (!input.ok()) return input.status().with_context(key);
-    auto target = tokenizer::Tokenizer::from_dir(config_.model.path);
-    if (!target.ok()) return target.status().with_context("reward_model.model.path (the reward model's tokenizer)");
-    auto chat = tokenizer::ChatTemplate::from_name("auto", target->config());
-    if (!chat.ok()) {
-      return make_error(ErrorCode::invalid_argument, "{}: re-templating needs the reward model's chat template: {}; set "
-                        "{}=null to score the policy's tokens as given", key, chat.status().message(), key);
-    }
-    input_tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*input));
-    rm_tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*target));
-    rm_template_ = std::make_shared<const tokenizer::ChatTemplate>(std::move(*chat));
-  }
   return check_on_device(module_->engine(), device(), context().rank);
 }
 

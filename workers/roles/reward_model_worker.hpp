@@ -5,7 +5,8 @@
 //   init_model        ONE_TO_ALL        loads reward_model.model.path as a value model, wraps it in
 //                                       FSDP without optimizer, parameters always CPU-offloaded
 //                                       between calls (verl forces it).
-//   compute_rm_score  DP_COMPUTE_PROTO  reads input_ids, attention_mask, position_ids, responses;
+//   compute_rm_score  DP_COMPUTE_PROTO  reads input_ids, attention_mask, position_ids, responses
+//                                       (and raw_prompt when re-templating, below);
 //                                       per row the score is the value head at the last valid
 //                                       token, eos_idx = argmax(position_ids * attention_mask),
 //                                       scattered into a zero [B, T] tensor whose last R columns

@@ -153,6 +153,10 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
   }
   m.use_liger = liger.is_boolean() && liger.get<bool>();
   const json& tok = r.nested("input_tokenizer");
+  if (!tok.is_null() && !tok.is_string()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected a tokenizer directory or null",
+                      r.key_path("input_tokenizer"), tok.dump());
+  }
   if (tok.is_string()) m.input_tokenizer = tok.get<std::string>();
   TESSERA_RETURN_IF_ERROR(r.finish());
   if (m.path.empty()) return make_error(ErrorCode::invalid_argument, "{}.path must be set (an HF model directory)", path);

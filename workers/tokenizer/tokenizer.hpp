@@ -51,7 +51,9 @@ struct TokenizerConfig {
 Result<TokenizerConfig> parse_tokenizer_config(const nlohmann::json& j, const std::string& source);
 
 /// Reads `dir`/tokenizer_config.json (all defaults when absent) and, if present,
-/// `dir`/chat_template.jinja, which takes precedence over the JSON's chat_template.
+/// `dir`/chat_template.jinja, which takes precedence over the JSON's chat_template. Without an
+/// added_tokens_decoder in the JSON (older checkpoints), `dir`/special_tokens_map.json's bos, eos,
+/// pad and unk tokens override its own, as transformers' from_pretrained reads them.
 Result<TokenizerConfig> read_tokenizer_config(const std::filesystem::path& dir);
 
 /// Options for Tokenizer::encode.

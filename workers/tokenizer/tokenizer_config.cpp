@@ -2,6 +2,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <utility>
 #include <system_error>
 
 #include "workers/tokenizer/tokenizer.hpp"
@@ -92,9 +93,24 @@ Result<TokenizerConfig> read_tokenizer_config(const std::filesystem::path& dir) 
   const std::filesystem::path file = dir / "tokenizer_config.json";
   std::error_code ec;
   TokenizerConfig config;
+  bool legacy = true;  // no added_tokens_decoder: transformers reads special_tokens_map.json too
   if (std::filesystem::exists(file, ec)) {
     TESSERA_ASSIGN_OR_RETURN(nlohmann::json j, tokenizer_json::read_json_file(file.string()));
     TESSERA_ASSIGN_OR_RETURN(config, parse_tokenizer_config(j, file.string()));
+    legacy = !(j.is_object() && j.contains("added_tokens_decoder"));
+  }
+  // transformers' from_pretrained, legacy branch: special_tokens_map.json's bos/eos/pad/unk
+  // override tokenizer_config.json's (older checkpoints name their eos only there).
+  const std::filesystem::path map_file = dir / "special_tokens_map.json";
+  if (legacy && std::filesystem::exists(map_file, ec)) {
+    TESSERA_ASSIGN_OR_RETURN(nlohmann::json m, tokenizer_json::read_json_file(map_file.string()));
+    if (!m.is_object()) return make_error(ErrorCode::corrupt_data, "{}: expected a JSON object", map_file.string());
+    const JsonPath root{map_file.string(), ""};
+    for (auto [key, field] : {std::pair{"bos_token", &config.bos_token}, std::pair{"eos_token", &config.eos_token},
+                              std::pair{"pad_token", &config.pad_token}, std::pair{"unk_token", &config.unk_token}}) {
+      TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> token, parse_token_field(m, root, key));
+      if (token) *field = std::move(token);
+    }
   }
   const std::filesystem::path jinja = dir / "chat_template.jinja";
   if (std::filesystem::exists(jinja, ec)) {

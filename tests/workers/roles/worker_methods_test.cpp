@@ -213,20 +213,17 @@ TEST(RewardModelWorker, ScoreAtLastValidTokenRightPadded) {
   EXPECT_EQ((rm != 0).sum().item<int64_t>(), 2);
 }
 
-// A rollout batch of `rows` chats whose responses are `texts` encoded by `tok` (then its eos
-// when `eos`), right-padded to R; raw_prompt holds each row's chat.
-proto::DataProto chat_rollout(const tokenizer::Tokenizer& tok, const std::vector<json>& chats,
-                              const std::vector<std::string>& texts, int64_t P, int64_t R) {
+// A rollout batch of `chats` whose responses are the ids `responses_ids` right-padded to R (two
+// prompt tokens each); raw_prompt holds each row's chat.
+proto::DataProto chat_rollout(const std::vector<json>& chats, const std::vector<std::vector<int32_t>>& response_ids,
+                              int64_t P, int64_t R) {
   const int64_t B = static_cast<int64_t>(chats.size());
   at::Tensor prompts = at::zeros({B, P}, at::kLong), responses = at::zeros({B, R}, at::kLong);
   at::Tensor mask = at::zeros({B, P + R}, at::kLong);
   std::vector<json> raw;
   for (int64_t i = 0; i < B; ++i) {
     mask[i].narrow(0, P - 2, 2).fill_(1);  // two prompt tokens: only their mask matters here
-    auto ids = tok.encode(texts[static_cast<size_t>(i)]);
-    EXPECT_TRUE(ids.ok());
-    std::vector<int32_t> r = *ids;
-    r.push_back(*tok.eos_token_id());
+    const std::vector<int32_t>& r = response_ids[static_cast<size_t>(i)];
     for (size_t t = 0; t < r.size() && static_cast<int64_t>(t) < R; ++t) {
       responses[i][static_cast<int64_t>(t)] = r[t];
       mask[i][P + static_cast<int64_t>(t)] = 1;
@@ -263,15 +260,24 @@ TEST(RewardModelWorker, SwitchChatTemplateMatchesTransformers) {
   const std::vector<json> chats = {
       json::array({{{"role", "user"}, {"content", "What is 17 * 3? Think step by step."}}}),
       json::array({{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "Name a prime."}}})};
-  const std::vector<std::string> texts = {"17 * 3 = 51, so the answer is 51.", "7"};
-  proto::DataProto d = chat_rollout(*tok, chats, texts, 3, 24);
+  // Row 0 ends with the eos; row 1 holds <|endoftext|> (special: kept by HF's default decode) and
+  // an eos in the middle (removed, as verl's str.replace removes every one).
+  auto ids_of = [&](const std::string& text) { return *tok->encode(text); };
+  const int32_t eos = *tok->eos_token_id(), endoftext = *tok->token_to_id("<|endoftext|>");
+  std::vector<int32_t> row0 = ids_of("17 * 3 = 51, so the answer is 51."), row1 = ids_of("7");
+  row0.push_back(eos);
+  row1.push_back(endoftext);
+  row1.push_back(eos);
+  for (int32_t id : ids_of(" done")) row1.push_back(id);
+  const std::vector<std::vector<int32_t>> responses = {row0, row1};
+  proto::DataProto d = chat_rollout(chats, responses, 3, 24);
   ChatTemplateSwitch sw{*tok, *tok, *chat, /*max_length=*/64, "right"};
   auto rm = switch_chat_template(d, sw);
   ASSERT_TRUE(rm.ok()) << rm.status().to_string();
   char tmpl[] = "/tmp/tessera_rm_switch_XXXXXX";
   const std::string root = mkdtemp(tmpl);
   json in = json::array();
-  for (size_t i = 0; i < chats.size(); ++i) in.push_back({{"chat", chats[i]}, {"response", texts[i]}});
+  for (size_t i = 0; i < chats.size(); ++i) in.push_back({{"chat", chats[i]}, {"response_ids", responses[i]}});
   std::ofstream(root + "/in.json") << in.dump();
   std::ofstream(root + "/switch.py") << R"PY(
 import json, sys
@@ -279,7 +285,8 @@ from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(sys.argv[1])
 out = []
 for case in json.load(open(sys.argv[2])):
-    chat = case["chat"] + [{"role": "assistant", "content": case["response"]}]
+    response = tok.decode(case["response_ids"]).replace(tok.eos_token, "")  # verl's _switch_chat_template
+    chat = case["chat"] + [{"role": "assistant", "content": response}]
     text = tok.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
     out.append(tok(text, add_special_tokens=False)["input_ids"])
 json.dump(out, open(sys.argv[3], "w"))
@@ -302,12 +309,22 @@ json.dump(out, open(sys.argv[3], "w"))
     }
     EXPECT_EQ(pos[i][n - 1].item<int64_t>(), n - 1);
   }
-  // Truncation to reward_model.max_length, from the right (verl's default) or refused.
+  // Truncation to reward_model.max_length as verl's postprocess_data cuts (right by default).
   sw.max_length = 5;
-  auto cut = switch_chat_template(d, sw);
-  ASSERT_TRUE(cut.ok());
-  EXPECT_EQ(cut->tensor("input_ids")->size(1), 5);
-  EXPECT_EQ(cut->tensor("input_ids")->narrow(0, 0, 1).view(-1)[4].item<int64_t>(), want[0][4].get<int64_t>());
+  for (const std::string side : {"right", "left", "middle"}) {
+    sw.truncation = side;
+    auto cut = switch_chat_template(d, sw);
+    ASSERT_TRUE(cut.ok()) << side;
+    const auto& w = want[0];
+    const size_t n = w.size();
+    const std::vector<size_t> from = side == "right"  ? std::vector<size_t>{0, 1, 2, 3, 4}
+                                     : side == "left" ? std::vector<size_t>{n - 5, n - 4, n - 3, n - 2, n - 1}
+                                                      : std::vector<size_t>{0, 1, n - 3, n - 2, n - 1};
+    for (int64_t t = 0; t < 5; ++t) {
+      EXPECT_EQ((*cut->tensor("input_ids"))[0][t].item<int64_t>(), w[from[static_cast<size_t>(t)]].get<int64_t>())
+          << side << " token " << t;
+    }
+  }
   sw.truncation = "error";
   auto refused = switch_chat_template(d, sw);
   ASSERT_FALSE(refused.ok());
@@ -330,50 +347,83 @@ json.dump(out, open(sys.argv[3], "w"))
 // The worker with input_tokenizer set (verl's default) scores the re-templated chat: the value at
 // its last token, placed at the policy sequence's last valid token.
 TEST(RewardModelWorker, InputTokenizerScoresTheReTemplatedChat) {
-  json c = rm_config(false);
-  c["model"]["input_tokenizer"] = tiny_model_dir();
-  c["max_length"] = 40;
-  auto w = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});
-  ASSERT_TRUE(w.ok());
-  Status st = (*w)->init_model();
-  ASSERT_TRUE(st.ok()) << st.to_string();
+  // The policy's tokenizer (Qwen3's) differs from the reward model's (the tiny model's ChatML one):
+  // responses are decoded by the first, its eos text removed, and encoded by the second.
+  const char* shared = std::getenv("TESSERA_SHARED_DIR");
+  const std::filesystem::path qwen3 = std::filesystem::path(shared != nullptr ? shared : "../shared") / "golden" / "qwen3-tokenizer";
+  auto policy = tokenizer::Tokenizer::from_dir(qwen3);
+  ASSERT_TRUE(policy.ok()) << policy.status().to_string();
   auto tok = tokenizer::Tokenizer::from_dir(tiny_model_dir());
   ASSERT_TRUE(tok.ok());
   const std::vector<json> chats = {json::array({{{"role", "user"}, {"content", "1+1="}}}),
-                                   json::array({{{"role", "user"}, {"content", "abc"}}})};
-  proto::DataProto d = chat_rollout(*tok, chats, {"2", "d e f"}, 3, 8);
-  auto out = (*w)->compute_rm_score(d);
-  ASSERT_TRUE(out.ok()) << out.status().to_string();
-  // Independently: Tessera's native ChatML renderer (the tiny tokenizer's Jinja template is ChatML).
-  const tokenizer::ChatTemplate chatml = tokenizer::ChatTemplate::chatml();
-  proto::TensorDict t;
-  const int64_t width = 40;
-  at::Tensor ids = at::zeros({2, width}, at::kLong), mask = at::zeros({2, width}, at::kLong);
-  const std::vector<std::string> responses = {"2", "d e f"};
-  for (int64_t i = 0; i < 2; ++i) {
-    std::vector<tokenizer::ChatMessage> msgs = {{"user", chats[static_cast<size_t>(i)][0]["content"]},
-                                                {"assistant", responses[static_cast<size_t>(i)]}};
-    auto text = chatml.render(msgs, false);
-    ASSERT_TRUE(text.ok());
-    auto enc = tok->encode(*text);
-    ASSERT_TRUE(enc.ok());
-    ASSERT_LE(static_cast<int64_t>(enc->size()), width);
-    for (size_t j = 0; j < enc->size(); ++j) {
-      ids[i][static_cast<int64_t>(j)] = (*enc)[j];
-      mask[i][static_cast<int64_t>(j)] = 1;
+                                   json::array({{{"role", "user"}, {"content", "abc"}}}),
+                                   json::array({{{"role", "user"}, {"content", "2+2="}}})};
+  const std::vector<std::string> responses = {"2", "d e f", "4"};
+  std::vector<std::vector<int32_t>> ids;
+  for (const auto& r : responses) {
+    ids.push_back(*policy->encode(r));
+    ids.back().push_back(*policy->eos_token_id());
+  }
+  proto::DataProto d = chat_rollout(chats, ids, 3, 8);
+  for (bool dynamic : {false, true}) {  // one row per micro-batch, or token-budget micro-batches reordered
+    json c = rm_config(dynamic);
+    c["model"]["input_tokenizer"] = qwen3.string();
+    c["max_length"] = 40;
+    c["micro_batch_size_per_gpu"] = 1;
+    c["forward_max_token_len_per_gpu"] = 80;
+    auto w = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});
+    ASSERT_TRUE(w.ok());
+    Status st = (*w)->init_model();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    auto out = (*w)->compute_rm_score(d);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    // Independently: Tessera's native ChatML renderer (the tiny tokenizer's Jinja template is ChatML).
+    const tokenizer::ChatTemplate chatml = tokenizer::ChatTemplate::chatml();
+    proto::TensorDict t;
+    const int64_t width = 40;
+    at::Tensor rm_ids = at::zeros({3, width}, at::kLong), mask = at::zeros({3, width}, at::kLong);
+    for (int64_t i = 0; i < 3; ++i) {
+      std::vector<tokenizer::ChatMessage> msgs = {{"user", chats[static_cast<size_t>(i)][0]["content"]},
+                                                  {"assistant", responses[static_cast<size_t>(i)]}};
+      auto text = chatml.render(msgs, false);
+      ASSERT_TRUE(text.ok());
+      auto enc = tok->encode(*text);
+      ASSERT_TRUE(enc.ok());
+      ASSERT_LE(static_cast<int64_t>(enc->size()), width);
+      for (size_t j = 0; j < enc->size(); ++j) {
+        rm_ids[i][static_cast<int64_t>(j)] = (*enc)[j];
+        mask[i][static_cast<int64_t>(j)] = 1;
+      }
+    }
+    t.insert_or_assign("input_ids", rm_ids);
+    t.insert_or_assign("attention_mask", mask);
+    t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
+    std::vector<float> want = reference_scores(*proto::DataProto::from_dict(std::move(t)));
+    at::Tensor rm = *out->tensor("rm_scores");
+    at::Tensor rmask = d.tensor("attention_mask")->narrow(1, 3, 8);
+    for (int64_t i = 0; i < 3; ++i) {
+      const int64_t last = rmask[i].sum().item<int64_t>() - 1;
+      EXPECT_NEAR(rm[i][last].item<float>(), want[static_cast<size_t>(i)], 1e-5) << "row " << i << (dynamic ? " (dynamic)" : "");
+      EXPECT_EQ((rm[i] != 0).sum().item<int64_t>(), 1);
     }
   }
-  t.insert_or_assign("input_ids", ids);
-  t.insert_or_assign("attention_mask", mask);
-  t.insert_or_assign("position_ids", (mask.cumsum(1) - 1).clamp_min(0));
-  std::vector<float> want = reference_scores(*proto::DataProto::from_dict(std::move(t)));
-  at::Tensor rm = *out->tensor("rm_scores");
-  at::Tensor rmask = d.tensor("attention_mask")->narrow(1, 3, 8);
-  for (int64_t i = 0; i < 2; ++i) {
-    const int64_t last = rmask[i].sum().item<int64_t>() - 1;
-    EXPECT_NEAR(rm[i][last].item<float>(), want[static_cast<size_t>(i)], 1e-5) << "row " << i;
-    EXPECT_EQ((rm[i] != 0).sum().item<int64_t>(), 1);
-  }
+  json c = rm_config(false);
+  c["model"]["input_tokenizer"] = qwen3.string();
+  // A raw_prompt column of another type: an error naming the key, not a crash.
+  proto::DataProto strings = d;
+  ASSERT_TRUE(strings.set_column("raw_prompt", proto::Column::strings({"a", "b", "c"})).ok());
+  auto w = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});
+  ASSERT_TRUE(w.ok() && (*w)->init_model().ok());
+  auto wrong = (*w)->compute_rm_score(strings);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("reward_model.model.input_tokenizer"), std::string::npos)
+      << wrong.status().message();
+  // input_tokenizer must be a directory or null.
+  c["model"]["input_tokenizer"] = true;
+  auto flag = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});
+  ASSERT_TRUE(flag.ok());
+  EXPECT_NE((*flag)->init_model().message().find("reward_model.model.input_tokenizer = true"), std::string::npos);
+  c["model"]["input_tokenizer"] = qwen3.string();
   // A truncation other than verl's four is refused at init.
   c["truncation"] = "both";
   auto bad = RewardModelWorker::create(context(0, 1, next_port()), json{{"config", c}});

@@ -232,5 +232,27 @@ TEST_F(TokenizerErrors, ConfigTokensMustExistAndConfigMustParse) {
   expect_mentions(tok.status(), (dir_ / "tokenizer_config.json").string());
 }
 
+// transformers' legacy loading: without an added_tokens_decoder in tokenizer_config.json,
+// special_tokens_map.json's special tokens override the config's; with one, the map is not read.
+TEST_F(TokenizerErrors, SpecialTokensMapOverridesALegacyConfig) {
+  write("tokenizer.json", valid_json().dump());
+  write("tokenizer_config.json", R"({"eos_token": "a"})");
+  write("special_tokens_map.json", R"({"eos_token": {"content": "ab", "lstrip": false}, "pad_token": "a"})");
+  auto tok = Tokenizer::from_dir(dir_);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  EXPECT_EQ(tok->config().eos_token, "ab");
+  EXPECT_EQ(tok->config().pad_token, "a");
+  write("tokenizer_config.json", R"({"eos_token": "a", "added_tokens_decoder": {}})");
+  tok = Tokenizer::from_dir(dir_);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  EXPECT_EQ(tok->config().eos_token, "a");
+  EXPECT_FALSE(tok->config().pad_token.has_value());
+  std::filesystem::remove(dir_ / "tokenizer_config.json");
+  write("special_tokens_map.json", R"({"eos_token": 3})");
+  tok = Tokenizer::from_dir(dir_);
+  ASSERT_FALSE(tok.ok());
+  expect_mentions(tok.status(), "special_tokens_map.json");
+}
+
 }  // namespace
 }  // namespace tessera::tokenizer
