@@ -235,6 +235,13 @@ Result<Metrics> RayPPOTrainer::validate() {
   std::vector<int64_t> all(static_cast<size_t>(s.val_dataset->size()));
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, s.val_dataset->collate(all));
+  // verl's _validate: "we only do validation on rule-based rm" -- with a reward model enabled and
+  // the first row's reward_model.style "model", validation returns no metrics.
+  if (s.use_rm && batch.size() > 0) {
+    TESSERA_ASSIGN_OR_RETURN(proto::Column rm_info, batch.column("reward_model"));
+    const json first = rm_info.row_json(0);
+    if (first.is_object() && first.value("style", json()) == json("model")) return Metrics{};
+  }
   TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.val_n, /*interleave=*/true));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen, pop_generation_keys(batch));
   json& meta = gen.meta_info();
