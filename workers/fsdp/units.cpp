@@ -61,7 +61,7 @@ std::vector<std::string> wrap_by_size(const torch::nn::Module& m, const std::str
   }
   for (const auto& name : unclaimed) count += all[name].numel();
   if (count >= min_params && !unclaimed.empty()) {
-    units.push_back({prefix, unclaimed});
+    units.push_back({prefix, unclaimed, false, ""});
     return {};
   }
   return unclaimed;
@@ -96,7 +96,7 @@ Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const 
   if (!policy.disable && policy.min_num_params > 0) {
     auto rest = wrap_by_size(module, "", policy.min_num_params, units, /*is_root=*/true);
     for (auto& u : units) u.recompute = recompute_layers;
-    if (!rest.empty()) units.push_back({"root", rest});
+    if (!rest.empty()) units.push_back({"root", rest, false, ""});
     return split_adapters(std::move(units));
   }
   std::set<std::string> claimed;
@@ -108,13 +108,13 @@ Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const 
       if (inside_unit || !matches_layer_class(item.value()->name(), policy.transformer_layer_cls_to_wrap)) {
         continue;
       }
-      UnitSpec spec{key, params_under(*item.value(), key), recompute_layers};
+      UnitSpec spec{key, params_under(*item.value(), key), recompute_layers, ""};
       if (spec.param_names.empty()) continue;
       claimed.insert(spec.param_names.begin(), spec.param_names.end());
       units.push_back(std::move(spec));
     }
   }
-  UnitSpec root{"root", {}, false};
+  UnitSpec root{"root", {}, false, ""};
   for (const auto& name : all) {
     if (!claimed.count(name)) root.param_names.push_back(name);
   }
