@@ -39,6 +39,7 @@ Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, cons
   std::optional<int32_t> pad = s.target.pad_token_id();
   if (!pad) pad = s.target.eos_token_id();  // verl's hf_tokenizer sets pad to eos when missing
   const std::string eos = s.input.config().eos_token.value_or("");
+  // Host boundary, deliberate: the responses are decoded and re-tokenized as text, once per call.
   const at::Tensor ids_cpu = responses.to(at::kCPU).to(at::kLong).contiguous();
   const at::Tensor valid = mask.narrow(1, width - response_length, response_length).sum(1).to(at::kCPU).to(at::kLong);
   const auto valid_a = valid.accessor<int64_t, 1>();

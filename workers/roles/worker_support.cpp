@@ -415,6 +415,7 @@ Result<CheckpointFiles> lora_adapter_files(ppo::FsdpTrainableModule& module, con
     TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets, models::lora_target_modules(*model, lora, key_path));
     models::TensorMap peft;
     try {
+      // Host boundary, deliberate: the adapter file is written from the host, once per save.
       for (const auto& [name, t] : adapters) peft["base_model.model." + name] = t.cpu();
     } catch (...) {
       return proto::status_from_current_exception("save_checkpoint: the LoRA adapter");
