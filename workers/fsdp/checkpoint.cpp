@@ -159,8 +159,10 @@ Status load_checkpoint(FsdpModule& e, const std::string& dir) {
       auto& s = e.unit_state(static_cast<int>(u));
       auto [begin, end] = e.layouts()[u].shard_range(e.shard_index());
       const std::string& unit = old_layouts[u].unit;
-      TESSERA_ASSIGN_OR_RETURN(at::Tensor shard,
-                               files.recut(old_layouts[u], begin, end, "model", unit, e.options().model_dtype));
+      // The unit's own shard dtype (frozen units may be kept in param_dtype).
+      const at::Tensor& current_shard = params_off ? s.offload_shard : s.shard;
+      const c10::ScalarType shard_dtype = current_shard.defined() ? current_shard.scalar_type() : e.options().model_dtype;
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor shard, files.recut(old_layouts[u], begin, end, "model", unit, shard_dtype));
       if (params_off) {  // the same shapes (check_same_units): into the kept host buffer
         s.offload_shard.copy_(shard);
       } else {

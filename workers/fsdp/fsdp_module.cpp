@@ -194,7 +194,9 @@ Status FsdpModule::init_units(const std::vector<UnitSpec>& units) {
 // Flattens the unit (world rank 0's values when syncing), keeps this rank's shard, allocates the
 // AdamW moments (unless frozen) and frees the module's parameter storage.
 Status FsdpModule::shard_unit(UnitState& state, const FlatLayout& layout) {
-  at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(options_.model_dtype).device(device_));
+  const bool in_param_dtype = options_.frozen_units_in_param_dtype && !options_.frozen && !state.trainable;
+  const c10::ScalarType dtype = in_param_dtype ? options_.mixed_precision.param_dtype : options_.model_dtype;
+  at::Tensor flat = at::zeros({layout.padded_numel}, at::TensorOptions(dtype).device(device_));
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const auto& e = layout.params[i];
     flat.narrow(0, e.offset, e.numel).copy_(state.params[i].detach().reshape(-1));

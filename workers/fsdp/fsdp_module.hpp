@@ -63,7 +63,8 @@
 // either all trainable or all frozen, so the flat buffers, gradients and AdamW moments exist only
 // for the adapters, while both run, and are recomputed, as one layer.
 // Units of a trainable module may be frozen (none of their parameters requires grad): they get no
-// gradient buffers and no AdamW moments, and step(), checkpoints and optimizer offload skip them.
+// gradient buffers and no AdamW moments, and step(), checkpoints and optimizer offload skip them;
+// with FsdpOptions::frozen_units_in_param_dtype their shards are kept in param_dtype.
 //
 // Frozen (FsdpOptions::frozen; the reference policy, the reward model): no AdamW moments and no
 // gradient buffers are ever allocated; begin_forward(train), backward() and step() fail naming the
@@ -121,6 +122,11 @@ struct FsdpOptions {
   bool forward_prefetch = false;   ///< Note [FSDP overlap].
   /// No optimizer: no AdamW moments or gradient buffers; training calls fail. See Note [FSDP engine].
   bool frozen = false;
+  /// Shards of frozen units of a trainable module (a LoRA base: Note [Attached units]) in
+  /// mixed_precision.param_dtype instead of model_dtype: nothing ever updates them, and the gather
+  /// casts them to param_dtype anyway, so the numbers are the same and they take half the memory
+  /// and transfer in bf16.
+  bool frozen_units_in_param_dtype = false;
   std::string name;  ///< Names the module in errors (e.g. its config path); may be empty.
   collective::CollectiveOptions comm;  ///< Timeout of every collective.
 };

@@ -168,7 +168,7 @@ Status apply_lora(PretrainedModel& model, const LoraConfig& config, const std::s
     for (const auto& [name, linear] : linear_modules(model)) {
       if (!wanted.count(name)) continue;
       const int64_t out_features = linear->weight.size(0), in_features = linear->weight.size(1);
-      const at::TensorOptions options = linear->weight.options();
+      const at::TensorOptions options = linear->weight.options().dtype(config.dtype.value_or(linear->weight.scalar_type()));
       auto a = std::make_shared<Linear>(in_features, config.rank, /*with_bias=*/false, options);
       auto b = std::make_shared<Linear>(config.rank, out_features, /*with_bias=*/false, options);
       // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)) times sqrt(3 / fan_in) = 1 / sqrt(fan_in).

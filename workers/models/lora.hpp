@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 #include "proto/status.hpp"
@@ -56,6 +57,8 @@ struct LoraConfig {
   ModuleSelector exclude;
   /// Seed of lora_A's initial values (the workers pass the run's seed).
   uint64_t seed = 0;
+  /// The adapters' dtype (their master weights, e.g. fp32 over a bf16 base); unset: the base's.
+  std::optional<c10::ScalarType> dtype;
   bool enabled() const { return rank > 0; }
   double scaling() const { return alpha / static_cast<double>(rank); }
 };

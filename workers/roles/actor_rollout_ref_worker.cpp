@@ -104,10 +104,14 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   load.config_override_key = config_.model.override_config_key;
   load.dtype = dtype;
   load.device = device();
+  if (lora_actor()) {  // the frozen base in the compute dtype, the adapters' master weights in `dtype`
+    TESSERA_ASSIGN_OR_RETURN(load.dtype, fsdp_param_dtype(config_.actor_fsdp_config, fsdp_path));
+  }
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
   if (lora_actor()) {
     models::LoraConfig lora = config_.model.lora;
     lora.seed = config_.seed;  // lora_A's initial values follow the run's seed
+    lora.dtype = dtype;
     TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, lora, "actor_rollout_ref.model"));
   }
   FsdpBuildOptions b;
@@ -118,6 +122,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.gradient_checkpointing = config_.model.gradient_checkpointing;
   b.grad_clip = config_.actor.grad_clip;
   b.fused_layers = config_.model.use_liger;
+  b.frozen_units_in_param_dtype = lora_actor();
   TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
   if (config_.is_actor) {
     config_.actor.use_remove_padding = config_.model.use_remove_padding;

@@ -212,10 +212,14 @@ class SftWorker : public dispatch::WorkerBase {
     models::LoadOptions load;
     load.dtype = dtype;
     load.device = device();
+    if (config_.lora.enabled()) {  // the frozen base in the compute dtype, the adapters' master weights in `dtype`
+      TESSERA_ASSIGN_OR_RETURN(load.dtype, fsdp_param_dtype(config_.fsdp_config, "model.fsdp_config"));
+    }
     TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model_path, load));
     model_config_ = model->config();
     models::LoraConfig lora = config_.lora;
     lora.seed = init_.value("seed", uint64_t{0});  // lora_A's initial values follow the run's seed
+    lora.dtype = dtype;
     TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, lora, "model"));
     FsdpBuildOptions b;
     b.fsdp_config = config_.fsdp_config;
@@ -225,6 +229,7 @@ class SftWorker : public dispatch::WorkerBase {
     b.gradient_checkpointing = config_.gradient_checkpointing;
     b.fused_layers = config_.use_liger;
     b.grad_clip = config_.grad_clip;
+    b.frozen_units_in_param_dtype = config_.lora.enabled();
     TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
     return check_on_device(module_->engine(), device(), context().rank);
   }

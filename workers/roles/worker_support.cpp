@@ -174,6 +174,11 @@ Result<c10::ScalarType> fsdp_model_dtype(const json& fsdp_config, const std::str
   return c.model_dtype;
 }
 
+Result<c10::ScalarType> fsdp_param_dtype(const json& fsdp_config, const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(fsdp::FsdpConfig c, fsdp::parse_fsdp_config(fsdp_config, path));
+  return c.mixed_precision.param_dtype;
+}
+
 Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_ptr<models::PretrainedModel> model,
                                                                std::shared_ptr<collective::Communicator> world,
                                                                const FsdpBuildOptions& o) {
@@ -187,6 +192,7 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
   optim.clip_grad = o.grad_clip;
   fsdp::FsdpOptions options = fsdp::fsdp_options_from_config(config, world->size());
   if (o.force_param_offload) options.param_offload = true;
+  options.frozen_units_in_param_dtype = o.frozen_units_in_param_dtype;
   options.name = o.fsdp_config_path;
   if (!trainable) {
     options.frozen = true;  // no AdamW moments, no gradient buffers

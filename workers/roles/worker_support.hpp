@@ -89,6 +89,8 @@ struct FsdpBuildOptions {
   bool gradient_checkpointing = true;
   bool force_param_offload = false; ///< verl's reference / reward model: always CPU-offloaded.
   bool fused_layers = false;        ///< model.use_liger (ModelSection::use_liger).
+  /// A LoRA model: its frozen base units keep param_dtype shards (FsdpOptions::frozen_units_in_param_dtype).
+  bool frozen_units_in_param_dtype = false;
 };
 
 /// Wraps `model` in an FsdpModule over `world` (mesh and strategy from fsdp_config: fsdp_size,
@@ -102,6 +104,10 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
 
 /// The model dtype (master weights) named by fsdp_config.model_dtype (default fp32).
 Result<c10::ScalarType> fsdp_model_dtype(const nlohmann::json& fsdp_config, const std::string& path);
+/// The compute dtype named by fsdp_config.mixed_precision.param_dtype (default bf16). A LoRA model
+/// is loaded in it (its frozen base stays there: FsdpOptions::frozen_units_in_param_dtype), and its
+/// adapters are created in the model dtype (their master weights).
+Result<c10::ScalarType> fsdp_param_dtype(const nlohmann::json& fsdp_config, const std::string& path);
 
 /// `fsdp_config` with model_dtype set to bf16 where it is absent or null: verl loads the models it
 /// never trains (the reference policy, the reward model) in bf16 and only the trained ones in fp32

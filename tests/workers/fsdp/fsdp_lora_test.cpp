@@ -271,6 +271,68 @@ TEST(FsdpLoraUnits, OffloadAfterAStepCopiesTheAdaptersOnly) {
   });
 }
 
+// FsdpOptions::frozen_units_in_param_dtype: the frozen base kept in bf16 (param_dtype) trains
+// exactly as the base kept in fp32 and cast at every gather (the same rounding, once), holds half
+// the bytes, and its checkpoints load either way.
+TEST(FsdpLoraUnits, AFrozenBaseInParamDtypeTrainsBitwiseAsInModelDtype) {
+  const std::string dir = (std::filesystem::temp_directory_path() / "tessera_fsdp_lora_bf16_base").string();
+  std::filesystem::remove_all(dir);
+  collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
+    std::vector<std::unique_ptr<FsdpModule>> engines;
+    std::vector<std::shared_ptr<models::CausalLM>> models_;
+    for (bool in_param_dtype : {false, true}) {
+      auto model = make_adapted();
+      auto units = make_decoder_units(*model, WrapPolicy{}, S::full_shard);
+      ASSERT_TRUE(units.ok());
+      FsdpOptions fo;
+      fo.mixed_precision.param_dtype = at::kBFloat16;
+      fo.frozen_units_in_param_dtype = in_param_dtype;
+      auto mesh = collective::DeviceMesh::for_fsdp(borrow(w), -1);
+      auto e = FsdpModule::wrap(model, *units, *mesh, fo, optim());
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ASSERT_TRUE(install_layer_runner(**e, *model).ok());
+      engines.push_back(std::move(*e));
+      models_.push_back(model);
+    }
+    const FsdpModule& bf16 = *engines[1];
+    for (size_t u = 0; u < bf16.layouts().size(); ++u) {
+      const bool adapters = is_adapter_unit(bf16.layouts()[u]);
+      EXPECT_EQ(bf16.shard(static_cast<int>(u)).scalar_type(), adapters ? at::kFloat : at::kBFloat16) << bf16.layouts()[u].unit;
+      EXPECT_EQ(engines[0]->shard(static_cast<int>(u)).scalar_type(), at::kFloat);
+    }
+    EXPECT_LT(engines[1]->resident_bytes(), engines[0]->resident_bytes());
+    for (int s = 0; s < 2; ++s) {
+      std::vector<double> norms;
+      for (size_t k = 0; k < 2; ++k) {
+        ASSERT_TRUE(engines[k]->begin_forward(ForwardMode::train).ok());
+        ASSERT_TRUE(engines[k]->backward(loss_of(*models_[k], batch(s, rank, 2)).to(at::kFloat)).ok());
+        auto r = engines[k]->step();
+        ASSERT_TRUE(r.ok());
+        norms.push_back(r->grad_norm);
+      }
+      EXPECT_EQ(norms[0], norms[1]) << "step " << s;
+    }
+    auto a = engines[0]->full_state_dict(at::kFloat), b = engines[1]->full_state_dict(at::kFloat);
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (const auto& [name, t] : *a) {
+      if (models::is_lora_parameter(name)) {
+        EXPECT_TRUE(at::equal(b->at(name), t)) << name;
+      } else {  // the bf16 base holds the fp32 base rounded once
+        EXPECT_TRUE(at::equal(b->at(name), t.to(at::kBFloat16).to(at::kFloat))) << name;
+      }
+    }
+    // A checkpoint of the bf16 base loads into the fp32-base engine (and back): the adapters
+    // exactly, the base in each engine's own dtype.
+    ASSERT_TRUE(save_checkpoint(*engines[1], dir).ok());
+    ASSERT_TRUE(load_checkpoint(*engines[0], dir).ok());
+    auto c = engines[0]->full_state_dict(at::kFloat);
+    ASSERT_TRUE(c.ok());
+    for (const auto& [name, t] : *b) EXPECT_TRUE(at::equal(c->at(name), t)) << name;
+    EXPECT_EQ(engines[0]->shard(0).scalar_type(), at::kFloat);
+  });
+  std::filesystem::remove_all(dir);
+}
+
 TEST(FsdpLoraUnits, AttachmentsMustNameAUnitOfItsOwn) {
   collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
     auto mesh = collective::DeviceMesh::for_fsdp(borrow(w), -1);
