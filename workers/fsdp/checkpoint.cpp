@@ -218,8 +218,15 @@ Status export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
     }
   }
   // LoRA adapters are merged into their base weights (PEFT's merge_and_unload), with the alpha and
-  // rank recorded beside them in lora_adapter/adapter_config.json.
+  // rank recorded beside them in lora_adapter/adapter_config.json. The merge is exact in fp32: a
+  // base kept in bf16 (FsdpOptions::frozen_units_in_param_dtype) is widened first, and without an
+  // asked-for dtype the model is written in fp32, as an fp32 master model would be.
+  std::optional<c10::ScalarType> out_dtype = options.dtype;
   if (std::any_of(tensors.begin(), tensors.end(), [](const auto& kv) { return models::is_lora_parameter(kv.first); })) {
+    if (!out_dtype) out_dtype = at::kFloat;
+    for (auto& [name, t] : tensors) {
+      if (!models::is_lora_parameter(name)) t = t.to(at::kFloat);
+    }
     const std::string adapter_config =
         internal::resolve_checkpoint_dir(checkpoint_dir) + "/lora_adapter/adapter_config.json";
     TESSERA_ASSIGN_OR_RETURN(std::string text, internal::read_text(adapter_config));
@@ -231,8 +238,8 @@ Status export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
     const double scaling = adapter["lora_alpha"].get<double>() / static_cast<double>(adapter["r"].get<int64_t>());
     TESSERA_ASSIGN_OR_RETURN(tensors, models::merge_lora_weights(tensors, scaling, /*in_place=*/false));
   }
-  if (options.dtype) {
-    for (auto& [name, t] : tensors) t = t.to(*options.dtype);
+  if (out_dtype) {
+    for (auto& [name, t] : tensors) t = t.to(*out_dtype);
   }
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -241,7 +248,7 @@ Status export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
   TESSERA_ASSIGN_OR_RETURN(std::string config_text, internal::read_text(config_path));
   nlohmann::json config = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded()) return make_error(ErrorCode::corrupt_data, "export_hf: {} is not JSON", config_path);
-  if (options.dtype) config["torch_dtype"] = internal::hf_dtype_name(*options.dtype);
+  if (out_dtype) config["torch_dtype"] = internal::hf_dtype_name(*out_dtype);
   return internal::write_text_atomic(out_dir + "/config.json", config.dump(2));
 }
 

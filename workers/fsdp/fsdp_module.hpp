@@ -4,7 +4,8 @@
 // The module is cut into units (sets of named parameters; for the decoder: one per layer plus a
 // root unit with the embeddings, final norm and head). Each unit's parameters are flattened into
 // one FlatParameter (flat_param.hpp), padded to a multiple of the shard count K, and each rank
-// keeps only its shard (in model_dtype, normally fp32) and the AdamW moments of that shard.
+// keeps only its shard (in model_dtype, normally fp32; a frozen unit's may be in param_dtype:
+// FsdpOptions::frozen_units_in_param_dtype) and the AdamW moments of that shard.
 //
 // Forward: gathering a unit all-gathers the shards (cast to param_dtype) into a full flat buffer
 // and points every module parameter at its slice with Tensor::set_data (no copy; the parameter
@@ -303,7 +304,7 @@ struct FsdpModule::UnitState {
   int owner = -1;                  ///< The unit this one is attached to (Note [Attached units]).
   std::vector<int> attached;       ///< Units attached to this one, in unit order.
   bool recompute = false;          ///< UnitSpec::recompute.
-  at::Tensor shard;                ///< [S] model_dtype; undefined while offloaded.
+  at::Tensor shard;                ///< [S] model_dtype (a frozen unit's may be param_dtype); undefined while offloaded.
   at::Tensor shard_grad;           ///< [S] model_dtype reduced gradient; undefined when none.
   AdamWState adam;                 ///< Moments; undefined while offloaded or frozen.
   at::Tensor offload_shard;        ///< CPU copy while offloaded (kept allocated).

@@ -104,8 +104,14 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   load.config_override_key = config_.model.override_config_key;
   load.dtype = dtype;
   load.device = device();
-  if (lora_actor()) {  // the frozen base in the compute dtype, the adapters' master weights in `dtype`
-    TESSERA_ASSIGN_OR_RETURN(load.dtype, fsdp_param_dtype(config_.actor_fsdp_config, fsdp_path));
+  // LoRA: the frozen base in the compute dtype when that is narrower and is also what the rollout
+  // serves (FsdpOptions::frozen_units_in_param_dtype); the adapters' master weights in `dtype`.
+  bool base_in_param_dtype = false;
+  if (lora_actor()) {
+    TESSERA_ASSIGN_OR_RETURN(c10::ScalarType param_dtype, fsdp_param_dtype(config_.actor_fsdp_config, fsdp_path));
+    TESSERA_ASSIGN_OR_RETURN(c10::ScalarType served, rollout_weight_dtype());
+    base_in_param_dtype = c10::elementSize(param_dtype) < c10::elementSize(dtype) && served == param_dtype;
+    if (base_in_param_dtype) load.dtype = param_dtype;
   }
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model.path, load));
   if (lora_actor()) {
@@ -122,7 +128,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.gradient_checkpointing = config_.model.gradient_checkpointing;
   b.grad_clip = config_.actor.grad_clip;
   b.fused_layers = config_.model.use_liger;
-  b.frozen_units_in_param_dtype = lora_actor();
+  b.frozen_units_in_param_dtype = base_in_param_dtype;
   TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
   if (config_.is_actor) {
     config_.actor.use_remove_padding = config_.model.use_remove_padding;

@@ -212,8 +212,13 @@ class SftWorker : public dispatch::WorkerBase {
     models::LoadOptions load;
     load.dtype = dtype;
     load.device = device();
-    if (config_.lora.enabled()) {  // the frozen base in the compute dtype, the adapters' master weights in `dtype`
-      TESSERA_ASSIGN_OR_RETURN(load.dtype, fsdp_param_dtype(config_.fsdp_config, "model.fsdp_config"));
+    // LoRA: the frozen base in the compute dtype when that is narrower (FsdpOptions::
+    // frozen_units_in_param_dtype); the adapters' master weights in `dtype`.
+    bool base_in_param_dtype = false;
+    if (config_.lora.enabled()) {
+      TESSERA_ASSIGN_OR_RETURN(c10::ScalarType param_dtype, fsdp_param_dtype(config_.fsdp_config, "model.fsdp_config"));
+      base_in_param_dtype = c10::elementSize(param_dtype) < c10::elementSize(dtype);
+      if (base_in_param_dtype) load.dtype = param_dtype;
     }
     TESSERA_ASSIGN_OR_RETURN(auto model, models::load_causal_lm(config_.model_path, load));
     model_config_ = model->config();
@@ -229,7 +234,7 @@ class SftWorker : public dispatch::WorkerBase {
     b.gradient_checkpointing = config_.gradient_checkpointing;
     b.fused_layers = config_.use_liger;
     b.grad_clip = config_.grad_clip;
-    b.frozen_units_in_param_dtype = config_.lora.enabled();
+    b.frozen_units_in_param_dtype = base_in_param_dtype;
     TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
     return check_on_device(module_->engine(), device(), context().rank);
   }

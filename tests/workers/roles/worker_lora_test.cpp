@@ -11,7 +11,9 @@
 #include <fstream>
 
 #include "tests/workers/roles/worker_test_util.hpp"
+#include "workers/fsdp/units.hpp"
 #include "workers/models/lora.hpp"
+#include "workers/models/model_io.hpp"
 #include "workers/models/safetensors.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/roles/critic_worker.hpp"
@@ -297,6 +299,43 @@ TEST(LoraActor, PeftLoadsTheSavedAdapterAndComputesTheActorsLogProbs) {
   EXPECT_LE(((peft - mine) * mask).abs().max().item<double>(), 1e-4);
   // Not the base model's: PEFT applied the trained adapters.
   EXPECT_GT(((peft - base_log_probs(batch)) * mask).abs().max().item<double>(), 1e-3);
+  std::filesystem::remove_all(root);
+}
+
+// With a bf16 compute dtype (and a bf16 rollout), the frozen base is kept in bf16 and the adapters
+// in fp32 (FsdpOptions::frozen_units_in_param_dtype, wired through the worker), and the HF export
+// is the exact fp32 merge of that base and the saved adapter.
+TEST(LoraActor, ABf16BaseExportsTheExactFp32Merge) {
+  char tmpl[] = "/tmp/tessera_lora_bf16_XXXXXX";
+  const std::string root = mkdtemp(tmpl);
+  json c = lora_config(4, 8);
+  c["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] = "bf16";
+  c["rollout"]["dtype"] = "bfloat16";
+  c["actor"]["checkpoint"] = {{"save_contents", {"model", "optimizer", "extra", "hf_model"}}};
+  auto w = make_worker(context(0, 1, next_port()), "actor_rollout", c);
+  fsdp::FsdpModule& e = w->actor_module()->engine();
+  for (size_t u = 0; u < e.layouts().size(); ++u) {
+    EXPECT_EQ(e.shard(static_cast<int>(u)).scalar_type(), fsdp::is_adapter_unit(e.layouts()[u]) ? at::kFloat : at::kBFloat16)
+        << e.layouts()[u].unit;
+  }
+  train(*w, 2);
+  ASSERT_TRUE(w->save_checkpoint({root + "/ckpt", std::nullopt, 2, std::nullopt}).ok());
+  auto adapter = models::read_safetensors(root + "/ckpt/lora_adapter/adapter_model.safetensors");
+  ASSERT_TRUE(adapter.ok()) << adapter.status().to_string();
+  auto exported = models::read_safetensors_checkpoint(root + "/ckpt/huggingface");
+  ASSERT_TRUE(exported.ok()) << exported.status().to_string();
+  auto base = models::load_causal_lm(tiny_model_dir());
+  ASSERT_TRUE(base.ok());
+  for (const char* module : {"model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"}) {
+    const std::string prefix = std::string("base_model.model.") + module;
+    const at::Tensor w_bf16 = (*base)->parameter_map().at(std::string(module) + ".weight").to(at::kBFloat16);
+    const at::Tensor want = w_bf16.to(at::kFloat) + at::matmul(adapter->tensors.at(prefix + ".lora_B.weight"),
+                                                              adapter->tensors.at(prefix + ".lora_A.weight")) * 2.0;
+    const at::Tensor& got = exported->at(std::string(module) + ".weight");
+    EXPECT_EQ(got.scalar_type(), at::kFloat) << module;
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-6) << module;
+  }
+  EXPECT_EQ(exported->at("model.embed_tokens.weight").scalar_type(), at::kFloat);
   std::filesystem::remove_all(root);
 }
 
