@@ -1,4 +1,6 @@
 // ppo_trainer_state.cpp: make_ppo_state (see internal/ppo_state.hpp).
+#include <spdlog/spdlog.h>
+
 #include "driver/config.hpp"
 #include "driver/internal/ppo_state.hpp"
 #include "driver/python_reward.hpp"
@@ -55,7 +57,10 @@ Status read_flags(const json& cfg, State& s) {
 Status load_data(const json& cfg, State& s) {
   TESSERA_ASSIGN_OR_RETURN(auto tok_path, config_get<std::optional<std::string>>(cfg, "data.tokenizer"));
   TESSERA_ASSIGN_OR_RETURN(std::string model_path, config_get<std::string>(cfg, "actor_rollout_ref.model.path"));
-  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(tok_path.value_or(model_path)));
+  bool corrected = false;
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok,
+                           tokenizer::Tokenizer::from_dir_as_verl(tok_path.value_or(model_path), &corrected));
+  if (corrected) spdlog::warn("{}: gemma-2-2b-it's eos token set to <end_of_turn>, as verl's hf_tokenizer does", tok.source());
   TESSERA_ASSIGN_OR_RETURN(int32_t pad, dataset_pad_id(tok));
   const auto eos = tok.eos_token_id();
   if (!eos) return make_error(ErrorCode::invalid_argument, "{}: the tokenizer has no eos_token", tok.source());

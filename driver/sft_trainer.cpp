@@ -1,6 +1,7 @@
 // sft_trainer.cpp: FSDPSFTTrainer (see sft_trainer.hpp).
 #include "driver/sft_trainer.hpp"
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "driver/checkpoint_manager.hpp"
@@ -28,7 +29,9 @@ namespace {
 
 Status load_datasets(const json& cfg, FSDPSFTTrainer::State& s) {
   TESSERA_ASSIGN_OR_RETURN(std::string model_path, config_get<std::string>(cfg, "model.partial_pretrain"));
-  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir(model_path));
+  bool corrected = false;
+  TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir_as_verl(model_path, &corrected));
+  if (corrected) spdlog::warn("{}: gemma-2-2b-it's eos token set to <end_of_turn>, as verl's hf_tokenizer does", tok.source());
   TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(cfg));
   TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   DataLoaderOptions lo;

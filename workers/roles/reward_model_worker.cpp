@@ -188,9 +188,9 @@ Status RewardModelWorker::init_model() {
   // nothing half-built.
   if (config_.model.input_tokenizer) {  // verl's _do_switch_chat_template
     const std::string key = "reward_model.model.input_tokenizer";
-    auto input = tokenizer::Tokenizer::from_dir(*config_.model.input_tokenizer);
+    auto input = tokenizer::Tokenizer::from_dir_as_verl(*config_.model.input_tokenizer);  // verl's hf_tokenizer
     if (!input.ok()) return input.status().with_context(key);
-    auto target = tokenizer::Tokenizer::from_dir(config_.model.path);
+    auto target = tokenizer::Tokenizer::from_dir_as_verl(config_.model.path);
     if (!target.ok()) {
       return target.status().with_context(fmt::format("reward_model.model.path (the reward model's tokenizer, for "
                                                       "re-templating; or set {}=null)", key));

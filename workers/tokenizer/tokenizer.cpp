@@ -127,6 +127,19 @@ Result<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
   return from_json(j, file, std::move(config));
 }
 
+Result<Tokenizer> Tokenizer::from_dir_as_verl(const std::filesystem::path& dir, bool* corrected) {
+  if (corrected != nullptr) *corrected = false;
+  if (dir.string().find("gemma-2-2b-it") == std::string::npos) return from_dir(dir);
+  TESSERA_ASSIGN_OR_RETURN(Tokenizer loaded, from_dir(dir));  // the same checks and errors first
+  TokenizerConfig config = loaded.config();
+  config.eos_token = "<end_of_turn>";
+  const std::string file = (dir / "tokenizer.json").string();
+  TESSERA_ASSIGN_OR_RETURN(nlohmann::json j, tokenizer_json::read_json_file(file));
+  TESSERA_ASSIGN_OR_RETURN(Tokenizer fixed, from_json(j, file, std::move(config)));
+  if (corrected != nullptr) *corrected = true;
+  return fixed;
+}
+
 // HF's order: added tokens (raw text), normalizer, normalized added tokens, pre-tokenizer, BPE.
 // The normalizer runs per stretch between added tokens. Only the first stretch of the input
 // starts at byte 0 (Metaspace's prepend_scheme "first" reads that).

@@ -76,6 +76,11 @@ class Tokenizer {
   /// The config's bos/eos/pad/unk tokens must exist in the vocabulary.
   static Result<Tokenizer> from_dir(const std::filesystem::path& dir);
 
+  /// verl's hf_tokenizer (verl/utils/tokenizer.py): from_dir, and for a path naming gemma-2-2b-it
+  /// the eos token <end_of_turn> (verl's correction: that model's <eos> is ambiguous in chats).
+  /// `corrected` (optional) says whether the correction applied, for the caller to report it.
+  static Result<Tokenizer> from_dir_as_verl(const std::filesystem::path& dir, bool* corrected = nullptr);
+
   /// Loads one tokenizer.json with a default TokenizerConfig.
   static Result<Tokenizer> from_file(const std::filesystem::path& tokenizer_json);
 

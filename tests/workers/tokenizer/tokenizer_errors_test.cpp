@@ -254,5 +254,25 @@ TEST_F(TokenizerErrors, SpecialTokensMapOverridesALegacyConfig) {
   expect_mentions(tok.status(), "special_tokens_map.json");
 }
 
+// verl's hf_tokenizer: a tokenizer under a path naming gemma-2-2b-it gets <end_of_turn> as its eos
+// (verl's correction); any other path loads as from_dir.
+TEST_F(TokenizerErrors, VerlsGemma2bItCorrectionSetsTheEndOfTurnEos) {
+  json j = valid_json();
+  j["added_tokens"] = {{{"id", 3}, {"content", "<end_of_turn>"}, {"special", true}}};
+  for (const std::string sub : {"google/gemma-2-2b-it", "google/gemma-2-9b-it"}) {
+    const std::filesystem::path d = dir_ / sub;
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "tokenizer.json") << j.dump();
+    std::ofstream(d / "tokenizer_config.json") << R"({"eos_token": "ab"})";
+    bool corrected = true;
+    auto tok = Tokenizer::from_dir_as_verl(d, &corrected);
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    const bool gemma_2b_it = sub == "google/gemma-2-2b-it";
+    EXPECT_EQ(corrected, gemma_2b_it) << sub;
+    EXPECT_EQ(tok->eos_token_id(), gemma_2b_it ? 3 : 2) << sub;
+    EXPECT_EQ(tok->config().eos_token, gemma_2b_it ? "<end_of_turn>" : "ab") << sub;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::tokenizer
