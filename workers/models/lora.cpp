@@ -201,6 +201,12 @@ bool is_lora_parameter(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
 }
 
+std::optional<std::string> lora_adapted_weight(const std::string& name) {
+  const std::string suffix = ".lora_A.weight";
+  if (!ends_with(name, suffix) || name.size() == suffix.size()) return std::nullopt;
+  return name.substr(0, name.size() - suffix.size()) + ".weight";
+}
+
 Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bool in_place, const FactorSlicer& slice) {
   TensorMap out;
   for (const auto& [name, t] : params) {
@@ -208,10 +214,11 @@ Result<TensorMap> merge_lora_weights(const TensorMap& params, double scaling, bo
   }
   torch::NoGradGuard no_grad;
   for (const auto& [name, a] : params) {
-    if (!ends_with(name, ".lora_A.weight")) continue;
-    const std::string module = name.substr(0, name.size() - std::string(".lora_A.weight").size());
+    const std::optional<std::string> weight = lora_adapted_weight(name);
+    if (!weight) continue;
+    const std::string module = weight->substr(0, weight->size() - std::string(".weight").size());
     auto b = params.find(module + ".lora_B.weight");
-    auto w = out.find(module + ".weight");
+    auto w = out.find(*weight);
     if (b == params.end() || w == out.end()) {
       return make_error(ErrorCode::invalid_argument, "merge LoRA weights: adapter '{}' has no {}", module,
                         b == params.end() ? "lora_B" : "base weight");

@@ -87,6 +87,10 @@ void set_lora_enabled(PretrainedModel& model, bool enabled);
 /// Whether `name` is a parameter of an adapter ("...lora_A.weight" / "...lora_B.weight").
 bool is_lora_parameter(const std::string& name);
 
+/// For an adapter's lora_A parameter ("X.lora_A.weight"), the base weight it merges into
+/// ("X.weight"); nullopt for any other name.
+std::optional<std::string> lora_adapted_weight(const std::string& name);
+
 /// The factors whose product B A is the part of the full delta that a (sliced) base weight `name`
 /// holds: rows of W are rows of B, columns of W are columns of A. Gets and returns {A, B}.
 using FactorSlicer =

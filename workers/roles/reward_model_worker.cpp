@@ -18,6 +18,17 @@ using dispatch::Args;
 namespace Dispatch = dispatch::Dispatch;
 using dispatch::Value;
 
+namespace {
+
+// reward_model.truncation: verl's postprocess_data sides.
+Status check_truncation(const std::string& truncation) {
+  if (truncation == "left" || truncation == "right" || truncation == "middle" || truncation == "error") return Status();
+  return make_error(ErrorCode::invalid_argument, "reward_model.truncation = '{}': expected left, right, middle or error",
+                    truncation);
+}
+
+}  // namespace
+
 Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, const ChatTemplateSwitch& s) {
   const std::string key = "reward_model.model.input_tokenizer";
   auto raw = data.column("raw_prompt");
@@ -27,10 +38,7 @@ Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, cons
                       "raw_prompt), which this batch {}; set {}=null to score the policy's tokens as given",
                       key, raw.ok() ? "holds in another form" : "lacks", key);
   }
-  if (s.truncation != "left" && s.truncation != "right" && s.truncation != "middle" && s.truncation != "error") {
-    return make_error(ErrorCode::invalid_argument, "reward_model.truncation = '{}': expected left, right, middle or error",
-                      s.truncation);
-  }
+  TESSERA_RETURN_IF_ERROR(check_truncation(s.truncation));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, data.tensor("responses"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, data.tensor("attention_mask"));
   const int64_t rows = data.size(), width = mask.size(1), response_length = responses.size(1);
@@ -39,7 +47,8 @@ Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, cons
   std::optional<int32_t> pad = s.target.pad_token_id();
   if (!pad) pad = s.target.eos_token_id();  // verl's hf_tokenizer sets pad to eos when missing
   const std::string eos = s.input.config().eos_token.value_or("");
-  // Host boundary, deliberate: the responses are decoded and re-tokenized as text, once per call.
+  // Host boundary, deliberate (both reads): the responses are decoded and re-tokenized as text on
+  // the host, once per call; the result goes back to the responses' device.
   const at::Tensor ids_cpu = responses.to(at::kCPU).to(at::kLong).contiguous();
   const at::Tensor valid = mask.narrow(1, width - response_length, response_length).sum(1).to(at::kCPU).to(at::kLong);
   const auto valid_a = valid.accessor<int64_t, 1>();
@@ -127,10 +136,7 @@ Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world
     return make_error(ErrorCode::unimplemented, "reward_model.model.lora_rank = {}: a reward model is never trained, "
                       "LoRA has nothing to adapt", c.model.lora.rank);
   }
-  if (c.truncation != "left" && c.truncation != "right" && c.truncation != "middle" && c.truncation != "error") {
-    return make_error(ErrorCode::invalid_argument, "reward_model.truncation = '{}': expected left, right, middle or error",
-                      c.truncation);
-  }
+  TESSERA_RETURN_IF_ERROR(check_truncation(c.truncation));
   if (c.max_length && *c.max_length < 1) {
     return make_error(ErrorCode::invalid_argument, "reward_model.max_length = {}: must be >= 1", *c.max_length);
   }

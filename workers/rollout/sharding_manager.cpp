@@ -155,12 +155,9 @@ Result<models::TensorMap> FsdpShardingManager::gather_units() {
   const auto& layouts = fsdp_.layouts();
   std::set<std::string> adapted;  // base weights that LoRA adapters merge into
   if (lora_scaling_ > 0) {
-    const std::string suffix = ".lora_A.weight";
     for (const auto& l : layouts) {
       for (const auto& e : l.params) {
-        if (e.name.size() > suffix.size() && e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-          adapted.insert(e.name.substr(0, e.name.size() - suffix.size()) + ".weight");
-        }
+        if (auto weight = models::lora_adapted_weight(e.name)) adapted.insert(*weight);
       }
     }
   }

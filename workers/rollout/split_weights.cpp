@@ -102,12 +102,9 @@ Status WeightImporter::import_unit(const json& unit, const proto::DataProto& buc
 // Note [Split placement weight transfer]: the units holding adapted weights get buffers of their
 // own, which the adapters are merged into; the adapters' own buffers are dropped after.
 Status WeightImporter::merge_adapters() {
-  const std::string suffix = ".lora_A.weight";
   std::set<std::string> adapted;
   for (const auto& [name, t] : pending_tensors_) {
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      adapted.insert(name.substr(0, name.size() - suffix.size()) + ".weight");
-    }
+    if (auto weight = models::lora_adapted_weight(name)) adapted.insert(*weight);
   }
   try {
     torch::NoGradGuard no_grad;
