@@ -361,9 +361,20 @@ Status validate_sft_config(const nlohmann::json& cfg) {
     return invalid(fmt::format("data.train_batch_size = {} must be divisible by trainer.nnodes * "
                                "trainer.n_gpus_per_node = {}", tbs, n_gpus));
   }
-  if ((tbs / n_gpus) % micro != 0) {
-    return invalid(fmt::format("data.train_batch_size / GPUs = {} / {} = {} must be divisible by "
-                               "data.micro_batch_size_per_gpu = {}", tbs, n_gpus, tbs / n_gpus, micro));
+  // Ulysses groups of `sp` ranks share their rows: a group's batch is train_batch_size / (GPUs / sp).
+  TESSERA_ASSIGN_OR_RETURN(int64_t sp, config_get_or<int64_t>(cfg, "ulysses_sequence_parallel_size", 1));
+  if (sp < 1 || n_gpus % sp != 0) {
+    return invalid(fmt::format("ulysses_sequence_parallel_size = {} must divide trainer.nnodes * "
+                               "trainer.n_gpus_per_node = {}", sp, n_gpus));
+  }
+  TESSERA_ASSIGN_OR_RETURN(bool rmpad, config_get_or<bool>(cfg, "use_remove_padding", false));
+  if (sp > 1 && !rmpad) {
+    return invalid(fmt::format("ulysses_sequence_parallel_size = {} > 1 requires use_remove_padding = true", sp));
+  }
+  const int64_t dp = n_gpus / sp;
+  if ((tbs / dp) % micro != 0) {
+    return invalid(fmt::format("data.train_batch_size / (GPUs / ulysses_sequence_parallel_size) = {} / {} = {} must be "
+                               "divisible by data.micro_batch_size_per_gpu = {}", tbs, dp, tbs / dp, micro));
   }
   TESSERA_ASSIGN_OR_RETURN(int64_t max_length, config_get<int64_t>(cfg, "data.max_length"));
   if (max_length < 2) return invalid(fmt::format("data.max_length = {} must be >= 2", max_length));
@@ -372,11 +383,6 @@ Status validate_sft_config(const nlohmann::json& cfg) {
       {"data.balance_dp_token", "token-balanced data-parallel loss is not supported yet"},
       {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
   }));
-  TESSERA_ASSIGN_OR_RETURN(int64_t sp, config_get_or<int64_t>(cfg, "ulysses_sequence_parallel_size", 1));
-  if (sp != 1) {
-    return Status(ErrorCode::unimplemented,
-                  fmt::format("ulysses_sequence_parallel_size = {}: sequence parallelism is not supported yet", sp));
-  }
   // Tessera is the FSDP backend: another strategy would otherwise silently be FSDP.
   TESSERA_RETURN_IF_ERROR(check_one_of(cfg, "model.strategy", {"fsdp", "fsdp2"}));
   // Every SFT checkpoint holds an HF directory already.

@@ -334,7 +334,15 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
   EXPECT_NE(validate_sft_config(*sft).message().find("data.balance_dp_token"), std::string::npos);
   sft = load_config(ConfigKind::sft, {}, {"ulysses_sequence_parallel_size=2"});
   ASSERT_TRUE(sft.ok());
-  EXPECT_NE(validate_sft_config(*sft).message().find("ulysses_sequence_parallel_size = 2"), std::string::npos);
+  EXPECT_NE(validate_sft_config(*sft).message().find("ulysses_sequence_parallel_size = 2 > 1 requires use_remove_padding"),
+            std::string::npos) << validate_sft_config(*sft).message();
+  sft = load_config(ConfigKind::sft, {}, {"ulysses_sequence_parallel_size=3", "use_remove_padding=true"});
+  ASSERT_TRUE(sft.ok());
+  EXPECT_NE(validate_sft_config(*sft).message().find("ulysses_sequence_parallel_size = 3 must divide"), std::string::npos)
+      << validate_sft_config(*sft).message();
+  sft = load_config(ConfigKind::sft, {}, {"ulysses_sequence_parallel_size=2", "use_remove_padding=true"});
+  ASSERT_TRUE(sft.ok());
+  EXPECT_TRUE(validate_sft_config(*sft).ok()) << validate_sft_config(*sft).to_string();
   sft = load_config(ConfigKind::sft, {}, {"model.strategy=megatron"});
   ASSERT_TRUE(sft.ok());
   EXPECT_NE(validate_sft_config(*sft).message().find("model.strategy"), std::string::npos);

@@ -214,6 +214,37 @@ TEST(TrainerRun, PaddingFreeRunMatchesThePaddedRun) {
   }
 }
 
+// Ulysses sequence parallelism end to end: 2 ranks in one group of 2 (actor, reference and critic
+// split each micro-batch's tokens) train as 2 data-parallel ranks do, step for step: the group
+// gathers both ranks' rows and runs them as the same micro-batches, and its summed gradient is
+// the data-parallel average.
+TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (int sp : {1, 2}) {
+    TempDir dir("ulysses" + std::to_string(sp));
+    testing::make_tiny_run(dir.path());
+    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
+    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.model.use_remove_padding=true",
+                          "critic.model.use_remove_padding=true"}) {
+      o.push_back(k);
+    }
+    o.push_back("actor_rollout_ref.actor.ulysses_sequence_parallel_size=" + std::to_string(sp));
+    o.push_back("critic.ulysses_sequence_parallel_size=" + std::to_string(sp));
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 1; i < runs[0].size(); ++i) {
+    for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
+                          "actor/ppo_kl", "critic/vf_loss", "critic/values/mean", "actor/grad_norm"}) {
+      ASSERT_TRUE(runs[0][i].second.count(k) && runs[1][i].second.count(k)) << k;
+      const double a = runs[0][i].second.at(k), b = runs[1][i].second.at(k);
+      EXPECT_NEAR(b, a, 1e-4 * std::max(1.0, std::abs(a))) << k << " at step " << runs[0][i].first;
+    }
+  }
+}
+
 TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {
   TempDir dir("bad");
   testing::make_tiny_run(dir.path());

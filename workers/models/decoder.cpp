@@ -281,8 +281,9 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTables& rope, con
   at::Tensor v = values(x);
   if (packed != nullptr) {
     TORCH_CHECK(cache == nullptr && B == 1, "Attention: packed sequences need one row and no cache");
-    return output(packed_attention(q, k, v, *packed).transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}),
-                  output_bias);
+    at::Tensor attended = packed->sequence_parallel ? ulysses_attention(q, k, v, *packed)
+                                                    : packed_attention(q, k, v, *packed);
+    return output(attended.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}), output_bias);
   }
   if (cache != nullptr) {
     cache->key.narrow(2, cache->past, T).copy_(k);
@@ -300,6 +301,48 @@ at::Tensor Attention::attend(const at::Tensor& q, const at::Tensor& k, const at:
   return softcap_ ? softcapped_attention(q, k, v, visible)
                   : at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false,
                                                      scaling_, /*enable_gqa=*/num_heads_ != num_kv_heads_);
+}
+
+// Note [Ulysses attention]
+// With sequence parallelism (DeepSpeed-Ulysses, as verl's ulysses_sequence_parallel_size) each of
+// the group's ranks runs the projections, norms, rotary and MLP on its own slice of the packed
+// row's tokens; only attention needs every token of a sequence. Around it, one all-to-all turns
+// "my tokens, all heads" into "all tokens, my heads" for q, k and v, the packed attention runs on
+// the whole row (its segment offsets are the row's) for this rank's heads, and a second all-to-all
+// turns the output back. Key/value heads fewer than the group are first repeated up to it (verl's
+// repeat of size / kv_heads), so that each rank's query heads meet their own KV head: with H
+// query heads in groups of g per KV head, rank r holds query heads [r H / size, (r + 1) H / size)
+// and KV heads [r kv' / size, ...) of the kv' = kv * repeats repeated ones, which are the same
+// original heads. Exact: each head's attention is the unsplit forward's, on the same tokens.
+at::Tensor Attention::ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const PackedSegments& packed) const {
+  const SequenceParallelExchange& sp = *packed.sequence_parallel;
+  const int64_t repeats = std::max<int64_t>(sp.size() / num_kv_heads_, 1);
+  auto spread = [&](const at::Tensor& t) {
+    return sp.gather_tokens((repeats > 1 ? t.repeat_interleave(repeats, 1) : t).contiguous());
+  };
+  return sp.scatter_tokens(packed_attention(sp.gather_tokens(q.contiguous()), spread(k), spread(v), packed).contiguous());
+}
+
+Status check_sequence_parallel(const ModelConfig& config, int64_t size, const std::string& key) {
+  if (size < 1) return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key, size);
+  if (size == 1) return Status();
+  const int64_t heads = config.num_attention_heads, kv = config.num_key_value_heads;
+  if (heads % size != 0) {
+    return make_error(ErrorCode::invalid_argument, "{} = {} must divide the model's num_attention_heads = {}", key,
+                      size, heads);
+  }
+  if (kv % size != 0 && size % kv != 0) {
+    return make_error(ErrorCode::invalid_argument,
+                      "{} = {} must divide the model's num_key_value_heads = {} or be a multiple of it", key, size, kv);
+  }
+  // Dynamic NTK picks its scale from the longest position of each forward; a rank sees only its
+  // slice's, so its rotary tables would differ from the unsplit forward's.
+  if (config.rope_scaling.rope_type == "dynamic") {
+    return make_error(ErrorCode::unimplemented, "{} = {}: rope_scaling of type dynamic is not supported with sequence "
+                      "parallelism (each rank would scale by its own slice's longest position)", key, size);
+  }
+  return Status();
 }
 
 // Note [Packed sequences]
@@ -338,6 +381,8 @@ at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k,
                                                               /*return_debug_mask=*/false, scaling_, left, right));
     return out.transpose(0, 1).unsqueeze(0);  // [1, heads, N, D]
   }
+  // The head counts are the tensors' (Ulysses gives a rank a share of them).
+  const bool grouped = q.size(1) != k.size(1);
   std::vector<at::Tensor> parts;
   parts.reserve(packed.starts.size());
   for (size_t i = 0; i + 1 < packed.starts.size(); ++i) {
@@ -347,11 +392,9 @@ at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k,
     if (softcap_ || window_ > 0) {
       at::Tensor seen = attention_visibility(at::ones({1, len}, q.options().dtype(at::kLong)), len, 0, window_);
       parts.push_back(softcap_ ? softcapped_attention(qs, ks, vs, seen)
-                               : at::scaled_dot_product_attention(qs, ks, vs, seen, 0.0, false, scaling_,
-                                                                  num_heads_ != num_kv_heads_));
+                               : at::scaled_dot_product_attention(qs, ks, vs, seen, 0.0, false, scaling_, grouped));
     } else {
-      parts.push_back(at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true, scaling_,
-                                                       num_heads_ != num_kv_heads_));
+      parts.push_back(at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true, scaling_, grouped));
     }
   }
   return at::cat(parts, 2);
@@ -362,13 +405,15 @@ at::Tensor Attention::packed_attention(const at::Tensor& q, const at::Tensor& k,
 // (HF's repeat_kv copies give the same sums).
 at::Tensor Attention::softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const at::Tensor& visible) const {
-  const int64_t B = q.size(0), T = q.size(2), S = k.size(2), groups = num_heads_ / num_kv_heads_;
-  at::Tensor qg = q.reshape({B, num_kv_heads_, groups * T, head_dim_});
+  // The head counts are the tensors' (Ulysses gives a rank a share of them).
+  const int64_t B = q.size(0), heads = q.size(1), kv_heads = k.size(1), T = q.size(2), S = k.size(2);
+  const int64_t groups = heads / kv_heads;
+  at::Tensor qg = q.reshape({B, kv_heads, groups * T, head_dim_});
   at::Tensor scores = at::matmul(qg, k.transpose(2, 3)) * scaling_;              // [B, kv, groups*T, S]
   scores = at::tanh(scores / *softcap_) * *softcap_;
-  scores = scores.view({B, num_heads_, T, S}).masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  scores = scores.view({B, heads, T, S}).masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
   at::Tensor weights = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(weights.view({B, num_kv_heads_, groups * T, S}), v).view({B, num_heads_, T, head_dim_});
+  return at::matmul(weights.view({B, kv_heads, groups * T, S}), v).view({B, heads, T, head_dim_});
 }
 
 MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) : gelu_tanh_(c.hidden_act == "gelu_pytorch_tanh") {
@@ -484,8 +529,10 @@ at::Tensor DecoderBackbone::forward_packed(const at::Tensor& input_ids, const at
               "DecoderBackbone::forward_packed: input_ids and position_ids must both be [1, N]; got ",
               input_ids.sizes(), ", ", position_ids.sizes());
   TORCH_CHECK(packed && !packed->starts.empty() && packed->starts.front() == 0 &&
-                  packed->starts.back() == input_ids.size(1),
-              "DecoderBackbone::forward_packed: the packed offsets must run from 0 to ", input_ids.size(1));
+                  packed->local_tokens() == input_ids.size(1) &&
+                  (!packed->sequence_parallel || packed->starts.back() % packed->sequence_parallel->size() == 0),
+              "DecoderBackbone::forward_packed: the packed offsets must run from 0 to ", input_ids.size(1),
+              packed && packed->sequence_parallel ? " times the sequence-parallel group size" : "");
   return run_layers(embed(input_ids), position_ids, at::Tensor(), at::Tensor(), nullptr, std::move(packed));
 }
 

@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -123,6 +124,24 @@ at::Tensor attention_visibility(const at::Tensor& key_mask, int64_t query_len, i
 /// columns - 1 whose visible keys are `visible` [B, >= columns]: the last `window` of them.
 at::Tensor last_query_window(const at::Tensor& visible, int64_t columns, int64_t window);
 
+/// Ulysses sequence parallelism (DeepSpeed-Ulysses; verl's ulysses_sequence_parallel_size): the
+/// size() ranks of a group each hold an equal slice of one packed row's tokens, and attention
+/// trades heads for tokens around itself (Note [Ulysses attention] in decoder.cpp). The exchange
+/// is the caller's (it owns the group's communicator); both directions are differentiable, each
+/// the other's backward. Implementations throw on a failed exchange.
+class SequenceParallelExchange {
+ public:
+  virtual ~SequenceParallelExchange() = default;
+  /// This rank's place in the group and the group's size.
+  virtual int64_t rank() const = 0;
+  virtual int64_t size() const = 0;
+  /// x [1, H, n, D] (this rank's n tokens, every head) -> [1, H / size(), size() * n, D]: every
+  /// rank's tokens, in rank order, of this rank's heads [rank() * H / size(), (rank() + 1) * H / size()).
+  virtual at::Tensor gather_tokens(const at::Tensor& x) const = 0;
+  /// The inverse: [1, H / size(), size() * n, D] -> [1, H, n, D].
+  virtual at::Tensor scatter_tokens(const at::Tensor& x) const = 0;
+};
+
 /// Sequences packed end to end in one row, without padding (verl's use_remove_padding): sequence i
 /// is tokens [starts[i], starts[i + 1]) of the row, and attends causally within itself only.
 /// Offsets are on the host (the attention loops over them). See Note [Packed sequences].
@@ -132,7 +151,20 @@ struct PackedSegments {
   /// cumulative lengths), uploaded once for every layer by whoever packs; else each layer uploads.
   /// Whoever changes `starts` afterwards resets it.
   at::Tensor device_starts;
+  /// With Ulysses sequence parallelism: `starts` describe the whole row of N tokens, which is cut
+  /// into size() equal slices (N divisible by size()); a forward's tokens are this rank's slice.
+  std::shared_ptr<const SequenceParallelExchange> sequence_parallel;
+  /// Tokens of the row this rank's forward takes: N, or N / size() with sequence parallelism.
+  int64_t local_tokens() const {
+    const int64_t n = starts.empty() ? 0 : starts.back();
+    return sequence_parallel ? n / sequence_parallel->size() : n;
+  }
 };
+
+/// Why `config` cannot run with Ulysses groups of `size` ranks (as verl requires: the query heads
+/// divide evenly, and so do the key/value heads, or the group size is a multiple of them and they
+/// are repeated), or OK. `key` names the setting in the error.
+Status check_sequence_parallel(const ModelConfig& config, int64_t size, const std::string& key);
 
 /// Where one layer reads and writes its keys/values during incremental decoding.
 struct LayerCacheView {
@@ -183,6 +215,8 @@ class Attention : public torch::nn::Module {
                                   const at::Tensor& visible) const;
   at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const PackedSegments& packed) const;
+  at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const PackedSegments& packed) const;
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double scaling_;
   std::optional<double> softcap_;

@@ -11,6 +11,7 @@
 #include "workers/algos/torch_functional.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 #include "workers/ppo/ppo_update.hpp"
+#include "workers/ppo/sequence_parallel.hpp"
 
 namespace tessera::ppo {
 
@@ -112,14 +113,18 @@ double LocalTrainableModule::lr() const { return optimizer_ ? lr_ : 0.0; }
 // ---- Forward helpers ----------------------------------------------------------------------------
 
 Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
-                                   bool remove_padding, const at::Tensor& host_mask) {
+                                   bool remove_padding, const at::Tensor& host_mask,
+                                   std::shared_ptr<const UlyssesGroup> sequence_parallel) {
   ResponseHead h;
+  if (sequence_parallel && !remove_padding) {
+    return make_error(ErrorCode::internal, "response_head: sequence parallelism needs padding-free micro-batches");
+  }
   if (!remove_padding) {
     TESSERA_ASSIGN_OR_RETURN(h.head, module.forward(seq.input_ids, seq.attention_mask, seq.position_ids, mode,
                                                     response_rows(seq)));
     return h;
   }
-  TESSERA_ASSIGN_OR_RETURN(PackedBatch packed, pack_sequences(seq, host_mask));
+  TESSERA_ASSIGN_OR_RETURN(PackedBatch packed, pack_sequences(seq, host_mask, std::move(sequence_parallel)));
   TESSERA_ASSIGN_OR_RETURN(h.head, module.forward_packed(packed, mode));
   h.packed = std::move(packed);
   return h;
@@ -194,14 +199,21 @@ Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::Polic
 // ---- DataParallelPPOActor -----------------------------------------------------------------------
 
 DataParallelPPOActor::DataParallelPPOActor(ActorConfig config, std::shared_ptr<PolicyModule> module,
-                                           MicroBatchCountSync sync, algos::PolicyLossFn loss_fn)
-    : config_(std::move(config)), module_(std::move(module)), sync_(std::move(sync)), loss_fn_(std::move(loss_fn)) {}
+                                           MicroBatchCountSync sync, algos::PolicyLossFn loss_fn,
+                                           std::shared_ptr<const UlyssesGroup> sequence_parallel)
+    : config_(std::move(config)),
+      module_(std::move(module)),
+      sync_(std::move(sync)),
+      loss_fn_(std::move(loss_fn)),
+      sequence_parallel_(std::move(sequence_parallel)) {}
 
-Result<std::unique_ptr<DataParallelPPOActor>> DataParallelPPOActor::create(ActorConfig config,
-                                                                           std::shared_ptr<PolicyModule> module,
-                                                                           MicroBatchCountSync sync) {
+Result<std::unique_ptr<DataParallelPPOActor>> DataParallelPPOActor::create(
+    ActorConfig config, std::shared_ptr<PolicyModule> module, MicroBatchCountSync sync,
+    std::shared_ptr<const UlyssesGroup> sequence_parallel) {
   if (!module) return make_error(ErrorCode::invalid_argument, "DataParallelPPOActor: null module");
   TESSERA_RETURN_IF_ERROR(validate_actor_config(config, "actor"));
+  TESSERA_RETURN_IF_ERROR(check_sequence_parallel_group("actor", config.ulysses_sequence_parallel_size,
+                                                        config.use_remove_padding, sequence_parallel.get()));
   if (config.ppo_micro_batch_size) {
     return make_error(ErrorCode::invalid_argument,
                       "DataParallelPPOActor: actor.ppo_micro_batch_size is set; run normalize_actor_config first");
@@ -209,8 +221,8 @@ Result<std::unique_ptr<DataParallelPPOActor>> DataParallelPPOActor::create(Actor
   TESSERA_RETURN_IF_ERROR(check_fixed_micro_batch("actor", config.ppo_mini_batch_size,
                                                   config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz));
   TESSERA_ASSIGN_OR_RETURN(auto loss_fn, algos::get_policy_loss_fn(config.policy_loss.loss_mode));
-  return std::unique_ptr<DataParallelPPOActor>(
-      new DataParallelPPOActor(std::move(config), std::move(module), std::move(sync), std::move(loss_fn)));
+  return std::unique_ptr<DataParallelPPOActor>(new DataParallelPPOActor(
+      std::move(config), std::move(module), std::move(sync), std::move(loss_fn), std::move(sequence_parallel)));
 }
 
 Result<LogProbOutput> DataParallelPPOActor::compute_log_prob(const proto::DataProto& data, bool calculate_entropy) {
@@ -225,15 +237,20 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
   TESSERA_ASSIGN_OR_RETURN(bool use_dynamic_bsz, meta_bool(data.meta_info(), "use_dynamic_bsz"));
   TESSERA_RETURN_IF_ERROR(read_sequence_batch(data).status());
   TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kPpoForwardKeys, std::vector<std::string>{}));
+  // Note [Ulysses sequence parallelism]: the group's rows, and a token budget for all of them.
+  if (sequence_parallel_) {
+    TESSERA_ASSIGN_OR_RETURN(selected, sequence_parallel_->gather_rows(selected));
+  }
+  const int64_t sp = sequence_parallel_ ? sequence_parallel_->size() : 1;
   MicroBatches micro;
   if (use_dynamic_bsz) {
     TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, meta_positive_int(data.meta_info(), "max_token_len"));
-    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len, "meta_info.max_token_len", sync_));
+    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len * sp, "meta_info.max_token_len", sync_));
   } else {
     TESSERA_ASSIGN_OR_RETURN(int64_t mbs, meta_positive_int(data.meta_info(), "micro_batch_size"));
     TESSERA_ASSIGN_OR_RETURN(micro, split_micro_batches(selected, mbs, "meta_info.micro_batch_size"));
   }
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, data.tensor("responses"));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, selected.tensor("responses"));
   TESSERA_RETURN_IF_ERROR(
       algos::check_labels_in_vocab("compute_log_prob", "responses", responses, module_->model_config().vocab_size));
   TESSERA_ASSIGN_OR_RETURN(auto host_masks, micro_batch_host_masks(selected, micro, config_.use_remove_padding));
@@ -242,7 +259,8 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
   for (size_t i = 0; i < micro.batches.size(); ++i) {
     TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro.batches[i]));
     TESSERA_ASSIGN_OR_RETURN(ResponseHead logits, response_head(*module_, seq, ForwardMode::eval,
-                                                                config_.use_remove_padding, host_masks[i]));
+                                                                config_.use_remove_padding, host_masks[i],
+                                                                sequence_parallel_));
     TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
     log_probs.push_back(out.log_probs);
     if (calculate_entropy) entropys.push_back(out.entropys);
@@ -255,6 +273,10 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
     if (calculate_entropy) {
       TESSERA_ASSIGN_OR_RETURN(out.entropys, restore_dynamic_batch(out.entropys, micro.indices));
     }
+  }
+  if (sequence_parallel_) {  // this rank's rows
+    out.log_probs = sequence_parallel_->local_rows(out.log_probs);
+    if (calculate_entropy) out.entropys = sequence_parallel_->local_rows(out.entropys);
   }
   return out;
 }
@@ -270,10 +292,16 @@ Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto&
   std::vector<std::string> response_keys = {"old_log_probs", "advantages"};
   if (config_.use_kl_loss) response_keys.emplace_back("ref_log_prob");
   TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, response_keys));
+  // Note [Ulysses sequence parallelism]: the group's rows.
+  if (sequence_parallel_) {
+    TESSERA_ASSIGN_OR_RETURN(selected, sequence_parallel_->gather_rows(selected));
+  }
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, selected.tensor("responses"));
   TESSERA_RETURN_IF_ERROR(
       algos::check_labels_in_vocab("update_policy", "responses", responses, module_->model_config().vocab_size));
-  return run_ppo_update(*module_, selected, update_schedule("actor", config_), sync_,
+  UpdateSchedule schedule = update_schedule("actor", config_);
+  schedule.sequence_parallel = sequence_parallel_;
+  return run_ppo_update(*module_, selected, schedule, sync_,
                         [&](const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& logits) {
                           return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature);
                         });

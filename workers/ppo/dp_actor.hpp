@@ -223,10 +223,15 @@ struct LogProbOutput {
 class DataParallelPPOActor {
  public:
   /// `config` must be normalised (per-rank sizes). `sync` agrees dynamic micro-batch counts across
-  /// dp ranks (empty: one rank). Errors: invalid config (validate_actor_config), fixed batching
-  /// without ppo_micro_batch_size_per_gpu or one that does not divide the mini-batch, null module.
+  /// dp ranks (empty: one rank). With config.ulysses_sequence_parallel_size > 1, `sequence_parallel`
+  /// is this rank's group of that size (Note [Ulysses sequence parallelism]): every pass gathers
+  /// the group's rows and returns this rank's. Errors: invalid config (validate_actor_config),
+  /// fixed batching without ppo_micro_batch_size_per_gpu or one that does not divide the
+  /// mini-batch, null module, a sequence-parallel size without a group of that size or without
+  /// use_remove_padding.
   static Result<std::unique_ptr<DataParallelPPOActor>> create(ActorConfig config, std::shared_ptr<PolicyModule> module,
-                                                              MicroBatchCountSync sync = {});
+                                                              MicroBatchCountSync sync = {},
+                                                              std::shared_ptr<const UlyssesGroup> sequence_parallel = nullptr);
 
   /// Log-probs (and entropies) of `responses` under the current policy, in eval mode, no grad.
   /// Reads keys responses, input_ids, attention_mask, position_ids and meta_info temperature,
@@ -247,7 +252,7 @@ class DataParallelPPOActor {
 
  private:
   DataParallelPPOActor(ActorConfig config, std::shared_ptr<PolicyModule> module, MicroBatchCountSync sync,
-                       algos::PolicyLossFn loss_fn);
+                       algos::PolicyLossFn loss_fn, std::shared_ptr<const UlyssesGroup> sequence_parallel);
   Result<LogProbOutput> compute_log_prob_impl(const proto::DataProto& data, bool calculate_entropy);
   Result<Metrics> update_policy_impl(const proto::DataProto& data);
 
@@ -255,6 +260,7 @@ class DataParallelPPOActor {
   std::shared_ptr<PolicyModule> module_;
   MicroBatchCountSync sync_;
   algos::PolicyLossFn loss_fn_;
+  std::shared_ptr<const UlyssesGroup> sequence_parallel_;
 };
 
 /// A forward's head output at the response positions: [B, R, ...] from a padded forward, or
@@ -273,8 +279,11 @@ struct ResponseHead {
 /// `module`'s head at the response positions of `seq`: a padded forward over response_rows, or,
 /// with `remove_padding`, a packed one (pack_sequences; `host_mask`, when given, is seq's
 /// attention mask already on the host, which saves a device read per micro-batch).
+/// With `sequence_parallel` (REQUIRES remove_padding), this rank's slice of the packed row, and the
+/// head's outputs are gathered over the group by to_grid (Note [Ulysses sequence parallelism]).
 Result<ResponseHead> response_head(TrainableModule& module, const SequenceBatch& seq, ForwardMode mode,
-                                   bool remove_padding, const at::Tensor& host_mask = at::Tensor());
+                                   bool remove_padding, const at::Tensor& host_mask = at::Tensor(),
+                                   std::shared_ptr<const UlyssesGroup> sequence_parallel = nullptr);
 
 /// The response part of a forward pass (verl's _forward_micro_batch, padded path): log-probs of
 /// `responses` under logits / `temperature`, and the entropy when `calculate_entropy`, in fp32

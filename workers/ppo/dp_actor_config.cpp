@@ -94,7 +94,7 @@ Status validate_actor_config(const ActorConfig& c, const std::string& path) {
     return make_error(ErrorCode::invalid_argument, "{} = {} must be > 1", key("clip_ratio_c"), c.clip_ratio_c);
   }
   TESSERA_RETURN_IF_ERROR(
-      check_no_sequence_parallel(key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size));
+      check_positive(key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size));
   TESSERA_RETURN_IF_ERROR(check_one_of(c.loss_agg_mode, algos::agg_loss_modes(), key("loss_agg_mode")));
   TESSERA_RETURN_IF_ERROR(check_one_of(c.policy_loss.loss_mode, algos::registered_policy_losses(),
                                        key("policy_loss.loss_mode")));

@@ -10,6 +10,7 @@
 #include "workers/algos/torch_functional.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 #include "workers/ppo/ppo_update.hpp"
+#include "workers/ppo/sequence_parallel.hpp"
 
 namespace tessera::ppo {
 
@@ -71,7 +72,7 @@ Status validate_critic_config(const CriticConfig& c, const std::string& path) {
     return make_error(ErrorCode::invalid_argument, "{} = '{}' is not a loss_agg_mode", key("loss_agg_mode"),
                       c.loss_agg_mode);
   }
-  return check_no_sequence_parallel(key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size);
+  return check_positive(key("ulysses_sequence_parallel_size"), c.ulysses_sequence_parallel_size);
 }
 
 Result<CriticConfig> normalize_critic_config(CriticConfig c, const DataParallelShape& shape) {
@@ -106,14 +107,20 @@ Result<at::Tensor> value_grid(const char* method, const ResponseHead& h, const S
 }  // namespace
 
 DataParallelPPOCritic::DataParallelPPOCritic(CriticConfig config, std::shared_ptr<ValueModule> module,
-                                             MicroBatchCountSync sync)
-    : config_(std::move(config)), module_(std::move(module)), sync_(std::move(sync)) {}
+                                             MicroBatchCountSync sync,
+                                             std::shared_ptr<const UlyssesGroup> sequence_parallel)
+    : config_(std::move(config)),
+      module_(std::move(module)),
+      sync_(std::move(sync)),
+      sequence_parallel_(std::move(sequence_parallel)) {}
 
-Result<std::unique_ptr<DataParallelPPOCritic>> DataParallelPPOCritic::create(CriticConfig config,
-                                                                             std::shared_ptr<ValueModule> module,
-                                                                             MicroBatchCountSync sync) {
+Result<std::unique_ptr<DataParallelPPOCritic>> DataParallelPPOCritic::create(
+    CriticConfig config, std::shared_ptr<ValueModule> module, MicroBatchCountSync sync,
+    std::shared_ptr<const UlyssesGroup> sequence_parallel) {
   if (!module) return make_error(ErrorCode::invalid_argument, "DataParallelPPOCritic: null module");
   TESSERA_RETURN_IF_ERROR(validate_critic_config(config, "critic"));
+  TESSERA_RETURN_IF_ERROR(check_sequence_parallel_group("critic", config.ulysses_sequence_parallel_size,
+                                                        config.use_remove_padding, sequence_parallel.get()));
   if (config.ppo_micro_batch_size || config.forward_micro_batch_size) {
     return make_error(ErrorCode::invalid_argument,
                       "DataParallelPPOCritic: a global micro-batch size is set; run normalize_critic_config first");
@@ -121,7 +128,7 @@ Result<std::unique_ptr<DataParallelPPOCritic>> DataParallelPPOCritic::create(Cri
   TESSERA_RETURN_IF_ERROR(check_fixed_micro_batch("critic", config.ppo_mini_batch_size,
                                                   config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz));
   return std::unique_ptr<DataParallelPPOCritic>(
-      new DataParallelPPOCritic(std::move(config), std::move(module), std::move(sync)));
+      new DataParallelPPOCritic(std::move(config), std::move(module), std::move(sync), std::move(sequence_parallel)));
 }
 
 Result<at::Tensor> DataParallelPPOCritic::compute_values(const proto::DataProto& data) {
@@ -153,11 +160,16 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
     TESSERA_ASSIGN_OR_RETURN(use_dynamic_bsz, meta_bool(meta, "use_dynamic_bsz"));
   }
   TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(kPpoForwardKeys, std::vector<std::string>{}));
+  // Note [Ulysses sequence parallelism]: the group's rows, and a token budget for all of them.
+  if (sequence_parallel_) {
+    TESSERA_ASSIGN_OR_RETURN(selected, sequence_parallel_->gather_rows(selected));
+  }
+  const int64_t sp = sequence_parallel_ ? sequence_parallel_->size() : 1;
   MicroBatches micro;
   if (use_dynamic_bsz) {
     TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, int_meta_or(meta, "max_token_len", config_.forward_max_token_len_per_gpu,
                                                                 "critic.forward_max_token_len_per_gpu"));
-    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len, "max_token_len", sync_));
+    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len * sp, "max_token_len", sync_));
   } else {
     TESSERA_ASSIGN_OR_RETURN(int64_t mbs, int_meta_or(meta, "micro_batch_size", config_.forward_micro_batch_size_per_gpu,
                                                       "critic.forward_micro_batch_size_per_gpu"));
@@ -169,7 +181,7 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
   for (size_t i = 0; i < micro.batches.size(); ++i) {
     TESSERA_ASSIGN_OR_RETURN(auto s, read_sequence_batch(micro.batches[i]));
     TESSERA_ASSIGN_OR_RETURN(ResponseHead v, response_head(*module_, s, ForwardMode::eval, config_.use_remove_padding,
-                                                           host_masks[i]));
+                                                           host_masks[i], sequence_parallel_));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor values, value_grid("compute_values", v, s));
     parts.push_back(values);
   }
@@ -177,6 +189,7 @@ Result<at::Tensor> DataParallelPPOCritic::compute_values_impl(const proto::DataP
   if (use_dynamic_bsz) {
     TESSERA_ASSIGN_OR_RETURN(values, restore_dynamic_batch(values, micro.indices));
   }
+  if (sequence_parallel_) values = sequence_parallel_->local_rows(values);  // this rank's rows
   return values * response_mask.to(values.scalar_type());
 }
 
@@ -209,7 +222,13 @@ Result<Metrics> DataParallelPPOCritic::update_critic_impl(const proto::DataProto
   TESSERA_RETURN_IF_ERROR(check_text_only(data));
   if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_critic: empty batch");
   TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, {"values", "returns"}));
-  return run_ppo_update(*module_, selected, update_schedule("critic", config_), sync_,
+  // Note [Ulysses sequence parallelism]: the group's rows.
+  if (sequence_parallel_) {
+    TESSERA_ASSIGN_OR_RETURN(selected, sequence_parallel_->gather_rows(selected));
+  }
+  UpdateSchedule schedule = update_schedule("critic", config_);
+  schedule.sequence_parallel = sequence_parallel_;
+  return run_ppo_update(*module_, selected, schedule, sync_,
                         [&](const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& head) {
                           return value_micro_loss(config_, mb, seq, head);
                         });

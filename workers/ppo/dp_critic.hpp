@@ -73,9 +73,10 @@ Result<CriticConfig> normalize_critic_config(CriticConfig config, const DataPara
 /// verl's DataParallelPPOCritic.
 class DataParallelPPOCritic {
  public:
-  /// `config` must be normalised. Errors as DataParallelPPOActor::create.
-  static Result<std::unique_ptr<DataParallelPPOCritic>> create(CriticConfig config, std::shared_ptr<ValueModule> module,
-                                                               MicroBatchCountSync sync = {});
+  /// `config` must be normalised. `sequence_parallel` and the errors as DataParallelPPOActor::create.
+  static Result<std::unique_ptr<DataParallelPPOCritic>> create(
+      CriticConfig config, std::shared_ptr<ValueModule> module, MicroBatchCountSync sync = {},
+      std::shared_ptr<const UlyssesGroup> sequence_parallel = nullptr);
 
   /// Values [B, R] of the response positions, times the response mask; eval mode, no grad.
   /// Reads keys responses, input_ids, attention_mask, position_ids, response_mask (else
@@ -94,13 +95,15 @@ class DataParallelPPOCritic {
   ValueModule& module() const { return *module_; }
 
  private:
-  DataParallelPPOCritic(CriticConfig config, std::shared_ptr<ValueModule> module, MicroBatchCountSync sync);
+  DataParallelPPOCritic(CriticConfig config, std::shared_ptr<ValueModule> module, MicroBatchCountSync sync,
+                        std::shared_ptr<const UlyssesGroup> sequence_parallel);
   Result<at::Tensor> compute_values_impl(const proto::DataProto& data);
   Result<Metrics> update_critic_impl(const proto::DataProto& data);
 
   CriticConfig config_;
   std::shared_ptr<ValueModule> module_;
   MicroBatchCountSync sync_;
+  std::shared_ptr<const UlyssesGroup> sequence_parallel_;
 };
 
 }  // namespace tessera::ppo

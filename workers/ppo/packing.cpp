@@ -3,14 +3,17 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "proto/host_transfer.hpp"
+#include "workers/ppo/sequence_parallel.hpp"
 
 namespace tessera::ppo {
 
 Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                              const at::Tensor& position_ids, models::HeadRows window, const at::Tensor& host_mask) {
+                              const at::Tensor& position_ids, models::HeadRows window, const at::Tensor& host_mask,
+                              std::shared_ptr<const UlyssesGroup> sequence_parallel) {
   const int64_t B = input_ids.size(0), T = input_ids.size(1), L = window.length, first = window.start;
   if (host_mask.defined() && host_mask.sizes() != attention_mask.sizes()) {
     return make_error(ErrorCode::internal, "pack_rows: the host mask does not match the attention mask");
@@ -39,18 +42,45 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   const c10::Device device = input_ids.device();
   // Without blocking: the previous micro-batch's backward may still be running (Note [Host transfers]).
   auto to_device = [&](const std::vector<int64_t>& v) { return proto::upload(v, device); };
+  PackedBatch p;
+  p.rows = B;
+  p.response_length = L;
+  p.response_index = to_device(response);
+  const int64_t N = static_cast<int64_t>(flat.size());
+  // Note [Ulysses sequence parallelism]: pad the row to a multiple of the group size (the padding
+  // is a segment of its own, as verl's position ids restarting at 0 make it) and keep this rank's
+  // slice, with the head positions that fall inside it.
+  int64_t first_token = 0, tokens = N, pad = 0;
+  if (sequence_parallel) {
+    const int64_t size = sequence_parallel->size();
+    pad = (size - N % size) % size;
+    tokens = (N + pad) / size;
+    first_token = sequence_parallel->rank() * tokens;
+    if (pad > 0) segments->starts.push_back(N + pad);
+    segments->sequence_parallel = sequence_parallel;
+    const auto lo = std::lower_bound(head.begin(), head.end(), first_token);
+    const auto hi = std::lower_bound(head.begin(), head.end(), first_token + tokens);
+    p.row_head_index = to_device(head);
+    p.head_begin = lo - head.begin();
+    std::vector<int64_t> local(lo, hi);
+    for (int64_t& h : local) h -= first_token;
+    head = std::move(local);
+    p.sequence_parallel = std::move(sequence_parallel);
+  }
   if (device.is_cuda()) {  // the varlen attention's cumulative lengths, once for every layer
     segments->device_starts = proto::upload(std::vector<int32_t>(segments->starts.begin(), segments->starts.end()), device);
   }
-  const at::Tensor flat_index = to_device(flat);
-  PackedBatch p;
+  const int64_t real = std::max<int64_t>(std::min(first_token + tokens, N) - first_token, 0);
+  const at::Tensor flat_index = to_device(std::vector<int64_t>(flat.begin() + first_token, flat.begin() + first_token + real));
   p.input_ids = input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
   p.position_ids = position_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
+  if (real < tokens) {  // this slice ends in the padding: token 0 at positions 0, 1, ... (verl's ulysses_pad)
+    const int64_t from = first_token + real - N;  // the padding's first position in this slice
+    p.input_ids = at::cat({p.input_ids, at::zeros({1, tokens - real}, p.input_ids.options())}, 1);
+    p.position_ids = at::cat({p.position_ids, at::arange(from, from + tokens - real, p.position_ids.options()).unsqueeze(0)}, 1);
+  }
   p.segments = std::move(segments);
   p.head_index = to_device(head);
-  p.response_index = to_device(response);
-  p.rows = B;
-  p.response_length = L;
   return p;
 }
 
@@ -58,8 +88,10 @@ models::HeadRows response_rows(const SequenceBatch& seq) {
   return {seq.input_ids.size(1) - seq.response_length - 1, seq.response_length};
 }
 
-Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask) {
-  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, response_rows(seq), host_mask);
+Result<PackedBatch> pack_sequences(const SequenceBatch& seq, const at::Tensor& host_mask,
+                                   std::shared_ptr<const UlyssesGroup> sequence_parallel) {
+  return pack_rows(seq.input_ids, seq.attention_mask, seq.position_ids, response_rows(seq), host_mask,
+                   std::move(sequence_parallel));
 }
 
 Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& data, const MicroBatches& micro,
@@ -81,13 +113,23 @@ Result<std::vector<at::Tensor>> micro_batch_host_masks(const proto::DataProto& d
 }
 
 at::Tensor select_responses(const at::Tensor& per_response, const PackedBatch& packed) {
-  return per_response.flatten(0, 1).index_select(0, packed.response_index);
+  at::Tensor all = per_response.flatten(0, 1).index_select(0, packed.response_index);
+  return packed.sequence_parallel ? all.narrow(0, packed.head_begin, packed.head_index.size(0)) : all;
 }
 
 at::Tensor unpack_responses(const at::Tensor& values, const PackedBatch& packed) {
   std::vector<int64_t> shape = {packed.rows * packed.response_length};
   for (int64_t d = 1; d < values.dim(); ++d) shape.push_back(values.size(d));
-  at::Tensor grid = at::zeros(shape, values.options()).index_put({packed.response_index}, values);
+  at::Tensor all = values;
+  if (packed.sequence_parallel) {
+    // Note [Ulysses sequence parallelism]: this rank's values on its slice, the group's slices
+    // gathered into the whole row, then the row's head positions.
+    std::vector<int64_t> slice = {packed.input_ids.size(1)};
+    slice.insert(slice.end(), shape.begin() + 1, shape.end());
+    at::Tensor mine = at::zeros(slice, values.options()).index_put({packed.head_index}, values);
+    all = packed.sequence_parallel->gather_per_token(mine).index_select(0, packed.row_head_index);
+  }
+  at::Tensor grid = at::zeros(shape, values.options()).index_put({packed.response_index}, all);
   std::vector<int64_t> out = {packed.rows, packed.response_length};
   out.insert(out.end(), shape.begin() + 1, shape.end());
   return grid.view(out);

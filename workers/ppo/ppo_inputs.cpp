@@ -123,12 +123,6 @@ Status check_positive(const std::string& key, int64_t value) {
   return make_error(ErrorCode::invalid_argument, "{} = {} must be >= 1", key, value);
 }
 
-Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequence_parallel_size) {
-  if (ulysses_sequence_parallel_size == 1) return Status();
-  return make_error(ErrorCode::unimplemented, "{} = {}: Ulysses sequence parallelism is not implemented (use 1)", key,
-                    ulysses_sequence_parallel_size);
-}
-
 // ---- Shared plumbing ----------------------------------------------------------------------------
 
 Result<double> meta_number(const nlohmann::json& meta_info, const std::string& key) {

@@ -73,9 +73,6 @@ Status check_one_of(const std::string& value, const std::vector<std::string>& al
 /// invalid_argument "<key> = <value> must be >= 1" unless `value` >= 1.
 Status check_positive(const std::string& key, int64_t value);
 
-/// unimplemented (naming `key` and the value) unless `ulysses_sequence_parallel_size` == 1.
-Status check_no_sequence_parallel(const std::string& key, int64_t ulysses_sequence_parallel_size);
-
 // ---- Shared plumbing ----------------------------------------------------------------------------
 
 /// The in-flight exception as a one-line Status (proto/device.hpp).

@@ -69,11 +69,11 @@ class PendingMetrics {
 };
 
 Status update_micro_batch(TrainableModule& module, const proto::DataProto& micro_batch, double loss_scale,
-                          bool remove_padding, const at::Tensor& host_mask, const MicroLossFn& micro_loss,
+                          const UpdateSchedule& s, const at::Tensor& host_mask, const MicroLossFn& micro_loss,
                           PendingMetrics& metrics) {
   TESSERA_ASSIGN_OR_RETURN(auto seq, read_sequence_batch(micro_batch));
-  TESSERA_ASSIGN_OR_RETURN(ResponseHead head,
-                           response_head(module, seq, ForwardMode::train, remove_padding, host_mask));
+  TESSERA_ASSIGN_OR_RETURN(ResponseHead head, response_head(module, seq, ForwardMode::train, s.use_remove_padding,
+                                                            host_mask, s.sequence_parallel));
   auto loss = micro_loss(micro_batch, seq, head);
   if (!loss.ok()) {
     (void)module.end_forward();
@@ -96,7 +96,7 @@ Status update_mini_batch(TrainableModule& module, const proto::DataProto& mini_b
     const double scale = s.use_dynamic_bsz
                              ? static_cast<double>(micro_batch.size()) / static_cast<double>(s.ppo_mini_batch_size)
                              : 1.0 / static_cast<double>(s.ppo_mini_batch_size / *s.ppo_micro_batch_size_per_gpu);
-    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, s.use_remove_padding, host_masks[i], micro_loss, pending));
+    TESSERA_RETURN_IF_ERROR(update_micro_batch(module, micro_batch, scale, s, host_masks[i], micro_loss, pending));
   }
   pending.start();  // before the step: its one host read covers the metrics (Note [Host transfers])
   TESSERA_ASSIGN_OR_RETURN(StepOutcome step, module.clip_and_step(s.grad_clip));

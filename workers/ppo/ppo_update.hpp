@@ -51,6 +51,8 @@ struct UpdateSchedule {
   std::optional<int64_t> ppo_micro_batch_size_per_gpu;  ///< Required without use_dynamic_bsz.
   double grad_clip = 1.0;
   bool use_remove_padding = false;  ///< Padding-free forwards (packing.hpp).
+  /// Ulysses sequence parallelism (sequence_parallel.hpp); null without.
+  std::shared_ptr<const UlyssesGroup> sequence_parallel;
 };
 
 /// The schedule of a normalised ActorConfig / CriticConfig for `role`; the dynamic token budget is
@@ -60,7 +62,7 @@ UpdateSchedule update_schedule(std::string role, const Config& c) {
   return UpdateSchedule{std::move(role),      c.ppo_mini_batch_size,
                         c.ppo_epochs,         c.use_dynamic_bsz,
                         c.ppo_max_token_len_per_gpu * c.ulysses_sequence_parallel_size,
-                        c.ppo_micro_batch_size_per_gpu, c.grad_clip, c.use_remove_padding};
+                        c.ppo_micro_batch_size_per_gpu, c.grad_clip, c.use_remove_padding, nullptr};
 }
 
 /// Checks the sequence tensors of `data`, each of `response_keys` as a floating [B, R] tensor and

@@ -32,12 +32,7 @@ Result<RefConfig> parse_ref(const json& j) {
   r.field("log_prob_micro_batch_size_per_gpu", c.log_prob_micro_batch_size_per_gpu);
   r.field("log_prob_use_dynamic_bsz", c.log_prob_use_dynamic_bsz);
   r.field("log_prob_max_token_len_per_gpu", c.log_prob_max_token_len_per_gpu);
-  int64_t sp = 1;
-  r.field("ulysses_sequence_parallel_size", sp);
-  if (sp != 1) {
-    r.fail(make_error(ErrorCode::unimplemented, "{}.ref.ulysses_sequence_parallel_size = {}: only 1 is implemented",
-                      kPath, sp));
-  }
+  r.field("ulysses_sequence_parallel_size", c.ulysses_sequence_parallel_size);
   c.fsdp_config = r.nested("fsdp_config");
   TESSERA_RETURN_IF_ERROR(r.finish());
   return c;
@@ -129,6 +124,23 @@ Result<ActorRolloutRefConfig> parse_actor_rollout_ref_config(const json& init, i
                       "{}.rollout.tensor_model_parallel_size={} does not divide the rollout world size {}", kPath,
                       c.rollout.tensor_model_parallel_size, dp);
   }
+  // verl's worker takes its sequence-parallel size from the actor block, whatever its role.
+  c.ulysses_sequence_parallel_size = 1;
+  if (actor.is_object() && actor.contains("ulysses_sequence_parallel_size")) {
+    const json& sp = actor["ulysses_sequence_parallel_size"];
+    if (!sp.is_number_integer() || sp.get<int64_t>() < 1) {
+      return make_error(ErrorCode::invalid_argument, "{}.actor.ulysses_sequence_parallel_size = {} must be an integer "
+                        ">= 1", kPath, sp.dump());
+    }
+    c.ulysses_sequence_parallel_size = sp.get<int64_t>();
+  }
+  if (dp % c.ulysses_sequence_parallel_size != 0) {
+    return make_error(ErrorCode::invalid_argument,
+                      "{}.actor.ulysses_sequence_parallel_size = {} does not divide the worker group's {} ranks", kPath,
+                      c.ulysses_sequence_parallel_size, dp);
+  }
+  // Per-rank batch sizes divide by the data-parallel groups (verl: world / sequence-parallel size).
+  const int64_t dp_groups = dp / c.ulysses_sequence_parallel_size;
   if (c.is_actor || c.is_rollout) TESSERA_RETURN_IF_ERROR(parse_actor(actor, dp, c));
   // verl's checkpoint.save_contents: `hf_model` adds an HF directory beside the shards (the
   // driver refuses any other change to the contents).
@@ -139,14 +151,22 @@ Result<ActorRolloutRefConfig> parse_actor_rollout_ref_config(const json& init, i
   if (c.is_actor) {
     TESSERA_RETURN_IF_ERROR(normalize_log_prob_micro(c.rollout.log_prob_micro_batch_size,
                                                      c.rollout.log_prob_micro_batch_size_per_gpu,
-                                                     c.rollout.log_prob_use_dynamic_bsz, dp,
+                                                     c.rollout.log_prob_use_dynamic_bsz, dp_groups,
                                                      std::string(kPath) + ".rollout."));
   }
   TESSERA_ASSIGN_OR_RETURN(c.ref, parse_ref(ref));
   if (c.is_ref) {
     TESSERA_RETURN_IF_ERROR(normalize_log_prob_micro(c.ref.log_prob_micro_batch_size,
                                                      c.ref.log_prob_micro_batch_size_per_gpu,
-                                                     c.ref.log_prob_use_dynamic_bsz, dp, std::string(kPath) + ".ref."));
+                                                     c.ref.log_prob_use_dynamic_bsz, dp_groups,
+                                                     std::string(kPath) + ".ref."));
+    const int64_t ref_sp = c.ref.ulysses_sequence_parallel_size;
+    if (ref_sp != 1 && ref_sp != c.ulysses_sequence_parallel_size) {
+      return make_error(ErrorCode::invalid_argument,
+                        "{0}.ref.ulysses_sequence_parallel_size = {1} must be 1 or {0}.actor.ulysses_sequence_parallel_size"
+                        " = {2}: the reference runs in the actor's sequence-parallel groups",
+                        kPath, ref_sp, c.ulysses_sequence_parallel_size);
+    }
   }
   return c;
 }

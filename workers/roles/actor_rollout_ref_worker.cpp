@@ -83,6 +83,10 @@ Status ActorRolloutRefWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(models::ModelConfig file_config, models::load_model_config(config_.model.path));
   TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, file_config));
   const bool split_rollout = config_.is_rollout && !config_.is_actor && config_.rollout.placement == "split";
+  if (config_.is_actor || config_.is_ref) {  // Note [Ulysses sequence parallelism]
+    TESSERA_ASSIGN_OR_RETURN(ulysses_, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
+                                                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size"));
+  }
   if (split_rollout) {
     TESSERA_RETURN_IF_ERROR(build_split_rollout());
   } else if (config_.is_actor || config_.is_rollout) {
@@ -132,7 +136,8 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   TESSERA_ASSIGN_OR_RETURN(actor_module_, build_fsdp_module(model, world_, b));
   if (config_.is_actor) {
     config_.actor.use_remove_padding = config_.model.use_remove_padding;
-    TESSERA_ASSIGN_OR_RETURN(actor_, ppo::DataParallelPPOActor::create(config_.actor, actor_module_, ppo::make_dp_count_sync(world_)));
+    TESSERA_ASSIGN_OR_RETURN(actor_, ppo::DataParallelPPOActor::create(config_.actor, actor_module_,
+                                                                       ppo::make_dp_count_sync(world_), ulysses_));
   }
   if (config_.is_rollout) {
     // verl: the rollout mesh is (dp, infer_tp) over the world; the engine samples with a per-dp-rank
@@ -186,7 +191,11 @@ Status ActorRolloutRefWorker::build_ref() {
   ref_config.use_dynamic_bsz = true;
   ref_config.ppo_mini_batch_size = 1;
   ref_config.use_remove_padding = config_.model.use_remove_padding;
-  TESSERA_ASSIGN_OR_RETURN(ref_policy_, ppo::DataParallelPPOActor::create(ref_config, ref_module_, ppo::make_dp_count_sync(world_)));
+  // 1: each rank scores its own rows whole; else the actor's groups (parse_actor_rollout_ref_config).
+  ref_config.ulysses_sequence_parallel_size = config_.ref.ulysses_sequence_parallel_size;
+  TESSERA_ASSIGN_OR_RETURN(ref_policy_, ppo::DataParallelPPOActor::create(
+                                            ref_config, ref_module_, ppo::make_dp_count_sync(world_),
+                                            ref_config.ulysses_sequence_parallel_size > 1 ? ulysses_ : nullptr));
   return Status();
 }
 

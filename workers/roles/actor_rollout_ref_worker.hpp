@@ -76,6 +76,8 @@ struct RefConfig {
   std::optional<int64_t> log_prob_micro_batch_size_per_gpu;
   bool log_prob_use_dynamic_bsz = false;
   int64_t log_prob_max_token_len_per_gpu = 16384;
+  /// 1, or the actor's: verl runs the reference in the worker's (the actor's) sequence-parallel groups.
+  int64_t ulysses_sequence_parallel_size = 1;
   nlohmann::json fsdp_config;
 };
 
@@ -89,6 +91,9 @@ struct ActorRolloutRefConfig {
   nlohmann::json actor_optim;
   rollout::RolloutConfig rollout;  ///< log_prob_micro_batch_size normalised into *_per_gpu.
   RefConfig ref;                   ///< Normalised likewise.
+  /// The worker's Ulysses group size: actor.ulysses_sequence_parallel_size, whatever the role (as
+  /// verl's worker reads it). Batch sizes are normalised by world / this.
+  int64_t ulysses_sequence_parallel_size = 1;
   uint64_t seed = 0;
   bool save_hf_model = false;      ///< actor.checkpoint.save_contents lists hf_model.
 };
@@ -171,6 +176,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   std::unique_ptr<rollout::WeightImporter> importer_;
   std::shared_ptr<ppo::FsdpTrainableModule> ref_module_;
   std::unique_ptr<ppo::DataParallelPPOActor> ref_policy_;
+  std::shared_ptr<ppo::UlyssesGroup> ulysses_;  // the worker's sequence-parallel group; null for 1
   CheckpointRotation rotation_;
 };
 

@@ -84,7 +84,11 @@ Status CriticWorker::init_model() {
   b.grad_clip = config_.grad_clip;
   b.fused_layers = model_.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
-  TESSERA_ASSIGN_OR_RETURN(critic_, ppo::DataParallelPPOCritic::create(config_, module_, ppo::make_dp_count_sync(world_)));
+  // Note [Ulysses sequence parallelism]
+  TESSERA_ASSIGN_OR_RETURN(auto ulysses, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
+                                                       "critic.ulysses_sequence_parallel_size"));
+  TESSERA_ASSIGN_OR_RETURN(critic_, ppo::DataParallelPPOCritic::create(config_, module_, ppo::make_dp_count_sync(world_),
+                                                                       std::move(ulysses)));
   return check_on_device(module_->engine(), device(), context().rank);
 }
 

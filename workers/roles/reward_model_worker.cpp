@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "workers/models/model_io.hpp"
+#include "workers/ppo/packing.hpp"
 #include "workers/ppo/ppo_batching.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 #include "workers/tokenizer/chat_template.hpp"
@@ -125,11 +126,7 @@ Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world
   r.field("micro_batch_size_per_gpu", c.micro_batch_size_per_gpu);
   r.field("use_dynamic_bsz", c.use_dynamic_bsz);
   r.field("forward_max_token_len_per_gpu", c.forward_max_token_len_per_gpu);
-  int64_t sp = 1;
-  r.field("ulysses_sequence_parallel_size", sp);
-  if (sp != 1) {
-    r.fail(make_error(ErrorCode::unimplemented, "reward_model.ulysses_sequence_parallel_size = {}: only 1 is implemented", sp));
-  }
+  r.field("ulysses_sequence_parallel_size", c.ulysses_sequence_parallel_size);
   TESSERA_RETURN_IF_ERROR(r.finish());
   TESSERA_ASSIGN_OR_RETURN(c.model, parse_model_section(model, "reward_model.model"));
   if (c.model.lora.enabled()) {
@@ -154,6 +151,12 @@ Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world
   if (c.forward_max_token_len_per_gpu < 1) {
     return make_error(ErrorCode::invalid_argument, "reward_model.forward_max_token_len_per_gpu = {} must be >= 1",
                       c.forward_max_token_len_per_gpu);
+  }
+  TESSERA_RETURN_IF_ERROR(ppo::check_positive("reward_model.ulysses_sequence_parallel_size",
+                                              c.ulysses_sequence_parallel_size));
+  if (c.ulysses_sequence_parallel_size > 1 && !c.model.use_remove_padding) {
+    return make_error(ErrorCode::invalid_argument, "reward_model.ulysses_sequence_parallel_size = {} > 1 requires "
+                      "reward_model.model.use_remove_padding = true", c.ulysses_sequence_parallel_size);
   }
   return c;
 }
@@ -227,36 +230,55 @@ Status RewardModelWorker::init_model() {
   b.force_param_offload = true;
   b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
+  TESSERA_ASSIGN_OR_RETURN(ulysses_, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model->config(),
+                                                   "reward_model.ulysses_sequence_parallel_size"));
   return check_on_device(module_->engine(), device(), context().rank);
 }
 
 Result<at::Tensor> RewardModelWorker::sequence_scores(const proto::DataProto& data) {
   static const std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids"};
   TESSERA_ASSIGN_OR_RETURN(auto selected, data.select(keys, std::vector<std::string>{}));
+  // Note [Ulysses sequence parallelism]: the group's rows, and a token budget for all of them.
+  if (ulysses_) {
+    TESSERA_ASSIGN_OR_RETURN(selected, ulysses_->gather_rows(selected));
+  }
+  const bool packed = config_.model.use_remove_padding;
   ppo::MicroBatches micro;
   if (config_.use_dynamic_bsz) {
-    TESSERA_ASSIGN_OR_RETURN(micro, ppo::rearrange_micro_batches(selected, config_.forward_max_token_len_per_gpu,
-                                                            "reward_model.forward_max_token_len_per_gpu",
-                                                            ppo::make_dp_count_sync(world_)));
+    TESSERA_ASSIGN_OR_RETURN(micro, ppo::rearrange_micro_batches(
+                                        selected, config_.forward_max_token_len_per_gpu * config_.ulysses_sequence_parallel_size,
+                                        "reward_model.forward_max_token_len_per_gpu", ppo::make_dp_count_sync(world_)));
   } else {
     TESSERA_ASSIGN_OR_RETURN(micro, ppo::split_micro_batches(selected, *config_.micro_batch_size_per_gpu,
                                                         "reward_model.micro_batch_size_per_gpu"));
   }
+  TESSERA_ASSIGN_OR_RETURN(auto host_masks, ppo::micro_batch_host_masks(selected, micro, packed));
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> scores;
-  for (const auto& mb : micro.batches) {  // checked by compute_rm_score (or made by switch_chat_template)
+  for (size_t i = 0; i < micro.batches.size(); ++i) {  // checked by compute_rm_score (or made by switch_chat_template)
+    const proto::DataProto& mb = micro.batches[i];
     TESSERA_ASSIGN_OR_RETURN(at::Tensor input_ids, mb.tensor("input_ids"));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor attention_mask, mb.tensor("attention_mask"));
     TESSERA_ASSIGN_OR_RETURN(at::Tensor position_ids, mb.tensor("position_ids"));
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor values,
-                             module_->forward(input_ids, attention_mask, position_ids, ppo::ForwardMode::eval));
+    at::Tensor values;
+    if (packed) {  // padding-free (verl's use_remove_padding): the score head on every real token
+      TESSERA_ASSIGN_OR_RETURN(ppo::PackedBatch p, ppo::pack_rows(input_ids, attention_mask, position_ids,
+                                                                  models::HeadRows{0, input_ids.size(1)}, host_masks[i],
+                                                                  ulysses_));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor head, module_->forward_packed(p, ppo::ForwardMode::eval));
+      values = ppo::unpack_responses(head.to(at::kFloat), p);  // [B, T], the group's values with Ulysses
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(values, module_->forward(input_ids, attention_mask, position_ids, ppo::ForwardMode::eval));
+    }
     at::Tensor eos_idx = (position_ids * attention_mask).argmax(-1);
     at::Tensor rows = at::arange(values.size(0), at::TensorOptions(at::kLong).device(values.device()));
     scores.push_back(values.index({rows, eos_idx}).to(at::kFloat));
   }
   at::Tensor all = at::cat(scores, 0);
-  if (config_.use_dynamic_bsz) return ppo::restore_dynamic_batch(all, micro.indices);
-  return all;
+  if (config_.use_dynamic_bsz) {
+    TESSERA_ASSIGN_OR_RETURN(all, ppo::restore_dynamic_batch(all, micro.indices));
+  }
+  return ulysses_ ? ulysses_->local_rows(all) : all;  // this rank's rows
 }
 
 Result<proto::DataProto> RewardModelWorker::compute_rm_score(const proto::DataProto& data) {

@@ -56,6 +56,8 @@ struct RewardModelConfig {
   std::optional<int64_t> micro_batch_size_per_gpu;
   bool use_dynamic_bsz = false;
   int64_t forward_max_token_len_per_gpu = 32768;
+  /// Ulysses groups (Note [Ulysses sequence parallelism]); > 1 needs model.use_remove_padding.
+  int64_t ulysses_sequence_parallel_size = 1;
 };
 
 /// Parses and normalises a `reward_model` subtree for `world_size` ranks. Errors name the key.
@@ -106,6 +108,7 @@ class RewardModelWorker final : public dispatch::WorkerBase {
   std::shared_ptr<const tokenizer::ChatTemplate> rm_template_;
   std::shared_ptr<collective::Communicator> world_;
   std::shared_ptr<ppo::FsdpTrainableModule> module_;
+  std::shared_ptr<ppo::UlyssesGroup> ulysses_;  // null without sequence parallelism
 };
 
 }  // namespace tessera::workers

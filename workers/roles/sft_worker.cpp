@@ -37,6 +37,7 @@ struct SftWorkerConfig {
   int64_t micro_batch_size_per_gpu = 1;
   bool gradient_checkpointing = false;  // model.enable_gradient_checkpointing
   bool use_remove_padding = false;      // padding-free micro-batches (workers/ppo/packing.hpp)
+  int64_t ulysses_sequence_parallel_size = 1;  // Note [Ulysses sequence parallelism]; needs use_remove_padding
   bool use_liger = false;               // model.use_liger: fused layer ops on a GPU (Note [Fused layers])
   models::LoraConfig lora;              // model.lora_rank, lora_alpha, target_modules (Note [LoRA adapters])
 };
@@ -132,6 +133,17 @@ Result<SftWorkerConfig> parse_sft_worker_config(const json& init) {
   const json rmpad = c.value("use_remove_padding", json(false));
   if (!rmpad.is_boolean()) return make_error(ErrorCode::invalid_argument, "use_remove_padding = {}: expected true or false", rmpad.dump());
   out.use_remove_padding = rmpad.get<bool>();
+  const json sp = c.value("ulysses_sequence_parallel_size", json(1));
+  if (!sp.is_number_integer() || sp.get<int64_t>() < 1) {
+    return make_error(ErrorCode::invalid_argument, "ulysses_sequence_parallel_size = {}: expected an integer >= 1",
+                      sp.dump());
+  }
+  out.ulysses_sequence_parallel_size = sp.get<int64_t>();
+  if (out.ulysses_sequence_parallel_size > 1 && !out.use_remove_padding) {
+    return make_error(ErrorCode::invalid_argument,
+                      "ulysses_sequence_parallel_size = {} > 1 requires use_remove_padding = true (as verl's SFT trainer)",
+                      out.ulysses_sequence_parallel_size);
+  }
   if (out.micro_batch_size_per_gpu < 1) {
     return make_error(ErrorCode::invalid_argument, "data.micro_batch_size_per_gpu: {} must be >= 1",
                       out.micro_batch_size_per_gpu);
@@ -236,6 +248,8 @@ class SftWorker : public dispatch::WorkerBase {
     b.grad_clip = config_.grad_clip;
     b.frozen_units_in_param_dtype = base_in_param_dtype;
     TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
+    TESSERA_ASSIGN_OR_RETURN(ulysses_, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
+                                                     "ulysses_sequence_parallel_size"));
     return check_on_device(module_->engine(), device(), context().rank);
   }
 
@@ -258,7 +272,9 @@ class SftWorker : public dispatch::WorkerBase {
     const at::Tensor pos = b.position_ids.narrow(0, start, rows), loss_mask = b.loss_mask.narrow(0, start, rows);
     std::optional<ppo::PackedBatch> packed;  // padding-free: the head runs on each row's real tokens
     if (config_.use_remove_padding) {
-      TESSERA_ASSIGN_OR_RETURN(packed, ppo::pack_rows(ids, mask, pos, models::HeadRows{0, T - 1}));
+      // With sequence parallelism: this rank's slice of the packed row; its loss terms are its
+      // slice's, and the group's ranks together cover every token once.
+      TESSERA_ASSIGN_OR_RETURN(packed, ppo::pack_rows(ids, mask, pos, models::HeadRows{0, T - 1}, at::Tensor(), ulysses_));
     }
     TESSERA_ASSIGN_OR_RETURN(at::Tensor logits, packed ? module_->forward_packed(*packed, mode)
                                                        : module_->forward(ids, mask, pos, mode, models::HeadRows{0, T - 1}));
@@ -280,8 +296,18 @@ class SftWorker : public dispatch::WorkerBase {
     TESSERA_ASSIGN_OR_RETURN(SftBatch b, read_sft_batch(d, method));
     TESSERA_RETURN_IF_ERROR(
         algos::check_labels_in_vocab(method, "input_ids", b.input_ids, module_->model_config().vocab_size));
+    if (ulysses_) {  // Note [Ulysses sequence parallelism]: the group's rows
+      TESSERA_ASSIGN_OR_RETURN(auto selected, d.select(std::vector<std::string>{"input_ids", "attention_mask",
+                                                                                "position_ids", "loss_mask"},
+                                                       std::vector<std::string>{}));
+      TESSERA_ASSIGN_OR_RETURN(auto gathered, ulysses_->gather_rows(selected));
+      TESSERA_ASSIGN_OR_RETURN(b, read_sft_batch(gathered, method));
+    }
+    // Host boundary, deliberate: the batch's token count normalises the loss (one read per batch).
     const double local_tokens = b.loss_mask.narrow(1, 0, b.loss_mask.size(1) - 1).sum().item<double>();
-    TESSERA_ASSIGN_OR_RETURN(double global_tokens, world_sum(local_tokens));
+    TESSERA_ASSIGN_OR_RETURN(double world_tokens, world_sum(local_tokens));
+    // The ranks of a Ulysses group hold the same rows: count them once.
+    const double global_tokens = world_tokens / static_cast<double>(config_.ulysses_sequence_parallel_size);
     const int64_t rows = b.input_ids.size(0), micro = config_.micro_batch_size_per_gpu;
     Result<double> loss_sum = [&]() -> Result<double> {
       try {
@@ -329,6 +355,7 @@ class SftWorker : public dispatch::WorkerBase {
   SftWorkerConfig config_;
   std::shared_ptr<collective::Communicator> world_;
   std::shared_ptr<ppo::FsdpTrainableModule> module_;
+  std::shared_ptr<ppo::UlyssesGroup> ulysses_;  // null without sequence parallelism
   models::ModelConfig model_config_;
   CheckpointRotation rotation_;
 };

@@ -98,6 +98,25 @@ Result<std::shared_ptr<collective::Communicator>> world_communicator(const runti
   return *comm;
 }
 
+Result<std::shared_ptr<ppo::UlyssesGroup>> ulysses_group(const std::shared_ptr<collective::Communicator>& world,
+                                                         int64_t size, const models::ModelConfig& model,
+                                                         const std::string& key) {
+  TESSERA_RETURN_IF_ERROR(models::check_sequence_parallel(model, size, key));
+  if (size == 1) return std::shared_ptr<ppo::UlyssesGroup>();
+  if (world->size() % size != 0) {
+    return make_error(ErrorCode::invalid_argument, "{} = {} must divide the worker group's {} ranks", key, size,
+                      world->size());
+  }
+  const int sp = static_cast<int>(size);
+  TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::create(world, {"dp", "sp"}, {world->size() / sp, sp}));
+  TESSERA_ASSIGN_OR_RETURN(auto group, mesh.group("sp"));
+  if (world->rank() == 0) {
+    spdlog::info("{} = {}: {} Ulysses groups of {} ranks split each micro-batch's tokens", key, size,
+                 world->size() / sp, sp);
+  }
+  return ppo::UlyssesGroup::create(std::move(group));
+}
+
 // ---- Models ---------------------------------------------------------------------------------------
 
 namespace {

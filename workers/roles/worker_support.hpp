@@ -26,6 +26,7 @@
 #include "runtime/messages.hpp"
 #include "workers/fsdp/fsdp_module.hpp"
 #include "workers/ppo/fsdp_trainable.hpp"
+#include "workers/ppo/sequence_parallel.hpp"
 #include "workers/models/config.hpp"
 #include "workers/models/lora.hpp"
 #include "workers/models/model.hpp"
@@ -45,6 +46,14 @@ std::string default_comm_backend(const runtime::WorkerContext& context);
 /// Collective on first use: every rank of the group must call it.
 Result<std::shared_ptr<collective::Communicator>> world_communicator(const runtime::WorkerContext& context,
                                                                      const std::string& backend);
+
+/// This rank's Ulysses sequence-parallel group for `size` (verl's (dp, sp) device mesh over the
+/// world: groups of `size` consecutive ranks), or null for 1. Errors name `key`: a size that does
+/// not divide the world, or that the model's heads do not allow (models::check_sequence_parallel).
+/// Collective over `world` when size > 1.
+Result<std::shared_ptr<ppo::UlyssesGroup>> ulysses_group(const std::shared_ptr<collective::Communicator>& world,
+                                                         int64_t size, const models::ModelConfig& model,
+                                                         const std::string& key);
 
 // ---- Models ---------------------------------------------------------------------------------------
 

@@ -210,8 +210,8 @@ TEST(ActorConfigParse, ErrorsNameTheKey) {
                         {"actor.policy_loss.loss_mode", "nope"});
   expect_error_mentions(parse_actor_config({{"use_kl_loss", true}, {"kl_loss_type", "full"}}, "actor").status(),
                         {"actor.kl_loss_type", "full"});
-  expect_error_mentions(parse_actor_config({{"ulysses_sequence_parallel_size", 2}}, "actor").status(),
-                        {"actor.ulysses_sequence_parallel_size"});
+  expect_error_mentions(parse_actor_config({{"ulysses_sequence_parallel_size", 0}}, "actor").status(),
+                        {"actor.ulysses_sequence_parallel_size = 0"});
   expect_error_mentions(parse_actor_config({{"ppo_micro_batch_size", 8}, {"ppo_micro_batch_size_per_gpu", 2}}, "actor").status(),
                         {"actor.ppo_micro_batch_size", "only one"});
   expect_error_mentions(parse_actor_config(nlohmann::json::array(), "actor").status(), {"actor", "mapping"});

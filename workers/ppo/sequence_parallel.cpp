@@ -1,0 +1,198 @@
+// sequence_parallel.cpp: see sequence_parallel.hpp.
+//
+// Note [Ulysses sequence parallelism]
+// verl's ulysses_sequence_parallel_size = S splits the world of W ranks into W / S data-parallel
+// groups of S consecutive ranks (the (dp, sp) mesh). As verl v0.5.0 does it:
+// * Dispatch is unchanged (every rank gets its chunk of the batch); a pass first gathers the
+//   chunks of its group (gather_rows: verl's Ulysses sharding manager's preprocess_data), so the
+//   S ranks of a group hold the same rows, and at the end keeps its own rows of the outputs
+//   (local_rows: postprocess_data). Mini-batches are normalised by W / S, and a dynamic
+//   micro-batch's token budget is max_token_len x S, as verl's.
+// * Each micro-batch is packed without padding (use_remove_padding is required), its row of N
+//   tokens padded to a multiple of S and cut into S slices, one per rank (pack_rows). A rank runs
+//   the model on its slice; attention exchanges heads for tokens (Note [Ulysses attention] in
+//   decoder.cpp). The head runs on the rank's own head positions only; their outputs (log-probs,
+//   entropies, values) are placed on the rank's slice, all-gathered across the group
+//   (gather_per_token) and picked at the row's head positions, so every rank of the group ends
+//   with the whole micro-batch's outputs and computes the same loss.
+// * The gather's backward hands each rank its slice's gradient times S, and FSDP averages the
+//   gradients over all W ranks: the sum of a group's S partial gradients over W / S groups,
+//   which is the data-parallel average of verl without sequence parallelism, as verl's
+//   gather_outputs_and_unpad(grad_scaler=True) makes it.
+// FSDP shards over all W ranks as before; only activations are split. The rollout is unaffected.
+#include "workers/ppo/sequence_parallel.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/collective/exchange.hpp"
+
+namespace tessera::ppo {
+
+namespace {
+
+void throw_if_failed(const Status& st, const char* what) {
+  if (!st.ok()) throw std::runtime_error(std::string("Ulysses ") + what + ": " + st.to_string());
+}
+
+// [1, H, n, D] (this rank's tokens, every head) -> [1, H / S, S * n, D] (every token, my heads).
+at::Tensor tokens_to_heads(collective::Communicator& group, const at::Tensor& x) {
+  const int64_t size = group.size();
+  TORCH_CHECK(x.dim() == 4 && x.size(0) == 1 && x.size(1) % size == 0,
+              "Ulysses all-to-all: expected [1, heads, tokens, head_dim] with heads divisible by ", size, ", got ",
+              x.sizes());
+  const at::Tensor in = x.contiguous().squeeze(0);
+  const int64_t heads = in.size(0) / size, n = in.size(1), d = in.size(2);
+  at::Tensor landed = at::empty({size, heads, n, d}, in.options());
+  std::vector<at::Tensor> send, recv;
+  for (int64_t r = 0; r < size; ++r) {
+    send.push_back(in.narrow(0, r * heads, heads));  // contiguous: a range of the outer dimension
+    recv.push_back(landed[r]);
+  }
+  throw_if_failed(collective::all_to_all_v(group, send, recv), "all-to-all (tokens to heads)");
+  return landed.permute({1, 0, 2, 3}).reshape({1, heads, size * n, d});
+}
+
+// The inverse: [1, H / S, S * n, D] -> [1, H, n, D].
+at::Tensor heads_to_tokens(collective::Communicator& group, const at::Tensor& y) {
+  const int64_t size = group.size();
+  TORCH_CHECK(y.dim() == 4 && y.size(0) == 1 && y.size(2) % size == 0,
+              "Ulysses all-to-all: expected [1, heads, tokens, head_dim] with tokens divisible by ", size, ", got ",
+              y.sizes());
+  const at::Tensor in = y.squeeze(0);
+  const int64_t heads = in.size(0), n = in.size(1) / size, d = in.size(2);
+  at::Tensor out = at::empty({size * heads, n, d}, in.options());
+  std::vector<at::Tensor> send, recv;
+  for (int64_t r = 0; r < size; ++r) {
+    send.push_back(in.narrow(1, r * n, n).contiguous());
+    recv.push_back(out.narrow(0, r * heads, heads));
+  }
+  throw_if_failed(collective::all_to_all_v(group, send, recv), "all-to-all (heads to tokens)");
+  return out.unsqueeze(0);
+}
+
+// The group rides in the autograd context as an address: the UlyssesGroup is owned by the
+// actor, critic or reference that runs the forward and outlives every graph it builds.
+const UlyssesGroup& group_of(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<const UlyssesGroup*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+}
+
+struct GatherTokens : torch::autograd::Function<GatherTokens> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t group,
+                            collective::Communicator* comm) {
+    ctx->saved_data["group"] = group;
+    return tokens_to_heads(*comm, x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    return {group_of(ctx).scatter_tokens(grad[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ScatterTokens : torch::autograd::Function<ScatterTokens> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, int64_t group,
+                            collective::Communicator* comm) {
+    ctx->saved_data["group"] = group;
+    return heads_to_tokens(*comm, y);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    return {group_of(ctx).gather_tokens(grad[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct GatherPerToken : torch::autograd::Function<GatherPerToken> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            collective::Communicator* comm) {
+    const int64_t size = comm->size();
+    ctx->saved_data["rank"] = static_cast<int64_t>(comm->rank());
+    ctx->saved_data["size"] = size;
+    std::vector<int64_t> shape = x.sizes().vec();
+    const int64_t n = shape.empty() ? 1 : shape[0];
+    if (shape.empty()) shape.push_back(1);
+    shape[0] = size * n;
+    at::Tensor out = at::empty(shape, x.options());
+    throw_if_failed(comm->all_gather(x.contiguous(), out), "all-gather of the per-token outputs");
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const int64_t rank = ctx->saved_data["rank"].toInt(), size = ctx->saved_data["size"].toInt();
+    const int64_t n = grad[0].size(0) / size;
+    return {grad[0].narrow(0, rank * n, n) * static_cast<double>(size), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Status check_sequence_parallel_group(const std::string& role, int64_t size, bool use_remove_padding,
+                                     const UlyssesGroup* group) {
+  const int64_t have = group ? group->size() : 1;
+  if (size != have) {
+    return make_error(ErrorCode::invalid_argument, "{}.ulysses_sequence_parallel_size = {}, but the {} runs in a "
+                      "sequence-parallel group of {}", role, size, role, have);
+  }
+  if (size > 1 && !use_remove_padding) {
+    return make_error(ErrorCode::invalid_argument,
+                      "{}.ulysses_sequence_parallel_size = {} > 1 requires use_remove_padding = true", role, size);
+  }
+  return Status();
+}
+
+Result<std::shared_ptr<UlyssesGroup>> UlyssesGroup::create(std::shared_ptr<collective::Communicator> group) {
+  if (!group) return make_error(ErrorCode::invalid_argument, "UlyssesGroup: null communicator");
+  return std::shared_ptr<UlyssesGroup>(new UlyssesGroup(std::move(group)));
+}
+
+at::Tensor UlyssesGroup::gather_tokens(const at::Tensor& x) const {
+  return GatherTokens::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(this)), group_.get());
+}
+
+at::Tensor UlyssesGroup::scatter_tokens(const at::Tensor& x) const {
+  return ScatterTokens::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(this)), group_.get());
+}
+
+at::Tensor UlyssesGroup::gather_per_token(const at::Tensor& x) const { return GatherPerToken::apply(x, group_.get()); }
+
+at::Tensor UlyssesGroup::local_rows(const at::Tensor& gathered) const {
+  const int64_t rows = gathered.size(0) / size();
+  return gathered.narrow(0, rank() * rows, rows);
+}
+
+Result<proto::DataProto> UlyssesGroup::gather_rows(const proto::DataProto& data) const {
+  const std::vector<std::string> keys = data.batch().keys();
+  if (keys.empty()) return make_error(ErrorCode::invalid_argument, "Ulysses: the batch has no tensors to gather");
+  const at::Tensor first = *data.batch().find(keys.front());
+  // The ranks must agree on the rows and the tensors before any tensor moves: a count of each.
+  at::Tensor shape = at::tensor({data.size(), static_cast<int64_t>(keys.size())}, at::kLong).to(first.device());
+  at::Tensor shapes = at::empty({size() * 2}, shape.options());
+  TESSERA_RETURN_IF_ERROR(group_->all_gather(shape, shapes).with_context("Ulysses: gathering the group's row counts"));
+  // Host boundary: the row counts size the gathered tensors; one small read per pass.
+  const at::Tensor host = shapes.to(at::kCPU);
+  const int64_t* v = host.data_ptr<int64_t>();
+  for (int64_t r = 0; r < size(); ++r) {
+    if (v[2 * r] != data.size() || v[2 * r + 1] != static_cast<int64_t>(keys.size())) {
+      return make_error(ErrorCode::invalid_argument,
+                        "Ulysses: sequence-parallel rank {} holds {} rows and {} tensors, this rank (sp rank {}) {} and "
+                        "{}; the ranks of a group must receive equal chunks",
+                        r, v[2 * r], v[2 * r + 1], rank(), data.size(), keys.size());
+    }
+  }
+  proto::TensorDict out;
+  for (const std::string& key : keys) {
+    const at::Tensor t = data.batch().find(key)->contiguous();
+    // NCCL has no bool: bool tensors travel as bytes.
+    const at::Tensor wire = t.scalar_type() == at::kBool ? t.view(at::kByte) : t;
+    std::vector<int64_t> full = wire.sizes().vec();
+    full[0] *= size();
+    at::Tensor gathered = at::empty(full, wire.options());
+    TESSERA_RETURN_IF_ERROR(group_->all_gather(wire, gathered).with_context("Ulysses: gathering '" + key + "'"));
+    out.insert_or_assign(key, t.scalar_type() == at::kBool ? gathered.view(at::kBool) : gathered);
+  }
+  return proto::DataProto::from_dict(std::move(out), {}, data.meta_info());
+}
+
+}  // namespace tessera::ppo
