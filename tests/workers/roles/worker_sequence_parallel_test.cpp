@@ -8,6 +8,9 @@
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/roles/critic_worker.hpp"
 #include "workers/roles/reward_model_worker.hpp"
+#include "workers/models/model_io.hpp"
+#include "workers/ppo/dp_actor.hpp"
+#include "workers/ppo/sequence_parallel.hpp"
 
 namespace tessera::workers {
 namespace {
@@ -218,6 +221,62 @@ TEST(UlyssesWorkers, RewardModelScoresEqualThePaddedScores) {
     EXPECT_GT(want.abs().max().item<double>(), 0.0);
     EXPECT_LT(max_diff(scores(1, true, 1, dynamic), want), 1e-5);
     EXPECT_LT(max_diff(scores(2, true, 2, dynamic), want), 1e-5);
+  }
+}
+
+// On a GPU the packed bf16 forward is one varlen flash-attention call (Note [Packed sequences]):
+// split over a group of 2 (two threads sharing the device, in-process exchanges of device
+// tensors), with the padding segment among its offsets, it gives the unsplit log-probs and, summed
+// over the group, its gradients, to bf16 precision. Skipped without a GPU.
+TEST(OnDevice, UlyssesSplitFlashForwardEqualsTheUnsplitOneInBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const c10::Device cuda(c10::kCUDA, 0);
+  const proto::DataProto batch = make_rollout({3, 5, 2, 4, 5}, {4, 2, 6, 3, 6}, 5, 6, 23, kVocab);  // 45 tokens
+  struct Pass {
+    at::Tensor log_probs;
+    std::vector<at::Tensor> grads;
+  };
+  auto pass = [&](std::shared_ptr<const ppo::UlyssesGroup> group) {
+    models::LoadOptions o;
+    o.dtype = at::kBFloat16;
+    o.device = cuda;
+    auto model = models::load_causal_lm(tiny_model_dir(), o);
+    EXPECT_TRUE(model.ok()) << model.status().to_string();
+    auto module = ppo::LocalTrainableModule::create(*model, ppo::LocalOptimizerOptions{});
+    EXPECT_TRUE(module.ok());
+    proto::DataProto d = batch;
+    EXPECT_TRUE(d.to(cuda).ok());
+    auto seq = ppo::read_sequence_batch(d);
+    EXPECT_TRUE(seq.ok());
+    auto head = ppo::response_head(**module, *seq, ppo::ForwardMode::train, true, at::Tensor(), group);
+    EXPECT_TRUE(head.ok()) << head.status().to_string();
+    auto lp = ppo::response_log_probs(*head, seq->responses, 1.0, false);
+    EXPECT_TRUE(lp.ok()) << lp.status().to_string();
+    const at::Tensor mask = d.tensor("response_mask")->to(at::kFloat);
+    (lp->log_probs * mask).sum().backward();
+    Pass p{(lp->log_probs.detach() * mask).cpu(), {}};
+    for (const auto& param : (*model)->parameters()) p.grads.push_back(param.grad().to(at::kFloat).cpu());
+    return p;
+  };
+  const Pass want = pass(nullptr);
+  std::vector<Pass> got(2);
+  const uint16_t port = next_port();
+  run_ranks(2, [&](int r) {
+    collective::CommunicatorOptions o;
+    o.backend = "inproc";
+    o.rank = r;
+    o.world_size = 2;
+    o.inproc_key = "ulysses-cuda-" + std::to_string(port);
+    auto comm = collective::make_communicator(o);
+    ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+    auto group = ppo::UlyssesGroup::create(*comm);
+    ASSERT_TRUE(group.ok());
+    got[r] = pass(*group);
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_LT(max_diff(got[r].log_probs, want.log_probs), 2e-2) << "rank " << r;
+  for (size_t i = 0; i < want.grads.size(); ++i) {
+    const double scale = std::max(1e-3, want.grads[i].abs().max().item<double>());
+    EXPECT_LT(max_diff((got[0].grads[i] + got[1].grads[i]) / 2, want.grads[i]), 5e-2 * scale) << "parameter " << i;
   }
 }
 
