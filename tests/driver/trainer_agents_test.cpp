@@ -118,6 +118,24 @@ TEST(TrainerAgents, GrpoOnTwoLocalAgentsMatchesEmbedded) {
   ASSERT_EQ(want_lora.size(), 3u);
   EXPECT_TRUE(want_lora[1].second.count("actor/kl_loss"));
   testing::expect_same_history(want_lora, split_lora->history());
+
+  // Ulysses sequence parallelism across the agents (Note [Ulysses sequence parallelism]): one group
+  // of the two processes splits every packed micro-batch's tokens, its all-to-alls and gathers
+  // over Gloo between the processes; the same run as 2 data-parallel ranks embedded.
+  std::vector<std::string> data_parallel = base, ulysses = base;
+  for (auto* run : {&data_parallel, &ulysses}) {
+    run->push_back("actor_rollout_ref.model.use_remove_padding=true");
+    run->push_back("actor_rollout_ref.actor.use_kl_loss=true");
+  }
+  data_parallel.push_back("trainer.default_local_dir=" + (dir.path() / "run_dp").string());
+  ulysses.push_back("trainer.default_local_dir=" + (dir.path() / "run_ulysses").string());
+  ulysses.push_back("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2");
+  ulysses.push_back("trainer.nnodes=2");
+  ulysses.push_back("trainer.n_gpus_per_node=1");
+  for (const std::string& o : cluster.overrides()) ulysses.push_back(o);
+  auto want_ulysses = fit(data_parallel);
+  ASSERT_EQ(want_ulysses.size(), 3u);
+  testing::expect_same_history(want_ulysses, fit(ulysses));
 }
 
 }  // namespace
