@@ -245,7 +245,10 @@ Result<LogProbOutput> DataParallelPPOActor::compute_log_prob_impl(const proto::D
   MicroBatches micro;
   if (use_dynamic_bsz) {
     TESSERA_ASSIGN_OR_RETURN(int64_t max_token_len, meta_positive_int(data.meta_info(), "max_token_len"));
-    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len * sp, "meta_info.max_token_len", sync_));
+    TESSERA_ASSIGN_OR_RETURN(micro, rearrange_micro_batches(selected, max_token_len * sp,
+                                                            sp > 1 ? "meta_info.max_token_len x the Ulysses group size"
+                                                                   : "meta_info.max_token_len",
+                                                            sync_));
   } else {
     TESSERA_ASSIGN_OR_RETURN(int64_t mbs, meta_positive_int(data.meta_info(), "micro_batch_size"));
     TESSERA_ASSIGN_OR_RETURN(micro, split_micro_batches(selected, mbs, "meta_info.micro_batch_size"));

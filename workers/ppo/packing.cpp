@@ -70,8 +70,10 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
   if (device.is_cuda()) {  // the varlen attention's cumulative lengths, once for every layer
     segments->device_starts = proto::upload(std::vector<int32_t>(segments->starts.begin(), segments->starts.end()), device);
   }
-  const int64_t real = std::max<int64_t>(std::min(first_token + tokens, N) - first_token, 0);
-  const at::Tensor flat_index = to_device(std::vector<int64_t>(flat.begin() + first_token, flat.begin() + first_token + real));
+  // The slice's real tokens [begin, begin + real); the rest of it (to `tokens`) is padding. The last
+  // ranks' slices may lie wholly past the N real tokens.
+  const int64_t begin = std::min(first_token, N), real = std::min(first_token + tokens, N) - begin;
+  const at::Tensor flat_index = to_device(std::vector<int64_t>(flat.begin() + begin, flat.begin() + begin + real));
   p.input_ids = input_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
   p.position_ids = position_ids.reshape({-1}).index_select(0, flat_index).unsqueeze(0);
   if (real < tokens) {  // this slice ends in the padding: token 0 at positions 0, 1, ... (verl's ulysses_pad)

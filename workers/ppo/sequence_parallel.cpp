@@ -25,7 +25,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "runtime/collective/exchange.hpp"
@@ -74,35 +76,41 @@ at::Tensor heads_to_tokens(collective::Communicator& group, const at::Tensor& y)
   return out.unsqueeze(0);
 }
 
-// The group rides in the autograd context as an address: the UlyssesGroup is owned by the
-// actor, critic or reference that runs the forward and outlives every graph it builds.
-const UlyssesGroup& group_of(torch::autograd::AutogradContext* ctx) {
-  return *reinterpret_cast<const UlyssesGroup*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+// The communicator rides in the autograd context as an address: it is owned by the UlyssesGroup,
+// which the actor, critic, reference, reward model or SFT worker running the forward owns (and
+// every PackedBatch of the graph holds), so it outlives every graph built with it.
+int64_t address_of(collective::Communicator* comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(comm)); }
+collective::Communicator* comm_of(torch::autograd::AutogradContext* ctx) {
+  return reinterpret_cast<collective::Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
 }
 
+struct ScatterTokens;
+
 struct GatherTokens : torch::autograd::Function<GatherTokens> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t group,
-                            collective::Communicator* comm) {
-    ctx->saved_data["group"] = group;
-    return tokens_to_heads(*comm, x);
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return tokens_to_heads(*comm_of(ctx), x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad) {
-    return {group_of(ctx).scatter_tokens(grad[0]), at::Tensor(), at::Tensor()};
-  }
+                                                 torch::autograd::variable_list grad);
 };
 
 struct ScatterTokens : torch::autograd::Function<ScatterTokens> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, int64_t group,
-                            collective::Communicator* comm) {
-    ctx->saved_data["group"] = group;
-    return heads_to_tokens(*comm, y);
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return heads_to_tokens(*comm_of(ctx), y);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    return {group_of(ctx).gather_tokens(grad[0]), at::Tensor(), at::Tensor()};
+    return {GatherTokens::apply(grad[0], address_of(comm_of(ctx))), at::Tensor()};
   }
 };
+
+// Each exchange's backward is the other exchange (they are each other's adjoint).
+torch::autograd::variable_list GatherTokens::backward(torch::autograd::AutogradContext* ctx,
+                                                      torch::autograd::variable_list grad) {
+  return {ScatterTokens::apply(grad[0], address_of(comm_of(ctx))), at::Tensor()};
+}
 
 struct GatherPerToken : torch::autograd::Function<GatherPerToken> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
@@ -147,13 +155,9 @@ Result<std::shared_ptr<UlyssesGroup>> UlyssesGroup::create(std::shared_ptr<colle
   return std::shared_ptr<UlyssesGroup>(new UlyssesGroup(std::move(group)));
 }
 
-at::Tensor UlyssesGroup::gather_tokens(const at::Tensor& x) const {
-  return GatherTokens::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(this)), group_.get());
-}
+at::Tensor UlyssesGroup::gather_tokens(const at::Tensor& x) const { return GatherTokens::apply(x, address_of(group_.get())); }
 
-at::Tensor UlyssesGroup::scatter_tokens(const at::Tensor& x) const {
-  return ScatterTokens::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(this)), group_.get());
-}
+at::Tensor UlyssesGroup::scatter_tokens(const at::Tensor& x) const { return ScatterTokens::apply(x, address_of(group_.get())); }
 
 at::Tensor UlyssesGroup::gather_per_token(const at::Tensor& x) const { return GatherPerToken::apply(x, group_.get()); }
 
@@ -162,23 +166,56 @@ at::Tensor UlyssesGroup::local_rows(const at::Tensor& gathered) const {
   return gathered.narrow(0, rank() * rows, rows);
 }
 
+namespace {
+
+// Every rank's `values` (the same count on each), as one host array [size() x n]. Host boundary:
+// the descriptors size and check the gathers that follow; two small reads per pass.
+Result<std::vector<int64_t>> gather_descriptor(collective::Communicator& group, const std::vector<int64_t>& values,
+                                               const c10::Device& device, const char* what) {
+  const at::Tensor mine = at::tensor(values, at::kLong).to(device);
+  at::Tensor all = at::empty({group.size() * static_cast<int64_t>(values.size())}, mine.options());
+  TESSERA_RETURN_IF_ERROR(group.all_gather(mine, all).with_context(std::string("Ulysses: gathering ") + what));
+  const at::Tensor host = all.to(at::kCPU);
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
+}  // namespace
+
 Result<proto::DataProto> UlyssesGroup::gather_rows(const proto::DataProto& data) const {
   const std::vector<std::string> keys = data.batch().keys();
   if (keys.empty()) return make_error(ErrorCode::invalid_argument, "Ulysses: the batch has no tensors to gather");
-  const at::Tensor first = *data.batch().find(keys.front());
-  // The ranks must agree on the rows and the tensors before any tensor moves: a count of each.
-  at::Tensor shape = at::tensor({data.size(), static_cast<int64_t>(keys.size())}, at::kLong).to(first.device());
-  at::Tensor shapes = at::empty({size() * 2}, shape.options());
-  TESSERA_RETURN_IF_ERROR(group_->all_gather(shape, shapes).with_context("Ulysses: gathering the group's row counts"));
-  // Host boundary: the row counts size the gathered tensors; one small read per pass.
-  const at::Tensor host = shapes.to(at::kCPU);
-  const int64_t* v = host.data_ptr<int64_t>();
+  const c10::Device device = data.batch().find(keys.front())->device();
+  // The ranks must agree on every tensor before any tensor moves (a mismatch would be a hang or
+  // a garbled exchange, not an error): first the row and tensor counts, then per tensor its name,
+  // dtype and elements per row.
+  const auto n = static_cast<int64_t>(keys.size());
+  TESSERA_ASSIGN_OR_RETURN(auto counts, gather_descriptor(*group_, {data.size(), n}, device, "the row counts"));
   for (int64_t r = 0; r < size(); ++r) {
-    if (v[2 * r] != data.size() || v[2 * r + 1] != static_cast<int64_t>(keys.size())) {
+    if (counts[2 * r] != data.size() || counts[2 * r + 1] != n) {
       return make_error(ErrorCode::invalid_argument,
                         "Ulysses: sequence-parallel rank {} holds {} rows and {} tensors, this rank (sp rank {}) {} and "
                         "{}; the ranks of a group must receive equal chunks",
-                        r, v[2 * r], v[2 * r + 1], rank(), data.size(), keys.size());
+                        r, counts[2 * r], counts[2 * r + 1], rank(), data.size(), n);
+    }
+  }
+  std::vector<int64_t> mine;
+  for (const std::string& key : keys) {
+    const at::Tensor& t = *data.batch().find(key);
+    mine.push_back(static_cast<int64_t>(std::hash<std::string>{}(key) >> 1));
+    mine.push_back(static_cast<int64_t>(t.scalar_type()));
+    mine.push_back(data.size() > 0 ? t.numel() / data.size() : 0);
+  }
+  TESSERA_ASSIGN_OR_RETURN(auto all, gather_descriptor(*group_, mine, device, "the tensor shapes"));
+  for (int64_t r = 0; r < size(); ++r) {
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t* theirs = all.data() + (r * n + k) * 3;
+      if (theirs[0] != mine[3 * k] || theirs[1] != mine[3 * k + 1] || theirs[2] != mine[3 * k + 2]) {
+        return make_error(ErrorCode::invalid_argument,
+                          "Ulysses: sequence-parallel rank {} holds another tensor than this rank's '{}' {} (sp rank "
+                          "{}) at position {}; the ranks of a group must receive equal chunks",
+                          r, keys[static_cast<size_t>(k)], c10::str(data.batch().find(keys[static_cast<size_t>(k)])->sizes()),
+                          rank(), k);
+      }
     }
   }
   proto::TensorDict out;

@@ -124,9 +124,10 @@ Result<ActorRolloutRefConfig> parse_actor_rollout_ref_config(const json& init, i
                       "{}.rollout.tensor_model_parallel_size={} does not divide the rollout world size {}", kPath,
                       c.rollout.tensor_model_parallel_size, dp);
   }
-  // verl's worker takes its sequence-parallel size from the actor block, whatever its role.
+  // verl's worker takes its sequence-parallel size from the actor block, whatever its role; a
+  // split-placement rollout (neither actor nor reference) runs no sequence-parallel pass.
   c.ulysses_sequence_parallel_size = 1;
-  if (actor.is_object() && actor.contains("ulysses_sequence_parallel_size")) {
+  if ((c.is_actor || c.is_ref) && actor.is_object() && actor.contains("ulysses_sequence_parallel_size")) {
     const json& sp = actor["ulysses_sequence_parallel_size"];
     if (!sp.is_number_integer() || sp.get<int64_t>() < 1) {
       return make_error(ErrorCode::invalid_argument, "{}.actor.ulysses_sequence_parallel_size = {} must be an integer "

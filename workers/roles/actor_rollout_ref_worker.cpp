@@ -83,9 +83,12 @@ Status ActorRolloutRefWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(models::ModelConfig file_config, models::load_model_config(config_.model.path));
   TESSERA_ASSIGN_OR_RETURN(tokens_, generation_tokens(config_.model.path, file_config));
   const bool split_rollout = config_.is_rollout && !config_.is_actor && config_.rollout.placement == "split";
-  if (config_.is_actor || config_.is_ref) {  // Note [Ulysses sequence parallelism]
+  // Note [Ulysses sequence parallelism]: the actor's groups, which a reference of the same size shares.
+  if (config_.is_actor || (config_.is_ref && config_.ref.ulysses_sequence_parallel_size > 1)) {
     TESSERA_ASSIGN_OR_RETURN(ulysses_, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
-                                                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size"));
+                                                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                                                     config_.model.use_remove_padding,
+                                                     "actor_rollout_ref.model.use_remove_padding"));
   }
   if (split_rollout) {
     TESSERA_RETURN_IF_ERROR(build_split_rollout());

@@ -86,7 +86,8 @@ Status CriticWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
   // Note [Ulysses sequence parallelism]
   TESSERA_ASSIGN_OR_RETURN(auto ulysses, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
-                                                       "critic.ulysses_sequence_parallel_size"));
+                                                       "critic.ulysses_sequence_parallel_size",
+                                                       config_.use_remove_padding, "critic.model.use_remove_padding"));
   TESSERA_ASSIGN_OR_RETURN(critic_, ppo::DataParallelPPOCritic::create(config_, module_, ppo::make_dp_count_sync(world_),
                                                                        std::move(ulysses)));
   return check_on_device(module_->engine(), device(), context().rank);

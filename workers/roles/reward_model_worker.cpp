@@ -231,7 +231,8 @@ Status RewardModelWorker::init_model() {
   b.fused_layers = config_.model.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
   TESSERA_ASSIGN_OR_RETURN(ulysses_, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model->config(),
-                                                   "reward_model.ulysses_sequence_parallel_size"));
+                                                   "reward_model.ulysses_sequence_parallel_size",
+                                                   config_.model.use_remove_padding, "reward_model.model.use_remove_padding"));
   return check_on_device(module_->engine(), device(), context().rank);
 }
 

@@ -249,7 +249,8 @@ class SftWorker : public dispatch::WorkerBase {
     b.frozen_units_in_param_dtype = base_in_param_dtype;
     TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
     TESSERA_ASSIGN_OR_RETURN(ulysses_, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
-                                                     "ulysses_sequence_parallel_size"));
+                                                     "ulysses_sequence_parallel_size", config_.use_remove_padding,
+                                                     "use_remove_padding"));
     return check_on_device(module_->engine(), device(), context().rank);
   }
 

@@ -100,16 +100,23 @@ Result<std::shared_ptr<collective::Communicator>> world_communicator(const runti
 
 Result<std::shared_ptr<ppo::UlyssesGroup>> ulysses_group(const std::shared_ptr<collective::Communicator>& world,
                                                          int64_t size, const models::ModelConfig& model,
-                                                         const std::string& key) {
+                                                         const std::string& key, bool use_remove_padding,
+                                                         const std::string& padding_key) {
   TESSERA_RETURN_IF_ERROR(models::check_sequence_parallel(model, size, key));
   if (size == 1) return std::shared_ptr<ppo::UlyssesGroup>();
+  if (!use_remove_padding) {
+    return make_error(ErrorCode::invalid_argument, "{} = {} > 1 requires {} = true", key, size, padding_key);
+  }
   if (world->size() % size != 0) {
     return make_error(ErrorCode::invalid_argument, "{} = {} must divide the worker group's {} ranks", key, size,
                       world->size());
   }
-  const int sp = static_cast<int>(size);
-  TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::create(world, {"dp", "sp"}, {world->size() / sp, sp}));
-  TESSERA_ASSIGN_OR_RETURN(auto group, mesh.group("sp"));
+  // verl's (dp, sp) mesh: groups of `size` consecutive ranks. Only the "sp" groups are built (the
+  // dp dimension needs no communicator of its own); every rank creates its group in the same order.
+  const int sp = static_cast<int>(size), first = world->rank() / sp * sp;
+  std::vector<int> members;
+  for (int r = first; r < first + sp; ++r) members.push_back(r);
+  TESSERA_ASSIGN_OR_RETURN(auto group, world->new_subgroup(members, "sp"));
   if (world->rank() == 0) {
     spdlog::info("{} = {}: {} Ulysses groups of {} ranks split each micro-batch's tokens", key, size,
                  world->size() / sp, sp);

@@ -49,11 +49,12 @@ Result<std::shared_ptr<collective::Communicator>> world_communicator(const runti
 
 /// This rank's Ulysses sequence-parallel group for `size` (verl's (dp, sp) device mesh over the
 /// world: groups of `size` consecutive ranks), or null for 1. Errors name `key`: a size that does
-/// not divide the world, or that the model's heads do not allow (models::check_sequence_parallel).
-/// Collective over `world` when size > 1.
+/// not divide the world, that the model's heads do not allow (models::check_sequence_parallel), or
+/// above 1 without padding-free micro-batches (`padding_key`). Collective over `world` when size > 1.
 Result<std::shared_ptr<ppo::UlyssesGroup>> ulysses_group(const std::shared_ptr<collective::Communicator>& world,
                                                          int64_t size, const models::ModelConfig& model,
-                                                         const std::string& key);
+                                                         const std::string& key, bool use_remove_padding,
+                                                         const std::string& padding_key);
 
 // ---- Models ---------------------------------------------------------------------------------------
 

@@ -107,6 +107,8 @@ void expect_split_equals_unsplit(const models::ModelConfig& config, int size,
 TEST(Ulysses, SplitForwardAndBackwardEqualTheUnsplitOnes) {
   SCOPED_TRACE("qwen2, 4 query heads over 2 KV heads, groups of 2");
   expect_split_equals_unsplit(tiny_config(), 2);
+  SCOPED_TRACE("qwen2, 4 KV heads, groups of 2: two KV heads a rank");
+  expect_split_equals_unsplit(models::testing::tiny_config("qwen2", 4, false, kVocab), 2);
 }
 
 TEST(Ulysses, KeyValueHeadsFewerThanTheGroupAreRepeated) {
@@ -128,6 +130,8 @@ TEST(Ulysses, RanksWhoseSliceHoldsNoResponseTokenAndAPaddedRow) {
   // third rank's slice holds the position that predicts the response token.
   expect_split_equals_unsplit(tiny_config(), 4, make_batch({6}, {1}, kP, kR, 43));
   expect_split_equals_unsplit(tiny_config(), 2, make_batch({5, 1}, {2, 5}, kP, kR, 47));
+  // 5 tokens in groups of 4: slices of 2, the last rank's wholly padding.
+  expect_split_equals_unsplit(tiny_config(), 4, make_batch({2}, {3}, kP, kR, 53));
 }
 
 ActorConfig packed_actor(int64_t sp, bool dynamic) {
@@ -211,7 +215,7 @@ TEST(Ulysses, MisconfigurationsAreOneLineErrorsNamingTheKey) {
       << no_group.status().message();
 
   const std::string key = next_key();
-  std::vector<Status> padded(2), rows(2);
+  std::vector<Status> padded(2), rows(2), widths(2);
   run_ranks(2, [&](int r) {
     auto group = ulysses(r, 2, key);
     ActorConfig c = packed_actor(2, false);
@@ -221,11 +225,17 @@ TEST(Ulysses, MisconfigurationsAreOneLineErrorsNamingTheKey) {
     auto data = make_batch(r == 0 ? std::vector<int64_t>{2, 3, 4} : std::vector<int64_t>{2, 3},
                            r == 0 ? std::vector<int64_t>{1, 2, 3} : std::vector<int64_t>{1, 2}, kP, kR, 3);
     rows[r] = group->gather_rows(data).status();
+    // Equal rows and tensor counts, another width on one rank.
+    auto wide = make_batch({2, 3}, {1, 2}, r == 0 ? kP : kP + 1, kR, 3);
+    widths[r] = group->gather_rows(wide).status();
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(padded[r].message().find("requires use_remove_padding"), std::string::npos) << padded[r].message();
     ASSERT_FALSE(rows[r].ok());
     EXPECT_NE(rows[r].message().find("must receive equal chunks"), std::string::npos) << rows[r].message();
+    ASSERT_FALSE(widths[r].ok());
+    EXPECT_NE(widths[r].message().find("holds another tensor than this rank's 'input_ids'"), std::string::npos)
+        << widths[r].message();
   }
 }
 

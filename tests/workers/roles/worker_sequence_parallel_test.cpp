@@ -306,12 +306,32 @@ TEST(UlyssesWorkers, MisconfigurationsAreRefusedAtInitNamingTheKey) {
   c = sp_config(2);
   c["model"]["use_remove_padding"] = false;
   m = init_error(2, c);
-  EXPECT_NE(m.find("requires use_remove_padding"), std::string::npos) << m;
+  EXPECT_NE(m.find("actor_rollout_ref.actor.ulysses_sequence_parallel_size = 2 > 1 requires "
+                   "actor_rollout_ref.model.use_remove_padding = true"), std::string::npos) << m;
   // The reference runs in the actor's groups or alone.
   c = sp_config(2);
   c["ref"]["ulysses_sequence_parallel_size"] = 4;
   m = init_error(4, c, "actor_rollout_ref");
   EXPECT_NE(m.find("actor_rollout_ref.ref.ulysses_sequence_parallel_size = 4 must be 1 or"), std::string::npos) << m;
+  // A split-placement rollout group runs no sequence-parallel pass: the actor's groups of 4 do not
+  // have to divide its 2 ranks.
+  c = sp_config(4);
+  c["rollout"]["engine_kwargs"] = {{"tessera", {{"placement", "split"}}}};
+  auto rollout = parse_actor_rollout_ref_config(json{{"role", "rollout"}, {"config", c}}, 2);
+  ASSERT_TRUE(rollout.ok()) << rollout.status().to_string();
+  EXPECT_EQ(rollout->ulysses_sequence_parallel_size, 1);
+  // The critic names its own keys.
+  json critic = critic_sp_config(2);
+  critic["model"]["use_remove_padding"] = false;
+  std::vector<std::string> critic_errors(2);
+  const uint16_t port = next_port();
+  run_ranks(2, [&](int r) {
+    auto w = CriticWorker::create(context(r, 2, port), json{{"config", critic}, {"comm_backend", "inproc"}});
+    ASSERT_TRUE(w.ok());
+    critic_errors[r] = (*w)->init_model().message();
+  });
+  EXPECT_NE(critic_errors[0].find("critic.ulysses_sequence_parallel_size = 2 > 1 requires "
+                                  "critic.model.use_remove_padding = true"), std::string::npos) << critic_errors[0];
   // The reward model's groups split padding-free micro-batches only.
   auto rm = RewardModelWorker::create(context(0, 2, next_port()),
                                       json{{"config", {{"model", {{"path", tiny_model_dir()}}},
