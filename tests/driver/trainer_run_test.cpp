@@ -188,6 +188,21 @@ TEST(TrainerRun, LoraGrpoTakesTheReferenceFromTheActor) {
   EXPECT_TRUE(std::filesystem::exists(dir.path() / "run" / "global_step_2" / "actor" / "lora_adapter" / "adapter_model.safetensors"));
 }
 
+// Two PPO runs (GAE, KL loss) that must train alike: every step's scores, losses and values, up to
+// float rounding.
+void expect_same_ppo_steps(const std::vector<std::pair<int64_t, Metrics>>& a,
+                           const std::vector<std::pair<int64_t, Metrics>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 1; i < a.size(); ++i) {
+    for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
+                          "actor/ppo_kl", "critic/vf_loss", "critic/values/mean", "actor/grad_norm"}) {
+      ASSERT_TRUE(a[i].second.count(k) && b[i].second.count(k)) << k;
+      const double want = a[i].second.at(k), got = b[i].second.at(k);
+      EXPECT_NEAR(got, want, 1e-4 * std::max(1.0, std::abs(want))) << k << " at step " << a[i].first;
+    }
+  }
+}
+
 // use_remove_padding end to end (actor, reference and critic forwards packed without padding):
 // the same run as the padded one, step for step, up to float rounding.
 TEST(TrainerRun, PaddingFreeRunMatchesThePaddedRun) {
@@ -203,15 +218,7 @@ TEST(TrainerRun, PaddingFreeRunMatchesThePaddedRun) {
     ASSERT_NE(t, nullptr);
     runs.push_back(t->history());
   }
-  ASSERT_EQ(runs[0].size(), runs[1].size());
-  for (size_t i = 1; i < runs[0].size(); ++i) {
-    for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
-                          "actor/ppo_kl", "critic/vf_loss", "critic/values/mean", "actor/grad_norm"}) {
-      ASSERT_TRUE(runs[0][i].second.count(k) && runs[1][i].second.count(k)) << k;
-      const double a = runs[0][i].second.at(k), b = runs[1][i].second.at(k);
-      EXPECT_NEAR(b, a, 1e-4 * std::max(1.0, std::abs(a))) << k << " at step " << runs[0][i].first;
-    }
-  }
+  expect_same_ppo_steps(runs[0], runs[1]);
 }
 
 // Ulysses sequence parallelism end to end: 2 ranks in one group of 2 (actor, reference and critic
@@ -234,15 +241,7 @@ TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) {
     ASSERT_NE(t, nullptr);
     runs.push_back(t->history());
   }
-  ASSERT_EQ(runs[0].size(), runs[1].size());
-  for (size_t i = 1; i < runs[0].size(); ++i) {
-    for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
-                          "actor/ppo_kl", "critic/vf_loss", "critic/values/mean", "actor/grad_norm"}) {
-      ASSERT_TRUE(runs[0][i].second.count(k) && runs[1][i].second.count(k)) << k;
-      const double a = runs[0][i].second.at(k), b = runs[1][i].second.at(k);
-      EXPECT_NEAR(b, a, 1e-4 * std::max(1.0, std::abs(a))) << k << " at step " << runs[0][i].first;
-    }
-  }
+  expect_same_ppo_steps(runs[0], runs[1]);
 }
 
 TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {
