@@ -1,6 +1,7 @@
 // fsdp_module.cpp: wrapping, gather / reduce / release, forward and backward.
 // The design is Note [FSDP engine] in fsdp_module.hpp.
 #include "workers/fsdp/fsdp_module.hpp"
+#include "workers/fsdp/internal/activation_stash.hpp"
 
 #include <algorithm>
 #include <iterator>
@@ -93,6 +94,7 @@ Result<std::unique_ptr<FsdpModule>> FsdpModule::wrap(std::shared_ptr<torch::nn::
   m->module_ = std::move(module);
   TESSERA_ASSIGN_OR_RETURN(m->device_, module_device(*m->module_));
   m->options_ = options;
+  if (options.offload_activations) m->activations_ = std::make_shared<internal::ActivationStash>();
   m->optim_ = optim;
   m->scheduler_ = LrScheduler(optim.adamw.lr, optim.schedule);
   auto fsdp = *m->mesh_.group("fsdp");
@@ -408,6 +410,7 @@ Status FsdpModule::begin_forward(ForwardMode mode) {
   mode_ = mode;
   recompute_fns_.clear();
   forward_order_.clear();
+  if (activations_) activations_->clear();
   try {
     for (size_t u = 0; u < units_.size(); ++u) {
       if (units_[u]->recompute && recompute_in_backward()) continue;  // run_unit gathers it
@@ -429,6 +432,7 @@ Status FsdpModule::end_forward() {
   }
   recompute_fns_.clear();
   forward_order_.clear();
+  if (activations_) activations_->clear();
   in_forward_ = false;
   return Status();
 }

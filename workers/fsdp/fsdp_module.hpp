@@ -98,6 +98,10 @@
 #include "workers/fsdp/optim.hpp"
 #include "workers/fsdp/options.hpp"
 
+namespace tessera::fsdp::internal {
+class ActivationStash;
+}  // namespace tessera::fsdp::internal
+
 namespace tessera::fsdp {
 
 /// A set of named parameters that is gathered and sharded as one FlatParameter.
@@ -128,6 +132,10 @@ struct FsdpOptions {
   /// casts them to param_dtype anyway, so the numbers are the same and they take half the memory
   /// and transfer in bf16.
   bool frozen_units_in_param_dtype = false;
+  /// Recomputed units park their inputs in host memory from their forward to their recompute
+  /// (model.enable_activation_offload; Note [Activation offload] in activation_stash.cpp). No
+  /// effect on a CPU device, where they are in host memory already.
+  bool offload_activations = false;
   std::string name;  ///< Names the module in errors (e.g. its config path); may be empty.
   collective::CollectiveOptions comm;  ///< Timeout of every collective.
 };
@@ -287,6 +295,8 @@ class FsdpModule {
   std::vector<std::unique_ptr<UnitState>> units_;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> recompute_fns_;  // live until backward
   std::vector<int> forward_order_;  // recomputed units in the order this forward ran them
+  // Inputs of recomputed units in host memory, by recompute_fns_ index (offload_activations).
+  std::shared_ptr<internal::ActivationStash> activations_;
   int64_t optimizer_steps_ = 0;
   bool params_offloaded_ = false;
   bool optimizer_offloaded_ = false;

@@ -10,6 +10,8 @@
 //             `input` with grad enabled, backpropagate grad_output through it (a re-entrant
 //             autograd call, which accumulates into the flat gradient buffer), reduce-scatter the
 //             unit's gradient right away and release it; return the input's gradient.
+// With offload_activations the saved `input` waits in host memory instead (Note [Activation
+// offload] in activation_stash.cpp), and the next unit's is prefetched when a recompute starts.
 // A zero-size leaf `anchor` that requires grad is passed as a second input, so the node is in
 // the graph even when `input` does not require grad. Errors inside backward can only leave
 // autograd as exceptions; FsdpModule::backward() catches them and returns a Status. All ranks
@@ -18,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "workers/fsdp/fsdp_module.hpp"
+#include "workers/fsdp/internal/activation_stash.hpp"
 
 namespace tessera::fsdp {
 
@@ -30,7 +33,15 @@ struct RecomputeUnit : public torch::autograd::Function<RecomputeUnit> {
     ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["fn"] = fn_index;
-    ctx->save_for_backward({input});
+    // A host input stays as it is in its slot (the same bookkeeping on every device).
+    const bool parked = engine->activations_ != nullptr;
+    ctx->saved_data["parked"] = parked;
+    ctx->saved_data["input_requires_grad"] = input.requires_grad();
+    if (parked) {
+      engine->activations_->put(static_cast<size_t>(fn_index), input);
+    } else {
+      ctx->save_for_backward({input});
+    }
     throw_if_error(engine->gather_unit(static_cast<int>(unit), /*train=*/false));
     throw_if_error(engine->prefetch_after(static_cast<int>(unit), /*backward=*/false));
     at::Tensor out = engine->recompute_fns_[fn_index](input);
@@ -42,10 +53,18 @@ struct RecomputeUnit : public torch::autograd::Function<RecomputeUnit> {
     auto* engine = reinterpret_cast<FsdpModule*>(ctx->saved_data["engine"].toInt());
     int unit = static_cast<int>(ctx->saved_data["unit"].toInt());
     int64_t fn_index = ctx->saved_data["fn"].toInt();
-    at::Tensor input = ctx->get_saved_variables()[0];
+    at::Tensor input;
+    if (ctx->saved_data["parked"].toBool()) {
+      input = engine->activations_->take(static_cast<size_t>(fn_index));
+      // The unit whose backward comes next ran just before this one in forward.
+      if (fn_index > 0) engine->activations_->prefetch(static_cast<size_t>(fn_index - 1));
+    } else {
+      input = ctx->get_saved_variables()[0];
+    }
+    const bool input_requires_grad = ctx->saved_data["input_requires_grad"].toBool();
     throw_if_error(engine->gather_unit(unit, /*train=*/true));
     throw_if_error(engine->prefetch_after(unit, /*backward=*/true));  // Note [FSDP overlap]
-    at::Tensor x = input.detach().requires_grad_(input.requires_grad());
+    at::Tensor x = input.detach().requires_grad_(input_requires_grad);
     at::Tensor out;
     {
       at::AutoGradMode enable(true);

@@ -74,6 +74,7 @@ Status ActorRolloutRefWorker::require(bool has, const char* method, const char* 
 Status ActorRolloutRefWorker::init_model() {
   if (initialized_) return make_error(ErrorCode::invalid_argument, "init_model: already initialised");
   TESSERA_ASSIGN_OR_RETURN(config_, parse_actor_rollout_ref_config(init_config_, context().world_size));
+  if (config_.is_actor) TESSERA_RETURN_IF_ERROR(check_activation_offload(config_.model, "actor_rollout_ref.model"));
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
   TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path, config_.model.override_config,
@@ -133,6 +134,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.optim = config_.is_actor ? config_.actor_optim : json();  // a standalone rollout has no optimizer
   b.optim_path = "actor_rollout_ref.actor.optim";
   b.gradient_checkpointing = config_.model.gradient_checkpointing;
+  b.offload_activations = config_.model.activation_offload;  // FsdpBuildOptions: trained modules only
   b.grad_clip = config_.actor.grad_clip;
   b.fused_layers = config_.model.use_liger;
   b.frozen_units_in_param_dtype = base_in_param_dtype;

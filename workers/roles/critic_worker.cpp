@@ -62,6 +62,7 @@ Status CriticWorker::init_model() {
                       "(the actor's is: actor_rollout_ref.model.lora_rank)", model_.lora.rank);
   }
   config_.use_remove_padding = model_.use_remove_padding;
+  TESSERA_RETURN_IF_ERROR(check_activation_offload(model_, "critic.model"));
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
   TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
   const std::string fsdp_path = "critic.model.fsdp_config";
@@ -81,6 +82,7 @@ Status CriticWorker::init_model() {
   if (b.optim.is_null()) b.optim = json::object();
   b.optim_path = "critic.optim";
   b.gradient_checkpointing = model_.gradient_checkpointing;
+  b.offload_activations = model_.activation_offload;
   b.grad_clip = config_.grad_clip;
   b.fused_layers = model_.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));

@@ -131,7 +131,6 @@ namespace {
 // Keys of a model block that select a faster kernel or a loading mechanism for the same maths.
 constexpr const char* kModelKeysAccepted[] = {
     "_target_",        "tokenizer_path",         "custom_chat_template", "use_shm",
-    "enable_activation_offload",
     "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
     "tiled_mlp",
 };
@@ -178,6 +177,13 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
                       liger.dump());
   }
   m.use_liger = liger.is_boolean() && liger.get<bool>();
+  const json& offload = r.nested("enable_activation_offload");
+  if (!offload.is_null() && !offload.is_boolean()) {
+    return make_error(ErrorCode::invalid_argument, "{} = {}: expected true or false",
+                      r.key_path("enable_activation_offload"), offload.dump());
+  }
+  m.activation_offload = offload.is_boolean() && offload.get<bool>();
+  m.activation_offload_key = r.key_path("enable_activation_offload");
   const json& tok = r.nested("input_tokenizer");
   if (!tok.is_null() && !tok.is_string()) {
     return make_error(ErrorCode::invalid_argument, "{} = {}: expected a tokenizer directory or null",
@@ -187,6 +193,14 @@ Result<ModelSection> parse_model_section(const json& json_in, const std::string&
   TESSERA_RETURN_IF_ERROR(r.finish());
   if (m.path.empty()) return make_error(ErrorCode::invalid_argument, "{}.path must be set (an HF model directory)", path);
   return m;
+}
+
+Status check_activation_offload(const ModelSection& model, const std::string& path) {
+  if (!model.activation_offload || model.gradient_checkpointing) return Status();
+  return make_error(ErrorCode::invalid_argument,
+                    "{} = true requires {}.enable_gradient_checkpointing = true: Tessera offloads the checkpointed layer "
+                    "inputs (with every activation kept, there is no recompute to bring them back for)",
+                    model.activation_offload_key, path);
 }
 
 json frozen_model_fsdp_config(json fsdp_config) {
@@ -219,6 +233,7 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
   fsdp::FsdpOptions options = fsdp::fsdp_options_from_config(config, world->size());
   if (o.force_param_offload) options.param_offload = true;
   options.frozen_units_in_param_dtype = o.frozen_units_in_param_dtype;
+  options.offload_activations = trainable && o.offload_activations;
   options.name = o.fsdp_config_path;
   if (!trainable) {
     options.frozen = true;  // no AdamW moments, no gradient buffers

@@ -76,6 +76,11 @@ struct ModelSection {
   /// use_liger: on a GPU, RMSNorm, rotary and SwiGLU run as one fused kernel each way (verl applies
   /// Liger's kernels; models' Note [Fused layers]). No effect on the CPU.
   bool use_liger = false;
+  /// enable_activation_offload: a trained model's checkpointed layer inputs wait in host memory
+  /// between forward and backward (Note [Activation offload]); needs gradient checkpointing
+  /// (check_activation_offload). Nothing to offload for a model that is never trained.
+  bool activation_offload = false;
+  std::string activation_offload_key;  ///< Its dotted path, for errors.
   /// override_config: config.json fields set over the checkpoint's (verl's update_model_config),
   /// and its full key for errors.
   nlohmann::json override_config;
@@ -101,7 +106,13 @@ struct FsdpBuildOptions {
   bool fused_layers = false;        ///< model.use_liger (ModelSection::use_liger).
   /// A LoRA model: its frozen base units keep param_dtype shards (FsdpOptions::frozen_units_in_param_dtype).
   bool frozen_units_in_param_dtype = false;
+  /// model.enable_activation_offload of a trained model (FsdpOptions::offload_activations).
+  bool offload_activations = false;
 };
+
+/// Refuses enable_activation_offload without gradient checkpointing, naming both keys: what
+/// Tessera parks in host memory is each checkpointed layer's input (Note [Activation offload]).
+Status check_activation_offload(const ModelSection& model, const std::string& path);
 
 /// Wraps `model` in an FsdpModule over `world` (mesh and strategy from fsdp_config: fsdp_size,
 /// reshard_after_forward, wrap_policy, mixed_precision, offload flags) and an optimizer from

@@ -50,13 +50,15 @@ OptimizerOptions decoder_optim() {
 /// The FSDP engine of one rank over `model`, wrapped the way build_fsdp_module wraps decoders.
 std::unique_ptr<FsdpModule> wrap_decoder(std::shared_ptr<models::CausalLM> model,
                                          std::shared_ptr<Communicator> world, S strategy,
-                                         int fsdp_size = -1, bool forward_prefetch = false) {
+                                         int fsdp_size = -1, bool forward_prefetch = false,
+                                         bool offload_activations = false) {
   auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
   EXPECT_TRUE(units.ok()) << units.status().to_string();
   FsdpOptions fo;
   fo.strategy = strategy;
   fo.mixed_precision.param_dtype = at::kFloat;
   fo.forward_prefetch = forward_prefetch;
+  fo.offload_activations = offload_activations;
   auto mesh = collective::DeviceMesh::for_fsdp(world, fsdp_size);
   EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
   auto e = FsdpModule::wrap(model, *units, *mesh, fo, decoder_optim());
@@ -219,6 +221,42 @@ TEST(FsdpDecoderRunner, ErrorsNameTheLayerAndOutlivingTheEngineFailsCleanly) {
       EXPECT_NE(std::string(ex.what()).find("was destroyed"), std::string::npos) << ex.what();
     }
   });
+}
+
+// Note [Activation offload]: on a GPU, FULL_SHARD training whose recomputed layers park their
+// inputs in host memory takes the same steps, bit for bit, as training that keeps them on the
+// device (the values only travel); on the CPU, where the inputs stay in their slots as they are,
+// the slots' bookkeeping runs through the same steps.
+void expect_offloaded_activations_train_alike(const c10::Device& device) {
+  collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
+    std::vector<std::map<std::string, at::Tensor>> after;
+    for (bool offload : {false, true}) {
+      auto model = make_llama();
+      model->to(device);
+      auto e = wrap_decoder(model, borrow(w), S::full_shard, -1, false, offload);
+      ASSERT_TRUE(e);
+      for (int s = 0; s < 3; ++s) {
+        TokenBatch b = llama_batch(s, 0, 1);
+        b = {b.ids.to(device), b.mask.to(device), b.pos.to(device)};
+        ASSERT_TRUE(e->begin_forward(ForwardMode::train).ok());
+        ASSERT_TRUE(e->backward(llama_loss(*model, b)).ok());
+        ASSERT_TRUE(e->step().ok());
+      }
+      auto state = e->full_state_dict(at::kFloat);
+      ASSERT_TRUE(state.ok());
+      after.push_back(*state);
+    }
+    for (const auto& [name, t] : after[0]) EXPECT_TRUE(at::equal(after[1].at(name).cpu(), t.cpu())) << name;
+  });
+}
+
+TEST(FsdpDecoderActivationOffload, ParkedLayerInputsTrainAsResidentOnes) {
+  expect_offloaded_activations_train_alike(c10::Device(c10::DeviceType::CPU));
+}
+
+TEST(FsdpDecoderActivationOffload, OnCudaParkedLayerInputsTrainAsResidentOnes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  expect_offloaded_activations_train_alike(c10::Device("cuda:0"));
 }
 
 }  // namespace

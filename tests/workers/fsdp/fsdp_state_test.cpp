@@ -10,6 +10,7 @@
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
 #include "proto/host_transfer.hpp"
 #include "workers/fsdp/checkpoint.hpp"
+#include "workers/fsdp/internal/activation_stash.hpp"
 #include "workers/fsdp/internal/streamed_moments.hpp"
 #include "workers/models/safetensors.hpp"
 
@@ -420,6 +421,45 @@ TEST(Checkpoint, ExportHfWritesSafetensorsAndConfig) {
   fs::remove_all(dir);
   fs::remove_all(dir + "_plain");
   fs::remove_all(out);
+}
+
+// Note [Activation offload]: inputs parked in slots come back in backward's order (the last
+// forward first, each one prefetched while the previous is used), each slot with its own values,
+// whatever the device reuses in between; an empty slot is an error; clear() drops them all. On
+// the CPU with copying on (the engine keeps host tensors as they are), the same bookkeeping.
+void expect_parked_activations_come_back(const c10::Device& device, int64_t n) {
+  internal::ActivationStash stash(/*copy_on_host=*/true);
+  const int layers = 6;
+  for (int round = 0; round < 2; ++round) {
+    for (int l = 0; l < layers; ++l) {
+      at::Tensor x = at::full({n}, 10.0 * round + l, at::TensorOptions(at::kFloat).device(device));
+      stash.put(static_cast<size_t>(l), x);
+      // x is dropped here; the next layer's tensor may take its memory before the copy has run.
+    }
+    EXPECT_EQ(stash.size(), static_cast<size_t>(layers));
+    for (int l = layers - 1; l >= 0; --l) {
+      at::Tensor back = stash.take(static_cast<size_t>(l));
+      if (l > 0) stash.prefetch(static_cast<size_t>(l - 1));
+      at::Tensor scratch = at::full({n}, -1.0, back.options());  // reuse pressure on the device
+      EXPECT_EQ(back.device(), device);
+      EXPECT_TRUE(at::equal(back.cpu(), at::full({n}, 10.0 * round + l))) << "round " << round << " layer " << l;
+    }
+    EXPECT_EQ(stash.size(), 0u);
+  }
+  EXPECT_THROW(stash.take(0), std::exception);
+  stash.put(3, at::ones({n}, at::TensorOptions(at::kFloat).device(device)));
+  stash.clear();
+  EXPECT_EQ(stash.size(), 0u);
+  EXPECT_THROW(stash.take(3), std::exception);
+}
+
+TEST(ActivationOffload, ParkedInputsComeBackInBackwardOrder) {
+  expect_parked_activations_come_back(c10::Device(c10::DeviceType::CPU), 1024);
+}
+
+TEST(ActivationOffload, OnCudaParkedInputsComeBackInBackwardOrder) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  expect_parked_activations_come_back(c10::Device("cuda:0"), int64_t{1} << 22);  // 16 MB each
 }
 
 }  // namespace

@@ -119,6 +119,33 @@ TEST(ActorRolloutRefWorker, UpdateActorOnTwoRanksEqualsOneRank) {
   }
 }
 
+// model.enable_activation_offload (Note [Activation offload]): with gradient checkpointing the
+// actor trains as without it; without checkpointing it is refused at init, naming both keys.
+TEST(ActorRolloutRefWorker, ActivationOffloadTrainsAsWithoutItAndNeedsCheckpointing) {
+  std::vector<std::map<std::string, at::Tensor>> states;
+  for (bool offload : {false, true}) {
+    json c = arr_config(4, 1);
+    c["model"]["enable_gradient_checkpointing"] = true;
+    c["model"]["enable_activation_offload"] = offload;
+    auto w = make_worker(context(0, 1, next_port()), "actor", c);
+    auto out = w->update_actor(training_batch(*w));
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    auto s = w->actor_module()->engine().full_state_dict(at::kFloat);
+    ASSERT_TRUE(s.ok());
+    states.push_back(*s);
+  }
+  for (const auto& [name, t] : states[0]) EXPECT_TRUE(at::equal(states[1].at(name), t)) << name;
+  json c = arr_config(4, 1);
+  c["model"]["enable_activation_offload"] = true;
+  auto w = ActorRolloutRefWorker::create(context(0, 1, next_port()),
+                                         json{{"role", "actor"}, {"config", c}, {"comm_backend", "inproc"}});
+  ASSERT_TRUE(w.ok());
+  Status st = (*w)->init_model();
+  EXPECT_NE(st.message().find("actor_rollout_ref.model.enable_activation_offload = true requires "
+                              "actor_rollout_ref.model.enable_gradient_checkpointing = true"),
+            std::string::npos) << st.message();
+}
+
 TEST(ActorRolloutRefWorker, ComputeLogProbIsInvariantToMicroBatchingAndMatchesAForward) {
   proto::DataProto batch = make_rollout({3, 5, 2, 4, 1}, {4, 2, 6, 3, 5}, 5, 6, 22, kVocab);
   at::Tensor want = reference_log_probs(batch);
