@@ -132,7 +132,6 @@ namespace {
 constexpr const char* kModelKeysAccepted[] = {
     "_target_",        "tokenizer_path",         "custom_chat_template", "use_shm",
     "use_fused_kernels",      "fused_kernel_options", "trust_remote_code",
-    "tiled_mlp",
 };
 
 Status refuse_if_set(ppo::ConfigReader& r, const char* key, const json& value, bool set) {
