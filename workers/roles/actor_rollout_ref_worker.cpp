@@ -135,6 +135,7 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
   b.optim_path = "actor_rollout_ref.actor.optim";
   b.gradient_checkpointing = config_.model.gradient_checkpointing;
   b.offload_activations = config_.model.activation_offload;  // FsdpBuildOptions: trained modules only
+  b.offload_activations_key = config_.model.activation_offload_key;
   b.grad_clip = config_.actor.grad_clip;
   b.fused_layers = config_.model.use_liger;
   b.frozen_units_in_param_dtype = base_in_param_dtype;

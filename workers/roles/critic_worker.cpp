@@ -83,6 +83,7 @@ Status CriticWorker::init_model() {
   b.optim_path = "critic.optim";
   b.gradient_checkpointing = model_.gradient_checkpointing;
   b.offload_activations = model_.activation_offload;
+  b.offload_activations_key = model_.activation_offload_key;
   b.grad_clip = config_.grad_clip;
   b.fused_layers = model_.use_liger;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));

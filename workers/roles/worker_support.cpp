@@ -248,6 +248,20 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
   } else {
     TESSERA_ASSIGN_OR_RETURN(units, fsdp::make_units(*model, config.wrap_policy));
   }
+  if (options.offload_activations) {
+    // Note [Activation offload]: what moves is a recomputed layer's input; a strategy that keeps
+    // the layers gathered until backward recomputes nothing, so nothing would move.
+    const bool recomputes = (options.strategy == fsdp::ShardingStrategy::full_shard ||
+                             options.strategy == fsdp::ShardingStrategy::hybrid_shard) &&
+                            std::any_of(units.begin(), units.end(), [](const fsdp::UnitSpec& u) { return u.recompute; });
+    if (!recomputes) {
+      return make_error(ErrorCode::invalid_argument,
+                        "{} = true: {} recomputes no layer in backward ({} with {}), so there is no layer input to "
+                        "offload; it needs FULL_SHARD or HYBRID_SHARD with decoder-layer wrapping",
+                        o.offload_activations_key, o.fsdp_config_path, fsdp::to_string(options.strategy),
+                        config.wrap_policy.min_num_params > 0 ? "size-based wrapping" : "its wrap policy");
+    }
+  }
   TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::for_fsdp(world, config.fsdp_size));
   auto engine = fsdp::FsdpModule::wrap(model, std::move(units), std::move(mesh), options, optim);
   if (!engine.ok()) return engine.status().with_context(o.fsdp_config_path);

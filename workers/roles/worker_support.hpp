@@ -108,6 +108,7 @@ struct FsdpBuildOptions {
   bool frozen_units_in_param_dtype = false;
   /// model.enable_activation_offload of a trained model (FsdpOptions::offload_activations).
   bool offload_activations = false;
+  std::string offload_activations_key;  ///< Its dotted path, for errors.
 };
 
 /// Refuses enable_activation_offload without gradient checkpointing, naming both keys: what

@@ -425,29 +425,48 @@ TEST(Checkpoint, ExportHfWritesSafetensorsAndConfig) {
 
 // Note [Activation offload]: inputs parked in slots come back in backward's order (the last
 // forward first, each one prefetched while the previous is used), each slot with its own values,
-// whatever the device reuses in between; an empty slot is an error; clear() drops them all. On
-// the CPU with copying on (the engine keeps host tensors as they are), the same bookkeeping.
+// whatever the device reuses in between; the last slot filled never leaves its device; an input
+// modified in place after its forward is refused, as autograd's saved tensors refuse it; an empty
+// slot is an error; clear() drops them all. On the CPU with copying on (the engine keeps host
+// tensors as they are), the same bookkeeping.
 void expect_parked_activations_come_back(const c10::Device& device, int64_t n) {
   internal::ActivationStash stash(/*copy_on_host=*/true);
   const int layers = 6;
+  const auto options = at::TensorOptions(at::kFloat).device(device);
   for (int round = 0; round < 2; ++round) {
+    at::Tensor last;
     for (int l = 0; l < layers; ++l) {
-      at::Tensor x = at::full({n}, 10.0 * round + l, at::TensorOptions(at::kFloat).device(device));
+      at::Tensor x = at::full({n}, 10.0 * round + l, options);
       stash.put(static_cast<size_t>(l), x);
-      // x is dropped here; the next layer's tensor may take its memory before the copy has run.
+      if (l == layers - 1) last = x;
+      // x is dropped here (but the last): the next tensors may take its memory before its copy
+      // has run.
+      at::Tensor pressure = at::full({n}, -7.0, options);
     }
     EXPECT_EQ(stash.size(), static_cast<size_t>(layers));
+    EXPECT_EQ(stash.resident(), 1u);
     for (int l = layers - 1; l >= 0; --l) {
       at::Tensor back = stash.take(static_cast<size_t>(l));
+      if (l == layers - 1) EXPECT_TRUE(back.is_same(last)) << "the last layer's input never left";
       if (l > 0) stash.prefetch(static_cast<size_t>(l - 1));
-      at::Tensor scratch = at::full({n}, -1.0, back.options());  // reuse pressure on the device
+      at::Tensor sum = back.sum();  // read on the caller's stream after the upload
+      at::Tensor scratch = at::full({n}, -1.0, back.options());
       EXPECT_EQ(back.device(), device);
+      EXPECT_EQ(sum.item<double>(), (10.0 * round + l) * static_cast<double>(n)) << "round " << round << " layer " << l;
       EXPECT_TRUE(at::equal(back.cpu(), at::full({n}, 10.0 * round + l))) << "round " << round << " layer " << l;
     }
     EXPECT_EQ(stash.size(), 0u);
   }
   EXPECT_THROW(stash.take(0), std::exception);
-  stash.put(3, at::ones({n}, at::TensorOptions(at::kFloat).device(device)));
+  // In place after the forward: refused, whether the input left its device or not.
+  for (int l = 0; l < 2; ++l) {
+    at::Tensor x = at::ones({n}, options);
+    stash.put(static_cast<size_t>(l), x);
+    x.add_(1.0);
+  }
+  EXPECT_THROW(stash.take(1), std::exception);
+  EXPECT_THROW(stash.take(0), std::exception);
+  stash.put(3, at::ones({n}, options));
   stash.clear();
   EXPECT_EQ(stash.size(), 0u);
   EXPECT_THROW(stash.take(3), std::exception);
@@ -461,6 +480,5 @@ TEST(ActivationOffload, OnCudaParkedInputsComeBackInBackwardOrder) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   expect_parked_activations_come_back(c10::Device("cuda:0"), int64_t{1} << 22);  // 16 MB each
 }
-
 }  // namespace
 }  // namespace tessera::fsdp

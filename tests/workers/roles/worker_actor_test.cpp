@@ -128,6 +128,7 @@ TEST(ActorRolloutRefWorker, ActivationOffloadTrainsAsWithoutItAndNeedsCheckpoint
     c["model"]["enable_gradient_checkpointing"] = true;
     c["model"]["enable_activation_offload"] = offload;
     auto w = make_worker(context(0, 1, next_port()), "actor", c);
+    EXPECT_EQ(w->actor_module()->engine().options().offload_activations, offload);
     auto out = w->update_actor(training_batch(*w));
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     auto s = w->actor_module()->engine().full_state_dict(at::kFloat);
@@ -144,6 +145,33 @@ TEST(ActorRolloutRefWorker, ActivationOffloadTrainsAsWithoutItAndNeedsCheckpoint
   EXPECT_NE(st.message().find("actor_rollout_ref.model.enable_activation_offload = true requires "
                               "actor_rollout_ref.model.enable_gradient_checkpointing = true"),
             std::string::npos) << st.message();
+  // A strategy that recomputes nothing has nothing to offload.
+  c["model"]["enable_gradient_checkpointing"] = true;
+  c["actor"]["fsdp_config"]["reshard_after_forward"] = false;
+  w = ActorRolloutRefWorker::create(context(0, 1, next_port()),
+                                    json{{"role", "actor"}, {"config", c}, {"comm_backend", "inproc"}});
+  ASSERT_TRUE(w.ok());
+  st = (*w)->init_model();
+  EXPECT_NE(st.message().find("actor_rollout_ref.model.enable_activation_offload = true: "
+                              "actor_rollout_ref.actor.fsdp_config recomputes no layer in backward (SHARD_GRAD_OP"),
+            std::string::npos) << st.message();
+  // The critic names its own keys; a reference that never trains has nothing to offload.
+  auto critic = CriticWorker::create(context(0, 1, next_port()),
+                                     json{{"config", {{"model", {{"path", tiny_model_dir()},
+                                                                 {"enable_activation_offload", true},
+                                                                 {"fsdp_config", fp32_fsdp()}}},
+                                                      {"optim", {{"lr", 1e-2}}},
+                                                      {"ppo_mini_batch_size", 4},
+                                                      {"ppo_micro_batch_size_per_gpu", 2}}},
+                                          {"comm_backend", "inproc"}});
+  ASSERT_TRUE(critic.ok());
+  st = (*critic)->init_model();
+  EXPECT_NE(st.message().find("critic.model.enable_activation_offload = true requires "
+                              "critic.model.enable_gradient_checkpointing = true"), std::string::npos) << st.message();
+  json ref = arr_config(4, 1);
+  ref["model"]["enable_activation_offload"] = true;
+  auto r = make_worker(context(0, 1, next_port()), "ref", ref);
+  ASSERT_NE(r, nullptr);
 }
 
 TEST(ActorRolloutRefWorker, ComputeLogProbIsInvariantToMicroBatchingAndMatchesAForward) {

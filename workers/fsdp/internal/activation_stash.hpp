@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -21,24 +22,30 @@ class ActivationStash {
   ActivationStash(const ActivationStash&) = delete;
   ActivationStash& operator=(const ActivationStash&) = delete;
 
-  /// Starts copying `x` to host memory into slot `slot` (which must be free). On a GPU the copy
-  /// runs on a stream of its own after the work queued so far on the caller's stream, and `x`'s
-  /// memory is not reused before it has run, so the caller may drop `x` at once.
+  /// Parks `x` in slot `slot` (which must be free). `x` stays on its device while it is the last
+  /// slot filled; the next put() starts copying it to host memory (on a GPU on a stream of its
+  /// own, after the work queued so far on the caller's stream, with `x`'s memory not reused before
+  /// the copy has read it), so the caller may drop `x` at once.
   void put(size_t slot, const at::Tensor& x);
   /// Starts bringing slot `slot` back to its device, if it holds a tensor not yet on its way.
   void prefetch(size_t slot);
   /// Slot `slot`'s tensor, back on its device, ordered before the caller's later work on its
-  /// current stream; the slot is free after. Throws if the slot is empty.
+  /// current stream; the slot is free after. Throws if the slot is empty or if the tensor was
+  /// modified in place since put() (as autograd's saved tensors refuse it).
   at::Tensor take(size_t slot);
   /// Drops every slot (an abandoned backward).
   void clear();
   /// Slots in use.
   size_t size() const;
+  /// Slots whose tensor is still on its device (at most the last one filled).
+  size_t resident() const;
 
  private:
   struct Slot;
+  void offload(size_t slot);
   bool copy_on_host_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::optional<size_t> last_;  // the slot filled last, still resident
   struct Streams;
   std::unique_ptr<Streams> streams_;
 };
