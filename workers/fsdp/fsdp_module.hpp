@@ -27,8 +27,11 @@
 //   FULL_SHARD     K = |fsdp|; units routed through run_unit() are freed right after their
 //                  forward and re-gathered in backward by recomputing the unit (activation
 //                  checkpointing); other units stay gathered until backward.
-//   SHARD_GRAD_OP  K = |fsdp|; units stay gathered from forward to backward.
-//   NO_SHARD       K = 1; gradients are all-reduced (averaged) over the world.
+//   SHARD_GRAD_OP  K = |fsdp|; units stay gathered from forward to backward; units routed through
+//                  run_unit() still keep only their input and are recomputed in backward
+//                  (activation checkpointing), without a second gather.
+//   NO_SHARD       K = 1; gradients are all-reduced (averaged) over the world; run_unit() as
+//                  under SHARD_GRAD_OP.
 //   HYBRID_SHARD   (ddp, fsdp) mesh: K = |fsdp|; reduce-scatter over fsdp, then all-reduce over ddp;
 //                  run_unit() recomputes as in FULL_SHARD.
 // Averaging over all ranks means: N ranks each computing the mean loss of an equal share of a
@@ -108,8 +111,9 @@ namespace tessera::fsdp {
 struct UnitSpec {
   std::string name;                      ///< e.g. "model.layers.3" or "root".
   std::vector<std::string> param_names;  ///< Module parameter names, in flat order.
-  /// The model runs this unit through run_unit(): under FULL_SHARD / HYBRID_SHARD it is then not
-  /// gathered by begin_forward(), freed after its forward and recomputed in backward.
+  /// The model runs this unit through run_unit(), which recomputes it in backward (activation
+  /// checkpointing); under FULL_SHARD / HYBRID_SHARD it is then also not gathered by
+  /// begin_forward(), and freed after its forward.
   bool recompute = false;
   /// Non-empty: the unit this one is attached to (Note [Attached units]); it is never run or
   /// gathered on its own.

@@ -42,10 +42,15 @@ struct RecomputeUnit : public torch::autograd::Function<RecomputeUnit> {
     } else {
       ctx->save_for_backward({input});
     }
-    throw_if_error(engine->gather_unit(static_cast<int>(unit), /*train=*/false));
-    throw_if_error(engine->prefetch_after(static_cast<int>(unit), /*backward=*/false));
+    // FULL_SHARD / HYBRID_SHARD gather the unit for its forward and free it after; the other
+    // strategies keep it gathered from begin_forward() to backward.
+    const bool frees = engine->recompute_in_backward();
+    if (frees) {
+      throw_if_error(engine->gather_unit(static_cast<int>(unit), /*train=*/false));
+      throw_if_error(engine->prefetch_after(static_cast<int>(unit), /*backward=*/false));
+    }
     at::Tensor out = engine->recompute_fns_[fn_index](input);
-    engine->release_unit(static_cast<int>(unit));
+    if (frees) engine->release_unit(static_cast<int>(unit));
     return {out};
   }
 
@@ -98,12 +103,13 @@ Result<at::Tensor> FsdpModule::run_unit(int unit, std::function<at::Tensor(const
                       layouts_[unit].unit, layouts_[s.owner].unit);
   }
   try {
-    bool recompute = s.recompute && recompute_in_backward();
-    if (!recompute) {
+    const bool frees = recompute_in_backward();  // FULL_SHARD / HYBRID_SHARD
+    const bool no_graph = mode_ == ForwardMode::eval || !at::GradMode::is_enabled();
+    if (!s.recompute || (no_graph && !frees)) {
       if (!s.full.defined()) TESSERA_RETURN_IF_ERROR(gather_unit(unit, mode_ == ForwardMode::train));
       return fn(input);
     }
-    if (mode_ == ForwardMode::eval || !at::GradMode::is_enabled()) {
+    if (no_graph) {
       TESSERA_RETURN_IF_ERROR(gather_unit(unit, /*train=*/false));
       TESSERA_RETURN_IF_ERROR(prefetch_after(unit, /*backward=*/false));
       at::Tensor out = fn(input);

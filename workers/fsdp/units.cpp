@@ -126,17 +126,10 @@ namespace {
 
 std::string layer_unit_name(size_t i) { return "model.layers." + std::to_string(i); }
 
-bool frees_after_forward(ShardingStrategy s) {
-  return s == ShardingStrategy::full_shard || s == ShardingStrategy::hybrid_shard;
-}
-
-
 }  // namespace
 
-Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
-                                                 const WrapPolicy& policy, ShardingStrategy strategy) {
+Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model, const WrapPolicy& policy) {
   TESSERA_ASSIGN_OR_RETURN(auto units, make_units(model, policy, /*recompute_layers=*/false));
-  if (!frees_after_forward(strategy)) return units;
   const auto& layers = model.backbone().layers;
   for (size_t i = 0; i < layers.size(); ++i) {
     std::vector<std::string> want = params_under(*layers[i], layer_unit_name(i));

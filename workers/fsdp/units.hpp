@@ -16,9 +16,10 @@
 // (the model must then run them through FsdpModule::run_unit).
 //
 // HF decoders (models::PretrainedModel): make_decoder_units marks each unit that is exactly one
-// decoder layer recompute under FULL_SHARD / HYBRID_SHARD, and install_layer_runner makes the
-// backbone run those layers through run_unit (models::LayerRunner), so each layer is freed right
-// after its forward and recomputed in backward: peak gathered memory is the root plus one layer.
+// decoder layer recompute, and install_layer_runner makes the backbone run those layers through
+// run_unit (models::LayerRunner), so each layer keeps only its input and is recomputed in backward
+// (activation checkpointing); under FULL_SHARD / HYBRID_SHARD it is also freed right after its
+// forward: peak gathered memory is then the root plus one layer.
 #pragma once
 
 #include <vector>
@@ -38,10 +39,9 @@ Result<std::vector<UnitSpec>> make_units(const torch::nn::Module& module, const 
                                          bool recompute_layers = false);
 
 /// Units for an HF decoder model under `policy`: make_units, with every unit that holds exactly
-/// one decoder layer's parameters ("model.layers.<i>") marked recompute when `strategy` frees
-/// units after forward (FULL_SHARD, HYBRID_SHARD). Follow the wrap with install_layer_runner.
-Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model,
-                                                 const WrapPolicy& policy, ShardingStrategy strategy);
+/// one decoder layer's parameters ("model.layers.<i>") marked recompute, under every strategy.
+/// Follow the wrap with install_layer_runner.
+Result<std::vector<UnitSpec>> make_decoder_units(const models::PretrainedModel& model, const WrapPolicy& policy);
 
 /// Whether `layout` is a unit of LoRA adapters only (split_adapters' "<name>.lora" units, or a
 /// size-based unit that holds nothing else).

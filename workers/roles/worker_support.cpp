@@ -239,28 +239,25 @@ Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_
     options.optimizer_offload = false;
     for (auto& p : model->parameters()) p.set_requires_grad(false);
   }
-  // Layers are freed after forward (FULL_SHARD / HYBRID_SHARD) when nothing needs them again or
-  // when training recomputes them in backward (gradient checkpointing).
+  // Layers run through run_unit when nothing needs them again (a frozen module) or when training
+  // recomputes them in backward (gradient checkpointing, every strategy); FULL_SHARD and
+  // HYBRID_SHARD also free them after their forward.
   const bool free_layers = !trainable || o.gradient_checkpointing;
   std::vector<fsdp::UnitSpec> units;
   if (free_layers) {
-    TESSERA_ASSIGN_OR_RETURN(units, fsdp::make_decoder_units(*model, config.wrap_policy, options.strategy));
+    TESSERA_ASSIGN_OR_RETURN(units, fsdp::make_decoder_units(*model, config.wrap_policy));
   } else {
     TESSERA_ASSIGN_OR_RETURN(units, fsdp::make_units(*model, config.wrap_policy));
   }
-  if (options.offload_activations) {
-    // Note [Activation offload]: what moves is a recomputed layer's input; a strategy that keeps
-    // the layers gathered until backward recomputes nothing, so nothing would move.
-    const bool recomputes = (options.strategy == fsdp::ShardingStrategy::full_shard ||
-                             options.strategy == fsdp::ShardingStrategy::hybrid_shard) &&
-                            std::any_of(units.begin(), units.end(), [](const fsdp::UnitSpec& u) { return u.recompute; });
-    if (!recomputes) {
-      return make_error(ErrorCode::invalid_argument,
-                        "{} = true: {} recomputes no layer in backward ({} with {}), so there is no layer input to "
-                        "offload; it needs FULL_SHARD or HYBRID_SHARD with decoder-layer wrapping",
-                        o.offload_activations_key, o.fsdp_config_path, fsdp::to_string(options.strategy),
-                        config.wrap_policy.min_num_params > 0 ? "size-based wrapping" : "its wrap policy");
-    }
+  if (options.offload_activations &&
+      std::none_of(units.begin(), units.end(), [](const fsdp::UnitSpec& u) { return u.recompute; })) {
+    // Note [Activation offload]: what moves is a recomputed layer's input; a wrapping with no
+    // whole decoder layer as a unit recomputes nothing, so nothing would move.
+    return make_error(ErrorCode::invalid_argument,
+                      "{} = true: {} recomputes no layer in backward ({}), so there is no layer input to offload; it "
+                      "needs decoder-layer wrapping",
+                      o.offload_activations_key, o.fsdp_config_path,
+                      config.wrap_policy.min_num_params > 0 ? "size-based wrapping" : "no unit is a whole decoder layer");
   }
   TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::for_fsdp(world, config.fsdp_size));
   auto engine = fsdp::FsdpModule::wrap(model, std::move(units), std::move(mesh), options, optim);

@@ -66,9 +66,10 @@ struct ModelSection {
   std::string path;                 ///< HF directory: config.json + safetensors (+ tokenizer files).
   nlohmann::json fsdp_config;       ///< model.fsdp_config (critic / reward model), null otherwise.
   std::optional<std::string> input_tokenizer;  ///< reward_model.model.input_tokenizer.
-  /// enable_gradient_checkpointing (verl reads it with .get(..., False)): under FULL_SHARD /
-  /// HYBRID_SHARD, training recomputes each decoder layer in backward, which is what lets the
-  /// layer be freed right after its forward; false keeps the layers gathered until backward.
+  /// enable_gradient_checkpointing (verl reads it with .get(..., False)): training keeps only each
+  /// decoder layer's input and recomputes the layer in backward, under every strategy (under
+  /// FULL_SHARD / HYBRID_SHARD this is also what lets the layer be freed right after its forward);
+  /// false keeps every activation and the layers gathered until backward.
   bool gradient_checkpointing = false;
   /// use_remove_padding: actor, reference and critic forwards pack their micro-batches without
   /// padding (workers/ppo/packing.hpp). The reward model's one forward per batch stays padded.
@@ -99,8 +100,8 @@ struct FsdpBuildOptions {
   nlohmann::json optim;             ///< verl's optim block; null: a frozen module (no optimizer).
   std::string optim_path;
   double grad_clip = 1.0;           ///< actor.grad_clip / critic.grad_clip.
-  /// Trainable modules: free each decoder layer after forward and recompute it in backward
-  /// (FULL_SHARD / HYBRID_SHARD). Frozen modules always free after forward (no backward).
+  /// Trainable modules: recompute each decoder layer in backward (every strategy; FULL_SHARD /
+  /// HYBRID_SHARD also free it after forward). Frozen modules always free after forward under those.
   bool gradient_checkpointing = true;
   bool force_param_offload = false; ///< verl's reference / reward model: always CPU-offloaded.
   bool fused_layers = false;        ///< model.use_liger (ModelSection::use_liger).
@@ -118,8 +119,9 @@ Status check_activation_offload(const ModelSection& model, const std::string& pa
 /// Wraps `model` in an FsdpModule over `world` (mesh and strategy from fsdp_config: fsdp_size,
 /// reshard_after_forward, wrap_policy, mixed_precision, offload flags) and an optimizer from
 /// `optim` (AdamW + verl's LR schedule); a null `optim` wraps it frozen (no optimizer state, no
-/// gradient buffers). Under FULL_SHARD / HYBRID_SHARD each decoder layer runs through
-/// FsdpModule::run_unit (freed after its forward, recomputed in backward). Collective over `world`.
+/// gradient buffers). With gradient checkpointing (or frozen) each decoder layer runs through
+/// FsdpModule::run_unit (recomputed in backward; under FULL_SHARD / HYBRID_SHARD also freed after
+/// its forward). Collective over `world`.
 Result<std::shared_ptr<ppo::FsdpTrainableModule>> build_fsdp_module(std::shared_ptr<models::PretrainedModel> model,
                                                                std::shared_ptr<collective::Communicator> world,
                                                                const FsdpBuildOptions& options);

@@ -1,7 +1,8 @@
 // The engine on the models helper's HF decoder, wrapped as the workers wrap it
 // (make_decoder_units + install_layer_runner): every strategy at world 2 (HYBRID_SHARD at world
 // 4) equals single-process training of the same CausalLM (losses, grad norms and parameters
-// within 1e-5) with the layer runner active, with and without forward prefetch; under FULL_SHARD
+// within 1e-5) with the layer runner active (every layer recomputed in backward), with and without
+// forward prefetch; under FULL_SHARD
 // each layer is gathered only while it runs (forward, and its recompute in backward) or is
 // prefetched for the next one (Note [FSDP overlap]), so right after forward only the root unit is
 // gathered, versus every unit under SHARD_GRAD_OP (read from the engine's own state).
@@ -56,7 +57,7 @@ std::unique_ptr<FsdpModule> wrap_decoder(std::shared_ptr<models::CausalLM> model
                                          std::shared_ptr<Communicator> world, S strategy,
                                          int fsdp_size = -1, bool forward_prefetch = false,
                                          bool offload_activations = false) {
-  auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
+  auto units = make_decoder_units(*model, WrapPolicy{});
   EXPECT_TRUE(units.ok()) << units.status().to_string();
   FsdpOptions fo;
   fo.strategy = strategy;
@@ -110,7 +111,8 @@ TEST_P(FsdpDecoder, CausalLMMatchesSingleProcessWithLayerRunner) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpDecoder,
                          ::testing::Values(DecoderCase{S::full_shard, 2, -1}, DecoderCase{S::full_shard, 2, -1, true},
-                                           DecoderCase{S::shard_grad_op, 2, -1}, DecoderCase{S::hybrid_shard, 4, 2},
+                                           DecoderCase{S::shard_grad_op, 2, -1}, DecoderCase{S::no_shard, 2, -1},
+                                           DecoderCase{S::hybrid_shard, 4, 2},
                                            DecoderCase{S::hybrid_shard, 4, 2, true}),
                          [](const ::testing::TestParamInfo<DecoderCase>& info) {
                            return std::string(to_string(info.param.strategy)) + "_world" + std::to_string(info.param.world) +
@@ -152,7 +154,9 @@ TEST(FsdpDecoderMemory, FullShardGathersALayerAndItsPrefetchShardGradOpKeepsThem
           EXPECT_EQ(log, (std::vector<V>{first, {1, 2}, {0, 1, 2}, {0, 2}}));
         } else {
           EXPECT_EQ(after_forward, (V{0, 1, 2}));
-          EXPECT_EQ(log, (std::vector<V>{{0, 1, 2}, {0, 1, 2}}));  // no recompute
+          // Forward keeps every layer; backward recomputes layer 1, then layer 0 (no second
+          // gather), each layer freed once its backward is done.
+          EXPECT_EQ(log, (std::vector<V>{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 2}}));
         }
         // Eval: each layer is freed after its forward too; end_forward() frees the root.
         log.clear();
@@ -172,21 +176,22 @@ TEST(FsdpDecoderMemory, FullShardGathersALayerAndItsPrefetchShardGradOpKeepsThem
   });
 }
 
-TEST(FsdpDecoderUnits, LayersAreRecomputeOnlyWhenTheStrategyFreesAfterForward) {
+// Every whole decoder layer is recomputed in backward (activation checkpointing), whatever the
+// strategy: FULL_SHARD and HYBRID_SHARD also free it after forward (FsdpDecoderMemory above),
+// SHARD_GRAD_OP and NO_SHARD keep it gathered and recompute it without a second gather (the
+// strategies' training equals the single process's: FsdpDecoder).
+TEST(FsdpDecoderUnits, EveryWholeDecoderLayerIsRecomputed) {
   auto model = make_llama();
-  for (S strategy : {S::full_shard, S::hybrid_shard, S::shard_grad_op, S::no_shard}) {
-    auto units = make_decoder_units(*model, WrapPolicy{}, strategy);
-    ASSERT_TRUE(units.ok());
-    ASSERT_EQ(units->size(), 3u);
-    bool frees = strategy == S::full_shard || strategy == S::hybrid_shard;
-    EXPECT_EQ((*units)[0].recompute, frees) << to_string(strategy);
-    EXPECT_EQ((*units)[1].recompute, frees) << to_string(strategy);
-    EXPECT_FALSE((*units)[2].recompute);
-  }
+  auto all = make_decoder_units(*model, WrapPolicy{});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_TRUE((*all)[0].recompute);
+  EXPECT_TRUE((*all)[1].recompute);
+  EXPECT_FALSE((*all)[2].recompute);
   // A size-based policy that cuts a layer apart: no unit is a whole layer, none is recomputed.
   WrapPolicy by_size;
   by_size.min_num_params = 300;
-  auto units = make_decoder_units(*model, by_size, S::full_shard);
+  auto units = make_decoder_units(*model, by_size);
   ASSERT_TRUE(units.ok());
   bool any_layer_part = false;
   for (const auto& u : *units) {

@@ -77,7 +77,7 @@ WrapPolicy wrap_policy(Policy p) {
 std::unique_ptr<FsdpModule> wrap(std::shared_ptr<models::CausalLM> model, std::shared_ptr<Communicator> world, S strategy,
                                  int fsdp_size = -1, bool prefetch = false, Policy policy = Policy::layers,
                                  bool optimizer_offload = false) {
-  auto units = make_decoder_units(*model, wrap_policy(policy), strategy);
+  auto units = make_decoder_units(*model, wrap_policy(policy));
   EXPECT_TRUE(units.ok()) << units.status().to_string();
   FsdpOptions fo;
   fo.strategy = strategy;
@@ -233,7 +233,7 @@ TEST(FsdpLoraUnits, CheckpointsRoundTripAndHoldMomentsOfTheAdaptersOnly) {
     for (const auto& [name, t] : *a) EXPECT_TRUE(at::equal(b->at(name), t)) << name;
     // A checkpoint of the adapted model does not load into the plain one.
     auto plain = testing::tiny_decoder("qwen2", 2, 11);
-    auto plain_units = make_decoder_units(*plain, WrapPolicy{}, S::full_shard);
+    auto plain_units = make_decoder_units(*plain, WrapPolicy{});
     auto mesh = collective::DeviceMesh::for_fsdp(borrow(w), -1);
     auto pe = FsdpModule::wrap(plain, *plain_units, *mesh, FsdpOptions{}, optim());
     ASSERT_TRUE(pe.ok());
@@ -282,7 +282,7 @@ TEST(FsdpLoraUnits, AFrozenBaseInParamDtypeTrainsBitwiseAsInModelDtype) {
     std::vector<std::shared_ptr<models::CausalLM>> models_;
     for (bool in_param_dtype : {false, true}) {
       auto model = make_adapted();
-      auto units = make_decoder_units(*model, WrapPolicy{}, S::full_shard);
+      auto units = make_decoder_units(*model, WrapPolicy{});
       ASSERT_TRUE(units.ok());
       FsdpOptions fo;
       fo.mixed_precision.param_dtype = at::kBFloat16;
@@ -343,7 +343,7 @@ TEST(FsdpLoraUnits, AttachmentsMustNameAUnitOfItsOwn) {
       return e.ok() ? std::string() : e.status().message();
     };
     auto model = make_adapted();
-    auto units = make_decoder_units(*model, WrapPolicy{}, S::full_shard);
+    auto units = make_decoder_units(*model, WrapPolicy{});
     ASSERT_TRUE(units.ok());
     auto bad = *units;
     bad[1].owner = "model.layers.7";

@@ -145,15 +145,15 @@ TEST(ActorRolloutRefWorker, ActivationOffloadTrainsAsWithoutItAndNeedsCheckpoint
   EXPECT_NE(st.message().find("actor_rollout_ref.model.enable_activation_offload = true requires "
                               "actor_rollout_ref.model.enable_gradient_checkpointing = true"),
             std::string::npos) << st.message();
-  // A strategy that recomputes nothing has nothing to offload.
+  // A wrapping that recomputes no layer (size-based: no unit is a whole layer) has nothing to offload.
   c["model"]["enable_gradient_checkpointing"] = true;
-  c["actor"]["fsdp_config"]["reshard_after_forward"] = false;
+  c["actor"]["fsdp_config"]["wrap_policy"] = {{"min_num_params", 300}};
   w = ActorRolloutRefWorker::create(context(0, 1, next_port()),
                                     json{{"role", "actor"}, {"config", c}, {"comm_backend", "inproc"}});
   ASSERT_TRUE(w.ok());
   st = (*w)->init_model();
   EXPECT_NE(st.message().find("actor_rollout_ref.model.enable_activation_offload = true: "
-                              "actor_rollout_ref.actor.fsdp_config recomputes no layer in backward (SHARD_GRAD_OP"),
+                              "actor_rollout_ref.actor.fsdp_config recomputes no layer in backward (size-based wrapping)"),
             std::string::npos) << st.message();
   // The critic names its own keys; a reference that never trains has nothing to offload.
   auto critic = CriticWorker::create(context(0, 1, next_port()),
