@@ -90,6 +90,13 @@ Status check_sequence_parallel(const nlohmann::json& cfg) {
     return invalid(fmt::format("critic.ulysses_sequence_parallel_size = {} > 1 requires "
                                "critic.model.use_remove_padding = true", critic_sp));
   }
+  TESSERA_ASSIGN_OR_RETURN(bool rm, config_get<bool>(cfg, "reward_model.enable"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t rm_sp, config_get_or<int64_t>(cfg, "reward_model.ulysses_sequence_parallel_size", 1));
+  TESSERA_ASSIGN_OR_RETURN(bool rm_rmpad, config_get_or<bool>(cfg, "reward_model.model.use_remove_padding", false));
+  if (rm && rm_sp > 1 && !rm_rmpad) {
+    return invalid(fmt::format("reward_model.ulysses_sequence_parallel_size = {} > 1 requires "
+                               "reward_model.model.use_remove_padding = true", rm_sp));
+  }
   return Status();
 }
 

@@ -253,6 +253,10 @@ TEST(Config, ValidateRulesNameKeys) {
   EXPECT_NE(msg.find("actor_rollout_ref.rollout.temperature"), std::string::npos) << msg;
   msg = validate_error({"actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"});
   EXPECT_NE(msg.find("use_remove_padding"), std::string::npos) << msg;
+  msg = validate_error({"reward_model.enable=true", "reward_model.model.path=/m", "reward_model.micro_batch_size_per_gpu=2",
+                        "reward_model.ulysses_sequence_parallel_size=2"});
+  EXPECT_NE(msg.find("reward_model.ulysses_sequence_parallel_size = 2 > 1 requires reward_model.model.use_remove_padding"),
+            std::string::npos) << msg;
   msg = validate_error({"data.truncation=sideways"});
   EXPECT_NE(msg.find("data.truncation"), std::string::npos) << msg;
   msg = validate_error({"algorithm.adv_estimator=magic"});
