@@ -411,16 +411,18 @@ Status FsdpModule::begin_forward(ForwardMode mode) {
   recompute_fns_.clear();
   forward_order_.clear();
   if (activations_) activations_->clear();
+  Status st;
   try {
-    for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t u = 0; u < units_.size() && st.ok(); ++u) {
       if (units_[u]->recompute && recompute_in_backward()) continue;  // run_unit gathers it
       if (units_[u]->owner >= 0) continue;  // gathered with its owner
-      TESSERA_RETURN_IF_ERROR(gather_unit(static_cast<int>(u), mode == ForwardMode::train));
+      st = gather_unit(static_cast<int>(u), mode == ForwardMode::train);
     }
   } catch (...) {
-    return proto::status_from_current_exception("FSDP begin_forward");
+    st = proto::status_from_current_exception("FSDP begin_forward");
   }
-  return Status();
+  if (!st.ok()) (void)end_forward();  // nothing stays gathered; the next forward may start
+  return st;
 }
 
 Status FsdpModule::end_forward() {

@@ -49,8 +49,9 @@
 //    backward() returns; with a replicate group (HYBRID_SHARD, NO_SHARD) the reduction stays
 //    blocking (its all-reduce needs the reduce-scatter's result).
 // "Next" is the neighbouring recomputed unit in module order (forward) and the one that ran
-// before in this forward (backward). At most two units (with their attached units) are gathered
-// at once. Nothing changes
+// before in this forward (backward). Under FULL_SHARD / HYBRID_SHARD at most two recomputed units
+// (with their attached units) are gathered at once; under SHARD_GRAD_OP / NO_SHARD every unit is
+// gathered by begin_forward(), so there is nothing to prefetch. Nothing changes
 // the numbers: the same collectives run on the same tensors in the same order, and each unit's
 // shard gradient is accumulated in the same order.
 //
@@ -173,13 +174,14 @@ class FsdpModule {
                                                   const OptimizerOptions& optim);
   ~FsdpModule();
 
-  /// Gathers every unit except those the model runs through run_unit() with recompute into the
-  /// module. `train` also sets up gradient buffers; follow it with backward(). Errors: `train`
-  /// on a frozen module.
+  /// Gathers every unit into the module, except (under FULL_SHARD / HYBRID_SHARD) those the model
+  /// runs through run_unit() with recompute. `train` also sets up gradient buffers; follow it with
+  /// backward(). Errors: `train` on a frozen module; a failed gather (the forward is ended).
   Status begin_forward(ForwardMode mode);
 
-  /// Runs `fn(input)` as unit `unit`, gathering it first if needed; under FULL_SHARD and
-  /// HYBRID_SHARD in training mode the unit is freed after the call and recomputed in backward.
+  /// Runs `fn(input)` as unit `unit`, gathering it first if needed; in training mode a recompute
+  /// unit keeps only `input` and is recomputed in backward (Note [Recompute unit]), and under
+  /// FULL_SHARD and HYBRID_SHARD it is also freed after the call.
   /// `fn` is kept until backward: capture tensors by value. Collective.
   Result<at::Tensor> run_unit(int unit, std::function<at::Tensor(const at::Tensor&)> fn,
                               const at::Tensor& input);

@@ -8,8 +8,13 @@
 //             release the unit; save only `input`.
 //   backward: gather the unit again (with gradient buffers), rerun fn on a detached copy of
 //             `input` with grad enabled, backpropagate grad_output through it (a re-entrant
-//             autograd call, which accumulates into the flat gradient buffer), reduce-scatter the
-//             unit's gradient right away and release it; return the input's gradient.
+//             autograd call, which accumulates into the flat gradient buffer), reduce the
+//             unit's gradient right away (reduce-scatter; NO_SHARD all-reduces) and release it;
+//             return the input's gradient.
+// That is activation checkpointing, and it runs under every strategy: under SHARD_GRAD_OP and
+// NO_SHARD the unit stays gathered from begin_forward() to its backward, so forward neither
+// gathers nor releases it, and backward's gather only points the parameters at the gathered
+// buffer again (no collective).
 // With offload_activations the saved `input` waits in host memory instead (Note [Activation
 // offload] in activation_stash.cpp), and the next unit's is prefetched when a recompute starts.
 // A zero-size leaf `anchor` that requires grad is passed as a second input, so the node is in

@@ -13,8 +13,8 @@
 //   model.lora_rank > 0: LoRA adapters with lora_alpha on target_modules (models' Note [LoRA
 //   adapters]; verl's SFT trainer passes no exclude_modules); checkpoints add lora_adapter/ in
 //   PEFT's format and the HF model has them merged. model.external_lib: unimplemented error.
-//   enable_gradient_checkpointing: under FULL_SHARD / HYBRID_SHARD, free each decoder layer after
-//   forward and recompute it in backward (worker_support.hpp). trust_remote_code, use_liger,
+//   enable_gradient_checkpointing: recompute each decoder layer in backward, under every strategy;
+//   under FULL_SHARD / HYBRID_SHARD it is also freed after its forward (worker_support.hpp). trust_remote_code, use_liger,
 //   use_shm, strategy: accepted, no effect.
 //   optim.{lr, betas, weight_decay, warmup_steps_ratio, clip_grad, lr_scheduler (cosine|constant),
 //   min_lr_ratio}: AdamW and verl's schedule over total_training_steps.

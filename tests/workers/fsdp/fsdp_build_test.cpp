@@ -1,8 +1,10 @@
 // build_fsdp_module (workers/roles/worker_support.hpp) as the workers call it, on the HF decoder at
 // world 2: a null optim block gives a frozen engine (0 optimizer bytes, step() refused naming the
 // config path) whose eval outputs equal a trainable build's; FULL_SHARD (verl's default) frees
-// each decoder layer after its forward (only the root unit is gathered when forward returns) and
-// matches SHARD_GRAD_OP's training step; SHARD_GRAD_OP keeps every unit gathered.
+// each decoder layer after its forward (only the root unit is gathered when forward returns);
+// SHARD_GRAD_OP keeps every unit gathered; both recompute the layers in backward (gradient
+// checkpointing) and take the training step of SHARD_GRAD_OP without checkpointing, which keeps
+// every activation.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -84,11 +86,13 @@ TEST(BuildFsdpModule, FullShardFreesEachDecoderLayerAfterItsForward) {
   using V = std::vector<int>;
   collective::testing::with_world("inproc", 2, [&](int rank, Communicator& w) {
     std::map<std::string, std::map<std::string, at::Tensor>> after_step;
-    for (const std::string strategy : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
-      auto m = build(w, strategy, /*trainable=*/true);
+    for (const std::string run : {"FULL_SHARD", "SHARD_GRAD_OP", "SHARD_GRAD_OP without checkpointing"}) {
+      const bool checkpointing = run.find("without") == std::string::npos;
+      const std::string strategy = run.substr(0, run.find(' '));
+      auto m = build(w, strategy, /*trainable=*/true, checkpointing);
       ASSERT_TRUE(m);
       ASSERT_EQ(m->engine().layouts().size(), 4u);  // 3 layers + root
-      ASSERT_TRUE(m->model().backbone().layer_runner());
+      EXPECT_EQ(static_cast<bool>(m->model().backbone().layer_runner()), checkpointing) << run;
       Inputs in = inputs(rank);
       auto logits = m->forward(in.ids, in.mask, in.pos, ppo::ForwardMode::train);
       ASSERT_TRUE(logits.ok()) << logits.status().to_string();
@@ -97,11 +101,12 @@ TEST(BuildFsdpModule, FullShardFreesEachDecoderLayerAfterItsForward) {
       EXPECT_TRUE(m->engine().gathered_units().empty());
       auto r = m->clip_and_step(1.0);
       ASSERT_TRUE(r.ok()) << r.status().to_string();
-      after_step[strategy] = *m->engine().full_state_dict(at::kFloat);
+      after_step[run] = *m->engine().full_state_dict(at::kFloat);
     }
-    // The recompute changes where the layers live, not the maths.
-    for (const auto& [name, t] : after_step["SHARD_GRAD_OP"]) {
+    // The recompute changes where the layers live and what forward keeps, not the maths.
+    for (const auto& [name, t] : after_step["SHARD_GRAD_OP without checkpointing"]) {
       EXPECT_LE((after_step["FULL_SHARD"].at(name) - t).abs().max().item<double>(), 1e-6) << name;
+      EXPECT_LE((after_step["SHARD_GRAD_OP"].at(name) - t).abs().max().item<double>(), 1e-6) << name;
     }
   });
 }
