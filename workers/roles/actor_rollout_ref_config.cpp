@@ -109,12 +109,18 @@ Result<ActorRolloutRefConfig> parse_actor_rollout_ref_config(const json& init, i
   TESSERA_RETURN_IF_ERROR(parse_role(init, c));
   const json config = init.value("config", json());
   ppo::ConfigReader r(config, kPath);
-  for (const char* k : {"_target_", "hybrid_engine", "nccl_timeout", "profiler"}) r.skip(k);
+  for (const char* k : {"_target_", "hybrid_engine", "profiler"}) r.skip(k);
+  int64_t nccl_timeout = 600;
+  r.field("nccl_timeout", nccl_timeout);
   const json& model = r.nested("model");
   const json& actor = r.nested("actor");
   const json& rollout = r.nested("rollout");
   const json& ref = r.nested("ref");
   TESSERA_RETURN_IF_ERROR(r.finish());
+  if (nccl_timeout < 1) {
+    return make_error(ErrorCode::invalid_argument, "{}.nccl_timeout = {} must be >= 1 (seconds)", kPath, nccl_timeout);
+  }
+  c.nccl_timeout = std::chrono::seconds(nccl_timeout);
 
   TESSERA_ASSIGN_OR_RETURN(c.model, parse_model_section(model, std::string(kPath) + ".model"));
   TESSERA_ASSIGN_OR_RETURN(auto parsed_rollout, rollout::parse_rollout_config(rollout.is_null() ? json::object() : rollout));

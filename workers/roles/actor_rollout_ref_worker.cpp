@@ -76,7 +76,7 @@ Status ActorRolloutRefWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(config_, parse_actor_rollout_ref_config(init_config_, context().world_size));
   if (config_.is_actor) TESSERA_RETURN_IF_ERROR(check_activation_offload(config_.model, "actor_rollout_ref.model"));
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
-  TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend));
+  TESSERA_ASSIGN_OR_RETURN(world_, world_communicator(context(), backend, config_.nccl_timeout));
   TESSERA_ASSIGN_OR_RETURN(model_config_, models::load_model_config(config_.model.path, config_.model.override_config,
                                                                     config_.model.override_config_key));
   // The generation tokens fall back to the checkpoint's own config.json, as verl's

@@ -48,6 +48,7 @@
 // Thread contract: one worker actor thread; every rank makes the same calls (collectives).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -95,6 +96,9 @@ struct ActorRolloutRefConfig {
   /// verl's worker reads it). Batch sizes are normalised by world / this.
   int64_t ulysses_sequence_parallel_size = 1;
   uint64_t seed = 0;
+  /// actor_rollout_ref.nccl_timeout: how long a collective of the group waits for its peers
+  /// (verl's FSDP workers leave torch's 10-minute default; Tessera applies the key).
+  std::chrono::seconds nccl_timeout{600};
   bool save_hf_model = false;      ///< actor.checkpoint.save_contents lists hf_model.
 };
 

@@ -63,8 +63,10 @@ std::string gloo_bind_host(const std::string& host) {
 }  // namespace
 
 Result<std::shared_ptr<collective::Communicator>> world_communicator(const runtime::WorkerContext& context,
-                                                                     const std::string& backend) {
+                                                                     const std::string& backend,
+                                                                     std::chrono::milliseconds timeout) {
   collective::CommunicatorOptions o;
+  if (timeout.count() > 0) o.timeout = timeout;
   o.rank = context.rank;
   o.world_size = context.world_size;
   o.master_addr = context.master_addr.empty() ? "127.0.0.1" : context.master_addr;

@@ -43,9 +43,12 @@ std::string default_comm_backend(const runtime::WorkerContext& context);
 /// master_addr:master_port (a group of one uses an in-process group of its own). Colocated roles
 /// of one worker actor share one communicator (verl: one torch.distributed world per process):
 /// a process-wide cache returns the live communicator of the same (backend, address, rank, world).
-/// Collective on first use: every rank of the group must call it.
+/// Collective on first use: every rank of the group must call it. `timeout` bounds the rendezvous
+/// and is every collective's default (actor_rollout_ref.nccl_timeout); zero keeps the library's
+/// default. A cached communicator keeps the timeout it was made with.
 Result<std::shared_ptr<collective::Communicator>> world_communicator(const runtime::WorkerContext& context,
-                                                                     const std::string& backend);
+                                                                     const std::string& backend,
+                                                                     std::chrono::milliseconds timeout = {});
 
 /// This rank's Ulysses sequence-parallel group for `size` (verl's (dp, sp) device mesh over the
 /// world: groups of `size` consecutive ranks), or null for 1. Errors name `key`: a size that does

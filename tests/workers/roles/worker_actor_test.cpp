@@ -174,6 +174,23 @@ TEST(ActorRolloutRefWorker, ActivationOffloadTrainsAsWithoutItAndNeedsCheckpoint
   ASSERT_NE(r, nullptr);
 }
 
+// actor_rollout_ref.nccl_timeout: the group's collectives wait that long for their peers (the
+// world communicator's default timeout); below 1 second it is refused naming the key.
+TEST(ActorRolloutRefWorker, NcclTimeoutIsTheGroupsCollectiveTimeout) {
+  json c = arr_config(4, 1);
+  c["nccl_timeout"] = 7;
+  auto w = make_worker(context(0, 1, next_port()), "actor", c);
+  EXPECT_EQ(w->actor_module()->engine().mesh().world()->default_timeout(), std::chrono::milliseconds(7000));
+  auto parsed = parse_actor_rollout_ref_config(json{{"role", "actor"}, {"config", arr_config(4, 1)}}, 1);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->nccl_timeout, std::chrono::seconds(600));  // verl's default
+  c["nccl_timeout"] = 0;
+  auto bad = parse_actor_rollout_ref_config(json{{"role", "actor"}, {"config", c}}, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("actor_rollout_ref.nccl_timeout = 0 must be >= 1"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(ActorRolloutRefWorker, ComputeLogProbIsInvariantToMicroBatchingAndMatchesAForward) {
   proto::DataProto batch = make_rollout({3, 5, 2, 4, 1}, {4, 2, 6, 3, 5}, 5, 6, 22, kVocab);
   at::Tensor want = reference_log_probs(batch);
