@@ -99,7 +99,8 @@ Status load_data(const json& cfg, State& s) {
       }
     }
     if (!python_source.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<PythonRewardPool> pool, start_verl_scorer_pool(po, python_source));
+      TESSERA_ASSIGN_OR_RETURN(SandboxFusionOptions sandbox, sandbox_fusion_options(cfg));
+      TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<PythonRewardPool> pool, start_verl_scorer_pool(po, python_source, sandbox));
       ro.fallback_scorer = [pool](const std::vector<ScoreRequest>& rows) { return pool->score(rows); };
     }
   }

@@ -218,8 +218,27 @@ bool is_verl_python_source(std::string_view ds) {
   return false;
 }
 
+Result<SandboxFusionOptions> sandbox_fusion_options(const json& cfg) {
+  SandboxFusionOptions o;
+  TESSERA_ASSIGN_OR_RETURN(o.url, config_get<std::optional<std::string>>(cfg, "reward_model.sandbox_fusion.url"));
+  TESSERA_ASSIGN_OR_RETURN(o.max_concurrent, config_get_or<int64_t>(cfg, "reward_model.sandbox_fusion.max_concurrent", 64));
+  TESSERA_ASSIGN_OR_RETURN(o.memory_limit_mb,
+                           config_get_or<int64_t>(cfg, "reward_model.sandbox_fusion.memory_limit_mb", 1024));
+  if (o.url && o.url->empty()) o.url.reset();
+  if (o.max_concurrent < 1) {
+    return make_error(ErrorCode::invalid_argument, "reward_model.sandbox_fusion.max_concurrent = {} must be >= 1",
+                      o.max_concurrent);
+  }
+  if (o.memory_limit_mb < 1) {
+    return make_error(ErrorCode::invalid_argument, "reward_model.sandbox_fusion.memory_limit_mb = {} must be >= 1",
+                      o.memory_limit_mb);
+  }
+  return o;
+}
+
 Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOptions options,
-                                                                 const std::string& data_source) {
+                                                                 const std::string& data_source,
+                                                                 const SandboxFusionOptions& sandbox) {
   // A one-line module that re-exports verl's scorer; the pool imports it once at start, so the
   // temporary directory can go right after.
   char dir_template[] = "/tmp/tessera-verl-scorer-XXXXXX";
@@ -229,7 +248,25 @@ Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOpt
   const std::filesystem::path dir(dir_template), shim = dir / "verl_default_compute_score.py";
   {
     std::ofstream out(shim);
-    out << "from verl.utils.reward_score import default_compute_score as compute_score\n";
+    if (!sandbox.url) {
+      out << "from verl.utils.reward_score import default_compute_score as compute_score\n";
+    } else {
+      // verl's get_custom_reward_fn: default_compute_score with the sandbox's url, memory limit and
+      // a semaphore over the requests in flight (verl's is shared by its processes; here each of
+      // the pool's processes takes its share). Read from a JSON file beside the module at import.
+      const int64_t per_process = std::max<int64_t>(1, sandbox.max_concurrent / std::max(1, options.processes));
+      std::ofstream(dir / "sandbox_fusion.json")
+          << json{{"url", *sandbox.url}, {"memory_limit_mb", sandbox.memory_limit_mb}, {"max_concurrent", per_process}}.dump();
+      out << "import json, os, threading\n"
+             "from verl.utils.reward_score import default_compute_score\n"
+             "with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sandbox_fusion.json')) as f:\n"
+             "    _SANDBOX = json.load(f)\n"
+             "_SEMAPHORE = threading.Semaphore(_SANDBOX['max_concurrent'])\n"
+             "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+             "    return default_compute_score(data_source, solution_str, ground_truth, extra_info,\n"
+             "                                 sandbox_fusion_url=_SANDBOX['url'], concurrent_semaphore=_SEMAPHORE,\n"
+             "                                 memory_limit_mb=_SANDBOX['memory_limit_mb'], **kwargs)\n";
+    }
   }
   options.path = shim.string();
   options.name = "compute_score";

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,11 +49,24 @@ Result<PythonRewardOptions> python_reward_options(const nlohmann::json& cfg);
 /// prime_math's numina_* sources, prime_code's codecontests/apps/codeforces/taco, geo3k.
 bool is_verl_python_source(std::string_view data_source);
 
+/// verl's reward_model.sandbox_fusion: where verl's code scorers run the solutions.
+struct SandboxFusionOptions {
+  std::optional<std::string> url;  ///< null: verl's scorers execute code locally (prime_code).
+  int64_t max_concurrent = 64;     ///< Requests to the sandbox in flight at once, over all processes.
+  int64_t memory_limit_mb = 1024;  ///< Per execution.
+};
+
+/// reward_model.sandbox_fusion of a loaded PPO config. Errors name the key.
+Result<SandboxFusionOptions> sandbox_fusion_options(const nlohmann::json& cfg);
+
 /// A pool running verl's own default_compute_score (verl must be importable by the pool's
-/// interpreter). Errors name `data_source` (the first source that needs it) and say what to do.
+/// interpreter), with sandbox_fusion_url, memory_limit_mb and a semaphore of max_concurrent /
+/// processes requests per process when `sandbox.url` is set, as verl's get_custom_reward_fn
+/// passes them. Errors name `data_source` (the first source that needs it) and say what to do.
 class PythonRewardPool;
 Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOptions options,
-                                                                       const std::string& data_source);
+                                                                       const std::string& data_source,
+                                                                       const SandboxFusionOptions& sandbox = {});
 
 class PythonRewardPool {
  public:

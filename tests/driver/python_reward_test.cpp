@@ -123,5 +123,55 @@ TEST(PythonReward, AFileThatDoesNotLoadIsOneLine) {
   EXPECT_NE(python_reward_options(*cfg).status().message().find("/no/such.py"), std::string::npos);
 }
 
+// reward_model.sandbox_fusion: verl's own scorer (here a stand-in package on PYTHONPATH, shadowing
+// an installed verl) gets the sandbox's url, memory limit and a semaphore, as verl's
+// get_custom_reward_fn passes them, so code runs in the sandbox rather than locally; without a url
+// it is called without them.
+TEST(PythonReward, VerlScorersGetTheSandboxFusionSettings) {
+  testing::TempDir dir("sandbox");
+  dir.write("verl/__init__.py", "");
+  dir.write("verl/utils/__init__.py", "");
+  dir.write("verl/utils/reward_score/__init__.py", R"PY(
+def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None,
+                          concurrent_semaphore=None, memory_limit_mb=None):
+    if sandbox_fusion_url is None:
+        return -1.0
+    with concurrent_semaphore:
+        return memory_limit_mb / 1000.0 + (sandbox_fusion_url == "http://sandbox:8080/run_code")
+)PY");
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string saved = old ? old : "";
+  ::setenv("PYTHONPATH", dir.path().c_str(), 1);
+  PythonRewardOptions o;
+  o.processes = 2;
+  SandboxFusionOptions sandbox;
+  sandbox.url = "http://sandbox:8080/run_code";
+  sandbox.memory_limit_mb = 2048;
+  auto with = start_verl_scorer_pool(o, "codecontests", sandbox);
+  auto without = start_verl_scorer_pool(o, "codecontests");
+  if (old) ::setenv("PYTHONPATH", saved.c_str(), 1); else ::unsetenv("PYTHONPATH");
+  ASSERT_TRUE(with.ok()) << with.status().to_string();
+  ASSERT_TRUE(without.ok()) << without.status().to_string();
+  auto a = (*with)->score(rows({"print(1)", "print(2)", "print(3)"}, "codecontests"));
+  auto b = (*without)->score(rows({"print(1)"}, "codecontests"));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+  for (const auto& s : *a) EXPECT_DOUBLE_EQ(s.score, 3.048);
+  EXPECT_DOUBLE_EQ((*b)[0].score, -1.0);
+
+  // The settings come from the config's keys; a bad value names its key.
+  auto cfg = load_config(ConfigKind::ppo, {}, {"reward_model.sandbox_fusion.url=http://sandbox:8080/run_code",
+                                               "reward_model.sandbox_fusion.max_concurrent=0"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto bad = sandbox_fusion_options(*cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("reward_model.sandbox_fusion.max_concurrent = 0"), std::string::npos);
+  (*cfg)["reward_model"]["sandbox_fusion"]["max_concurrent"] = 8;
+  auto good = sandbox_fusion_options(*cfg);
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ(good->url, std::optional<std::string>("http://sandbox:8080/run_code"));
+  EXPECT_EQ(good->max_concurrent, 8);
+  EXPECT_EQ(good->memory_limit_mb, 1024);
+}
+
 }  // namespace
 }  // namespace tessera::driver
