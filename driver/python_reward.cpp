@@ -98,6 +98,10 @@ PythonRewardPool::PythonRewardPool(PythonRewardOptions options) : options_(std::
 
 PythonRewardPool::~PythonRewardPool() {
   for (size_t i = 0; i < procs_.size(); ++i) stop(i);
+  if (!options_.owned_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(options_.owned_dir, ec);
+  }
 }
 
 void PythonRewardPool::stop(size_t slot) { internal::kill_child(*procs_[slot]); }
@@ -239,8 +243,8 @@ Result<SandboxFusionOptions> sandbox_fusion_options(const json& cfg) {
 Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOptions options,
                                                                  const std::string& data_source,
                                                                  const SandboxFusionOptions& sandbox) {
-  // A one-line module that re-exports verl's scorer; the pool imports it once at start, so the
-  // temporary directory can go right after.
+  // A small module that re-exports verl's scorer (with the sandbox settings when set), in a
+  // directory the pool owns: every process imports it, also one that replaces a timed-out one.
   char dir_template[] = "/tmp/tessera-verl-scorer-XXXXXX";
   if (::mkdtemp(dir_template) == nullptr) {
     return make_error(ErrorCode::io_error, "cannot create a temporary directory: {}", std::strerror(errno));
@@ -270,9 +274,8 @@ Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOpt
   }
   options.path = shim.string();
   options.name = "compute_score";
-  auto pool = PythonRewardPool::start(options);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  options.owned_dir = dir.string();
+  auto pool = PythonRewardPool::start(options);  // a pool that fails to start removes the directory too
   if (!pool.ok()) {
     return make_error(ErrorCode::unimplemented,
                       "data_source '{}' is scored by verl's Python (sympy, code execution or mathruler), which does not "

@@ -39,6 +39,9 @@ struct PythonRewardOptions {
   int processes = 4;                      ///< custom_reward_function.processes
   std::chrono::milliseconds timeout{60000};  ///< custom_reward_function.timeout_s, per chunk
   bool errors_score_zero = false;         ///< custom_reward_function.on_error == "zero"
+  /// A directory the pool owns and removes when it ends (verl's scorer module lives there, and a
+  /// process replaced after a timeout imports it again). Empty: none.
+  std::string owned_dir;
 };
 
 /// The options from a loaded PPO config (`path` empty when custom_reward_function is not set;

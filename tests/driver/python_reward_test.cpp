@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
 
 #include "driver/config.hpp"
 #include "driver/python_reward.hpp"
@@ -134,22 +135,31 @@ TEST(PythonReward, VerlScorersGetTheSandboxFusionSettings) {
   dir.write("verl/utils/reward_score/__init__.py", R"PY(
 def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None,
                           concurrent_semaphore=None, memory_limit_mb=None):
+    if solution_str == "slow":
+        import threading
+        threading.Event().wait()  # the pool replaces this process after its timeout
     if sandbox_fusion_url is None:
         return -1.0
     with concurrent_semaphore:
         return memory_limit_mb / 1000.0 + (sandbox_fusion_url == "http://sandbox:8080/run_code")
 )PY");
-  const char* old = std::getenv("PYTHONPATH");
-  const std::string saved = old ? old : "";
-  ::setenv("PYTHONPATH", dir.path().c_str(), 1);
+  // The stand-in must stay importable for the whole test: a replaced process imports it again.
+  struct PythonPath {
+    std::optional<std::string> saved;
+    explicit PythonPath(const std::string& path) {
+      if (const char* old = std::getenv("PYTHONPATH")) saved = old;
+      ::setenv("PYTHONPATH", path.c_str(), 1);
+    }
+    ~PythonPath() { saved ? (void)::setenv("PYTHONPATH", saved->c_str(), 1) : (void)::unsetenv("PYTHONPATH"); }
+  } python_path(dir.path().string());
   PythonRewardOptions o;
   o.processes = 2;
+  o.timeout = std::chrono::milliseconds(3000);
   SandboxFusionOptions sandbox;
   sandbox.url = "http://sandbox:8080/run_code";
   sandbox.memory_limit_mb = 2048;
   auto with = start_verl_scorer_pool(o, "codecontests", sandbox);
   auto without = start_verl_scorer_pool(o, "codecontests");
-  if (old) ::setenv("PYTHONPATH", saved.c_str(), 1); else ::unsetenv("PYTHONPATH");
   ASSERT_TRUE(with.ok()) << with.status().to_string();
   ASSERT_TRUE(without.ok()) << without.status().to_string();
   auto a = (*with)->score(rows({"print(1)", "print(2)", "print(3)"}, "codecontests"));
@@ -157,6 +167,14 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
   ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
   for (const auto& s : *a) EXPECT_DOUBLE_EQ(s.score, 3.048);
   EXPECT_DOUBLE_EQ((*b)[0].score, -1.0);
+  // A call past the timeout: the process is replaced, and the replacement loads verl's scorer
+  // with the same settings (the module's directory lives as long as the pool).
+  auto slow = (*with)->score(rows({"slow"}, "codecontests"));
+  ASSERT_FALSE(slow.ok());
+  EXPECT_NE(slow.status().message().find("timed out"), std::string::npos) << slow.status().to_string();
+  auto again = (*with)->score(rows({"print(1)", "print(2)"}, "codecontests"));
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  for (const auto& s : *again) EXPECT_DOUBLE_EQ(s.score, 3.048);
 
   // The settings come from the config's keys; a bad value names its key.
   auto cfg = load_config(ConfigKind::ppo, {}, {"reward_model.sandbox_fusion.url=http://sandbox:8080/run_code",
