@@ -105,6 +105,20 @@ TEST(UlyssesWorkers, ActorWithGroupsOfTwoTrainsAsOneRankWithout) {
   }
 }
 
+// LoRA adapters (per token, like every projection) split the same way: the adapters train as
+// on one rank.
+TEST(UlyssesWorkers, LoraActorWithGroupsOfTwoTrainsAsOneRankWithout) {
+  const at::Tensor mask = rollout_batch().tensor("response_mask")->to(at::kBool);
+  auto lora = [](int64_t sp) {
+    json c = sp_config(sp);
+    c["model"]["lora_rank"] = 4;
+    c["model"]["lora_alpha"] = 8;
+    return c;
+  };
+  const ActorRun want = run_actor(1, lora(1));
+  expect_same_training(run_actor(2, lora(2)), want, mask);
+}
+
 // 4 ranks in two groups of 2 are two data-parallel ranks; groups of 4 repeat the 2 KV heads.
 TEST(UlyssesWorkers, TwoGroupsTrainAsTwoDataParallelRanks) {
   const at::Tensor mask = rollout_batch().tensor("response_mask")->to(at::kBool);
@@ -187,6 +201,11 @@ TEST(UlyssesWorkers, CriticWithGroupsOfTwoTrainsAsOneRankWithout) {
   EXPECT_LT(max_diff(got_before, want_before), 1e-5);
   EXPECT_LT(max_diff(got_after, want_after), 1e-5);
   EXPECT_GT(max_diff(want_after, want_before), 1e-3);  // it trained
+  // Two groups of 2 are two data-parallel ranks.
+  auto [dp_before, dp_after] = run_critic(2, 1);
+  auto [groups_before, groups_after] = run_critic(4, 2);
+  EXPECT_LT(max_diff(groups_before, dp_before), 1e-5);
+  EXPECT_LT(max_diff(groups_after, dp_after), 1e-5);
 }
 
 // The reward model scores with its value head at each row's last token: padding-free on one rank
