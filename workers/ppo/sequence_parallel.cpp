@@ -19,7 +19,14 @@
 //   gradients over all W ranks: the sum of a group's S partial gradients over W / S groups,
 //   which is the data-parallel average of verl without sequence parallelism, as verl's
 //   gather_outputs_and_unpad(grad_scaler=True) makes it.
+// * SFT (roles/sft_worker.cpp) takes the other route to the same gradient: each rank's loss is
+//   its own slice's tokens' (no gather), normalised by the batch's tokens counted once per group,
+//   and the all-to-alls' backward carries each rank's loss into the others' activations. The
+//   reward model only reads the gathered values at each row's last token.
 // FSDP shards over all W ranks as before; only activations are split. The rollout is unaffected.
+// DESIGN.md's n-d dispatch (the driver sending a group's chunk to each of its ranks) would save
+// the gather; verl v0.5.0 gathers in the worker, and so does Tessera's rollout TP, which keeps
+// dispatch and futures unchanged.
 #include "workers/ppo/sequence_parallel.hpp"
 
 #include <torch/torch.h>
