@@ -175,15 +175,16 @@ TEST(SftWorker, PaddingFreeMatchesPadded) {
   EXPECT_NE(st.status().message().find("use_remove_padding"), std::string::npos) << st.status().to_string();
 }
 
-// ulysses_sequence_parallel_size (Note [Ulysses sequence parallelism]): 2 ranks in one group of 2
-// split each packed micro-batch's tokens; they report the reference loss and take the step that 1
-// rank takes on the whole batch.
+// ulysses_sequence_parallel_size (Note [Ulysses sequence parallelism]): 2 ranks in one group of 2,
+// and 4 ranks in two groups of 2, split each packed micro-batch's tokens; they report the
+// reference loss and take the step that 1 rank takes on the whole batch.
 TEST(SftWorker, SequenceParallelRanksTrainAsOneRank) {
-  std::map<std::string, at::Tensor> after[2];
-  for (int ranks : {1, 2}) {
+  std::map<int, std::map<std::string, at::Tensor>> after;
+  for (int ranks : {1, 2, 4}) {  // 1 rank; one group of 2; two groups of 2
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
     json init = init_config(testing::tiny_model_dir());
     init["config"]["use_remove_padding"] = true;
-    init["config"]["ulysses_sequence_parallel_size"] = ranks;
+    init["config"]["ulysses_sequence_parallel_size"] = std::min(ranks, 2);
     Group g = spawn(ranks, init);
     ASSERT_TRUE(g.wg->call("init_model", {}).ok());
     const proto::DataProto b = sft_batch();
@@ -196,11 +197,15 @@ TEST(SftWorker, SequenceParallelRanksTrainAsOneRank) {
     ASSERT_TRUE(g.wg->call("save_checkpoint", {Value(json{{"local_path", dir}, {"global_step", 1}})}).ok());
     auto m = models::load_causal_lm(dir + "/huggingface");
     ASSERT_TRUE(m.ok()) << m.status().to_string();
-    for (const auto& [name, t] : (*m)->parameter_map()) after[ranks - 1][name] = t.clone();
+    for (const auto& [name, t] : (*m)->parameter_map()) after[ranks][name] = t.clone();
     std::filesystem::remove_all(dir);
   }
   // Adam's first step magnifies float noise in gradients near zero (see PaddingFreeMatchesPadded).
-  for (const auto& [name, t] : after[0]) EXPECT_TRUE(torch::allclose(after[1].at(name), t, 1e-5, 2e-5)) << name;
+  for (int ranks : {2, 4}) {
+    for (const auto& [name, t] : after[1]) {
+      EXPECT_TRUE(torch::allclose(after[ranks].at(name), t, 1e-5, 2e-5)) << ranks << " ranks: " << name;
+    }
+  }
   json bad = init_config(testing::tiny_model_dir());
   bad["config"]["ulysses_sequence_parallel_size"] = 2;
   Group g = spawn(2, bad);
