@@ -318,10 +318,8 @@ at::Tensor Attention::ulysses_attention(const at::Tensor& q, const at::Tensor& k
                                         const PackedSegments& packed) const {
   const SequenceParallelExchange& sp = *packed.sequence_parallel;
   const int64_t repeats = std::max<int64_t>(sp.size() / num_kv_heads_, 1);
-  auto spread = [&](const at::Tensor& t) {
-    return sp.gather_tokens((repeats > 1 ? t.repeat_interleave(repeats, 1) : t).contiguous());
-  };
-  return sp.scatter_tokens(packed_attention(sp.gather_tokens(q.contiguous()), spread(k), spread(v), packed).contiguous());
+  auto spread = [&](const at::Tensor& t) { return sp.gather_tokens(repeats > 1 ? t.repeat_interleave(repeats, 1) : t); };
+  return sp.scatter_tokens(packed_attention(sp.gather_tokens(q), spread(k), spread(v), packed));
 }
 
 Status check_sequence_parallel(const ModelConfig& config, int64_t size, const std::string& key) {

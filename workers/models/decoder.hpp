@@ -128,7 +128,8 @@ at::Tensor last_query_window(const at::Tensor& visible, int64_t columns, int64_t
 /// size() ranks of a group each hold an equal slice of one packed row's tokens, and attention
 /// trades heads for tokens around itself (Note [Ulysses attention] in decoder.cpp). The exchange
 /// is the caller's (it owns the group's communicator); both directions are differentiable, each
-/// the other's backward. Implementations throw on a failed exchange.
+/// the other's backward, take inputs of any memory layout and may return strided views (tokens
+/// outermost suits the varlen attention call). Implementations throw on a failed exchange.
 class SequenceParallelExchange {
  public:
   virtual ~SequenceParallelExchange() = default;

@@ -47,22 +47,27 @@ void throw_if_failed(const Status& st, const char* what) {
   if (!st.ok()) throw std::runtime_error(std::string("Ulysses ") + what + ": " + st.to_string());
 }
 
+// Both exchanges keep tokens outermost in memory ([tokens, heads, head_dim], shown to the model as
+// the [1, heads, tokens, head_dim] view it computes with): the varlen flash-attention call takes
+// that layout as it is, and the o_proj input is a view of it too, so each direction costs one
+// copy besides the exchange (the pieces sent, or the pieces received, being strided).
+
 // [1, H, n, D] (this rank's tokens, every head) -> [1, H / S, S * n, D] (every token, my heads).
 at::Tensor tokens_to_heads(collective::Communicator& group, const at::Tensor& x) {
   const int64_t size = group.size();
   TORCH_CHECK(x.dim() == 4 && x.size(0) == 1 && x.size(1) % size == 0,
               "Ulysses all-to-all: expected [1, heads, tokens, head_dim] with heads divisible by ", size, ", got ",
               x.sizes());
-  const at::Tensor in = x.contiguous().squeeze(0);
-  const int64_t heads = in.size(0) / size, n = in.size(1), d = in.size(2);
-  at::Tensor landed = at::empty({size, heads, n, d}, in.options());
+  const at::Tensor tokens_first = x.squeeze(0).transpose(0, 1);  // [n, H, D]
+  const int64_t n = tokens_first.size(0), heads = tokens_first.size(1) / size, d = tokens_first.size(2);
+  at::Tensor landed = at::empty({size * n, heads, d}, x.options());  // every rank's tokens, in rank order
   std::vector<at::Tensor> send, recv;
   for (int64_t r = 0; r < size; ++r) {
-    send.push_back(in.narrow(0, r * heads, heads));  // contiguous: a range of the outer dimension
-    recv.push_back(landed[r]);
+    send.push_back(tokens_first.narrow(1, r * heads, heads).contiguous());  // rank r's heads of my tokens
+    recv.push_back(landed.narrow(0, r * n, n));  // contiguous: a range of the outer dimension
   }
   throw_if_failed(collective::all_to_all_v(group, send, recv), "all-to-all (tokens to heads)");
-  return landed.permute({1, 0, 2, 3}).reshape({1, heads, size * n, d});
+  return landed.transpose(0, 1).unsqueeze(0);
 }
 
 // The inverse: [1, H / S, S * n, D] -> [1, H, n, D].
@@ -71,16 +76,16 @@ at::Tensor heads_to_tokens(collective::Communicator& group, const at::Tensor& y)
   TORCH_CHECK(y.dim() == 4 && y.size(0) == 1 && y.size(2) % size == 0,
               "Ulysses all-to-all: expected [1, heads, tokens, head_dim] with tokens divisible by ", size, ", got ",
               y.sizes());
-  const at::Tensor in = y.squeeze(0);
-  const int64_t heads = in.size(0), n = in.size(1) / size, d = in.size(2);
-  at::Tensor out = at::empty({size * heads, n, d}, in.options());
+  const at::Tensor tokens_first = y.squeeze(0).transpose(0, 1).contiguous();  // [S * n, H / S, D]
+  const int64_t heads = tokens_first.size(1), n = tokens_first.size(0) / size, d = tokens_first.size(2);
+  at::Tensor landed = at::empty({size, n, heads, d}, y.options());  // my tokens, rank r's heads at [r]
   std::vector<at::Tensor> send, recv;
   for (int64_t r = 0; r < size; ++r) {
-    send.push_back(in.narrow(1, r * n, n).contiguous());
-    recv.push_back(out.narrow(0, r * heads, heads));
+    send.push_back(tokens_first.narrow(0, r * n, n));  // rank r's tokens: contiguous
+    recv.push_back(landed[r]);
   }
   throw_if_failed(collective::all_to_all_v(group, send, recv), "all-to-all (heads to tokens)");
-  return out.unsqueeze(0);
+  return landed.permute({1, 0, 2, 3}).reshape({n, size * heads, d}).transpose(0, 1).unsqueeze(0);
 }
 
 // The communicator rides in the autograd context as an address: it is owned by the UlyssesGroup,
