@@ -274,6 +274,7 @@ Result<std::shared_ptr<PythonRewardPool>> start_verl_scorer_pool(PythonRewardOpt
   }
   options.path = shim.string();
   options.name = "compute_score";
+  options.kwargs = json::object();  // reward_kwargs are the custom function's (verl passes none to its own)
   options.owned_dir = dir.string();
   auto pool = PythonRewardPool::start(options);  // a pool that fails to start removes the directory too
   if (!pool.ok()) {

@@ -155,6 +155,7 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
   PythonRewardOptions o;
   o.processes = 2;
   o.timeout = std::chrono::milliseconds(3000);
+  o.kwargs = {{"bonus", 0.5}};  // custom_reward_function.reward_kwargs: not verl's scorer's
   SandboxFusionOptions sandbox;
   sandbox.url = "http://sandbox:8080/run_code";
   sandbox.memory_limit_mb = 2048;
