@@ -130,13 +130,14 @@ at::Tensor yarn_inv_freq(const at::Tensor& exponent, const ModelConfig& c) {
 // for seq_len = max(position_ids) + 1 when that exceeds max_position_embeddings, else the ones HF
 // computes at construction (seq_len = max_position_embeddings, in double). Both are computed and
 // the choice is made on the device, so no host sync.
-at::Tensor dynamic_inv_freq(const at::Tensor& position_ids, const at::Tensor& exponent, const ModelConfig& c) {
+at::Tensor dynamic_inv_freq(const at::Tensor& position_ids, const at::Tensor& exponent, const ModelConfig& c,
+                            const at::Tensor& max_position) {
   const double factor = c.rope_scaling.factor, dim = static_cast<double>(c.head_dim);
   const double max_positions = static_cast<double>(c.max_position_embeddings);
   const double initial_base =
       c.rope_theta * std::pow(factor * max_positions / max_positions - (factor - 1.0), dim / (dim - 2.0));
   at::Tensor initial = at::pow(initial_base, exponent).reciprocal();
-  at::Tensor seq_len = position_ids.max() + 1;                                          // 0-dim long
+  at::Tensor seq_len = (max_position.defined() ? max_position : position_ids.max()) + 1;  // 0-dim long
   at::Tensor grown_base =
       at::pow(seq_len.to(at::kFloat) * factor / max_positions - (factor - 1.0), dim / (dim - 2.0)) * c.rope_theta;
   at::Tensor grown = at::pow(grown_base, exponent).reciprocal();
@@ -145,11 +146,11 @@ at::Tensor dynamic_inv_freq(const at::Tensor& position_ids, const at::Tensor& ex
 
 }  // namespace
 
-at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c) {
+at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c, const at::Tensor& max_position) {
   auto long_opts = at::TensorOptions().dtype(at::kLong).device(position_ids.device());
   at::Tensor exponent = at::arange(0, c.head_dim, 2, long_opts).to(at::kFloat) / static_cast<double>(c.head_dim);
   const std::string& type = c.rope_scaling.rope_type;
-  if (type == "dynamic") return dynamic_inv_freq(position_ids, exponent, c);
+  if (type == "dynamic") return dynamic_inv_freq(position_ids, exponent, c, max_position);
   at::Tensor inv_freq = at::pow(c.rope_theta, exponent).reciprocal();                   // [D/2]
   if (type == "linear") return inv_freq / c.rope_scaling.factor;
   if (type == "llama3") return llama3_inv_freq(inv_freq, c);
@@ -168,8 +169,9 @@ double rotary_attention_factor(const ModelConfig& c) {
   return mscale(1.0);
 }
 
-RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype) {
-  at::Tensor inv_freq = rotary_inv_freq(position_ids, config);                         // [D/2]
+RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype,
+                                const at::Tensor& max_position) {
+  at::Tensor inv_freq = rotary_inv_freq(position_ids, config, max_position);           // [D/2]
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
   if (config.rope_scaling.rope_type == "yarn") {  // HF scales cos and sin in fp32 before the cast
@@ -334,12 +336,6 @@ Status check_sequence_parallel(const ModelConfig& config, int64_t size, const st
     return make_error(ErrorCode::invalid_argument,
                       "{} = {} must divide the model's num_key_value_heads = {} or be a multiple of it", key, size, kv);
   }
-  // Dynamic NTK picks its scale from the longest position of each forward; a rank sees only its
-  // slice's, so its rotary tables would differ from the unsplit forward's.
-  if (config.rope_scaling.rope_type == "dynamic") {
-    return make_error(ErrorCode::unimplemented, "{} = {}: rope_scaling of type dynamic is not supported with sequence "
-                      "parallelism (each rank would scale by its own slice's longest position)", key, size);
-  }
   return Status();
 }
 
@@ -491,7 +487,8 @@ at::Tensor DecoderBackbone::window_visibility(const at::Tensor& key_mask, int64_
 at::Tensor DecoderBackbone::run_layers(at::Tensor h, const at::Tensor& position_ids, const at::Tensor& visible,
                                        const at::Tensor& visible_window, KVCache* cache,
                                        std::shared_ptr<const PackedSegments> packed) const {
-  RotaryTables rope = make_rotary_tables(position_ids, config_, h.scalar_type());
+  RotaryTables rope = make_rotary_tables(position_ids, config_, h.scalar_type(),
+                                         packed ? packed->max_position : at::Tensor());
   for (size_t i = 0; i < layers.size(); ++i) {
     if (cache == nullptr && layer_runner_) {
       LayerCall call = [layer = layers[i], rope, visible, visible_window, packed](const at::Tensor& x) {

@@ -99,8 +99,10 @@ struct RotaryTables {
 /// over `position_ids` [B, T]: config.rope_theta and config.rope_scaling, computed with the same
 /// fp32 operations as transformers. "dynamic" uses seq_len = max(position_ids) + 1, as HF's
 /// dynamic_rope_update does for each call (a KV-cache step's own positions), chosen on the device
-/// without a host sync.
-at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& config);
+/// without a host sync; `max_position` (0-dim), when given, stands for max(position_ids) (a
+/// sequence-parallel slice of a longer row).
+at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& config,
+                           const at::Tensor& max_position = at::Tensor());
 
 /// HF's attention_scaling of cos and sin: yarn's attention_factor (given, or from factor, mscale
 /// and mscale_all_dim as _compute_yarn_parameters infers it); 1 for every other RoPE type.
@@ -109,7 +111,8 @@ double rotary_attention_factor(const ModelConfig& config);
 /// HF rotary embedding for `position_ids` [B, T] (computed in fp32, scaled by
 /// rotary_attention_factor, cast to `dtype`), with the config's head_dim, rope_theta and
 /// rope_scaling (rotary_inv_freq).
-RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype);
+RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype,
+                                const at::Tensor& max_position = at::Tensor());
 
 /// x * cos + rotate_half(x) * sin for x [B, heads, T, head_dim].
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
@@ -155,6 +158,9 @@ struct PackedSegments {
   /// With Ulysses sequence parallelism: `starts` describe the whole row of N tokens, which is cut
   /// into size() equal slices (N divisible by size()); a forward's tokens are this rank's slice.
   std::shared_ptr<const SequenceParallelExchange> sequence_parallel;
+  /// With sequence parallelism: the largest position id of the whole row (0-dim, on the tokens'
+  /// device), which dynamic RoPE scales by (rotary_inv_freq) where a slice alone would show less.
+  at::Tensor max_position;
   /// Tokens of the row this rank's forward takes: N, or N / size() with sequence parallelism.
   int64_t local_tokens() const {
     const int64_t n = starts.empty() ? 0 : starts.back();

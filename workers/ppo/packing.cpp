@@ -58,6 +58,8 @@ Result<PackedBatch> pack_rows(const at::Tensor& input_ids, const at::Tensor& att
     first_token = sequence_parallel->rank() * tokens;
     if (pad > 0) segments->starts.push_back(N + pad);
     segments->sequence_parallel = sequence_parallel;
+    // Dynamic RoPE scales by the whole row's longest position, not the slice's (on the device).
+    segments->max_position = position_ids.masked_fill(attention_mask.eq(0), 0).max();
     const auto lo = std::lower_bound(head.begin(), head.end(), first_token);
     const auto hi = std::lower_bound(head.begin(), head.end(), first_token + tokens);
     p.row_head_index = to_device(head);
