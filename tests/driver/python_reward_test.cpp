@@ -144,14 +144,7 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
         return memory_limit_mb / 1000.0 + (sandbox_fusion_url == "http://sandbox:8080/run_code")
 )PY");
   // The stand-in must stay importable for the whole test: a replaced process imports it again.
-  struct PythonPath {
-    std::optional<std::string> saved;
-    explicit PythonPath(const std::string& path) {
-      if (const char* old = std::getenv("PYTHONPATH")) saved = old;
-      ::setenv("PYTHONPATH", path.c_str(), 1);
-    }
-    ~PythonPath() { saved ? (void)::setenv("PYTHONPATH", saved->c_str(), 1) : (void)::unsetenv("PYTHONPATH"); }
-  } python_path(dir.path().string());
+  testing::ScopedEnv python_path("PYTHONPATH", dir.path().string());
   PythonRewardOptions o;
   o.processes = 2;
   o.timeout = std::chrono::milliseconds(3000);

@@ -89,6 +89,7 @@ void ActivationStash::offload(size_t slot) {
     computed.block(side);
     {
       c10::cuda::CUDAStreamGuard on_side(side);
+      // Host boundary, deliberate: parking the input in host memory is what the option asks for.
       // Pinned memory from the caching host allocator, which records the copies' streams on the
       // block, so it is not handed out again before the copy back has read it.
       at::Tensor host = at::empty_like(x, x.options().device(at::kCPU).pinned_memory(true));

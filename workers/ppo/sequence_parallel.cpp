@@ -130,10 +130,9 @@ struct GatherPerToken : torch::autograd::Function<GatherPerToken> {
     const int64_t size = comm->size();
     ctx->saved_data["rank"] = static_cast<int64_t>(comm->rank());
     ctx->saved_data["size"] = size;
+    TORCH_CHECK(x.dim() >= 1, "Ulysses all-gather: expected per-token values [n, ...], got a scalar");
     std::vector<int64_t> shape = x.sizes().vec();
-    const int64_t n = shape.empty() ? 1 : shape[0];
-    if (shape.empty()) shape.push_back(1);
-    shape[0] = size * n;
+    shape[0] *= size;
     at::Tensor out = at::empty(shape, x.options());
     throw_if_failed(comm->all_gather(x.contiguous(), out), "all-gather of the per-token outputs");
     return out;

@@ -9,12 +9,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "runtime/collective/communicator.hpp"
+#include "tests/runtime/collective/collective_test_util.hpp"
 #include "tests/workers/ppo/ppo_test_util.hpp"
 #include "workers/ppo/dp_actor.hpp"
 #include "workers/ppo/dp_critic.hpp"
@@ -24,29 +23,15 @@ namespace tessera::ppo {
 namespace {
 
 using namespace testing;  // NOLINT: the PPO test helpers (ppo_test_util.hpp)
+using collective::testing::run_ranks;
 
 // Rank r of an in-process Ulysses group of `size`, rendezvous `key`.
 std::shared_ptr<UlyssesGroup> ulysses(int rank, int size, const std::string& key) {
-  collective::CommunicatorOptions o;
-  o.backend = "inproc";
-  o.rank = rank;
-  o.world_size = size;
-  o.inproc_key = key;
-  o.group_name = "sp";
-  auto comm = unwrap(collective::make_communicator(o));
+  auto comm = unwrap(collective::make_communicator(collective::testing::world_options("inproc", rank, size, 0, key)));
   return unwrap(UlyssesGroup::create(std::move(comm)));
 }
 
-void run_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { fn(r); });
-  for (auto& t : threads) t.join();
-}
-
-std::string next_key() {
-  static std::atomic<int> n{0};
-  return "ulysses-test-" + std::to_string(n++);
-}
+std::string next_key() { return collective::testing::fresh_key("ulysses"); }
 
 std::shared_ptr<models::CausalLM> policy(const models::ModelConfig& c, uint64_t seed) {
   models::ModelInit init;

@@ -4,6 +4,7 @@
 // ranks shares its rows, so 2 ranks with groups of 2 are one data-parallel rank, and 4 ranks with
 // groups of 2 are two. The reward model scores split rows as it scores them whole (and
 // padding-free as padded). Misconfigurations are refused at init naming the key.
+#include "tests/runtime/collective/collective_test_util.hpp"
 #include "tests/workers/roles/worker_test_util.hpp"
 #include "workers/roles/actor_rollout_ref_worker.hpp"
 #include "workers/roles/critic_worker.hpp"
@@ -281,12 +282,8 @@ TEST(OnDevice, UlyssesSplitFlashForwardEqualsTheUnsplitOneInBf16) {
   std::vector<Pass> got(2);
   const uint16_t port = next_port();
   run_ranks(2, [&](int r) {
-    collective::CommunicatorOptions o;
-    o.backend = "inproc";
-    o.rank = r;
-    o.world_size = 2;
-    o.inproc_key = "ulysses-cuda-" + std::to_string(port);
-    auto comm = collective::make_communicator(o);
+    auto comm = collective::make_communicator(
+        collective::testing::world_options("inproc", r, 2, 0, "ulysses-cuda-" + std::to_string(port)));
     ASSERT_TRUE(comm.ok()) << comm.status().to_string();
     auto group = ppo::UlyssesGroup::create(*comm);
     ASSERT_TRUE(group.ok());
