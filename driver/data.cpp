@@ -188,7 +188,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   at::Tensor ids = torch::full({b, len}, pad_id_, torch::kInt64);
   at::Tensor mask = torch::zeros({b, len}, torch::kInt64);
   std::vector<std::string> sources, abilities;
-  std::vector<nlohmann::json> reward_model, extra_info, raw_prompt, raw_prompt_ids;
+  std::vector<nlohmann::json> reward_model, extra_info, raw_prompt, raw_prompt_ids, tools_kwargs;
   std::vector<int64_t> index;
   auto ids_a = ids.accessor<int64_t, 2>();
   auto mask_a = mask.accessor<int64_t, 2>();
@@ -207,6 +207,10 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
     raw_prompt.push_back(r.prompt);
     raw_prompt_ids.push_back(r.prompt_ids);
     const nlohmann::json* idx = r.extra_info.is_object() ? &r.extra_info : nullptr;
+    // verl's RLHFDataset: extra_info.tools_kwargs (the multi-turn rollout's per-row tool arguments).
+    tools_kwargs.push_back(idx && idx->contains("tools_kwargs") && !(*idx)["tools_kwargs"].is_null()
+                               ? (*idx)["tools_kwargs"]
+                               : nlohmann::json::object());
     index.push_back(idx && idx->contains("index") && (*idx)["index"].is_number_integer() ? (*idx)["index"].get<int64_t>()
                                                                                           : 0);
   }
@@ -222,6 +226,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   cols.insert_or_assign("raw_prompt", proto::Column::jsons(std::move(raw_prompt)));
   cols.insert_or_assign("raw_prompt_ids", proto::Column::jsons(std::move(raw_prompt_ids)));
   cols.insert_or_assign("index", proto::Column::int64s(std::move(index)));
+  cols.insert_or_assign("tools_kwargs", proto::Column::jsons(std::move(tools_kwargs)));
   return proto::DataProto::from_dict(std::move(tensors), std::move(cols));
 }
 

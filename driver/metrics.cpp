@@ -67,6 +67,13 @@ Result<Metrics> compute_data_metrics(const proto::DataProto& batch, bool use_cri
     m["response_length/clip_ratio"] = item(torch::eq(info.response_length, max_response_length).to(torch::kFloat64).mean());
     add_stats(m, "prompt_length", info.prompt_length);
     m["prompt_length/clip_ratio"] = item(torch::eq(info.prompt_length, max_prompt_length).to(torch::kFloat64).mean());
+    // A multi-turn rollout's turns per sequence (verl: __num_turns__).
+    if (auto turns = batch.column("__num_turns__"); turns.ok() && turns->type() == proto::ColumnType::int64 &&
+                                                    turns->size() > 0) {
+      std::vector<double> v;
+      for (int64_t i = 0; i < turns->size(); ++i) v.push_back(static_cast<double>(turns->i64(i)));
+      add_stats(m, "num_turns", torch::tensor(v, torch::kFloat64));
+    }
     return m;
   } catch (const c10::Error& e) {
     return make_error(ErrorCode::invalid_argument, "compute_data_metrics: {}", e.what_without_backtrace());

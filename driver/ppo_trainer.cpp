@@ -32,6 +32,9 @@ namespace {
 std::string role_init(const json& cfg, const std::string& subtree, const std::string& role, int64_t seed) {
   json init{{"config", cfg.value(subtree, json::object())}, {"seed", seed}};
   if (!role.empty()) init["role"] = role;
+  // The multi-turn rollout renders prompts as the dataset does.
+  const json* kwargs = config_find(cfg, "data.apply_chat_template_kwargs");
+  if (subtree == "actor_rollout_ref" && kwargs != nullptr && kwargs->is_object()) init["chat_template_kwargs"] = *kwargs;
   return init.dump();
 }
 

@@ -132,7 +132,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     TESSERA_RETURN_IF_ERROR(gen_out.pop(std::vector<std::string>{"old_log_probs"}).status());
   }
   TESSERA_RETURN_IF_ERROR(union_output(batch, gen_out));
-  {
+  if (!batch.tensor("response_mask").ok()) {  // a multi-turn rollout's masks out the tool answers
     TESSERA_ASSIGN_OR_RETURN(at::Tensor response_mask, compute_response_mask(batch));
     TESSERA_RETURN_IF_ERROR(batch.set_tensor("response_mask", response_mask));
   }
@@ -199,7 +199,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   }
   if (s.critic_warmup <= global_steps_) {
     MarkedTimer t("update_actor", timing);
-    batch.meta_info()["multi_turn"] = false;
+    batch.meta_info()["multi_turn"] = s.multi_turn;
     TESSERA_RETURN_IF_ERROR(call_proto(*actor_rollout_wg_, "update_actor", batch, metrics, timing).status());
     ++weights_version_;
   }

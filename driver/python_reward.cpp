@@ -7,17 +7,17 @@
 #include <fstream>
 
 #include "driver/config.hpp"
-#include "driver/internal/python_child.hpp"
+#include "runtime/python_child.hpp"
 
 namespace tessera::driver {
 namespace {
 
 using nlohmann::json;
-using internal::Clock;
-using internal::first_line;
+using runtime::Clock;
+using runtime::first_line;
 
 // The child: imports the user's file, then answers one JSON line per request line. The protocol
-// keeps private copies of the pipes (internal::kProtocolPipes), so the user's prints, and whatever
+// keeps private copies of the pipes (runtime::kProtocolPipes), so the user's prints, and whatever
 // their code starts, stay out of it.
 constexpr const char* kChildScript = R"PY(
 import importlib.util, traceback
@@ -52,7 +52,7 @@ for line in requests:
 
 }  // namespace
 
-struct PythonRewardPool::Process : internal::PythonChild {};
+struct PythonRewardPool::Process : runtime::PythonChild {};
 
 Result<PythonRewardOptions> python_reward_options(const json& cfg) {
   PythonRewardOptions o;
@@ -104,14 +104,14 @@ PythonRewardPool::~PythonRewardPool() {
   }
 }
 
-void PythonRewardPool::stop(size_t slot) { internal::kill_child(*procs_[slot]); }
+void PythonRewardPool::stop(size_t slot) { runtime::kill_child(*procs_[slot]); }
 
 Status PythonRewardPool::spawn(size_t slot) {
-  TESSERA_ASSIGN_OR_RETURN(internal::PythonChild child,
-                           internal::spawn_python(options_.python, kChildScript,
+  TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild child,
+                           runtime::spawn_python(options_.python, kChildScript,
                                                   {options_.path, options_.name, options_.kwargs.dump()},
                                                   "custom_reward_function"));
-  static_cast<internal::PythonChild&>(*procs_[slot]) = std::move(child);
+  static_cast<runtime::PythonChild&>(*procs_[slot]) = std::move(child);
   return Status();
 }
 
@@ -123,7 +123,7 @@ Result<std::shared_ptr<PythonRewardPool>> PythonRewardPool::start(const PythonRe
     TESSERA_RETURN_IF_ERROR(pool->spawn(static_cast<size_t>(i)));
   }
   for (auto& p : pool->procs_) {
-    auto line = internal::read_line(*p, deadline);
+    auto line = runtime::read_line(*p, deadline);
     json ready = line.ok() ? json::parse(*line, nullptr, false) : json();
     if (ready.is_object() && ready.value("ready", false)) continue;
     std::string why = !line.ok() ? line.status().message()
@@ -155,7 +155,7 @@ Result<std::vector<ScoreResult>> PythonRewardPool::score(const std::vector<Score
       request.push_back(json::array({rows[i].data_source, rows[i].solution_str, rows[i].ground_truth, rows[i].extra_info}));
     }
     sent[k] = procs_[k]->pid > 0
-                  ? internal::write_all(*procs_[k], request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")
+                  ? runtime::write_all(*procs_[k], request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")
                   : Status(ErrorCode::unavailable, "the process is not running");
   }
   Status first;
@@ -163,14 +163,14 @@ Result<std::vector<ScoreResult>> PythonRewardPool::score(const std::vector<Score
     auto [begin, end] = chunks[k];
     if (begin == end) continue;
     const std::string span = end - begin == 1 ? fmt::format("row {}", begin) : fmt::format("rows {}..{}", begin, end - 1);
-    Result<std::string> line = sent[k].ok() ? internal::read_line(*procs_[k], deadline) : sent[k];
+    Result<std::string> line = sent[k].ok() ? runtime::read_line(*procs_[k], deadline) : sent[k];
     json answer = line.ok() ? json::parse(*line, nullptr, false) : json();
     if (!line.ok() || !answer.is_array() || answer.size() != end - begin) {
       // Replace the process: it timed out, died or broke the protocol.
       stop(k);
       Status restarted = spawn(k);
       if (restarted.ok()) {
-        auto ready = internal::read_line(*procs_[k], Clock::now() + options_.timeout);
+        auto ready = runtime::read_line(*procs_[k], Clock::now() + options_.timeout);
         if (!ready.ok()) stop(k);
       }
       const std::string why = !line.ok() ? (line.status().code() == ErrorCode::timeout

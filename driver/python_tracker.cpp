@@ -9,17 +9,17 @@
 
 #include <fmt/format.h>
 
-#include "driver/internal/python_child.hpp"
+#include "runtime/python_child.hpp"
 
 namespace tessera::driver {
 namespace {
 
 using nlohmann::json;
-using internal::Clock;
+using runtime::Clock;
 
 // The backend's process: reads the config (one JSON line), opens the run as verl's Tracking does,
 // answers {"ready": true} (or {"fatal": ...}), then logs one step per input line and finishes the
-// run at end of input. After internal::kProtocolPipes: the library's output goes to stderr.
+// run at end of input. After runtime::kProtocolPipes: the library's output goes to stderr.
 constexpr const char* kTrackerScript = R"PY(
 import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it ends the run with "end"
@@ -125,7 +125,7 @@ std::string number(double v) {
 
 }  // namespace
 
-struct PythonTracker::Child : internal::PythonChild {};
+struct PythonTracker::Child : runtime::PythonChild {};
 
 bool is_python_tracker(const std::string& name) { return name == "wandb" || name == "mlflow" || name == "swanlab"; }
 
@@ -146,27 +146,27 @@ Result<std::unique_ptr<PythonTracker>> PythonTracker::open(const std::string& ba
     return make_error(ErrorCode::invalid_argument, "trainer.logger: '{}' is not a Python logger", backend);
   }
   const std::string python = tracker_python(), what = "trainer.logger: " + backend;
-  TESSERA_ASSIGN_OR_RETURN(internal::PythonChild spawned,
-                           internal::spawn_python(python, kTrackerScript, {backend, run.project, run.experiment}, what));
+  TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild spawned,
+                           runtime::spawn_python(python, kTrackerScript, {backend, run.project, run.experiment}, what));
   auto child = std::make_unique<Child>();
-  static_cast<internal::PythonChild&>(*child) = std::move(spawned);
+  static_cast<runtime::PythonChild&>(*child) = std::move(spawned);
   const auto deadline = Clock::now() + start_timeout;
   Status sent =
-      internal::write_all(*child, run.config.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", deadline);
-  Result<std::string> line = sent.ok() ? internal::read_line(*child, deadline) : sent;
+      runtime::write_all(*child, run.config.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", deadline);
+  Result<std::string> line = sent.ok() ? runtime::read_line(*child, deadline) : sent;
   const json ready = line.ok() ? json::parse(*line, nullptr, false) : json();
   if (ready.is_object() && ready.value("ready", false)) {
     return std::unique_ptr<PythonTracker>(new PythonTracker(backend, std::move(child)));
   }
-  internal::kill_child(*child);
+  runtime::kill_child(*child);
   std::string why = !line.ok() ? (line.status().code() == ErrorCode::timeout
                                       ? fmt::format("its run did not open within {} s", start_timeout.count() / 1000)
                                       : line.status().message())
                     : ready.is_object() && ready.contains("fatal") ? ready["fatal"].get<std::string>()
-                                                                   : "unexpected output: " + internal::first_line(*line);
+                                                                   : "unexpected output: " + runtime::first_line(*line);
   const bool missing = ready.is_object() && ready.value("missing", false);
   return make_error(missing ? ErrorCode::unimplemented : ErrorCode::unavailable, "{}: {}{}", what,
-                    internal::first_line(why),
+                    runtime::first_line(why),
                     missing ? fmt::format(" (install it for {}, or point TESSERA_LOGGER_PYTHON at a Python that has it)",
                                           python)
                             : std::string());
@@ -178,7 +178,7 @@ PythonTracker::PythonTracker(std::string backend, std::unique_ptr<Child> child)
 PythonTracker::~PythonTracker() {
   constexpr auto kGrace = std::chrono::minutes(3);
   if (!child_) return;
-  const std::optional<int> status = internal::finish_child(*child_, kGrace);
+  const std::optional<int> status = runtime::finish_child(*child_, kGrace);
   if (!status) {
     std::fprintf(stderr, "warning: trainer.logger: %s had not finished its run after %ld s and was stopped\n",
                  backend_.c_str(), static_cast<long>(std::chrono::seconds(kGrace).count()));
@@ -202,7 +202,7 @@ Status PythonTracker::log_generations(const std::vector<GenerationSample>& sampl
 Status PythonTracker::send(const std::string& line, const std::string& what) {
   // A logger that stopped reading for this long is stuck: the run stops instead of hanging.
   constexpr auto kWriteTimeout = std::chrono::minutes(5);
-  Status st = internal::write_all(*child_, line, Clock::now() + kWriteTimeout);
+  Status st = runtime::write_all(*child_, line, Clock::now() + kWriteTimeout);
   if (st.ok()) return st;
   return make_error(ErrorCode::unavailable, "trainer.logger: {}: {} not logged: {} (its output is above)", backend_,
                     what, st.message());
@@ -212,7 +212,7 @@ void PythonTracker::finish(bool ok) {
   if (ended_ || !child_) return;
   ended_ = true;
   // A process that does not take this line quickly ends the run as killed instead.
-  (void)internal::write_all(*child_, ok ? "{\"end\": 0}\n" : "{\"end\": 1}\n", Clock::now() + std::chrono::seconds(10));
+  (void)runtime::write_all(*child_, ok ? "{\"end\": 0}\n" : "{\"end\": 1}\n", Clock::now() + std::chrono::seconds(10));
   if (child_->in >= 0) {
     ::close(child_->in);
     child_->in = -1;

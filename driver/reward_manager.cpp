@@ -71,6 +71,7 @@ Result<RewardOutput> NaiveRewardManager::operator()(const proto::DataProto& data
   TESSERA_ASSIGN_OR_RETURN(proto::Column sources, data.column(options_.reward_fn_key));
   TESSERA_ASSIGN_OR_RETURN(proto::Column reward_model, data.column("reward_model"));
   auto extra = data.column("extra_info");
+  auto turns = data.column("__num_turns__");
   const int64_t b = responses.size(0), p = prompts.size(1), r = responses.size(1);
   if (sources.type() != proto::ColumnType::string || reward_model.type() != proto::ColumnType::json) {
     return make_error(ErrorCode::invalid_argument, "reward: column '{}' must hold strings and 'reward_model' JSON",
@@ -95,8 +96,12 @@ Result<RewardOutput> NaiveRewardManager::operator()(const proto::DataProto& data
       if (!rm.is_object() || !rm.contains("ground_truth")) {
         return make_error(ErrorCode::invalid_argument, "{}: reward_model has no ground_truth", where.back());
       }
-      const nlohmann::json& info = extra.ok() && extra->type() == proto::ColumnType::json ? extra->json_value(i) : kNull;
-      requests.push_back({ds, std::move(response).value(), rm["ground_truth"], info});
+      nlohmann::json info = extra.ok() && extra->type() == proto::ColumnType::json ? extra->json_value(i) : kNull;
+      if (turns.ok() && turns->type() == proto::ColumnType::int64) {  // verl's naive manager adds it
+        if (info.is_null()) info = nlohmann::json::object();
+        if (info.is_object()) info["num_turns"] = turns->i64(i);
+      }
+      requests.push_back({ds, std::move(response).value(), rm["ground_truth"], std::move(info)});
     }
     std::vector<ScoreResult> scores;
     if (options_.batch_scorer) {

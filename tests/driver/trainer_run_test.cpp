@@ -141,6 +141,47 @@ TEST(TrainerRun, VerlStyleRunWithParquetAndPythonReward) {
   EXPECT_EQ((*yaml)["trainer"]["logger"], nlohmann::json::array({"console"}));
 }
 
+// rollout.multi_turn: the rollout worker renders each prompt with the tools' schemas (here a
+// template that marks their presence with "t"), hosts verl's tools, and the step trains on its
+// output. The tiny model never writes a <tool_call>; multi_turn_test.cpp drives the tool turns.
+TEST(TrainerRun, MultiTurnRolloutRendersTheToolsAndTrains) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl) is not set";
+  TempDir dir("multi_turn");
+  testing::make_tiny_run(dir.path());
+  dir.write("model/chat_template.jinja",
+            "{% if tools %}t{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}");
+  dir.write("py/ray/__init__.py", "ObjectRef = object\n");  // verl imports ray for DataProtoFuture only
+  const auto tools = dir.write("tools.yaml", R"(tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: calc_gsm8k_reward
+        description: reward
+        parameters: {type: object, properties: {answer: {type: string}}, required: [answer]}
+)");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
+  testing::ScopedEnv python("TESSERA_TOOL_PYTHON", py);
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  for (const std::string& o : std::vector<std::string>{"actor_rollout_ref.rollout.multi_turn.enable=true",
+                               "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
+                               "trainer.val_before_train=false", "trainer.rollout_data_dir=" + dir.path().string() + "/gen"}) {
+    overrides.push_back(o);
+  }
+  auto t = testing::fit_trainer(overrides);
+  ASSERT_NE(t, nullptr);
+  const Metrics& m = t->history().back().second;
+  EXPECT_EQ(m.at("rollout/tool_calls_mean"), 0.0);
+  EXPECT_EQ(m.at("rollout/assistant_turns_mean"), 1.0);
+  EXPECT_EQ(m.at("num_turns/mean"), 2.0);  // one assistant turn + 1, as verl counts
+  EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss")));
+  auto rows = read_jsonl(dir.path() / "gen" / "1.jsonl");
+  ASSERT_EQ(rows.size(), 8u);
+  for (const auto& r : rows) EXPECT_EQ(r["input"].get<std::string>().rfind('t', 0), 0u) << r.dump();
+}
+
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   TempDir dir("ppo");
   testing::make_tiny_run(dir.path());

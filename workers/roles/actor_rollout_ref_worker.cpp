@@ -15,6 +15,8 @@
 #include "workers/ppo/flops_counter.hpp"
 #include "workers/ppo/ppo_inputs.hpp"
 #include "workers/rollout/tensor_parallel.hpp"
+#include "workers/tokenizer/chat_template.hpp"
+#include "workers/tokenizer/tokenizer.hpp"
 
 namespace tessera::workers {
 
@@ -96,6 +98,7 @@ Status ActorRolloutRefWorker::init_model() {
   } else if (config_.is_actor || config_.is_rollout) {
     TESSERA_RETURN_IF_ERROR(build_actor_rollout());
   }
+  if (config_.is_rollout && config_.rollout.multi_turn.enable) TESSERA_RETURN_IF_ERROR(build_multi_turn());
   // verl (ref_in_actor): with LoRA the reference policy is the actor with its adapters disabled.
   if (config_.is_ref && !lora_actor()) TESSERA_RETURN_IF_ERROR(build_ref());
   if (actor_module_) TESSERA_RETURN_IF_ERROR(check_on_device(actor_module_->engine(), device(), context().rank));
@@ -326,6 +329,36 @@ Result<proto::DataProto> ActorRolloutRefWorker::update_actor(const proto::DataPr
 
 // ---- generate_sequences -------------------------------------------------------------------------
 
+// The multi-turn rollout renders prompts as the driver's dataset does (the model's tokenizer, its
+// chat template or custom_chat_template, data.apply_chat_template_kwargs passed in the init
+// config), now with the tools' schemas.
+Status ActorRolloutRefWorker::build_multi_turn() {
+  const std::string key = "actor_rollout_ref.rollout.multi_turn";
+  auto tok = tokenizer::Tokenizer::from_dir_as_verl(config_.model.path);
+  if (!tok.ok()) return tok.status().with_context(key + ": the model's tokenizer");
+  const json& model = init_config_["config"].value("model", json::object());
+  std::string template_name = "auto";
+  if (auto it = model.find("custom_chat_template"); it != model.end() && it->is_string()) template_name = *it;
+  auto chat = tokenizer::ChatTemplate::from_name(template_name, tok->config(),
+                                                 init_config_.value("chat_template_kwargs", json::object()));
+  if (!chat.ok()) return chat.status().with_context(key + ": the chat template");
+  rollout::ToolHostOptions options;
+  options.config_path = *config_.rollout.multi_turn.tool_config_path;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.rollout.multi_turn.tool_timeout_s * 1000));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<rollout::ToolHost> tools, rollout::ToolHost::start(options));
+  TESSERA_ASSIGN_OR_RETURN(multi_turn_, rollout::MultiTurnRollout::create(
+                                            config_.rollout, std::make_shared<const tokenizer::Tokenizer>(std::move(*tok)),
+                                            std::make_shared<const tokenizer::ChatTemplate>(std::move(*chat)),
+                                            std::move(tools)));
+  return Status();
+}
+
+Result<proto::DataProto> ActorRolloutRefWorker::generate_on(rollout::RolloutEngine& engine,
+                                                            const proto::DataProto& prompts) {
+  if (multi_turn_) return multi_turn_->generate(engine, prompts);
+  return engine.generate_sequences(prompts);
+}
+
 // With rollout TP, verl's preprocess/postprocess: the TP peers all-gather their prompts, each
 // generates the whole group's batch (identically: same weights after the all-reduces, same seed),
 // and keeps its own rows.
@@ -338,7 +371,7 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_with_sharding(const pro
   }
   TESSERA_RETURN_IF_ERROR(sharding_->enter());
   reshard_seconds = sharding_->last_reshard().reshard_seconds;
-  Result<proto::DataProto> out = sharding_->engine().generate_sequences(in);
+  Result<proto::DataProto> out = generate_on(sharding_->engine(), in);
   Status exited = sharding_->exit();
   if (!out.ok()) return out.status();
   if (!exited.ok()) return exited;
@@ -360,12 +393,14 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
       return make_error(ErrorCode::invalid_argument, "generate_sequences: the split-placement rollout on rank {} has no "
                         "weights yet (load_rollout_weights runs first)", context().rank);
     }
-    TESSERA_ASSIGN_OR_RETURN(out, split_engine_->generate_sequences(in));
+    TESSERA_ASSIGN_OR_RETURN(out, generate_on(*split_engine_, in));
   } else {
     TESSERA_ASSIGN_OR_RETURN(out, generate_with_sharding(in, reshard));
   }
   const double generate_seconds = timer.seconds();
-  const rollout::GenerationStats& stats = split_engine_ ? split_engine_->last_stats() : sharding_->engine().last_stats();
+  const rollout::GenerationStats& stats = multi_turn_    ? multi_turn_->last_stats().generation
+                                          : split_engine_ ? split_engine_->last_stats()
+                                                          : sharding_->engine().last_stats();
   const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
   if (actor_ && out.size() > 0 && !(recompute.is_boolean() && !recompute.get<bool>())) {
     // The seed: "the actor model will recompute the old log prob for the generated response".
@@ -388,6 +423,18 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
                                     {"rollout/shared_kv_blocks", stats.shared_kv_blocks},
                                     {"rollout/preemptions", stats.preemptions},
                                     {"rollout/graph_decode_steps", stats.graph_replays}};
+  if (multi_turn_) {
+    // Tool use per sequence (ranks hold equal shares, so the trainer's mean over ranks is the
+    // batch's): assistant turns, calls made, calls whose tool raised, blocks that did not parse.
+    const rollout::MultiTurnStats& mt = multi_turn_->last_stats();
+    const double rows = static_cast<double>(std::max<int64_t>(mt.rows, 1));
+    json& m = out.meta_info()["metrics"];
+    m["rollout/assistant_turns_mean"] = static_cast<double>(mt.assistant_turns) / rows;
+    m["rollout/tool_calls_mean"] = static_cast<double>(mt.tool_calls) / rows;
+    m["rollout/tool_errors_mean"] = static_cast<double>(mt.tool_errors) / rows;
+    m["rollout/malformed_tool_calls_mean"] = static_cast<double>(mt.malformed_calls) / rows;
+    m["timing_s/tool_calls"] = mt.tool_seconds;
+  }
   return out;
 }
 

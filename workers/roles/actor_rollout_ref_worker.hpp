@@ -41,6 +41,11 @@
 // refused naming the keys and values. A log-prob pass without a micro-batch size and without
 // dynamic batching is refused there too.
 //
+// With rollout.multi_turn.enable the rollout runs conversations with verl's tools instead of one
+// generation per prompt (rollout/multi_turn.hpp; its tool host starts at init_model): the output
+// adds response_mask (tool answers 0), reward_scores and __num_turns__, and meta_info.metrics the
+// rollout/*_mean tool counters and timing_s/tool_calls.
+//
 // eos/pad for generation come from the model directory (generation_config.json, else
 // config.json; pad falls back to the first eos id as verl's tokenizer helper does) and overwrite
 // the prompts' meta_info, as verl does.
@@ -65,6 +70,7 @@
 #include "workers/ppo/fsdp_trainable.hpp"
 #include "workers/models/config.hpp"
 #include "workers/rollout/config.hpp"
+#include "workers/rollout/multi_turn.hpp"
 #include "workers/rollout/sharding_manager.hpp"
 #include "workers/rollout/split_weights.hpp"
 #include "workers/roles/worker_support.hpp"
@@ -153,6 +159,9 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Status build_actor_rollout();
   Status build_ref();
   Status build_split_rollout();
+  Status build_multi_turn();
+  /// One generation on `engine`: the multi-turn rollout's conversations or generate_sequences.
+  Result<proto::DataProto> generate_on(rollout::RolloutEngine& engine, const proto::DataProto& prompts);
   void register_split_methods();
   Result<c10::ScalarType> rollout_weight_dtype() const;
   rollout::EngineOptions engine_options(uint64_t dp_rank) const;
@@ -178,6 +187,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   std::unique_ptr<rollout::WeightExporter> exporter_;    // actor side of split placement (lazy)
   std::unique_ptr<rollout::KVCacheEngine> split_engine_;  // split placement's rollout engine
   std::unique_ptr<rollout::WeightImporter> importer_;
+  std::unique_ptr<rollout::MultiTurnRollout> multi_turn_;  // rollout.multi_turn.enable; null otherwise
   std::shared_ptr<ppo::FsdpTrainableModule> ref_module_;
   std::unique_ptr<ppo::DataParallelPPOActor> ref_policy_;
   std::shared_ptr<ppo::UlyssesGroup> ulysses_;  // the worker's sequence-parallel group; null for 1

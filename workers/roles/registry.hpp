@@ -5,7 +5,8 @@
 // codes against):
 //   "actor_rollout_ref"  ActorRolloutRefWorker  {"role": "actor"|"rollout"|"ref"|"actor_rollout"|
 //                        "actor_rollout_ref", "config": <verl actor_rollout_ref subtree: model.*,
-//                        actor.*, rollout.*, ref.*>, "seed": <int>}
+//                        actor.*, rollout.*, ref.*>, "seed": <int>, optional "chat_template_kwargs":
+//                        <data.apply_chat_template_kwargs, for the multi-turn rollout's prompts>}
 //   "critic"             CriticWorker           {"config": <verl critic subtree>, "seed": <int>}
 //   "reward_model"       RewardModelWorker      {"config": <verl reward_model subtree>}
 // Every init config may also carry "comm_backend": "gloo" | "inproc" | "nccl" (Tessera

@@ -211,6 +211,9 @@ const KeyRule<RolloutConfig> kTesseraEngineRules[] = {
     {"max_kv_blocks", set_field<&RolloutConfig::max_kv_blocks, RolloutConfig>},
     {"sampler", set_field<&RolloutConfig::sampler, RolloutConfig>},
     {"fused_layers", set_field<&RolloutConfig::fused_layers, RolloutConfig>},
+    {"tool_timeout_s", [](const json& v, const std::string& key, RolloutConfig& c, ParseState&) {
+       return read(v, key, c.multi_turn.tool_timeout_s);
+     }},
 };
 
 Status set_engine_kwargs(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
@@ -228,17 +231,57 @@ Status set_val_kwargs(const json& v, const std::string& key, RolloutConfig& c, P
   return apply_rules(v, key + ".", kSamplingRules, c.val_kwargs, s);
 }
 
-// multi_turn is the async agent loop's section: only `enable: false` is meaningful here.
-Status set_multi_turn(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
-  if (!v.is_object()) return type_error(key, "an object", v);
-  for (const auto& [name, value] : v.items()) {
-    if (name == "enable" && !value.is_null()) {
-      TESSERA_RETURN_IF_ERROR(accept_only<bool>(value, key + ".enable", false, "multi-turn rollout", s));
-    } else {
-      s.ignored.push_back(key + "." + name);
-    }
+Status set_truncate_side(const json& v, const std::string& key, MultiTurnConfig& c, ParseState&) {
+  TESSERA_RETURN_IF_ERROR(read(v, key, c.tool_response_truncate_side));
+  const std::string& side = c.tool_response_truncate_side;
+  if (side != "left" && side != "right" && side != "middle") {
+    return make_error(ErrorCode::invalid_argument, "{}='{}': expected left, right or middle", key, side);
   }
   return Status();
+}
+
+Status set_tool_format(const json& v, const std::string& key, MultiTurnConfig& c, ParseState&) {
+  TESSERA_RETURN_IF_ERROR(read(v, key, c.format));
+  if (c.format != "hermes") {
+    return make_error(ErrorCode::unimplemented, "{}='{}': only the hermes tool-call format is implemented", key,
+                      c.format);
+  }
+  return Status();
+}
+
+Status no_interactions(const json& v, const std::string& key, MultiTurnConfig&, ParseState&) {
+  return make_error(ErrorCode::unimplemented,
+                    "{}={}: interaction agents (simulated users) are not implemented; multi-turn rollouts take tools "
+                    "(multi_turn.tool_config_path)",
+                    key, v.dump().substr(0, 60));
+}
+
+Status no_completion_callback(const json& v, const std::string& key, MultiTurnConfig&, ParseState&) {
+  return make_error(ErrorCode::unimplemented, "{}={}: completion callbacks belong to the async agent loop, which is "
+                    "not implemented", key, v.dump().substr(0, 60));
+}
+
+// verl's multi_turn section. use_inference_chat_template and tokenization_sanity_check_mode
+// decide how verl's SGLang rollout re-tokenizes the assistant's text; Tessera keeps the tokens
+// as sampled (Note [Multi-turn rollout]), so they have no effect and are reported.
+const KeyRule<MultiTurnConfig> kMultiTurnRules[] = {
+    {"_target_", nullptr},
+    {"enable", set_field<&MultiTurnConfig::enable, MultiTurnConfig>},
+    {"max_assistant_turns", set_field<&MultiTurnConfig::max_assistant_turns, MultiTurnConfig>},
+    {"max_user_turns", set_field<&MultiTurnConfig::max_user_turns, MultiTurnConfig>},
+    {"tool_config_path", set_field<&MultiTurnConfig::tool_config_path, MultiTurnConfig>},
+    {"max_parallel_calls", set_field<&MultiTurnConfig::max_parallel_calls, MultiTurnConfig>},
+    {"max_tool_response_length", set_field<&MultiTurnConfig::max_tool_response_length, MultiTurnConfig>},
+    {"tool_response_truncate_side", set_truncate_side},
+    {"format", set_tool_format},
+    {"interaction_config_path", no_interactions},
+    {"completion_callback", no_completion_callback},
+    {"use_inference_chat_template", nullptr},
+    {"tokenization_sanity_check_mode", nullptr},
+};
+
+Status set_multi_turn(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
+  return apply_rules(v, key + ".", kMultiTurnRules, c.multi_turn, s);
 }
 
 Status set_name(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
@@ -378,6 +421,27 @@ Status validate_rollout_config(const RolloutConfig& c) {
     return make_error(ErrorCode::unimplemented,
                       "{}engine_kwargs.tessera.placement=split with tensor_model_parallel_size={}: split placement "
                       "runs TP=1 rollout ranks; use tensor_model_parallel_size=1 or placement=colocated",
+                      kPrefix, c.tensor_model_parallel_size);
+  }
+  const MultiTurnConfig& mt = c.multi_turn;
+  for (const auto& [turns, key] : {std::pair{mt.max_assistant_turns, "multi_turn.max_assistant_turns"},
+                                   std::pair{mt.max_user_turns, "multi_turn.max_user_turns"}}) {
+    if (turns) TESSERA_RETURN_IF_ERROR(positive(*turns, key));
+  }
+  TESSERA_RETURN_IF_ERROR(positive(mt.max_parallel_calls, "multi_turn.max_parallel_calls"));
+  TESSERA_RETURN_IF_ERROR(positive(mt.max_tool_response_length, "multi_turn.max_tool_response_length"));
+  if (!(mt.tool_timeout_s > 0)) {
+    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.tool_timeout_s={} must be > 0", kPrefix,
+                      mt.tool_timeout_s);
+  }
+  if (mt.enable && !mt.tool_config_path) {
+    return make_error(ErrorCode::invalid_argument, "{}multi_turn.enable=true needs multi_turn.tool_config_path (the "
+                      "tools the model may call)", kPrefix);
+  }
+  if (mt.enable && c.tensor_model_parallel_size > 1) {
+    return make_error(ErrorCode::unimplemented,
+                      "{}multi_turn.enable=true with tensor_model_parallel_size={}: multi-turn rollouts run on TP=1 "
+                      "rollout ranks; set tensor_model_parallel_size=1",
                       kPrefix, c.tensor_model_parallel_size);
   }
   TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));

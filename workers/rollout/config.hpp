@@ -10,7 +10,7 @@
 //    engine_kwargs.vllm, ...) have no effect here. They are accepted and REPORTED: returned in
 //    ParsedRolloutConfig::ignored_keys (full dotted names) and logged in one info line.
 //  - A feature verl offers that Tessera does not implement is an `unimplemented` error when its
-//    key asks for it (mode=async, multi_turn.enable=true, over_sample_rate>0, ...); its default
+//    key asks for it (mode=async, multi_turn.interaction_config_path, over_sample_rate>0, ...); its default
 //    value is accepted and reported as ignored.
 //  - An unknown key, or a value of the wrong JSON type, is an error naming the full key.
 //  - null means "keep the default" for every key (OmegaConf's convention).
@@ -19,7 +19,8 @@
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
 // (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|tiled|gather`,
-// `split_decode_attention`, `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`.
+// `split_decode_attention`, `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`,
+// `tool_timeout_s` (multi-turn tool calls).
 //
 // RolloutConfig's own default tensor_model_parallel_size is 1 (a standalone engine is the whole
 // model); the trainer's defaults (examples/config/ppo_trainer.yaml) carry verl's 2. A TP size > 1
@@ -57,6 +58,21 @@ enum class BatchingMode : uint8_t {
 
 /// "continuous" / "static".
 const char* to_string(BatchingMode mode);
+
+/// multi_turn.*: verl's multi-turn rollout with tools (multi_turn.hpp). verl's SGLang rollout
+/// reads the same keys.
+struct MultiTurnConfig {
+  bool enable = false;
+  std::optional<int64_t> max_assistant_turns;  ///< null: max_model_len / 3, as verl.
+  std::optional<int64_t> max_user_turns;       ///< null: max_model_len / 3, as verl.
+  std::optional<std::string> tool_config_path;  ///< verl's tool YAML (`tools: [{class_name, config, tool_schema}]`).
+  int64_t max_parallel_calls = 1;               ///< Tool calls executed per assistant turn.
+  int64_t max_tool_response_length = 256;       ///< Characters of a tool's answer kept.
+  std::string tool_response_truncate_side = "middle";  ///< left | right | middle.
+  std::string format = "hermes";                ///< The tool-call format parsed: hermes (<tool_call>{json}</tool_call>).
+  /// Seconds one batch of tool calls may take (engine_kwargs.tessera.tool_timeout_s).
+  double tool_timeout_s = 300;
+};
 
 /// actor_rollout_ref.rollout.* with verl's names and v0.5.0 defaults (see the header comment).
 struct RolloutConfig {
@@ -130,6 +146,7 @@ struct RolloutConfig {
   /// (Note [Fused layers] in workers/models/fused_layers.cpp), as vLLM's custom ops do; on the
   /// CPU it changes nothing. The actor's own switch is model.use_liger.
   bool fused_layers = true;
+  MultiTurnConfig multi_turn;
 };
 
 /// The parsed config plus the keys that were accepted but have no effect here.

@@ -10,6 +10,7 @@
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
 #include "workers/models/safetensors.hpp"
+#include "workers/rollout/contract.hpp"
 
 namespace tessera::rollout {
 
@@ -46,6 +47,19 @@ struct GenerationStats {
   double total_seconds = 0;      ///< The whole call, input checks and output assembly included.
 };
 
+/// One generation pass over token prompts, for callers that assemble the sequences themselves
+/// (the multi-turn rollout's turns, multi_turn.hpp). Sampling follows the config as in
+/// generate_sequences.
+struct TokenRequests {
+  std::vector<std::vector<int64_t>> prompts;  ///< Per row, non-empty token ids.
+  std::vector<int64_t> max_tokens;            ///< Per row, in [1, response_length]; empty: response_length.
+  std::vector<int64_t> streams;               ///< Per row, the sampling stream it draws from; empty: its index.
+  std::vector<int64_t> eos_token_ids;         ///< Non-empty.
+  bool do_sample = true;
+  bool validate = false;
+  uint64_t seed = 0;                          ///< Stream s samples from row_seed(seed, s) (sampling.hpp).
+};
+
 /// A rollout engine: generates responses for a batch of prompts (verl §6.3 contract).
 class RolloutEngine {
  public:
@@ -53,6 +67,14 @@ class RolloutEngine {
 
   /// verl's generate_sequences: see workers/rollout/contract.hpp for the exact input and output.
   virtual Result<proto::DataProto> generate_sequences(const proto::DataProto& prompts) = 0;
+
+  /// Generates for token prompts: one GeneratedRow per prompt, in order, each ending at its
+  /// first EOS (unless ignore_eos) or its budget. last_stats() describes this call.
+  virtual Result<std::vector<GeneratedRow>> generate_tokens(const TokenRequests& requests) = 0;
+
+  /// The seed a call with this meta_info samples from: derived from the trainer's global_steps
+  /// when given (so a resumed run samples alike), else drawn from the engine's generator.
+  virtual uint64_t call_seed(const nlohmann::json& meta) = 0;
 
   /// Makes the engine compute with `tensors` (HF parameter names, the engine's dtype and device)
   /// in place: the engine aliases them, no byte is copied. The caller keeps them alive and

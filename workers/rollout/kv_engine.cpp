@@ -130,20 +130,25 @@ Status KVCacheEngine::load_weights_by_reference(const models::TensorMap& tensors
   }
 }
 
-Status KVCacheEngine::check_prompts(const std::vector<std::vector<int64_t>>& prompts) const {
+Status KVCacheEngine::check_prompts(const std::vector<std::vector<int64_t>>& prompts,
+                                   const std::vector<int64_t>& max_tokens) const {
   const auto& c = model_->cache_config();
   for (size_t row = 0; row < prompts.size(); ++row) {
+    if (prompts[row].empty()) {
+      return make_error(ErrorCode::invalid_argument, "generate_sequences: row {} has no prompt tokens", row);
+    }
     for (int64_t id : prompts[row]) {
       if (id < 0 || id >= c.vocab_size) {
         return make_error(ErrorCode::out_of_range, "generate_sequences: row {} has token id {} outside [0, {})", row, id,
                           c.vocab_size);
       }
     }
-    const int64_t end = static_cast<int64_t>(prompts[row].size()) + config_.response_length;
+    const int64_t budget = max_tokens.empty() ? config_.response_length : max_tokens[row];
+    const int64_t end = static_cast<int64_t>(prompts[row].size()) + budget;
     if (end > c.context_length()) {
       return make_error(ErrorCode::out_of_range,
-                        "generate_sequences: row {} needs {} positions (prompt {} + response_length {}), the model has {}",
-                        row, end, prompts[row].size(), config_.response_length, c.context_length());
+                        "generate_sequences: row {} needs {} positions (prompt {} + {} response tokens), the model has {}",
+                        row, end, prompts[row].size(), budget, c.context_length());
     }
   }
   return Status();
@@ -162,10 +167,13 @@ uint64_t KVCacheEngine::call_seed(const nlohmann::json& meta) {
   return row_seed(row_seed(gen->current_seed(), step->get<int64_t>()), is_val ? 1 : 0);
 }
 
-Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProto& prompts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  TESSERA_ASSIGN_OR_RETURN(GenerationInputs in, read_generation_inputs(prompts, config_.do_sample));
-  TESSERA_RETURN_IF_ERROR(check_prompts(in.prompts));
+Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& requests,
+                                                     std::chrono::steady_clock::time_point start) {
+  if (!requests.max_tokens.empty() && requests.max_tokens.size() != requests.prompts.size()) {
+    return make_error(ErrorCode::invalid_argument, "generate_tokens: {} budgets for {} prompts",
+                      requests.max_tokens.size(), requests.prompts.size());
+  }
+  TESSERA_RETURN_IF_ERROR(check_prompts(requests.prompts, requests.max_tokens));
   internal::LoopOptions options;
   options.slots = config_.max_num_seqs;
   options.prefill_token_budget = config_.max_num_batched_tokens;
@@ -183,14 +191,16 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   options.share_prompt_prefill = config_.enable_prefix_caching;
   options.ignore_eos = config_.ignore_eos;
   options.want_logprobs = config_.calculate_log_probs;
-  options.eos_token_ids = in.eos_token_ids;
-  options.sampling = resolve_sampling(config_, in.do_sample, in.validate);
+  options.eos_token_ids = requests.eos_token_ids;
+  options.sampling = resolve_sampling(config_, requests.do_sample, requests.validate);
   options.sampling.fused = config_.sampler == "fused";
-  options.call_seed = call_seed(prompts.meta_info());
+  options.call_seed = requests.seed;
+  options.max_tokens = requests.max_tokens;
+  options.streams = requests.streams;
   GenerationStats stats;
   std::vector<GeneratedRow> rows;
   try {
-    TESSERA_ASSIGN_OR_RETURN(rows, internal::run_generation(*model_, in.prompts, options, stats));
+    TESSERA_ASSIGN_OR_RETURN(rows, internal::run_generation(*model_, requests.prompts, options, stats));
   } catch (const c10::OutOfMemoryError& e) {
     return make_error(ErrorCode::resource_exhausted,
                       "generate_sequences ran out of device memory ({}); lower actor_rollout_ref.rollout."
@@ -203,10 +213,32 @@ Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProt
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "generate_sequences: the model failed: {}", e.what());
   }
+  stats.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_ = stats;
+  return rows;
+}
+
+Result<std::vector<GeneratedRow>> KVCacheEngine::generate_tokens(const TokenRequests& requests) {
+  if (requests.eos_token_ids.empty()) {
+    return make_error(ErrorCode::invalid_argument, "generate_tokens: no eos_token_id");
+  }
+  return run(requests, std::chrono::steady_clock::now());
+}
+
+Result<proto::DataProto> KVCacheEngine::generate_sequences(const proto::DataProto& prompts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TESSERA_ASSIGN_OR_RETURN(GenerationInputs in, read_generation_inputs(prompts, config_.do_sample));
+  TokenRequests requests;
+  requests.prompts = std::move(in.prompts);
+  requests.eos_token_ids = in.eos_token_ids;
+  requests.do_sample = in.do_sample;
+  requests.validate = in.validate;
+  requests.seed = call_seed(prompts.meta_info());
+  TESSERA_ASSIGN_OR_RETURN(std::vector<GeneratedRow> rows, run(requests, t0));
+  in.prompts = std::move(requests.prompts);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, build_generation_output(prompts, in, rows, config_.response_length,
                                                                          config_.calculate_log_probs));
-  stats.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  stats_ = stats;
+  stats_.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 

@@ -29,6 +29,7 @@
 // Thread-safety: one thread at a time per engine; the model must not run elsewhere meanwhile.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -70,6 +71,8 @@ class KVCacheEngine final : public RolloutEngine {
                                                        const EngineOptions& options = {});
 
   Result<proto::DataProto> generate_sequences(const proto::DataProto& prompts) override;
+  Result<std::vector<GeneratedRow>> generate_tokens(const TokenRequests& requests) override;
+  uint64_t call_seed(const nlohmann::json& meta) override;
   Status load_weights_by_reference(const models::TensorMap& tensors) override;
   const GenerationStats& last_stats() const override { return stats_; }
 
@@ -78,12 +81,13 @@ class KVCacheEngine final : public RolloutEngine {
 
  private:
   KVCacheEngine(std::unique_ptr<StepModel> model, RolloutConfig config, const EngineOptions& options);
-  Status check_prompts(const std::vector<std::vector<int64_t>>& prompts) const;
+  Status check_prompts(const std::vector<std::vector<int64_t>>& prompts, const std::vector<int64_t>& max_tokens) const;
+  /// Runs the generation loop over `requests`, converting model failures to errors; sets stats_.
+  Result<std::vector<GeneratedRow>> run(const TokenRequests& requests, std::chrono::steady_clock::time_point start);
 
   std::unique_ptr<StepModel> model_;
   RolloutConfig config_;
   at::Generator generator_;  ///< Draws one seed per call.
-  uint64_t call_seed(const nlohmann::json& meta);
   GenerationStats stats_;
 };
 

@@ -37,10 +37,10 @@ std::string template_file(const TokenizerConfig& config) {
 // transformers' apply_chat_template: render(messages, tools, documents, add_generation_prompt,
 // **special_tokens_map, **kwargs).
 Result<std::string> render_with(const ChatTemplate::JinjaState& state, nlohmann::ordered_json messages,
-                                bool add_generation_prompt) {
+                                bool add_generation_prompt, nlohmann::ordered_json tools = nullptr) {
   nlohmann::ordered_json context = nlohmann::ordered_json::object();
   context["messages"] = std::move(messages);
-  context["tools"] = nullptr;
+  context["tools"] = std::move(tools);
   context["documents"] = nullptr;
   context["add_generation_prompt"] = add_generation_prompt;
   for (const auto& [k, v] : state.fixed.items()) context[k] = v;
@@ -118,6 +118,23 @@ Result<std::string> ChatTemplate::render_json(const nlohmann::json& messages, bo
 }
 
 Result<std::string> ChatTemplate::render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
+  return render_json(messages, nullptr, add_generation_prompt);
+}
+
+Result<std::string> ChatTemplate::preamble() const {
+  if (!jinja_) return render({}, false);
+  return render_with(*jinja_, nlohmann::ordered_json::array({nlohmann::ordered_json::object()}), false);
+}
+
+Result<std::string> ChatTemplate::render_json(const nlohmann::ordered_json& messages,
+                                              const nlohmann::ordered_json& tools, bool add_generation_prompt) const {
+  if (!tools.is_null() && !tools.is_array()) return make_error(ErrorCode::invalid_argument, "chat tools must be a list");
+  if (!jinja_ && !tools.is_null() && !tools.empty()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "tool schemas need a Jinja chat template (the tokenizer's, or a custom_chat_template); the "
+                      "'{}' format has no place for them",
+                      format_ == ChatFormat::chatml ? "chatml" : "plain");
+  }
   if (!messages.is_array()) return make_error(ErrorCode::invalid_argument, "chat messages must be a list");
   std::vector<ChatMessage> plain;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -131,7 +148,7 @@ Result<std::string> ChatTemplate::render_json(const nlohmann::ordered_json& mess
   }
   if (!jinja_) return render(plain, add_generation_prompt);
   TESSERA_RETURN_IF_ERROR(check_roles(plain));
-  return render_with(*jinja_, messages, add_generation_prompt);
+  return render_with(*jinja_, messages, add_generation_prompt, tools);
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {

@@ -64,6 +64,17 @@ class ChatTemplate {
   Result<std::string> render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt) const;
   Result<std::string> render_json(const nlohmann::json& messages, bool add_generation_prompt) const;
 
+  /// The same with transformers' `tools` argument: null, or a list of OpenAI function-tool
+  /// schemas (as verl's tool classes dump them) that a Jinja template renders into its system
+  /// turn. Tools need a Jinja template: with chatml or plain a non-empty list is an error.
+  Result<std::string> render_json(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                  bool add_generation_prompt) const;
+
+  /// What the template renders for one empty message (transformers' apply_chat_template([{}])):
+  /// the text it puts before any conversation, such as Qwen2.5's default system turn. verl's
+  /// tool agent loop renders tool messages alone and drops this prefix.
+  Result<std::string> preamble() const;
+
   ChatFormat format() const { return format_; }
   const std::optional<std::string>& default_system() const { return default_system_; }
 

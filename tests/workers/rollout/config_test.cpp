@@ -57,11 +57,13 @@ TEST(RolloutConfig, AcceptsVerlDefaultsAndReportsIgnoredKeys) {
   const auto& ignored = parsed->ignored_keys;
   for (const char* key : {"load_format",
                           "disable_log_stats", "multi_stage_wake_up", "engine_kwargs.vllm", "engine_kwargs.sglang",
-                          "multi_turn.enable", "multi_turn.format", "agent", "trace", "name"}) {
+                          "multi_turn.use_inference_chat_template", "multi_turn.tokenization_sanity_check_mode",
+                          "agent", "trace", "name"}) {
     EXPECT_TRUE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
   for (const char* key : {"temperature", "max_num_seqs", "dtype", "val_kwargs", "max_num_batched_tokens",
-                          "enforce_eager", "enable_chunked_prefill", "gpu_memory_utilization"}) {
+                          "enforce_eager", "enable_chunked_prefill", "gpu_memory_utilization", "multi_turn.enable",
+                          "multi_turn.format", "multi_turn.max_tool_response_length"}) {
     EXPECT_FALSE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
 }
@@ -150,7 +152,10 @@ TEST(RolloutConfig, UnknownKeysAndWrongTypesNameTheKey) {
 
 TEST(RolloutConfig, UnimplementedFeaturesAreRefused) {
   for (const nlohmann::json& j :
-       {nlohmann::json{{"mode", "async"}}, nlohmann::json{{"multi_turn", {{"enable", true}}}},
+       {nlohmann::json{{"mode", "async"}}, nlohmann::json{{"multi_turn", {{"interaction_config_path", "i.yaml"}}}},
+        nlohmann::json{{"multi_turn", {{"format", "llama3_json"}}}},
+        nlohmann::json{{"multi_turn", {{"enable", true}, {"tool_config_path", "t.yaml"}}},
+                       {"tensor_model_parallel_size", 2}},
         nlohmann::json{{"over_sample_rate", 0.1}}, nlohmann::json{{"pipeline_model_parallel_size", 2}},
         nlohmann::json{{"limit_images", 2}}, nlohmann::json{{"use_fire_sampling", true}}}) {
     Status st = parse_error(j);
@@ -160,6 +165,39 @@ TEST(RolloutConfig, UnimplementedFeaturesAreRefused) {
   auto ok = parse_rollout_config({{"over_sample_rate", 0}, {"data_parallel_size", 1}});
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->ignored_keys.size(), 2u);
+}
+
+TEST(RolloutConfig, MultiTurnKeys) {
+  auto parsed = parse_rollout_config({{"multi_turn",
+                                       {{"enable", true},
+                                        {"tool_config_path", "tools.yaml"},
+                                        {"max_assistant_turns", 5},
+                                        {"max_user_turns", nullptr},
+                                        {"max_parallel_calls", 2},
+                                        {"max_tool_response_length", 100},
+                                        {"tool_response_truncate_side", "left"},
+                                        {"format", "hermes"}}},
+                                      {"engine_kwargs", {{"tessera", {{"tool_timeout_s", 30}}}}}});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  const MultiTurnConfig& mt = parsed->config.multi_turn;
+  EXPECT_TRUE(mt.enable);
+  EXPECT_EQ(*mt.tool_config_path, "tools.yaml");
+  EXPECT_EQ(mt.max_assistant_turns, 5);
+  EXPECT_FALSE(mt.max_user_turns.has_value());
+  EXPECT_EQ(mt.max_parallel_calls, 2);
+  EXPECT_EQ(mt.max_tool_response_length, 100);
+  EXPECT_EQ(mt.tool_response_truncate_side, "left");
+  EXPECT_EQ(mt.tool_timeout_s, 30.0);
+  for (const auto& [j, key] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"multi_turn", {{"enable", true}}}}, "multi_turn.enable"},
+           {{{"multi_turn", {{"tool_response_truncate_side", "both"}}}}, "tool_response_truncate_side"},
+           {{{"multi_turn", {{"max_assistant_turns", 0}}}}, "max_assistant_turns"},
+           {{{"multi_turn", {{"max_parallel_calls", "2"}}}}, "max_parallel_calls"},
+           {{{"engine_kwargs", {{"tessera", {{"tool_timeout_s", 0}}}}}}, "tool_timeout_s"}}) {
+    Status st = parse_error(j);
+    EXPECT_FALSE(st.ok()) << j.dump();
+    EXPECT_NE(st.message().find(key), std::string::npos) << st.to_string();
+  }
 }
 
 TEST(RolloutConfig, DtypeNames) {

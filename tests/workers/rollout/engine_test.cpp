@@ -190,6 +190,50 @@ TEST(KVCacheEngine, SeedsReproduceAndCallsDiffer) {
   EXPECT_FALSE(a1.equal(c1));  // another seed samples differently
 }
 
+// generate_tokens (the multi-turn rollout's turns): each row stops at its own budget, and a row
+// samples from its stream whatever its position, batch-mates or budget.
+TEST(KVCacheEngine, GenerateTokensKeepsEachRowsBudgetAndStream) {
+  auto model = testing::tiny_model(6);
+  RolloutConfig cfg = testing::test_config();
+  cfg.ignore_eos = true;
+  cfg.do_sample = true;
+  auto engine = testing::make_engine(model, cfg, 3);
+  TokenRequests a;
+  a.prompts = {{5, 6, 7}, {9, 10}, {11, 12, 13, 14}};
+  a.max_tokens = {3, 12, 1};
+  a.streams = {7, 8, 9};
+  a.eos_token_ids = {2};
+  a.seed = 123;
+  auto rows_a = engine->generate_tokens(a);
+  ASSERT_TRUE(rows_a.ok()) << rows_a.status().to_string();
+  ASSERT_EQ(rows_a->size(), 3U);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(static_cast<int64_t>((*rows_a)[i].tokens.size()), a.max_tokens[i]);
+  EXPECT_EQ(engine->last_stats().generated_tokens, 16);
+  // The same streams, reversed and with the whole budget: each row's tokens begin with A's.
+  TokenRequests b = a;
+  std::reverse(b.prompts.begin(), b.prompts.end());
+  std::reverse(b.streams.begin(), b.streams.end());
+  b.max_tokens = {12, 12, 12};
+  auto rows_b = engine->generate_tokens(b);
+  ASSERT_TRUE(rows_b.ok()) << rows_b.status().to_string();
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& want = (*rows_a)[i].tokens;
+    const auto& got = (*rows_b)[2 - i].tokens;
+    ASSERT_EQ(got.size(), 12U);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "stream " << a.streams[i];
+  }
+  // Another seed samples differently; a budget past response_length is refused.
+  TokenRequests c = b;
+  c.seed = 124;
+  auto rows_c = engine->generate_tokens(c);
+  ASSERT_TRUE(rows_c.ok());
+  EXPECT_NE((*rows_c)[0].tokens, (*rows_b)[0].tokens);
+  c.max_tokens = {13, 1, 1};
+  auto refused = engine->generate_tokens(c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("budget 13"), std::string::npos) << refused.status().to_string();
+}
+
 // verl's n: the trainer repeats the prompts; the engine samples each repeated row independently.
 TEST(KVCacheEngine, RepeatedPromptsSampleIndependently) {
   auto model = testing::tiny_model(6);

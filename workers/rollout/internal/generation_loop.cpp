@@ -5,7 +5,7 @@
 //     one batched decode step for the live slots; sample; free the blocks of finished rows
 //
 // The KV cache is paged (Note [Paged KV cache] in paged_kv.hpp) and made once per call: for
-// every slot at its longest (longest prompt + response_length tokens), or fewer blocks when
+// every slot at its longest (the longest prompt + token budget of a row), or fewer blocks when
 // LoopOptions::max_kv_blocks caps it (the memory gpu_memory_utilization leaves). A finished row's
 // blocks go straight back to the pool, and a decode step computes the live rows only: there are
 // no idle slots to carry and no columns to compact.
@@ -93,7 +93,7 @@ class GenerationLoop {
         rngs_(prompts.size()), resumed_(prompts.size()), issued_(prompts.size(), 0), done_(prompts.size(), false) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       pending_.push_back(static_cast<int64_t>(i));
-      longest_prompt_ = std::max<int64_t>(longest_prompt_, static_cast<int64_t>(prompts[i].size()));
+      longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(prompts[i].size()) + limit(i));
     }
   }
 
@@ -131,19 +131,19 @@ class GenerationLoop {
     return static_cast<int64_t>(std::count_if(slot_row_.begin(), slot_row_.end(), [](int64_t r) { return r >= 0; }));
   }
 
-  // A sequence holds at most its prompt + response_length - 1 tokens (the last one is sampled,
-  // never fed); the pools hold every slot at the longest such length, or max_kv_blocks.
+  // A sequence holds at most its prompt + its budget - 1 tokens (the last one is sampled, never
+  // fed); the pools hold every slot at the longest such length, or max_kv_blocks.
   Status start_cache() {
     const int64_t slots = std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
     TESSERA_ASSIGN_OR_RETURN(BlockCache cache,
                              BlockCache::create(model_.cache_config(), model_.dtype(), slots,
-                                                longest_prompt_ + options_.response_length, options_.block_size,
+                                                longest_, options_.block_size,
                                                 model_.device(), options_.max_kv_blocks, options_.max_kv_blocks_key));
     cache_.emplace(std::move(cache));
     cache_->kv().use_kernel = options_.kernel_attention;
     cache_->kv().tiled = options_.tiled_attention;
     cache_->kv().split = options_.split_attention;
-    runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_prompt_ + options_.response_length,
+    runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_,
                                              options_.decode);
     slot_row_.assign(static_cast<size_t>(slots), -1);
     slot_tokens_ = at::zeros({slots}, at::TensorOptions(at::kLong).device(model_.device()));
@@ -272,7 +272,10 @@ class GenerationLoop {
       admitted_at_[static_cast<size_t>(slots[static_cast<size_t>(i)])] = ++admissions_;
       // A preempted row keeps its random stream where it stopped.
       auto& rng = rngs_[static_cast<size_t>(row)];
-      if (!options_.sampling.greedy && !rng) rng.emplace(row_seed(options_.call_seed, row));
+      if (!options_.sampling.greedy && !rng) {
+        const int64_t stream = options_.streams.empty() ? row : options_.streams[static_cast<size_t>(row)];
+        rng.emplace(row_seed(options_.call_seed, stream));
+      }
       resumed_[static_cast<size_t>(row)].clear();
     }
     TESSERA_RETURN_IF_ERROR(launch_sampling(logits, slots, /*prefill=*/true));
@@ -376,7 +379,7 @@ class GenerationLoop {
     f.values = proto::HostReadback(drawn);
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto row = static_cast<size_t>(f.rows[i]);
-      if (++issued_[row] >= options_.response_length) retire(slots[i]);
+      if (++issued_[row] >= limit(row)) retire(slots[i]);
     }
     in_flight_.push_back(std::move(f));
     return options_.lag_token_reads ? Status() : read_all_tokens();
@@ -408,7 +411,7 @@ class GenerationLoop {
       row.tokens.push_back(token);
       if (options_.want_logprobs) row.logprobs.push_back(static_cast<float>(values[n + i]));
       stats_.generated_tokens += 1;
-      if (finished(row, token)) {
+      if (finished(static_cast<size_t>(r), token)) {
         done_[static_cast<size_t>(r)] = true;
         if (slot_row_[static_cast<size_t>(slot)] == r) retire(slot);  // at response_length: retired at launch
       }
@@ -421,8 +424,10 @@ class GenerationLoop {
     return Status();
   }
 
-  bool finished(const GeneratedRow& row, int64_t token) const {
-    if (static_cast<int64_t>(row.tokens.size()) >= options_.response_length) return true;
+  int64_t limit(size_t row) const { return options_.max_tokens.empty() ? options_.response_length : options_.max_tokens[row]; }
+
+  bool finished(size_t row, int64_t token) const {
+    if (static_cast<int64_t>(rows_[row].tokens.size()) >= limit(row)) return true;
     if (options_.ignore_eos) return false;
     const auto& eos = options_.eos_token_ids;
     return std::find(eos.begin(), eos.end(), token) != eos.end();
@@ -446,7 +451,7 @@ class GenerationLoop {
   std::vector<bool> done_;       ///< Per row: finished (known once its last token is read).
   at::Tensor slot_tokens_;       ///< [slots] int64 on the device: each slot's last sampled token.
   std::deque<InFlight> in_flight_;  ///< Launches whose tokens the host has not read, oldest first.
-  int64_t longest_prompt_ = 0;
+  int64_t longest_ = 0;  ///< The longest prompt + budget over the rows.
 };
 
 }  // namespace
@@ -454,6 +459,18 @@ class GenerationLoop {
 Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::vector<std::vector<int64_t>>& prompts,
                                                  const LoopOptions& options, GenerationStats& stats) {
   at::NoGradGuard no_grad;
+  for (const auto* per_row : {&options.max_tokens, &options.streams}) {
+    if (!per_row->empty() && per_row->size() != prompts.size()) {
+      return make_error(ErrorCode::invalid_argument, "rollout: {} per-row values for {} prompts", per_row->size(),
+                        prompts.size());
+    }
+  }
+  for (int64_t m : options.max_tokens) {
+    if (m < 1 || m > options.response_length) {
+      return make_error(ErrorCode::invalid_argument, "rollout: a row's token budget {} is outside [1, {}]", m,
+                        options.response_length);
+    }
+  }
   const models::ModelConfig& heads = model.cache_config();
   const at::Tensor pool =
       at::empty({1, 1, 1, heads.head_dim}, at::TensorOptions(model.dtype()).device(model.device()));

@@ -42,7 +42,11 @@ struct LoopOptions {
   /// Read each launch's tokens while the next step runs (Note [Lagged token reads]); false reads
   /// them before launching anything else.
   bool lag_token_reads = true;
-  uint64_t call_seed = 0;             ///< Row r samples from RowRng(row_seed(call_seed, r)).
+  uint64_t call_seed = 0;             ///< Row r samples from RowRng(row_seed(call_seed, streams[r] or r)).
+  /// Per row, at most this many tokens (each in [1, response_length]); empty: response_length.
+  std::vector<int64_t> max_tokens;
+  /// Per row, the sampling stream it draws from; empty: its index.
+  std::vector<int64_t> streams;
 };
 
 /// Generates for every prompt (token ids, non-empty, already checked against the vocabulary).

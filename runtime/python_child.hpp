@@ -1,6 +1,7 @@
-// python_child.hpp (internal): a Python interpreter run as a child process that talks one JSON
+// python_child.hpp: a Python interpreter run as a child process that talks one JSON
 // line at a time over its stdin and stdout (its stderr stays the terminal's). Used by verl's
-// custom_reward_function pool (python_reward.cpp) and the Python-side loggers (python_tracker.cpp).
+// custom_reward_function pool and the Python-side loggers (driver/) and by the rollout's tool
+// host (workers/rollout/tool_host.hpp).
 //
 // Thread-safety: none; one owner per child.
 #pragma once
@@ -14,7 +15,7 @@
 
 #include "proto/status.hpp"
 
-namespace tessera::driver::internal {
+namespace tessera::runtime {
 
 using Clock = std::chrono::steady_clock;
 
@@ -32,7 +33,7 @@ struct PythonChild {
 /// library's subprocess) can write into the answers or read the requests. Imports json, os, sys.
 inline constexpr const char* kProtocolPipes = R"PY(
 import json, os, sys
-proto, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0))
+proto, requests = os.fdopen(os.dup(1), "w", encoding="utf-8"), os.fdopen(os.dup(0), encoding="utf-8")
 os.dup2(2, 1)
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0)
@@ -64,4 +65,4 @@ Status write_all(PythonChild& child, const std::string& data, Clock::time_point 
 /// `s` up to its first newline.
 std::string first_line(std::string s);
 
-}  // namespace tessera::driver::internal
+}  // namespace tessera::runtime

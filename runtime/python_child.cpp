@@ -1,5 +1,5 @@
 // python_child.cpp: see python_child.hpp.
-#include "driver/internal/python_child.hpp"
+#include "runtime/python_child.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace tessera::driver::internal {
+namespace tessera::runtime {
 
 Result<PythonChild> spawn_python(const std::string& python, const std::string& script,
                                  const std::vector<std::string>& args, const std::string& what) {
@@ -142,4 +142,4 @@ std::string first_line(std::string s) {
   return s;
 }
 
-}  // namespace tessera::driver::internal
+}  // namespace tessera::runtime

@@ -1,0 +1,475 @@
+// The multi-turn rollout with tools against verl's own Python: the prompts rendered with the
+// tools' schemas and the tool answers' tokens are what transformers' apply_chat_template and
+// verl's tool agent loop produce, the tools are verl's (Gsm8kTool) loaded by verl's registry, and
+// the rewards are its calc_reward. A scripted engine plays the model's turns, so every branch of
+// the loop (a call, no call, a malformed call, the budget, a raising tool, a hung tool) is
+// exercised deterministically. Needs $TESSERA_PYTHON with verl and transformers, and the golden
+// Qwen3 tokenizer ($TESSERA_SHARED_DIR/golden).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "tests/driver/driver_test_util.hpp"
+#include "workers/rollout/multi_turn.hpp"
+
+namespace tessera::rollout {
+namespace {
+
+using nlohmann::json;
+using driver::testing::ScopedEnv;
+using driver::testing::TempDir;
+
+constexpr int64_t kImEnd = 151645;  // Qwen3's <|im_end|>, its EOS
+constexpr int64_t kPad = 151643;
+
+// verl's ray import is for DataProtoFuture only; nothing here reaches it.
+constexpr const char* kRayStub = "ObjectRef = object\n\ndef get(*args, **kwargs):\n    raise RuntimeError('ray is stubbed')\n";
+
+constexpr const char* kGsm8kTools = R"(tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config:
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "calc_gsm8k_reward"
+        description: "A tool for calculating the reward of gsm8k"
+        parameters:
+          type: "object"
+          properties:
+            answer:
+              type: "string"
+              description: "The model's answer to the GSM8K math problem, must be a digits"
+          required: ["answer"]
+)";
+
+// Tools that misbehave, as users' tools do.
+constexpr const char* kTestTools = R"(import asyncio, os
+from verl.tools.base_tool import BaseTool
+
+class RaisingTool(BaseTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        raise ValueError("no weather for " + str(parameters.get("city")))
+
+class SlowTool(BaseTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        print("a tool that prints to stdout")
+        await asyncio.sleep(60)
+        return "late", 0.0, {}
+
+class RecordingTool(BaseTool):
+    async def create(self, instance_id=None, **kwargs):
+        with open(os.environ["TESSERA_TOOL_LOG"], "a") as f:
+            f.write(f"create {instance_id}\n")
+        return instance_id
+    async def release(self, instance_id, **kwargs):
+        with open(os.environ["TESSERA_TOOL_LOG"], "a") as f:
+            f.write(f"release {instance_id}\n")
+    async def calc_reward(self, instance_id, **kwargs):
+        raise RuntimeError("no reward today")
+
+class LongTool(BaseTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        return "a" * 300 + "z" * 300, 0.0, {}
+)";
+
+std::string tool_entry(const std::string& cls, const std::string& name) {
+  return "  - class_name: \"tessera_test_tools." + cls + "\"\n    config:\n      type: native\n    tool_schema:\n" +
+         "      type: function\n      function:\n        name: " + name + "\n        description: test\n" +
+         "        parameters:\n          type: object\n          properties:\n            city:\n" +
+         "              type: string\n          required: [city]\n";
+}
+
+// The reference: verl's registry, transformers' apply_chat_template and verl's tool agent loop's
+// rule for tool answers (rendered alone, the rendering of [{}] dropped).
+constexpr const char* kReference = R"PY(
+import asyncio, json, sys
+from transformers import AutoTokenizer
+from verl.tools.utils.tool_registry import initialize_tools_from_config
+spec = json.load(open(sys.argv[1]))
+tok = AutoTokenizer.from_pretrained(spec["tokenizer"])
+def ids(r):
+    return list(r) if isinstance(r, list) else list(r["input_ids"])
+tools = {t.name: t for t in initialize_tools_from_config(spec["tools"])}
+schemas = [t.tool_schema.model_dump() for t in tools.values()]
+out = {"prompt": ids(tok.apply_chat_template(spec["messages"], tools=schemas, add_generation_prompt=True, tokenize=True))}
+out["turns"] = {k: tok.encode(v, add_special_tokens=False) for k, v in spec["turns"].items()}
+preamble = ids(tok.apply_chat_template([{}], add_generation_prompt=False, tokenize=True))
+loop = asyncio.new_event_loop()
+out["answers"] = {}
+for key, call in spec["calls"].items():
+    tool = tools[call["tool"]]
+    loop.run_until_complete(tool.create("ref-" + key, ground_truth=call["ground_truth"]))
+    answer = None
+    if call["arguments"] is not None:
+        text, _, _ = loop.run_until_complete(tool.execute("ref-" + key, call["arguments"]))
+        rendered = ids(tok.apply_chat_template([{"role": "tool", "content": text}], add_generation_prompt=True, tokenize=True))
+        answer = rendered[len(preamble):]
+    reward = loop.run_until_complete(tool.calc_reward("ref-" + key))
+    out["answers"][key] = {"ids": answer, "reward": reward}
+json.dump(out, open(sys.argv[2], "w"))
+)PY";
+
+// Plays scripted turns: stream s's k-th generation is script[s][k] cut to its budget.
+class ScriptedEngine final : public RolloutEngine {
+ public:
+  std::map<int64_t, std::vector<std::vector<int64_t>>> script;
+  std::map<int64_t, std::vector<std::vector<int64_t>>> seen;  ///< The prompts each stream was given.
+
+  Result<proto::DataProto> generate_sequences(const proto::DataProto&) override {
+    return make_error(ErrorCode::unimplemented, "scripted");
+  }
+  bool fail = false;  ///< generate_tokens fails (a model error mid-rollout).
+
+  Result<std::vector<GeneratedRow>> generate_tokens(const TokenRequests& r) override {
+    if (fail) return make_error(ErrorCode::internal, "the model failed");
+    std::vector<GeneratedRow> rows;
+    stats_ = GenerationStats{};
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      const int64_t s = r.streams.at(i);
+      auto& turns = seen[s];
+      const auto& tokens = script.at(s).at(turns.size());
+      turns.push_back(r.prompts[i]);
+      GeneratedRow row;
+      const auto n = std::min<size_t>(tokens.size(), static_cast<size_t>(r.max_tokens.at(i)));
+      row.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
+      stats_.generated_tokens += static_cast<int64_t>(n);
+      rows.push_back(std::move(row));
+    }
+    return rows;
+  }
+  uint64_t call_seed(const json&) override { return 1; }
+  Status load_weights_by_reference(const models::TensorMap&) override { return Status(); }
+  const GenerationStats& last_stats() const override { return stats_; }
+
+ private:
+  GenerationStats stats_;
+};
+
+std::vector<int64_t> cat(std::initializer_list<std::vector<int64_t>> parts) {
+  std::vector<int64_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
+  at::Tensor row = t[r].to(torch::kInt64).contiguous();
+  return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
+}
+
+class MultiTurn : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    python_ = driver::testing::tessera_python();
+    const char* shared = std::getenv("TESSERA_SHARED_DIR");
+    if (python_.empty() || shared == nullptr) GTEST_SKIP() << "needs TESSERA_PYTHON (verl, transformers) and TESSERA_SHARED_DIR";
+    tokenizer_dir_ = std::filesystem::path(shared) / "golden" / "qwen3-tokenizer";
+    dir_.write("ray/__init__.py", kRayStub);
+    dir_.write("tessera_test_tools.py", kTestTools);
+    gsm8k_ = dir_.write("gsm8k.yaml", kGsm8kTools).string();
+    path_.emplace("PYTHONPATH", dir_.path().string());
+    tool_python_.emplace("TESSERA_TOOL_PYTHON", python_);
+    auto tok = tokenizer::Tokenizer::from_dir(tokenizer_dir_);
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    auto chat = tokenizer::ChatTemplate::from_name("auto", tok->config());
+    ASSERT_TRUE(chat.ok()) << chat.status().to_string();
+    tokenizer_ = std::make_shared<const tokenizer::Tokenizer>(std::move(*tok));
+    chat_ = std::make_shared<const tokenizer::ChatTemplate>(std::move(*chat));
+  }
+
+  RolloutConfig config(const std::string& tools, int64_t response_length) const {
+    RolloutConfig c;
+    c.prompt_length = 256;
+    c.response_length = response_length;
+    c.multi_turn.enable = true;
+    c.multi_turn.tool_config_path = tools;
+    return c;
+  }
+
+  std::unique_ptr<MultiTurnRollout> rollout(const RolloutConfig& c, double timeout_s = 60) {
+    ToolHostOptions options;
+    options.config_path = *c.multi_turn.tool_config_path;
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    auto host = ToolHost::start(options);
+    EXPECT_TRUE(host.ok()) << host.status().to_string();
+    if (!host.ok()) return nullptr;
+    auto mt = MultiTurnRollout::create(c, tokenizer_, chat_, std::move(*host));
+    EXPECT_TRUE(mt.ok()) << mt.status().to_string();
+    return mt.ok() ? std::move(*mt) : nullptr;
+  }
+
+  // A generate_sequences batch of `rows` copies of one question (the tensors are the dataset's
+  // tokens, which the rollout replaces by the rendering with tools).
+  static proto::DataProto batch(const json& messages, const std::vector<json>& tools_kwargs) {
+    const auto b = static_cast<int64_t>(tools_kwargs.size());
+    at::Tensor ids = torch::full({b, 4}, 7, torch::kInt64), mask = torch::ones({b, 4}, torch::kInt64);
+    at::Tensor pos = torch::arange(4, torch::kInt64).repeat({b, 1});
+    proto::NonTensorBatch cols;
+    cols.insert_or_assign("raw_prompt", proto::Column::jsons(std::vector<json>(static_cast<size_t>(b), messages)));
+    cols.insert_or_assign("tools_kwargs", proto::Column::jsons(tools_kwargs));
+    cols.insert_or_assign("data_source", proto::Column::strings(std::vector<std::string>(static_cast<size_t>(b), "gsm8k")));
+    auto data = proto::DataProto::from_dict({{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos}},
+                                            std::move(cols), {{"eos_token_id", kImEnd}, {"pad_token_id", kPad}});
+    EXPECT_TRUE(data.ok()) << data.status().to_string();
+    return *data;
+  }
+
+  json reference(const json& spec) {
+    std::ofstream(dir_.path() / "spec.json") << spec.dump();
+    std::ofstream(dir_.path() / "reference.py") << kReference;
+    const auto out = dir_.path() / "reference.json";
+    const auto run = driver::testing::run_command(
+        fmt::format("'{}' '{}' '{}' '{}' 2>&1", python_, (dir_.path() / "reference.py").string(),
+                    (dir_.path() / "spec.json").string(), out.string()));
+    EXPECT_EQ(run.status, 0) << run.text;
+    std::ifstream in(out);
+    return in ? json::parse(in) : json();
+  }
+
+  std::string python_;
+  std::filesystem::path tokenizer_dir_;
+  TempDir dir_{"multi_turn"};
+  std::string gsm8k_;
+  std::optional<ScopedEnv> path_, tool_python_;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  std::shared_ptr<const tokenizer::ChatTemplate> chat_;
+};
+
+TEST_F(MultiTurn, ConversationsMatchVerlsToolLoop) {
+  const json messages = json::array({{{"role", "user"}, {"content", "Natalia sold 48 clips in April and half as many in May. How many in total?"}}});
+  const json gsm8k = {{"calc_gsm8k_reward", {{"create_kwargs", {{"ground_truth", "72"}}}}}};
+  const json spec = {
+      {"tokenizer", tokenizer_dir_.string()},
+      {"tools", gsm8k_},
+      {"messages", messages},
+      {"turns",
+       {{"call72", "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}}\n</tool_call>"},
+        {"call71", "Let me check.\n<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"71\"}}\n</tool_call>"},
+        {"final", "The answer is 72."},
+        {"plain", "It is 72."},
+        {"bad", "<tool_call>{\"name\": \"calc_gsm8k_reward\", \"arguments\": \"72\"}</tool_call>"}}},
+      {"calls",
+       {{"row0", {{"tool", "calc_gsm8k_reward"}, {"ground_truth", "72"}, {"arguments", {{"answer", "72"}}}}},
+        {"row1", {{"tool", "calc_gsm8k_reward"}, {"ground_truth", "72"}, {"arguments", nullptr}}},
+        {"row3", {{"tool", "calc_gsm8k_reward"}, {"ground_truth", "72"}, {"arguments", {{"answer", "71"}}}}}}}};
+  const json ref = reference(spec);
+  ASSERT_TRUE(ref.is_object());
+  auto turn = [&](const char* k, bool eos = true) {
+    auto t = ref["turns"][k].get<std::vector<int64_t>>();
+    if (eos) t.push_back(kImEnd);
+    return t;
+  };
+  const auto prompt = ref["prompt"].get<std::vector<int64_t>>();
+  const auto answer0 = ref["answers"]["row0"]["ids"].get<std::vector<int64_t>>();
+  const auto answer3 = ref["answers"]["row3"]["ids"].get<std::vector<int64_t>>();
+
+  const int64_t R = 200;
+  auto mt = rollout(config(gsm8k_, R));
+  ASSERT_NE(mt, nullptr);
+  ScriptedEngine engine;
+  engine.script[0] = {turn("call72"), turn("final")};  // calls the tool, then answers
+  engine.script[1] = {turn("plain")};                    // answers without a call
+  engine.script[2] = {turn("bad")};                      // arguments not a mapping: dropped
+  const std::vector<int64_t> rambling(300, turn("plain")[0]);
+  engine.script[3] = {turn("call71"), rambling};  // a wrong answer, then runs out of room
+  // Row 3 offers every tool (no tools_kwargs), as verl's agent loop; its gsm8k instance has no ground truth.
+  proto::DataProto in = batch(messages, {gsm8k, gsm8k, gsm8k, json::object()});
+  auto out = mt->generate(engine, in);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+
+  // Every conversation starts from the prompt rendered with the tools; row 0's second turn sees
+  // its first turn and the tool's answer, tokenized as verl's agent loop does.
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(engine.seen[s].at(0), prompt) << "stream " << s;
+  EXPECT_EQ(engine.seen[0].at(1), cat({prompt, turn("call72"), answer0}));
+  ASSERT_EQ(engine.seen[3].size(), 2U);
+
+  at::Tensor responses = *out->tensor("responses"), rmask = *out->tensor("response_mask");
+  at::Tensor attention = *out->tensor("attention_mask"), positions = *out->tensor("position_ids");
+  at::Tensor prompts = *out->tensor("prompts");
+  ASSERT_EQ(responses.sizes(), (std::vector<int64_t>{4, R}));
+  const int64_t P = 256, n = static_cast<int64_t>(prompt.size());
+  auto padded = [&](std::vector<int64_t> v) {
+    v.resize(static_cast<size_t>(R), kPad);
+    return v;
+  };
+  // Row 0: call, answer (masked out), final turn.
+  const auto resp0 = cat({turn("call72"), answer0, turn("final")});
+  EXPECT_EQ(row_of(responses, 0), padded(resp0));
+  std::vector<int64_t> mask0(static_cast<size_t>(R), 0);
+  for (size_t j = 0; j < resp0.size(); ++j) {
+    const size_t first = turn("call72").size();
+    mask0[j] = (j < first || j >= first + answer0.size()) ? 1 : 0;
+  }
+  EXPECT_EQ(row_of(rmask, 0), mask0);
+  // Prompts left-padded to prompt_length; attention over prompt and the whole response; positions continue.
+  std::vector<int64_t> prompt_row(static_cast<size_t>(P - n), kPad);
+  prompt_row.insert(prompt_row.end(), prompt.begin(), prompt.end());
+  EXPECT_EQ(row_of(prompts, 0), prompt_row);
+  EXPECT_EQ(attention[0].sum().item<int64_t>(), n + static_cast<int64_t>(resp0.size()));
+  EXPECT_EQ(positions[0][P].item<int64_t>(), n);
+  EXPECT_EQ(positions[0][P + R - 1].item<int64_t>(), n + R - 1);
+  EXPECT_TRUE(out->tensor("input_ids")->equal(torch::cat({prompts, responses}, 1)));
+  // Rows 1 and 2: one turn each.
+  EXPECT_EQ(row_of(responses, 1), padded(turn("plain")));
+  EXPECT_EQ(row_of(responses, 2), padded(turn("bad")));
+  EXPECT_EQ(rmask[2].sum().item<int64_t>(), static_cast<int64_t>(turn("bad").size()));
+  // Row 3: call, answer, then the budget: the response is full and ends on the model's tokens.
+  const auto head3 = cat({turn("call71"), answer3});
+  EXPECT_EQ(rmask[3].sum().item<int64_t>(), R - static_cast<int64_t>(answer3.size()));
+  EXPECT_EQ(row_of(responses, 3)[head3.size()], rambling[0]);
+  EXPECT_EQ(row_of(responses, 3)[static_cast<size_t>(R - 1)], rambling[0]);
+  EXPECT_EQ(attention[3].sum().item<int64_t>(), n + R);
+
+  // reward_scores are the tools' calc_reward (verl's SGLang rollout); num_turns as the agent loop.
+  auto scores = out->column("reward_scores");
+  ASSERT_TRUE(scores.ok());
+  EXPECT_DOUBLE_EQ(scores->json_value(0)["calc_gsm8k_reward"].get<double>(), ref["answers"]["row0"]["reward"].get<double>());
+  EXPECT_DOUBLE_EQ(scores->json_value(0)["calc_gsm8k_reward"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(scores->json_value(1)["calc_gsm8k_reward"].get<double>(), ref["answers"]["row1"]["reward"].get<double>());
+  EXPECT_DOUBLE_EQ(scores->json_value(3)["calc_gsm8k_reward"].get<double>(), 0.0);
+  EXPECT_EQ(scores->json_value(2)["user_turn_rewards"], json::array());
+  auto turns = out->column("__num_turns__");
+  ASSERT_TRUE(turns.ok());
+  EXPECT_EQ(turns->i64(0), 4);
+  EXPECT_EQ(turns->i64(1), 2);
+  EXPECT_EQ(turns->i64(3), 4);
+  EXPECT_TRUE(out->column("data_source").ok());  // non-tensor columns pass through
+  const MultiTurnStats& st = mt->last_stats();
+  EXPECT_EQ(st.assistant_turns, 6);
+  EXPECT_EQ(st.tool_calls, 2);
+  EXPECT_EQ(st.malformed_calls, 1);
+  EXPECT_EQ(st.tool_errors, 0);
+}
+
+TEST_F(MultiTurn, TurnLimitsAndLongAnswers) {
+  TempDir tools("multi_turn_tools");
+  const auto yaml = tools.write("t.yaml", "tools:\n" + tool_entry("LongTool", "lookup")).string();
+  const json messages = json::array({{{"role", "user"}, {"content", "Where?"}}});
+  auto call = tokenizer_->encode("<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+  ASSERT_TRUE(call.ok());
+  std::vector<int64_t> call_ids(call->begin(), call->end());
+  call_ids.push_back(kImEnd);
+  for (int64_t max_turns : {1, 2}) {
+    RolloutConfig c = config(yaml, 400);
+    c.multi_turn.max_assistant_turns = max_turns;
+    c.multi_turn.max_tool_response_length = 10;
+    auto mt = rollout(c);
+    ASSERT_NE(mt, nullptr);
+    ScriptedEngine engine;
+    engine.script[0] = {call_ids, call_ids, call_ids};
+    auto out = mt->generate(engine, batch(messages, {json::object()}));
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    // max_assistant_turns generations, and no tool runs after the last one.
+    EXPECT_EQ(static_cast<int64_t>(engine.seen[0].size()), max_turns);
+    EXPECT_EQ(mt->last_stats().tool_calls, max_turns - 1);
+    if (max_turns == 2) {
+      // The answer kept 5 characters on each side of the cut (verl's "middle").
+      const auto& second = engine.seen[0][1];
+      std::vector<int32_t> tail(second.end() - 40, second.end());
+      auto text = tokenizer_->decode(tail);
+      ASSERT_TRUE(text.ok());
+      EXPECT_NE(text->find("aaaaa...(truncated)...zzzzz\n</tool_response>"), std::string::npos) << *text;
+    }
+  }
+}
+
+TEST_F(MultiTurn, ARaisingToolEndsItsRowAndAHungToolEndsTheRollout) {
+  TempDir tools("multi_turn_tools");
+  const auto yaml = tools.write("t.yaml", "tools:\n" + tool_entry("RaisingTool", "weather") +
+                                              tool_entry("SlowTool", "slow")).string();
+  const json messages = json::array({{{"role", "user"}, {"content", "Weather?"}}});
+  auto ids = [&](const std::string& text) {
+    auto t = tokenizer_->encode(text);
+    EXPECT_TRUE(t.ok());
+    std::vector<int64_t> v(t->begin(), t->end());
+    v.push_back(kImEnd);
+    return v;
+  };
+  {
+    auto mt = rollout(config(yaml, 300));
+    ASSERT_NE(mt, nullptr);
+    ScriptedEngine engine;
+    engine.script[0] = {ids("<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>")};
+    auto out = mt->generate(engine, batch(messages, {{{"weather", json::object()}}}));
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    EXPECT_EQ(engine.seen[0].size(), 1U);
+    EXPECT_EQ(mt->last_stats().tool_errors, 1);
+    EXPECT_EQ(out->column("__num_turns__")->i64(0), 2);
+  }
+  auto mt = rollout(config(yaml, 300), /*timeout_s=*/1.5);
+  ASSERT_NE(mt, nullptr);
+  ScriptedEngine engine;
+  engine.script[0] = {ids("<tool_call>\n{\"name\": \"slow\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>")};
+  auto out = mt->generate(engine, batch(messages, {{{"slow", json::object()}}}));
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("tool_timeout_s"), std::string::npos) << out.status().to_string();
+  EXPECT_NE(out.status().message().find("'slow'"), std::string::npos) << out.status().to_string();
+  // The host is gone: the next call fails at once with the same error.
+  engine.seen.clear();
+  auto again = mt->generate(engine, batch(messages, {{{"slow", json::object()}}}));
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("tool_timeout_s"), std::string::npos);
+}
+
+// Every instance created is released: after the last turn (also when calc_reward raises) and when
+// the rollout stops early.
+TEST_F(MultiTurn, InstancesAreReleasedOnEveryPath) {
+  TempDir tools("multi_turn_tools");
+  const auto yaml = tools.write("t.yaml", "tools:\n" + tool_entry("RecordingTool", "rec")).string();
+  const auto log = tools.path() / "log.txt";
+  ScopedEnv log_env("TESSERA_TOOL_LOG", log.string());
+  auto mt = rollout(config(yaml, 64));
+  ASSERT_NE(mt, nullptr);
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  auto read_log = [&] {
+    std::ifstream in(log);
+    std::map<std::string, int> count;
+    for (std::string op, id; in >> op >> id;) count[op] += 1;
+    std::filesystem::remove(log);
+    return count;
+  };
+  ScriptedEngine failing;
+  failing.fail = true;
+  auto stopped = mt->generate(failing, batch(messages, {json::object(), json::object()}));
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(read_log(), (std::map<std::string, int>{{"create", 2}, {"release", 2}}));
+  ScriptedEngine engine;
+  engine.script[0] = {{kImEnd}};
+  auto out = mt->generate(engine, batch(messages, {json::object()}));
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("row 0: tool 'rec'.calc_reward/release failed: RuntimeError: no reward today"),
+            std::string::npos) << out.status().to_string();
+  EXPECT_EQ(read_log(), (std::map<std::string, int>{{"create", 1}, {"release", 1}}));
+}
+
+TEST_F(MultiTurn, BadToolConfigsAndRowsAreOneLineErrors) {
+  ToolHostOptions options;
+  options.config_path = (dir_.path() / "missing.yaml").string();
+  auto host = ToolHost::start(options);
+  ASSERT_FALSE(host.ok());
+  EXPECT_NE(host.status().message().find("multi_turn.tool_config_path"), std::string::npos) << host.status().to_string();
+  auto mt = rollout(config(gsm8k_, 64));
+  ASSERT_NE(mt, nullptr);
+  ScriptedEngine engine;
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  auto unknown = mt->generate(engine, batch(messages, {json{{"search", json::object()}}}));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("'search'"), std::string::npos) << unknown.status().to_string();
+  auto bad_kwargs = mt->generate(engine, batch(messages, {json{{"calc_gsm8k_reward", {{"create_kwargs", "72"}}}}}));
+  ASSERT_FALSE(bad_kwargs.ok());
+  EXPECT_NE(bad_kwargs.status().message().find("row 0: tools_kwargs.calc_gsm8k_reward.create_kwargs"),
+            std::string::npos) << bad_kwargs.status().to_string();
+  RolloutConfig tight = config(gsm8k_, 64);
+  tight.prompt_length = 16;
+  auto small = rollout(tight);
+  ASSERT_NE(small, nullptr);
+  auto long_prompt = small->generate(engine, batch(messages, {json::object()}));
+  ASSERT_FALSE(long_prompt.ok());
+  EXPECT_NE(long_prompt.status().message().find("prompt_length"), std::string::npos) << long_prompt.status().to_string();
+}
+
+}  // namespace
+}  // namespace tessera::rollout

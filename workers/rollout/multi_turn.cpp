@@ -1,0 +1,486 @@
+// multi_turn.cpp: see multi_turn.hpp.
+//
+// Note [Multi-turn rollout]
+// verl v0.5.0 has two multi-turn loops with the same keys: the SGLang rollout's (sync mode, which
+// users of `multi_turn.enable` run) and the async agent loop's ToolAgentLoop. Tessera follows the
+// SGLang rollout's tool lifecycle and the agent loop's token handling:
+//  - The prompt is the row's raw_prompt rendered with the chat template, the offered tools'
+//    schemas and the generation prompt (the dataset's input_ids are not used: they lack the tools).
+//    A row offers the tools named in its tools_kwargs (SGLang); a row with none offers every tool
+//    of the config (the agent loop), since offering none would make the rollout single-turn.
+//  - Each offered tool gets an instance per row before the first turn (create with the row's
+//    create_kwargs) and, after the last one, calc_reward and release; the rewards form the row's
+//    reward_scores (SGLang).
+//  - A turn generates until EOS or the row's budget. The tokens are kept as sampled: verl's SGLang
+//    rollout decodes the assistant's text and tokenizes it again through the chat template, which
+//    can change tokens (hence its tokenization_sanity_check_mode); the agent loop and Tessera train
+//    on exactly what was sampled.
+//  - The turn's text is decoded and its <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+//    blocks (hermes) parsed; a block that is not such JSON, or names a tool the row was not offered,
+//    is dropped and counted. The first max_parallel_calls calls run, every row's at once, through
+//    the tool host. A tool that raises ends its row (the agent loop); the error is counted.
+//  - Each answer (its text cut to max_tool_response_length characters, "...(truncated)" marking
+//    the cut on the side tool_response_truncate_side names) becomes a {"role": "tool"} message;
+//    the answers of a turn are rendered alone with the generation prompt, the template's preamble
+//    (its rendering of [{}], e.g. Qwen2.5's default system turn) removed, and appended with
+//    response_mask 0 (the agent loop).
+//  - A row ends when it generated no call, its last turn hit the budget instead of EOS, it reached
+//    max_assistant_turns or max_user_turns (each defaulting to max_model_len / 3, as SGLang), or
+//    the tool answer would fill the response: the response never ends on a tool answer, so GAE's
+//    last token is the model's.
+//  - A row's schemas are listed in the tool config's order. A prompt that no longer fits
+//    prompt_length once they are in is an error naming the row (verl's SGLang rollout warns and
+//    widens the batch).
+//  - Every turn's generation is one engine call over the live rows; row r samples from stream r of
+//    a seed derived from the call's seed and the turn, so the rollout is reproducible and a resumed
+//    run samples as an uninterrupted one.
+#include "workers/rollout/multi_turn.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "workers/rollout/contract.hpp"
+#include "workers/rollout/sampling.hpp"
+
+namespace tessera::rollout {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kKey = "actor_rollout_ref.rollout.multi_turn";
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One sequence's state.
+struct Conversation {
+  std::vector<int64_t> ids;       ///< Prompt, then the response so far.
+  int64_t prompt_length = 0;
+  std::vector<int64_t> mask;      ///< Per response token: 1 generated, 0 tool answer.
+  std::vector<float> logprobs;    ///< Per response token (with calculate_log_probs); -1 on tool answers.
+  std::vector<std::string> tools; ///< The tools offered, in the config's order.
+  json tools_kwargs = json::object();
+  int64_t assistant_turns = 0, user_turns = 0;
+  bool done = false;
+  int64_t response_length() const { return static_cast<int64_t>(mask.size()); }
+};
+
+struct Call {
+  size_t row;
+  std::string tool;
+  json arguments;
+};
+
+// Number of Unicode code points of UTF-8 text (Python's len), and the byte offset of code point k.
+size_t code_points(const std::string& s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+size_t byte_offset(const std::string& s, size_t k) {
+  size_t seen = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((s[i] & 0xC0) != 0x80 && seen++ == k) return i;
+  }
+  return s.size();
+}
+
+// verl's agent loop: keep max characters of the answer, marking the cut.
+std::string truncate_answer(const std::string& text, size_t max, const std::string& side) {
+  const size_t n = code_points(text);
+  if (n <= max) return text;
+  if (side == "left") return text.substr(0, byte_offset(text, max)) + "...(truncated)";
+  if (side == "right") return "(truncated)..." + text.substr(byte_offset(text, n - max));
+  const size_t half = max / 2;
+  return text.substr(0, byte_offset(text, half)) + "...(truncated)..." + text.substr(byte_offset(text, n - half));
+}
+
+// The hermes blocks of `text`: <tool_call>...</tool_call>, non-greedy, as verl's HermesToolParser.
+std::vector<std::string> hermes_blocks(const std::string& text) {
+  static constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (true) {
+    const size_t open = text.find(kOpen, at);
+    if (open == std::string::npos) break;
+    const size_t close = text.find(kClose, open + kOpen.size());
+    if (close == std::string::npos) break;
+    out.push_back(text.substr(open + kOpen.size(), close - open - kOpen.size()));
+    at = close + kClose.size();
+  }
+  return out;
+}
+
+json kwargs_of(const json& tools_kwargs, const std::string& tool, const char* which) {
+  if (!tools_kwargs.contains(tool)) return json::object();
+  const json& entry = tools_kwargs[tool];
+  if (!entry.is_object() || !entry.contains(which) || entry[which].is_null()) return json::object();
+  return entry[which];
+}
+
+constexpr const char* kKwargKeys[] = {"create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs"};
+
+// tools_kwargs.<tool> must be a mapping whose *_kwargs are mappings (Python passes them as **).
+Status check_tool_kwargs(const json& entry, const std::string& tool, int64_t row) {
+  if (entry.is_null()) return Status();
+  if (!entry.is_object()) {
+    return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs.{} is not a mapping: {}", row, tool,
+                      entry.dump().substr(0, 80));
+  }
+  for (const char* which : kKwargKeys) {
+    if (entry.contains(which) && !entry[which].is_null() && !entry[which].is_object()) {
+      return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs.{}.{} is not a mapping: {}", row, tool, which,
+                        entry[which].dump().substr(0, 80));
+    }
+  }
+  return Status();
+}
+
+void add_stats(GenerationStats& sum, const GenerationStats& s) {
+  sum.rows += s.rows;
+  sum.prompt_tokens += s.prompt_tokens;
+  sum.preemptions += s.preemptions;
+  sum.recomputed_tokens += s.recomputed_tokens;
+  sum.prefill_tokens += s.prefill_tokens;
+  sum.shared_prompt_tokens += s.shared_prompt_tokens;
+  sum.prefill_flops += s.prefill_flops;
+  sum.shared_prefill_flops += s.shared_prefill_flops;
+  sum.generated_tokens += s.generated_tokens;
+  sum.decode_steps += s.decode_steps;
+  sum.decode_row_steps += s.decode_row_steps;
+  sum.admissions += s.admissions;
+  sum.prefill_forwards += s.prefill_forwards;
+  sum.kv_blocks = std::max(sum.kv_blocks, s.kv_blocks);
+  sum.kv_cache_bytes = std::max(sum.kv_cache_bytes, s.kv_cache_bytes);
+  sum.shared_kv_blocks += s.shared_kv_blocks;
+  sum.graphs_captured += s.graphs_captured;
+  sum.graph_replays += s.graph_replays;
+  sum.prefill_seconds += s.prefill_seconds;
+  sum.decode_seconds += s.decode_seconds;
+  sum.prefill_cpu_seconds += s.prefill_cpu_seconds;
+  sum.decode_cpu_seconds += s.decode_cpu_seconds;
+}
+
+std::vector<int64_t> to_int64(const std::vector<int32_t>& ids) { return {ids.begin(), ids.end()}; }
+
+}  // namespace
+
+MultiTurnRollout::MultiTurnRollout(const RolloutConfig& config, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
+                                   std::shared_ptr<const tokenizer::ChatTemplate> chat, std::unique_ptr<ToolHost> tools,
+                                   std::string preamble)
+    : config_(config),
+      tokenizer_(std::move(tokenizer)),
+      chat_(std::move(chat)),
+      tools_(std::move(tools)),
+      preamble_(std::move(preamble)) {}
+
+Result<std::unique_ptr<MultiTurnRollout>> MultiTurnRollout::create(const RolloutConfig& config,
+                                                                   std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
+                                                                   std::shared_ptr<const tokenizer::ChatTemplate> chat,
+                                                                   std::unique_ptr<ToolHost> tools) {
+  if (!config.multi_turn.enable || tokenizer == nullptr || chat == nullptr || tools == nullptr) {
+    return make_error(ErrorCode::invalid_argument, "{}: the multi-turn rollout needs enable=true, a tokenizer, a chat "
+                      "template and the tools", kKey);
+  }
+  if (chat->format() != tokenizer::ChatFormat::jinja) {
+    return make_error(ErrorCode::invalid_argument, "{}: tool schemas need the model's Jinja chat template (or "
+                      "actor_rollout_ref.model.custom_chat_template)", kKey);
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::string preamble, chat->preamble());
+  return std::unique_ptr<MultiTurnRollout>(
+      new MultiTurnRollout(config, std::move(tokenizer), std::move(chat), std::move(tools), std::move(preamble)));
+}
+
+Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const proto::DataProto& prompts) {
+  const auto t0 = Clock::now();
+  stats_ = MultiTurnStats{};
+  const int64_t call = calls_++;
+  TESSERA_ASSIGN_OR_RETURN(GenerationInputs in, read_generation_inputs(prompts, config_.do_sample));
+  const int64_t bs = prompts.size();
+  stats_.rows = bs;
+  if (bs == 0) return build_generation_output(prompts, in, {}, config_.response_length, config_.calculate_log_probs);
+  auto raw = prompts.column("raw_prompt");
+  if (!raw.ok() || raw->type() != proto::ColumnType::json) {
+    return make_error(ErrorCode::invalid_argument, "{}.enable=true: the batch has no raw_prompt column of chat "
+                      "messages (set data.return_raw_chat=true)", kKey);
+  }
+  auto kwargs_column = prompts.column("tools_kwargs");
+  if (kwargs_column.ok() && kwargs_column->type() != proto::ColumnType::json) {
+    return make_error(ErrorCode::invalid_argument, "the batch's tools_kwargs column holds {} values, not JSON mappings",
+                      proto::to_string(kwargs_column->type()));
+  }
+  const MultiTurnConfig& mt = config_.multi_turn;
+  const int64_t max_model_len = config_.max_model_len.value_or(config_.prompt_length + config_.response_length);
+  const int64_t max_assistant = mt.max_assistant_turns.value_or(max_model_len / 3);
+  const int64_t max_user = mt.max_user_turns.value_or(max_model_len / 3);
+  const int64_t R = config_.response_length;
+
+  // Prompts: the messages with the offered tools' schemas.
+  std::vector<Conversation> rows(static_cast<size_t>(bs));
+  for (int64_t r = 0; r < bs; ++r) {
+    Conversation& c = rows[static_cast<size_t>(r)];
+    const json& messages = raw->json_value(r);
+    if (kwargs_column.ok()) {
+      const json& kw = kwargs_column->json_value(r);
+      if (!kw.is_null() && !kw.is_object()) {
+        return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs is not a mapping: {}", r,
+                          kw.dump().substr(0, 80));
+      }
+      if (kw.is_object()) c.tools_kwargs = kw;
+    }
+    ordered_json schemas = ordered_json::array();
+    for (const auto& [name, entry] : c.tools_kwargs.items()) {
+      if (!tools_->has_tool(name)) {
+        return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs names tool '{}', which {}.tool_config_path "
+                          "does not define", r, name, kKey);
+      }
+      TESSERA_RETURN_IF_ERROR(check_tool_kwargs(entry, name, r));
+    }
+    for (const auto& [name, schema] : tools_->schemas().items()) {
+      if (c.tools_kwargs.empty() || c.tools_kwargs.contains(name)) {
+        c.tools.push_back(name);
+        schemas.push_back(schema);
+      }
+    }
+    Result<std::string> text = chat_->render_json(ordered_json(messages), schemas, true);
+    if (!text.ok()) return make_error(text.status().code(), "row {}: raw_prompt: {}", r, text.status().message());
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(*text));
+    if (ids.empty() || static_cast<int64_t>(ids.size()) > config_.prompt_length) {
+      return make_error(ErrorCode::out_of_range,
+                        "row {}: the prompt rendered with its tools' schemas has {} tokens; "
+                        "actor_rollout_ref.rollout.prompt_length (data.max_prompt_length) is {}",
+                        r, ids.size(), config_.prompt_length);
+    }
+    c.ids = to_int64(ids);
+    c.prompt_length = static_cast<int64_t>(ids.size());
+  }
+
+  // One instance of each offered tool per row. Until the finish batch has run, a return releases
+  // the instances created (a tool's state lives as long as its instance).
+  const std::string prefix = fmt::format("tessera-{}-{}", ::getpid(), call);
+  auto instance = [&](size_t row) { return fmt::format("{}-{}", prefix, row); };
+  auto run_tools = [&](const std::string& op, const std::vector<ToolRequest>& batch) -> Result<std::vector<ToolAnswer>> {
+    const auto start = Clock::now();
+    auto answers = tools_->call(op, batch);
+    stats_.tool_seconds += seconds_since(start);
+    return answers;
+  };
+  struct ReleaseOnReturn {
+    ToolHost& host;
+    std::vector<ToolRequest> created;
+    ~ReleaseOnReturn() {
+      if (!created.empty()) (void)host.call("release", created);  // best effort: the error already returns
+    }
+  } release{*tools_, {}};
+  {
+    std::vector<ToolRequest> creates;
+    std::vector<size_t> create_rows;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (const std::string& tool : rows[r].tools) {
+        creates.push_back({tool, instance(r), json::object(), kwargs_of(rows[r].tools_kwargs, tool, "create_kwargs"),
+                           kwargs_of(rows[r].tools_kwargs, tool, "release_kwargs")});
+        create_rows.push_back(r);
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> created, run_tools("create", creates));
+    std::string failure;
+    for (size_t i = 0; i < created.size(); ++i) {
+      if (created[i].error.empty()) {
+        release.created.push_back(creates[i]);
+      } else if (failure.empty()) {
+        failure = fmt::format("row {}: tool '{}'.create failed: {}", create_rows[i], creates[i].tool, created[i].error);
+      }
+    }
+    if (!failure.empty()) return make_error(ErrorCode::internal, "{}", failure);
+  }
+
+  const uint64_t seed = engine.call_seed(prompts.meta_info());
+  const auto& eos = in.eos_token_ids;
+  for (int64_t turn = 0;; ++turn) {
+    TokenRequests requests;
+    std::vector<size_t> live;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      Conversation& c = rows[r];
+      if (c.done) continue;
+      const int64_t budget = std::min(R - c.response_length(), max_model_len - static_cast<int64_t>(c.ids.size()));
+      if (budget < 1) {
+        c.done = true;
+        continue;
+      }
+      live.push_back(r);
+      requests.prompts.push_back(c.ids);
+      requests.max_tokens.push_back(budget);
+      requests.streams.push_back(static_cast<int64_t>(r));
+    }
+    if (live.empty()) break;
+    requests.eos_token_ids = eos;
+    requests.do_sample = in.do_sample;
+    requests.validate = in.validate;
+    requests.seed = row_seed(seed, turn);
+    TESSERA_ASSIGN_OR_RETURN(std::vector<GeneratedRow> generated, engine.generate_tokens(requests));
+    add_stats(stats_.generation, engine.last_stats());
+    stats_.assistant_turns += static_cast<int64_t>(live.size());
+
+    std::vector<Call> calls;
+    for (size_t i = 0; i < live.size(); ++i) {
+      Conversation& c = rows[live[i]];
+      const GeneratedRow& g = generated[i];
+      c.ids.insert(c.ids.end(), g.tokens.begin(), g.tokens.end());
+      c.mask.insert(c.mask.end(), g.tokens.size(), 1);
+      if (config_.calculate_log_probs) c.logprobs.insert(c.logprobs.end(), g.logprobs.begin(), g.logprobs.end());
+      c.assistant_turns += 1;
+      const bool stopped = !g.tokens.empty() && std::find(eos.begin(), eos.end(), g.tokens.back()) != eos.end();
+      if (c.response_length() >= R || !stopped || c.assistant_turns >= max_assistant || c.user_turns >= max_user) {
+        c.done = true;
+        continue;
+      }
+      TESSERA_ASSIGN_OR_RETURN(std::string text,
+                               tokenizer_->decode(std::vector<int32_t>(g.tokens.begin(), g.tokens.end())));
+      int64_t parsed = 0;
+      for (const std::string& block : hermes_blocks(text)) {
+        const json call_json = json::parse(block, nullptr, false);
+        const bool ok = call_json.is_object() && call_json.contains("name") && call_json["name"].is_string() &&
+                        call_json.contains("arguments") && call_json["arguments"].is_object() &&
+                        std::find(c.tools.begin(), c.tools.end(), call_json["name"].get<std::string>()) != c.tools.end();
+        if (!ok) {
+          stats_.malformed_calls += 1;
+          continue;
+        }
+        if (parsed++ < mt.max_parallel_calls) {
+          calls.push_back({live[i], call_json["name"].get<std::string>(), call_json["arguments"]});
+        }
+      }
+      if (parsed == 0) c.done = true;
+    }
+    if (calls.empty()) continue;
+
+    std::vector<ToolRequest> executes;
+    for (const Call& k : calls) {
+      executes.push_back(
+          {k.tool, instance(k.row), k.arguments, kwargs_of(rows[k.row].tools_kwargs, k.tool, "execute_kwargs")});
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> answers, run_tools("execute", executes));
+    stats_.tool_calls += static_cast<int64_t>(calls.size());
+    // The answers of each row, in call order.
+    std::map<size_t, ordered_json> messages;
+    std::map<size_t, bool> failed;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const size_t r = calls[i].row;
+      if (!answers[i].error.empty()) {
+        stats_.tool_errors += 1;
+        failed[r] = true;
+        continue;
+      }
+      messages[r].push_back(
+          {{"role", "tool"},
+           {"content", truncate_answer(answers[i].text, static_cast<size_t>(mt.max_tool_response_length),
+                                       mt.tool_response_truncate_side)}});
+    }
+    for (auto& [r, tool_messages] : messages) {
+      Conversation& c = rows[r];
+      if (failed.count(r) != 0) {
+        c.done = true;
+        continue;
+      }
+      TESSERA_ASSIGN_OR_RETURN(std::string text, chat_->render_json(tool_messages, nullptr, true));
+      if (text.compare(0, preamble_.size(), preamble_) != 0) {
+        return make_error(ErrorCode::internal, "{}: the chat template's rendering of tool answers does not start with "
+                          "its preamble; it cannot render tool turns alone", kKey);
+      }
+      TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(text.substr(preamble_.size())));
+      if (c.response_length() + static_cast<int64_t>(ids.size()) >= R) {
+        c.done = true;
+        continue;
+      }
+      c.ids.insert(c.ids.end(), ids.begin(), ids.end());
+      c.mask.insert(c.mask.end(), ids.size(), 0);
+      if (config_.calculate_log_probs) c.logprobs.insert(c.logprobs.end(), ids.size(), -1.0F);
+      c.user_turns += 1;
+    }
+    for (auto& [r, f] : failed) rows[r].done = true;
+  }
+
+  // calc_reward and release every instance; the rewards are the rows' reward_scores.
+  std::vector<ToolRequest> finishes;
+  std::vector<size_t> finish_rows;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (const std::string& tool : rows[r].tools) {
+      finishes.push_back({tool, instance(r), json::object(), kwargs_of(rows[r].tools_kwargs, tool, "calc_reward_kwargs"),
+                          kwargs_of(rows[r].tools_kwargs, tool, "release_kwargs")});
+      finish_rows.push_back(r);
+    }
+  }
+  release.created.clear();  // the finish batch releases them, also where calc_reward raises
+  TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> finished, run_tools("finish", finishes));
+  // As verl's SGLang rollout: {tool: calc_reward, "user_turn_rewards": [] (no interactions)}.
+  std::vector<json> reward_scores(rows.size(), json{{"user_turn_rewards", json::array()}});
+  for (size_t i = 0; i < finished.size(); ++i) {
+    if (!finished[i].error.empty()) {
+      return make_error(ErrorCode::internal, "row {}: tool '{}'.calc_reward/release failed: {}", finish_rows[i],
+                        finishes[i].tool, finished[i].error);
+    }
+    reward_scores[finish_rows[i]][finishes[i].tool] = finished[i].reward;
+  }
+
+  // The output batch: prompts left-padded to prompt_length, responses right-padded to R.
+  const int64_t P = config_.prompt_length;
+  const auto mask_dtype = in.attention_mask.scalar_type();
+  at::Tensor prompt_ids = torch::full({bs, P}, in.pad_token_id, torch::kInt64);
+  at::Tensor responses = torch::full({bs, R}, in.pad_token_id, torch::kInt64);
+  at::Tensor attention = torch::zeros({bs, P + R}, torch::kInt64);
+  at::Tensor positions = torch::zeros({bs, P + R}, torch::kInt64);
+  at::Tensor response_mask = torch::zeros({bs, R}, torch::kInt64);
+  at::Tensor logprobs = torch::full({bs, R}, -1.0F, torch::kFloat32);
+  auto ids_a = prompt_ids.accessor<int64_t, 2>();
+  auto resp_a = responses.accessor<int64_t, 2>();
+  auto att_a = attention.accessor<int64_t, 2>();
+  auto pos_a = positions.accessor<int64_t, 2>();
+  auto rm_a = response_mask.accessor<int64_t, 2>();
+  auto lp_a = logprobs.accessor<float, 2>();
+  std::vector<int64_t> num_turns;
+  for (int64_t r = 0; r < bs; ++r) {
+    const Conversation& c = rows[static_cast<size_t>(r)];
+    const int64_t n = c.prompt_length, offset = P - n;
+    for (int64_t j = 0; j < n; ++j) {
+      ids_a[r][offset + j] = c.ids[static_cast<size_t>(j)];
+      att_a[r][offset + j] = 1;
+      pos_a[r][offset + j] = j;
+    }
+    const int64_t m = std::min(c.response_length(), R);
+    for (int64_t j = 0; j < R; ++j) pos_a[r][P + j] = n + j;  // continuing under padding, as generate_sequences
+    for (int64_t j = 0; j < m; ++j) {
+      resp_a[r][j] = c.ids[static_cast<size_t>(n + j)];
+      att_a[r][P + j] = 1;
+      rm_a[r][j] = c.mask[static_cast<size_t>(j)];
+      if (config_.calculate_log_probs) lp_a[r][j] = c.logprobs[static_cast<size_t>(j)];
+    }
+    num_turns.push_back(c.assistant_turns + c.user_turns + 1);
+  }
+  const c10::Device device = in.input_ids.device();
+  prompt_ids = prompt_ids.to(device), responses = responses.to(device), attention = attention.to(device);
+  positions = positions.to(device), response_mask = response_mask.to(device), logprobs = logprobs.to(device);
+  proto::TensorDict tensors;
+  tensors.insert_or_assign("prompts", prompt_ids);
+  tensors.insert_or_assign("responses", responses);
+  tensors.insert_or_assign("input_ids", torch::cat({prompt_ids, responses}, 1));
+  tensors.insert_or_assign("attention_mask", attention.to(mask_dtype));
+  tensors.insert_or_assign("position_ids", positions);
+  tensors.insert_or_assign("response_mask", response_mask.to(mask_dtype));
+  if (config_.calculate_log_probs) tensors.insert_or_assign("rollout_log_probs", logprobs);
+  proto::NonTensorBatch columns;
+  for (const auto& [key, column] : prompts.non_tensor_batch()) {
+    if (key != "raw_prompt_ids" && key != "multi_modal_data") columns.insert_or_assign(key, column);
+  }
+  columns.insert_or_assign("reward_scores", proto::Column::jsons(std::move(reward_scores)));
+  columns.insert_or_assign("__num_turns__", proto::Column::int64s(std::move(num_turns)));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(tensors), std::move(columns)));
+  stats_.generation.total_seconds = seconds_since(t0);
+  return out;
+}
+
+}  // namespace tessera::rollout
