@@ -54,6 +54,7 @@ Result<RLHFRow> parse_row(const internal::Record& row, const std::string& where,
   r.reward_model = nlohmann::json(*rm);
   auto extra = row.find("extra_info");
   r.extra_info = extra == row.end() ? nlohmann::json() : nlohmann::json(*extra);
+  TESSERA_ASSIGN_OR_RETURN(r.agent_name, optional_string(row, "agent_name", where));
   return r;
 }
 
@@ -175,6 +176,7 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
                               where + ": the prompt");
       if (!cut.ok()) return cut.status();
       r.prompt_ids = std::move(cut).value();
+      ds.has_agent_names_ |= !r.agent_name.empty();
       ds.rows_.push_back(std::move(r));
       return Status();
     }));
@@ -190,6 +192,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   std::vector<std::string> sources, abilities;
   std::vector<nlohmann::json> reward_model, extra_info, raw_prompt, raw_prompt_ids, tools_kwargs;
   std::vector<int64_t> index;
+  std::vector<std::string> agent_names;  // verl's agent_name column, when the dataset has one
   auto ids_a = ids.accessor<int64_t, 2>();
   auto mask_a = mask.accessor<int64_t, 2>();
   for (int64_t i = 0; i < b; ++i) {
@@ -208,6 +211,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
     raw_prompt_ids.push_back(r.prompt_ids);
     const nlohmann::json* idx = r.extra_info.is_object() ? &r.extra_info : nullptr;
     // verl's RLHFDataset: extra_info.tools_kwargs (the multi-turn rollout's per-row tool arguments).
+    if (has_agent_names_) agent_names.push_back(r.agent_name.empty() ? "single_turn_agent" : r.agent_name);
     tools_kwargs.push_back(idx && idx->contains("tools_kwargs") && !(*idx)["tools_kwargs"].is_null()
                                ? (*idx)["tools_kwargs"]
                                : nlohmann::json::object());
@@ -227,6 +231,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   cols.insert_or_assign("raw_prompt_ids", proto::Column::jsons(std::move(raw_prompt_ids)));
   cols.insert_or_assign("index", proto::Column::int64s(std::move(index)));
   cols.insert_or_assign("tools_kwargs", proto::Column::jsons(std::move(tools_kwargs)));
+  if (!agent_names.empty()) cols.insert_or_assign("agent_name", proto::Column::strings(std::move(agent_names)));
   return proto::DataProto::from_dict(std::move(tensors), std::move(cols));
 }
 

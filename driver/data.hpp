@@ -92,6 +92,7 @@ struct RLHFRow {
   nlohmann::json prompt;        ///< The chat messages as read.
   nlohmann::json reward_model;  ///< {"style", "ground_truth", ...}
   nlohmann::json extra_info;    ///< null when absent.
+  std::string agent_name;       ///< verl's agent loop for the row (rollout.mode=async); empty when absent.
   std::vector<int32_t> prompt_ids;  ///< Rendered, tokenised and truncated (not padded).
   std::string source;           ///< "FILE:LINE" for messages.
 };
@@ -121,6 +122,7 @@ class RLHFDataset {
   RLHFDatasetOptions options_;
   int32_t pad_id_ = 0;
   int64_t filtered_ = 0;
+  bool has_agent_names_ = false;  ///< Some row names its agent loop: batches carry agent_name.
 };
 
 /// Options of SFTDataset (verl's SFT data.* keys).

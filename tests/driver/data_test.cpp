@@ -74,6 +74,32 @@ TEST(RLHFDataset, TokenisesLeftPadsAndKeepsColumns) {
   EXPECT_EQ(batch->column("raw_prompt")->json_value(1)[0]["content"], "What is 2+3?");
   EXPECT_EQ(batch->column("raw_prompt_ids")->json_value(1).size(), expected_ids("What is 2+3?").size());
   EXPECT_FALSE(ds->collate({2}).ok());
+  EXPECT_EQ(batch->column("tools_kwargs")->json_value(0), json::object());
+  EXPECT_FALSE(batch->column("agent_name").ok());  // none of the rows names an agent loop
+}
+
+// The multi-turn rollout's columns: extra_info.tools_kwargs per row, and agent_name (verl's agent
+// loops) when the data has it, single_turn_agent for the rows without one.
+TEST(RLHFDataset, ToolsKwargsAndAgentNames) {
+  TempDir dir("rl_tools");
+  json tool_row = json::parse(rl_row("What is 2+3?", "5", 1));
+  tool_row["extra_info"]["tools_kwargs"] = {{"calc_gsm8k_reward", {{"create_kwargs", {{"ground_truth", "5"}}}}}};
+  tool_row["agent_name"] = "tool_agent";
+  auto file = dir.write("train.jsonl", tool_row.dump() + "\n" + rl_row("What is 1+1?", "2", 2));
+  auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(40));
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  auto batch = ds->collate({0, 1});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  EXPECT_EQ(batch->column("tools_kwargs")->json_value(0), tool_row["extra_info"]["tools_kwargs"]);
+  EXPECT_EQ(batch->column("tools_kwargs")->json_value(1), json::object());
+  EXPECT_EQ(batch->column("agent_name")->str(0), "tool_agent");
+  EXPECT_EQ(batch->column("agent_name")->str(1), "single_turn_agent");
+  json bad = json::parse(rl_row("Hi", "1", 3));
+  bad["agent_name"] = 5;
+  auto bad_file = dir.write("bad.jsonl", bad.dump() + "\n");
+  auto refused = RLHFDataset::load({bad_file}, qwen3_tokenizer(), options(40));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'agent_name' must be a string"), std::string::npos);
 }
 
 TEST(RLHFDataset, ChatTemplateVariablesReachTheTemplate) {

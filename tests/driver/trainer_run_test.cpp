@@ -182,6 +182,22 @@ TEST(TrainerRun, MultiTurnRolloutRendersTheToolsAndTrains) {
   for (const auto& r : rows) EXPECT_EQ(r["input"].get<std::string>().rfind('t', 0), 0u) << r.dump();
 }
 
+// rollout.mode=async: verl's agent loops; rows without agent_name are single_turn_agent ones.
+TEST(TrainerRun, AsyncModeRunsTheSingleTurnAgentLoop) {
+  TempDir dir("async");
+  testing::make_tiny_run(dir.path());
+  dir.write("model/chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  overrides.push_back("actor_rollout_ref.rollout.mode=async");
+  overrides.push_back("trainer.val_before_train=false");
+  auto t = testing::fit_trainer(overrides);
+  ASSERT_NE(t, nullptr);
+  const Metrics& m = t->history().back().second;
+  EXPECT_EQ(m.at("num_turns/mean"), 2.0);
+  EXPECT_EQ(m.at("rollout/tool_calls_mean"), 0.0);
+  EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss")));
+}
+
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   TempDir dir("ppo");
   testing::make_tiny_run(dir.path());

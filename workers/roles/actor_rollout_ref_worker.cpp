@@ -98,7 +98,9 @@ Status ActorRolloutRefWorker::init_model() {
   } else if (config_.is_actor || config_.is_rollout) {
     TESSERA_RETURN_IF_ERROR(build_actor_rollout());
   }
-  if (config_.is_rollout && config_.rollout.multi_turn.enable) TESSERA_RETURN_IF_ERROR(build_multi_turn());
+  if (config_.is_rollout && (config_.rollout.multi_turn.enable || config_.rollout.mode == "async")) {
+    TESSERA_RETURN_IF_ERROR(build_multi_turn());
+  }
   // verl (ref_in_actor): with LoRA the reference policy is the actor with its adapters disabled.
   if (config_.is_ref && !lora_actor()) TESSERA_RETURN_IF_ERROR(build_ref());
   if (actor_module_) TESSERA_RETURN_IF_ERROR(check_on_device(actor_module_->engine(), device(), context().rank));
@@ -329,7 +331,8 @@ Result<proto::DataProto> ActorRolloutRefWorker::update_actor(const proto::DataPr
 
 // ---- generate_sequences -------------------------------------------------------------------------
 
-// The multi-turn rollout renders prompts as the driver's dataset does (the model's tokenizer, its
+// The multi-turn rollout (rollout.multi_turn.enable, or mode=async's agent loops) renders prompts
+// as the driver's dataset does (the model's tokenizer, its
 // chat template or custom_chat_template, data.apply_chat_template_kwargs passed in the init
 // config), now with the tools' schemas.
 Status ActorRolloutRefWorker::build_multi_turn() {
@@ -342,10 +345,13 @@ Status ActorRolloutRefWorker::build_multi_turn() {
   auto chat = tokenizer::ChatTemplate::from_name(template_name, tok->config(),
                                                  init_config_.value("chat_template_kwargs", json::object()));
   if (!chat.ok()) return chat.status().with_context(key + ": the chat template");
-  rollout::ToolHostOptions options;
-  options.config_path = *config_.rollout.multi_turn.tool_config_path;
-  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.rollout.multi_turn.tool_timeout_s * 1000));
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<rollout::ToolHost> tools, rollout::ToolHost::start(options));
+  std::unique_ptr<rollout::ToolHost> tools;  // the agent loops may run without tools
+  if (config_.rollout.multi_turn.tool_config_path) {
+    rollout::ToolHostOptions options;
+    options.config_path = *config_.rollout.multi_turn.tool_config_path;
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.rollout.multi_turn.tool_timeout_s * 1000));
+    TESSERA_ASSIGN_OR_RETURN(tools, rollout::ToolHost::start(options));
+  }
   TESSERA_ASSIGN_OR_RETURN(multi_turn_, rollout::MultiTurnRollout::create(
                                             config_.rollout, std::make_shared<const tokenizer::Tokenizer>(std::move(*tok)),
                                             std::make_shared<const tokenizer::ChatTemplate>(std::move(*chat)),

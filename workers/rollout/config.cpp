@@ -137,13 +137,12 @@ Status accept_only(const json& v, const std::string& key, const T& allowed, cons
   return Status();
 }
 
-template <class Target>
-Status mode_sync_only(const json& v, const std::string& key, Target&, ParseState& s) {
-  std::string mode;
-  TESSERA_RETURN_IF_ERROR(read(v, key, mode));
-  if (mode == "sync") return Status();
-  return make_error(ErrorCode::unimplemented, "{}='{}': the async server rollout (agent loop) is not implemented; use 'sync'",
-                    key, mode);
+// sync: verl's SPMD engine (with multi_turn: the SGLang multi-turn loop); async: its agent loops
+// (single_turn_agent, tool_agent), run on the same in-process engine (multi_turn.hpp).
+Status set_mode(const json& v, const std::string& key, RolloutConfig& c, ParseState&) {
+  TESSERA_RETURN_IF_ERROR(read(v, key, c.mode));
+  if (c.mode == "sync" || c.mode == "async") return Status();
+  return make_error(ErrorCode::invalid_argument, "{}='{}': expected sync or async", key, c.mode);
 }
 
 template <class Target>
@@ -284,6 +283,24 @@ Status set_multi_turn(const json& v, const std::string& key, RolloutConfig& c, P
   return apply_rules(v, key + ".", kMultiTurnRules, c.multi_turn, s);
 }
 
+Status no_custom_agent(const json& v, const std::string& key, RolloutConfig&, ParseState&) {
+  return make_error(ErrorCode::unimplemented, "{}={}: custom agent loops and servers are not implemented; the agent "
+                    "loops are single_turn_agent and tool_agent", key, v.dump().substr(0, 60));
+}
+
+Status set_agent(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
+  static const KeyRule<RolloutConfig> rules[] = {
+      {"_target_", nullptr},
+      {"num_workers", nullptr},  // agent-loop worker processes: the engine is in-process
+      {"agent_loop_config_path", no_custom_agent},
+      {"custom_async_server", [](const json& server, const std::string& k, RolloutConfig& cfg, ParseState& st) {
+         static const KeyRule<RolloutConfig> server_rules[] = {{"path", no_custom_agent}, {"name", no_custom_agent}};
+         return apply_rules(server, k + ".", server_rules, cfg, st);
+       }},
+  };
+  return apply_rules(v, key + ".", rules, c, s);
+}
+
 Status set_name(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
   TESSERA_RETURN_IF_ERROR(read(v, key, c.name));
   if (c.name != "tessera") s.ignored.push_back(key);  // vllm/sglang/hf all run Tessera's engine
@@ -293,7 +310,7 @@ Status set_name(const json& v, const std::string& key, RolloutConfig& c, ParseSt
 // verl v0.5.0 keys plus those added up to main (reference/verl-fsdp.md §6.1).
 const KeyRule<RolloutConfig> kRolloutRules[] = {
     {"name", set_name},
-    {"mode", mode_sync_only<RolloutConfig>},
+    {"mode", set_mode},
     {"temperature", set_field<&RolloutConfig::temperature, RolloutConfig>},
     {"top_k", set_field<&RolloutConfig::top_k, RolloutConfig>},
     {"top_p", set_field<&RolloutConfig::top_p, RolloutConfig>},
@@ -338,7 +355,7 @@ const KeyRule<RolloutConfig> kRolloutRules[] = {
     {"disable_log_stats", nullptr},
     {"multi_stage_wake_up", nullptr},
     {"logprobs_mode", nullptr},
-    {"agent", nullptr},
+    {"agent", set_agent},
     {"trace", nullptr},
     {"profiler", nullptr},
     {"checkpoint_engine", nullptr},
@@ -438,11 +455,12 @@ Status validate_rollout_config(const RolloutConfig& c) {
     return make_error(ErrorCode::invalid_argument, "{}multi_turn.enable=true needs multi_turn.tool_config_path (the "
                       "tools the model may call)", kPrefix);
   }
-  if (mt.enable && c.tensor_model_parallel_size > 1) {
+  if ((mt.enable || c.mode == "async") && c.tensor_model_parallel_size > 1) {
     return make_error(ErrorCode::unimplemented,
-                      "{}multi_turn.enable=true with tensor_model_parallel_size={}: multi-turn rollouts run on TP=1 "
+                      "{}{}={} with tensor_model_parallel_size={}: multi-turn rollouts and agent loops run on TP=1 "
                       "rollout ranks; set tensor_model_parallel_size=1",
-                      kPrefix, c.tensor_model_parallel_size);
+                      kPrefix, mt.enable ? "multi_turn.enable" : "mode", mt.enable ? "true" : "async",
+                      c.tensor_model_parallel_size);
   }
   TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));
   TESSERA_RETURN_IF_ERROR(sampling(c.val_kwargs, "val_kwargs."));

@@ -77,7 +77,7 @@ struct MultiTurnConfig {
 /// actor_rollout_ref.rollout.* with verl's names and v0.5.0 defaults (see the header comment).
 struct RolloutConfig {
   std::string name = "vllm";  ///< Any of vllm|sglang|hf|tessera: all run Tessera's engine.
-  std::string mode = "sync";
+  std::string mode = "sync";  ///< sync, or async: verl's agent loops (multi_turn.hpp)
   double temperature = 1.0;
   int64_t top_k = -1;
   double top_p = 1.0;

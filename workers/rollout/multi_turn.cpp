@@ -34,12 +34,26 @@
 //  - Every turn's generation is one engine call over the live rows; row r samples from stream r of
 //    a seed derived from the call's seed and the turn, so the rollout is reproducible and a resumed
 //    run samples as an uninterrupted one.
+//
+// Note [Agent loops]
+// rollout.mode=async is verl's agent-loop rollout (verl/experimental/agent_loop). Its servers and
+// agent-loop workers are processes around vLLM/SGLang; here the loops run on the in-process engine,
+// each turn batched over the live rows as above. Per row, agent_name picks the loop:
+//  - single_turn_agent (also when the batch has no agent_name): raw_prompt rendered without tools,
+//    one generation, __num_turns__ 2.
+//  - tool_agent (ToolAgentLoop): every tool offered, its schema dumped without unset and None
+//    fields (the agent loop's model_dump(exclude_unset=True, exclude_none=True)); each call
+//    creates a fresh instance, executes and releases it (no create/execute kwargs, no
+//    calc_reward, no reward_scores); unset turn limits are no limits. Everything else (hermes
+//    parsing, max_parallel_calls, truncation, masks, stop rules) is as in the SGLang loop above,
+//    which took it from the agent loop.
 #include "workers/rollout/multi_turn.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -66,6 +80,7 @@ struct Conversation {
   std::vector<int64_t> mask;      ///< Per response token: 1 generated, 0 tool answer.
   std::vector<float> logprobs;    ///< Per response token (with calculate_log_probs); -1 on tool answers.
   std::vector<std::string> tools; ///< The tools offered, in the config's order.
+  bool single_turn = false;       ///< The agent loops' single_turn_agent: one generation.
   json tools_kwargs = json::object();
   int64_t assistant_turns = 0, user_turns = 0;
   bool done = false;
@@ -177,17 +192,19 @@ MultiTurnRollout::MultiTurnRollout(const RolloutConfig& config, std::shared_ptr<
       tokenizer_(std::move(tokenizer)),
       chat_(std::move(chat)),
       tools_(std::move(tools)),
-      preamble_(std::move(preamble)) {}
+      preamble_(std::move(preamble)),
+      agent_(config.mode == "async") {}
 
 Result<std::unique_ptr<MultiTurnRollout>> MultiTurnRollout::create(const RolloutConfig& config,
                                                                    std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
                                                                    std::shared_ptr<const tokenizer::ChatTemplate> chat,
                                                                    std::unique_ptr<ToolHost> tools) {
-  if (!config.multi_turn.enable || tokenizer == nullptr || chat == nullptr || tools == nullptr) {
-    return make_error(ErrorCode::invalid_argument, "{}: the multi-turn rollout needs enable=true, a tokenizer, a chat "
-                      "template and the tools", kKey);
+  const bool agent = config.mode == "async";
+  if (!(config.multi_turn.enable || agent) || tokenizer == nullptr || chat == nullptr || (tools == nullptr && !agent)) {
+    return make_error(ErrorCode::invalid_argument, "{}: the multi-turn rollout needs enable=true (or mode=async), a "
+                      "tokenizer, a chat template and the tools", kKey);
   }
-  if (chat->format() != tokenizer::ChatFormat::jinja) {
+  if (tools != nullptr && chat->format() != tokenizer::ChatFormat::jinja) {
     return make_error(ErrorCode::invalid_argument, "{}: tool schemas need the model's Jinja chat template (or "
                       "actor_rollout_ref.model.custom_chat_template)", kKey);
   }
@@ -206,8 +223,13 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   if (bs == 0) return build_generation_output(prompts, in, {}, config_.response_length, config_.calculate_log_probs);
   auto raw = prompts.column("raw_prompt");
   if (!raw.ok() || raw->type() != proto::ColumnType::json) {
-    return make_error(ErrorCode::invalid_argument, "{}.enable=true: the batch has no raw_prompt column of chat "
-                      "messages (set data.return_raw_chat=true)", kKey);
+    return make_error(ErrorCode::invalid_argument, "{}: the batch has no raw_prompt column of chat messages (set "
+                      "data.return_raw_chat=true)", agent_ ? "actor_rollout_ref.rollout.mode=async" : kKey);
+  }
+  auto agent_column = prompts.column("agent_name");
+  if (agent_ && agent_column.ok() && agent_column->type() != proto::ColumnType::string) {
+    return make_error(ErrorCode::invalid_argument, "the batch's agent_name column holds {} values, not strings",
+                      proto::to_string(agent_column->type()));
   }
   auto kwargs_column = prompts.column("tools_kwargs");
   if (kwargs_column.ok() && kwargs_column->type() != proto::ColumnType::json) {
@@ -216,8 +238,10 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   }
   const MultiTurnConfig& mt = config_.multi_turn;
   const int64_t max_model_len = config_.max_model_len.value_or(config_.prompt_length + config_.response_length);
-  const int64_t max_assistant = mt.max_assistant_turns.value_or(max_model_len / 3);
-  const int64_t max_user = mt.max_user_turns.value_or(max_model_len / 3);
+  // Unset turn limits: max_model_len / 3 in verl's SGLang rollout, none in its agent loop.
+  const int64_t unset_limit = agent_ ? std::numeric_limits<int64_t>::max() : max_model_len / 3;
+  const int64_t max_assistant = mt.max_assistant_turns.value_or(unset_limit);
+  const int64_t max_user = mt.max_user_turns.value_or(unset_limit);
   const int64_t R = config_.response_length;
 
   // Prompts: the messages with the offered tools' schemas.
@@ -234,20 +258,42 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       if (kw.is_object()) c.tools_kwargs = kw;
     }
     ordered_json schemas = ordered_json::array();
-    for (const auto& [name, entry] : c.tools_kwargs.items()) {
-      if (!tools_->has_tool(name)) {
-        return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs names tool '{}', which {}.tool_config_path "
-                          "does not define", r, name, kKey);
+    if (agent_) {
+      // verl's agent loops: single_turn_agent (the default) renders no tools; tool_agent offers
+      // every tool and creates an instance per call.
+      const std::string name = agent_column.ok() ? agent_column->str(r) : "single_turn_agent";
+      if (name == "single_turn_agent") {
+        c.single_turn = true;
+      } else if (name == "tool_agent") {
+        if (tools_ != nullptr) {
+          for (const auto& [tool, schema] : tools_->agent_schemas().items()) {
+            c.tools.push_back(tool);
+            schemas.push_back(schema);
+          }
+        }
+      } else {
+        return make_error(ErrorCode::invalid_argument,
+                          "row {}: agent_name '{}' is not an agent loop Tessera runs (single_turn_agent, tool_agent)",
+                          r, name);
       }
-      TESSERA_RETURN_IF_ERROR(check_tool_kwargs(entry, name, r));
-    }
-    for (const auto& [name, schema] : tools_->schemas().items()) {
-      if (c.tools_kwargs.empty() || c.tools_kwargs.contains(name)) {
-        c.tools.push_back(name);
-        schemas.push_back(schema);
+    } else {
+      for (const auto& [name, entry] : c.tools_kwargs.items()) {
+        if (!tools_->has_tool(name)) {
+          return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs names tool '{}', which "
+                            "{}.tool_config_path does not define", r, name, kKey);
+        }
+        TESSERA_RETURN_IF_ERROR(check_tool_kwargs(entry, name, r));
+      }
+      for (const auto& [name, schema] : tools_->schemas().items()) {
+        if (c.tools_kwargs.empty() || c.tools_kwargs.contains(name)) {
+          c.tools.push_back(name);
+          schemas.push_back(schema);
+        }
       }
     }
-    Result<std::string> text = chat_->render_json(ordered_json(messages), schemas, true);
+    // verl: the SGLang rollout passes no tools (None) when a row has none, the tool agent its list.
+    const bool tools_arg = agent_ ? !c.single_turn : !schemas.empty();
+    Result<std::string> text = chat_->render_json(ordered_json(messages), tools_arg ? schemas : ordered_json(), true);
     if (!text.ok()) return make_error(text.status().code(), "row {}: raw_prompt: {}", r, text.status().message());
     TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(*text));
     if (ids.empty() || static_cast<int64_t>(ids.size()) > config_.prompt_length) {
@@ -266,18 +312,19 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   auto instance = [&](size_t row) { return fmt::format("{}-{}", prefix, row); };
   auto run_tools = [&](const std::string& op, const std::vector<ToolRequest>& batch) -> Result<std::vector<ToolAnswer>> {
     const auto start = Clock::now();
+    if (batch.empty()) return std::vector<ToolAnswer>();
     auto answers = tools_->call(op, batch);
     stats_.tool_seconds += seconds_since(start);
     return answers;
   };
   struct ReleaseOnReturn {
-    ToolHost& host;
+    ToolHost* host;
     std::vector<ToolRequest> created;
     ~ReleaseOnReturn() {
-      if (!created.empty()) (void)host.call("release", created);  // best effort: the error already returns
+      if (!created.empty()) (void)host->call("release", created);  // best effort: the error already returns
     }
-  } release{*tools_, {}};
-  {
+  } release{tools_.get(), {}};
+  if (!agent_) {  // the agent loop creates an instance per call instead
     std::vector<ToolRequest> creates;
     std::vector<size_t> create_rows;
     for (size_t r = 0; r < rows.size(); ++r) {
@@ -335,7 +382,8 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       if (config_.calculate_log_probs) c.logprobs.insert(c.logprobs.end(), g.logprobs.begin(), g.logprobs.end());
       c.assistant_turns += 1;
       const bool stopped = !g.tokens.empty() && std::find(eos.begin(), eos.end(), g.tokens.back()) != eos.end();
-      if (c.response_length() >= R || !stopped || c.assistant_turns >= max_assistant || c.user_turns >= max_user) {
+      if (c.single_turn || c.response_length() >= R || !stopped || c.assistant_turns >= max_assistant ||
+          c.user_turns >= max_user) {
         c.done = true;
         continue;
       }
@@ -360,11 +408,36 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     if (calls.empty()) continue;
 
     std::vector<ToolRequest> executes;
-    for (const Call& k : calls) {
-      executes.push_back(
-          {k.tool, instance(k.row), k.arguments, kwargs_of(rows[k.row].tools_kwargs, k.tool, "execute_kwargs")});
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const Call& call = calls[k];
+      // The agent loop: a fresh instance per call, created before and released after it.
+      const std::string id = agent_ ? fmt::format("{}-{}-{}-{}", prefix, call.row, turn, k) : instance(call.row);
+      executes.push_back({call.tool, id, call.arguments, kwargs_of(rows[call.row].tools_kwargs, call.tool,
+                                                                   "execute_kwargs")});
     }
-    TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> answers, run_tools("execute", executes));
+    std::vector<ToolAnswer> answers(executes.size());
+    if (agent_) {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> created, run_tools("create", executes));
+      std::vector<ToolRequest> made;
+      std::vector<size_t> made_index;
+      for (size_t k = 0; k < created.size(); ++k) {
+        if (!created[k].error.empty()) {
+          answers[k] = created[k];
+          continue;
+        }
+        made.push_back(executes[k]);
+        made_index.push_back(k);
+      }
+      release.created = made;
+      TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> executed, run_tools("execute", made));
+      release.created.clear();
+      TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> released, run_tools("release", made));
+      for (size_t j = 0; j < made.size(); ++j) {  // a failed release fails the call, as in verl
+        answers[made_index[j]] = executed[j].error.empty() && !released[j].error.empty() ? released[j] : executed[j];
+      }
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(answers, run_tools("execute", executes));
+    }
     stats_.tool_calls += static_cast<int64_t>(calls.size());
     // The answers of each row, in call order.
     std::map<size_t, ordered_json> messages;
@@ -405,10 +478,11 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     for (auto& [r, f] : failed) rows[r].done = true;
   }
 
-  // calc_reward and release every instance; the rewards are the rows' reward_scores.
+  // calc_reward and release every instance; the rewards are the rows' reward_scores (the agent
+  // loop's instances are gone already, and it reports no reward_scores).
   std::vector<ToolRequest> finishes;
   std::vector<size_t> finish_rows;
-  for (size_t r = 0; r < rows.size(); ++r) {
+  for (size_t r = 0; r < rows.size() && !agent_; ++r) {
     for (const std::string& tool : rows[r].tools) {
       finishes.push_back({tool, instance(r), json::object(), kwargs_of(rows[r].tools_kwargs, tool, "calc_reward_kwargs"),
                           kwargs_of(rows[r].tools_kwargs, tool, "release_kwargs")});
@@ -416,7 +490,10 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     }
   }
   release.created.clear();  // the finish batch releases them, also where calc_reward raises
-  TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> finished, run_tools("finish", finishes));
+  std::vector<ToolAnswer> finished;
+  if (!finishes.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(finished, run_tools("finish", finishes));
+  }
   // As verl's SGLang rollout: {tool: calc_reward, "user_turn_rewards": [] (no interactions)}.
   std::vector<json> reward_scores(rows.size(), json{{"user_turn_rewards", json::array()}});
   for (size_t i = 0; i < finished.size(); ++i) {
@@ -476,7 +553,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   for (const auto& [key, column] : prompts.non_tensor_batch()) {
     if (key != "raw_prompt_ids" && key != "multi_modal_data") columns.insert_or_assign(key, column);
   }
-  columns.insert_or_assign("reward_scores", proto::Column::jsons(std::move(reward_scores)));
+  if (!agent_) columns.insert_or_assign("reward_scores", proto::Column::jsons(std::move(reward_scores)));
   columns.insert_or_assign("__num_turns__", proto::Column::int64s(std::move(num_turns)));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(tensors), std::move(columns)));
   stats_.generation.total_seconds = seconds_since(t0);

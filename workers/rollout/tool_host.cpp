@@ -30,11 +30,13 @@ try:
             raise ValueError(f"two tools are named {tool.name!r}")
         tools[tool.name] = tool
     schemas = {name: tool.tool_schema.model_dump() for name, tool in tools.items()}
+    agent_schemas = {name: tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+                     for name, tool in tools.items()}
 except BaseException as e:
     proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
     proto.flush()
     sys.exit(1)
-proto.write(json.dumps({"ready": True, "schemas": schemas}) + "\n")
+proto.write(json.dumps({"ready": True, "schemas": schemas, "agent_schemas": agent_schemas}) + "\n")
 proto.flush()
 
 def plain(o):
@@ -136,6 +138,7 @@ Result<std::unique_ptr<ToolHost>> ToolHost::start(const ToolHostOptions& options
   // Re-parse the schemas in their key order: the chat template prints them with tojson.
   const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(*line, nullptr, false);
   host->schemas_ = ordered["schemas"];
+  host->agent_schemas_ = ordered.value("agent_schemas", nlohmann::ordered_json::object());
   if (host->schemas_.empty()) {
     return make_error(ErrorCode::invalid_argument, "{}: '{}' defines no tools", what, options.config_path);
   }

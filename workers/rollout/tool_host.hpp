@@ -3,10 +3,9 @@
 //
 // The child builds the tools with verl's own loader (verl.tools.utils.tool_registry.
 // initialize_tools_from_config), so a tool YAML that runs under verl runs here: native tools by
-// class_name, MCP tools through verl's client manager. It reports every tool's OpenAI schema
-// (tool.tool_schema.model_dump(), as verl's SGLang rollout renders them into the prompt, in their
-// key order) and then runs batches of calls, each batch's coroutines concurrently on one asyncio
-// loop:
+// class_name, MCP tools through verl's client manager. It reports every tool's OpenAI schema (in
+// their key order, as verl's SGLang rollout and its agent loop each dump them) and then runs
+// batches of calls, each batch's coroutines concurrently on one asyncio loop:
 //   create   tool.create(instance_id, **create_kwargs)
 //   execute  tool.execute(instance_id, parameters, **execute_kwargs) -> (response, reward, metrics)
 //   finish   tool.calc_reward(instance_id, **calc_reward_kwargs), then (also when it raised)
@@ -67,8 +66,11 @@ class ToolHost {
   ToolHost(const ToolHost&) = delete;
   ToolHost& operator=(const ToolHost&) = delete;
 
-  /// The tools' OpenAI function schemas by name, in the config's order.
+  /// The tools' OpenAI function schemas by name, in the config's order, as verl's SGLang rollout
+  /// dumps them (model_dump()) and as its agent loop does (model_dump(exclude_unset=True,
+  /// exclude_none=True)).
   const nlohmann::ordered_json& schemas() const { return schemas_; }
+  const nlohmann::ordered_json& agent_schemas() const { return agent_schemas_; }
   /// Whether a tool of this name was loaded.
   bool has_tool(const std::string& name) const;
 
@@ -83,6 +85,7 @@ class ToolHost {
   ToolHostOptions options_;
   std::unique_ptr<Child> child_;
   nlohmann::ordered_json schemas_ = nlohmann::ordered_json::object();
+  nlohmann::ordered_json agent_schemas_ = nlohmann::ordered_json::object();
   Status broken_;  ///< Set once the child is gone: every later call fails with it.
 };
 

@@ -58,7 +58,7 @@ TEST(RolloutConfig, AcceptsVerlDefaultsAndReportsIgnoredKeys) {
   for (const char* key : {"load_format",
                           "disable_log_stats", "multi_stage_wake_up", "engine_kwargs.vllm", "engine_kwargs.sglang",
                           "multi_turn.use_inference_chat_template", "multi_turn.tokenization_sanity_check_mode",
-                          "agent", "trace", "name"}) {
+                          "agent.num_workers", "trace", "name"}) {
     EXPECT_TRUE(has(ignored, std::string("actor_rollout_ref.rollout.") + key)) << key;
   }
   for (const char* key : {"temperature", "max_num_seqs", "dtype", "val_kwargs", "max_num_batched_tokens",
@@ -152,7 +152,10 @@ TEST(RolloutConfig, UnknownKeysAndWrongTypesNameTheKey) {
 
 TEST(RolloutConfig, UnimplementedFeaturesAreRefused) {
   for (const nlohmann::json& j :
-       {nlohmann::json{{"mode", "async"}}, nlohmann::json{{"multi_turn", {{"interaction_config_path", "i.yaml"}}}},
+       {nlohmann::json{{"agent", {{"agent_loop_config_path", "loops.yaml"}}}},
+        nlohmann::json{{"agent", {{"custom_async_server", {{"path", "server.py"}}}}}},
+        nlohmann::json{{"mode", "async"}, {"tensor_model_parallel_size", 2}},
+        nlohmann::json{{"multi_turn", {{"interaction_config_path", "i.yaml"}}}},
         nlohmann::json{{"multi_turn", {{"format", "llama3_json"}}}},
         nlohmann::json{{"multi_turn", {{"enable", true}, {"tool_config_path", "t.yaml"}}},
                        {"tensor_model_parallel_size", 2}},
@@ -188,6 +191,10 @@ TEST(RolloutConfig, MultiTurnKeys) {
   EXPECT_EQ(mt.max_tool_response_length, 100);
   EXPECT_EQ(mt.tool_response_truncate_side, "left");
   EXPECT_EQ(mt.tool_timeout_s, 30.0);
+  auto async = parse_rollout_config({{"mode", "async"}, {"agent", {{"num_workers", 8}}}});
+  ASSERT_TRUE(async.ok()) << async.status().to_string();
+  EXPECT_EQ(async->config.mode, "async");
+  EXPECT_FALSE(parse_rollout_config({{"mode", "server"}}).ok());
   for (const auto& [j, key] : std::vector<std::pair<nlohmann::json, std::string>>{
            {{{"multi_turn", {{"enable", true}}}}, "multi_turn.enable"},
            {{{"multi_turn", {{"tool_response_truncate_side", "both"}}}}, "tool_response_truncate_side"},

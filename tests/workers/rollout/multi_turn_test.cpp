@@ -96,6 +96,10 @@ def ids(r):
 tools = {t.name: t for t in initialize_tools_from_config(spec["tools"])}
 schemas = [t.tool_schema.model_dump() for t in tools.values()]
 out = {"prompt": ids(tok.apply_chat_template(spec["messages"], tools=schemas, add_generation_prompt=True, tokenize=True))}
+# verl's agent loops: the tool agent's schemas without unset or None fields, the single-turn agent's none.
+agent_schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools.values()]
+out["agent_prompt"] = ids(tok.apply_chat_template(spec["messages"], tools=agent_schemas, add_generation_prompt=True, tokenize=True))
+out["single_prompt"] = ids(tok.apply_chat_template(spec["messages"], add_generation_prompt=True, tokenize=True))
 out["turns"] = {k: tok.encode(v, add_special_tokens=False) for k, v in spec["turns"].items()}
 preamble = ids(tok.apply_chat_template([{}], add_generation_prompt=False, tokenize=True))
 loop = asyncio.new_event_loop()
@@ -412,6 +416,61 @@ TEST_F(MultiTurn, ARaisingToolEndsItsRowAndAHungToolEndsTheRollout) {
   auto again = mt->generate(engine, batch(messages, {{{"slow", json::object()}}}));
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find("tool_timeout_s"), std::string::npos);
+}
+
+// mode=async: verl's agent loops. single_turn_agent rows generate once from the prompt without
+// tools; tool_agent rows get every tool's schema (as the agent loop dumps them), an instance per
+// call and no reward_scores.
+TEST_F(MultiTurn, AgentLoopsMatchVerls) {
+  const json messages = json::array({{{"role", "user"}, {"content", "What is 8 times 9?"}}});
+  const json spec = {
+      {"tokenizer", tokenizer_dir_.string()},
+      {"tools", gsm8k_},
+      {"messages", messages},
+      {"turns", {{"call", "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}}\n</tool_call>"},
+                 {"final", "72."}}},
+      {"calls", {{"agent", {{"tool", "calc_gsm8k_reward"}, {"ground_truth", nullptr}, {"arguments", {{"answer", "72"}}}}}}}};
+  const json ref = reference(spec);
+  ASSERT_TRUE(ref.is_object());
+  auto turn = [&](const char* k) {
+    auto t = ref["turns"][k].get<std::vector<int64_t>>();
+    t.push_back(kImEnd);
+    return t;
+  };
+  const auto agent_prompt = ref["agent_prompt"].get<std::vector<int64_t>>();
+  const auto single_prompt = ref["single_prompt"].get<std::vector<int64_t>>();
+  const auto answer = ref["answers"]["agent"]["ids"].get<std::vector<int64_t>>();
+  EXPECT_NE(agent_prompt, ref["prompt"].get<std::vector<int64_t>>());  // "strict": false and "enum": null are gone
+
+  RolloutConfig c = config(gsm8k_, 1000);
+  c.multi_turn.enable = false;
+  c.mode = "async";
+  auto mt = rollout(c);
+  ASSERT_NE(mt, nullptr);
+  ScriptedEngine engine;
+  engine.script[0] = std::vector<std::vector<int64_t>>(6, turn("call"));
+  engine.script[0].push_back(turn("final"));
+  engine.script[1] = {turn("call")};  // single-turn: the call is not run
+  proto::DataProto in = batch(messages, {json::object(), json::object()});
+  ASSERT_TRUE(in.set_column("agent_name", proto::Column::strings({"tool_agent", "single_turn_agent"})).ok());
+  auto out = mt->generate(engine, in);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(engine.seen[0].at(0), agent_prompt);
+  EXPECT_EQ(engine.seen[0].at(1), cat({agent_prompt, turn("call"), answer}));
+  EXPECT_EQ(engine.seen[1].size(), 1U);
+  EXPECT_EQ(engine.seen[1].at(0), single_prompt);
+  EXPECT_FALSE(out->column("reward_scores").ok());
+  EXPECT_EQ(out->column("__num_turns__")->i64(1), 2);
+  EXPECT_EQ(engine.seen[0].size(), 7U);
+  EXPECT_EQ(out->column("__num_turns__")->i64(0), 14);  // 7 assistant turns, 6 tool turns, + 1
+  EXPECT_EQ(mt->last_stats().tool_calls, 6);
+  EXPECT_EQ(mt->last_stats().tool_errors, 0);
+  // An agent loop Tessera does not have is refused naming the row.
+  ASSERT_TRUE(in.set_column("agent_name", proto::Column::strings({"tool_agent", "math_agent"})).ok());
+  auto unknown = mt->generate(engine, in);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("row 1: agent_name 'math_agent'"), std::string::npos)
+      << unknown.status().to_string();
 }
 
 // Every instance created is released: after the last turn (also when calc_reward raises) and when
