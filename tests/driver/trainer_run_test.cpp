@@ -164,22 +164,26 @@ TEST(TrainerRun, MultiTurnRolloutRendersTheToolsAndTrains) {
 )");
   testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
   testing::ScopedEnv python("TESSERA_TOOL_PYTHON", py);
-  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
-  for (const std::string& o : std::vector<std::string>{"actor_rollout_ref.rollout.multi_turn.enable=true",
-                               "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
-                               "trainer.val_before_train=false", "trainer.rollout_data_dir=" + dir.path().string() + "/gen"}) {
-    overrides.push_back(o);
+  for (int tp : {1, 2}) {  // with rollout TP, rank 0 of each TP group hosts the tools for both peers
+    const std::string gen = dir.path().string() + "/gen" + std::to_string(tp);
+    auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+    for (const std::string& o : std::vector<std::string>{"actor_rollout_ref.rollout.multi_turn.enable=true",
+                                 "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
+                                 "actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp),
+                                 "trainer.val_before_train=false", "trainer.rollout_data_dir=" + gen}) {
+      overrides.push_back(o);
+    }
+    auto t = testing::fit_trainer(overrides);
+    ASSERT_NE(t, nullptr) << "tp " << tp;
+    const Metrics& m = t->history().back().second;
+    EXPECT_EQ(m.at("rollout/tool_calls_mean"), 0.0);
+    EXPECT_EQ(m.at("rollout/assistant_turns_mean"), 1.0);
+    EXPECT_EQ(m.at("num_turns/mean"), 2.0);  // one assistant turn + 1, as verl counts
+    EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss")));
+    auto rows = read_jsonl(std::filesystem::path(gen) / "1.jsonl");
+    ASSERT_EQ(rows.size(), 8u);
+    for (const auto& r : rows) EXPECT_EQ(r["input"].get<std::string>().rfind('t', 0), 0u) << r.dump();
   }
-  auto t = testing::fit_trainer(overrides);
-  ASSERT_NE(t, nullptr);
-  const Metrics& m = t->history().back().second;
-  EXPECT_EQ(m.at("rollout/tool_calls_mean"), 0.0);
-  EXPECT_EQ(m.at("rollout/assistant_turns_mean"), 1.0);
-  EXPECT_EQ(m.at("num_turns/mean"), 2.0);  // one assistant turn + 1, as verl counts
-  EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss")));
-  auto rows = read_jsonl(dir.path() / "gen" / "1.jsonl");
-  ASSERT_EQ(rows.size(), 8u);
-  for (const auto& r : rows) EXPECT_EQ(r["input"].get<std::string>().rfind('t', 0), 0u) << r.dump();
 }
 
 // rollout.mode=async: verl's agent loops; rows without agent_name are single_turn_agent ones.

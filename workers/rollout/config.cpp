@@ -455,13 +455,6 @@ Status validate_rollout_config(const RolloutConfig& c) {
     return make_error(ErrorCode::invalid_argument, "{}multi_turn.enable=true needs multi_turn.tool_config_path (the "
                       "tools the model may call)", kPrefix);
   }
-  if ((mt.enable || c.mode == "async") && c.tensor_model_parallel_size > 1) {
-    return make_error(ErrorCode::unimplemented,
-                      "{}{}={} with tensor_model_parallel_size={}: multi-turn rollouts and agent loops run on TP=1 "
-                      "rollout ranks; set tensor_model_parallel_size=1",
-                      kPrefix, mt.enable ? "multi_turn.enable" : "mode", mt.enable ? "true" : "async",
-                      c.tensor_model_parallel_size);
-  }
   TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));
   TESSERA_RETURN_IF_ERROR(sampling(c.val_kwargs, "val_kwargs."));
   if (c.max_model_len && *c.max_model_len < c.prompt_length + c.response_length) {

@@ -186,7 +186,7 @@ std::vector<int64_t> to_int64(const std::vector<int32_t>& ids) { return {ids.beg
 }  // namespace
 
 MultiTurnRollout::MultiTurnRollout(const RolloutConfig& config, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
-                                   std::shared_ptr<const tokenizer::ChatTemplate> chat, std::unique_ptr<ToolHost> tools,
+                                   std::shared_ptr<const tokenizer::ChatTemplate> chat, std::unique_ptr<ToolSet> tools,
                                    std::string preamble)
     : config_(config),
       tokenizer_(std::move(tokenizer)),
@@ -198,7 +198,7 @@ MultiTurnRollout::MultiTurnRollout(const RolloutConfig& config, std::shared_ptr<
 Result<std::unique_ptr<MultiTurnRollout>> MultiTurnRollout::create(const RolloutConfig& config,
                                                                    std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
                                                                    std::shared_ptr<const tokenizer::ChatTemplate> chat,
-                                                                   std::unique_ptr<ToolHost> tools) {
+                                                                   std::unique_ptr<ToolSet> tools) {
   const bool agent = config.mode == "async";
   if (!(config.multi_turn.enable || agent) || tokenizer == nullptr || chat == nullptr || (tools == nullptr && !agent)) {
     return make_error(ErrorCode::invalid_argument, "{}: the multi-turn rollout needs enable=true (or mode=async), a "
@@ -318,7 +318,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     return answers;
   };
   struct ReleaseOnReturn {
-    ToolHost* host;
+    ToolSet* host;
     std::vector<ToolRequest> created;
     ~ReleaseOnReturn() {
       if (!created.empty()) (void)host->call("release", created);  // best effort: the error already returns

@@ -53,7 +53,7 @@ class MultiTurnRollout {
   static Result<std::unique_ptr<MultiTurnRollout>> create(const RolloutConfig& config,
                                                           std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
                                                           std::shared_ptr<const tokenizer::ChatTemplate> chat,
-                                                          std::unique_ptr<ToolHost> tools);
+                                                          std::unique_ptr<ToolSet> tools);
 
   /// Runs the conversations of `prompts` on `engine` (see the header comment). Errors name the
   /// row, the key or the tool.
@@ -63,13 +63,13 @@ class MultiTurnRollout {
 
  private:
   MultiTurnRollout(const RolloutConfig& config, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
-                   std::shared_ptr<const tokenizer::ChatTemplate> chat, std::unique_ptr<ToolHost> tools,
+                   std::shared_ptr<const tokenizer::ChatTemplate> chat, std::unique_ptr<ToolSet> tools,
                    std::string preamble);
 
   RolloutConfig config_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::shared_ptr<const tokenizer::ChatTemplate> chat_;
-  std::unique_ptr<ToolHost> tools_;
+  std::unique_ptr<ToolSet> tools_;
   std::string preamble_;  ///< ChatTemplate::preamble(), stripped from rendered tool answers.
   bool agent_ = false;    ///< mode=async: verl's agent loops (single_turn_agent, tool_agent).
   int64_t calls_ = 0;     ///< generate() calls so far (instance ids are unique per host).

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "runtime/collective/exchange.hpp"
 #include "runtime/python_child.hpp"
 
 namespace tessera::rollout {
@@ -145,8 +148,6 @@ Result<std::unique_ptr<ToolHost>> ToolHost::start(const ToolHostOptions& options
   return host;
 }
 
-bool ToolHost::has_tool(const std::string& name) const { return schemas_.contains(name); }
-
 Status ToolHost::fail(Status why) {
   broken_ = why;
   runtime::kill_child(*child_);
@@ -199,6 +200,102 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
     answers[i].metrics = a.value("metrics", json());
   }
   return answers;
+}
+
+namespace {
+
+// Rank 0's message to its TP peers: a JSON payload, or the error it hit.
+Status send_or_receive(collective::Communicator& group, nlohmann::ordered_json& message) {
+  std::string text = group.rank() == 0 ? message.dump(-1, ' ', false, json::error_handler_t::replace) : std::string();
+  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
+  if (!text.empty()) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  auto all = collective::all_gather_bytes(group, bytes);
+  if (!all.ok()) return all.status().with_context("rollout TP: the tool answers of TP rank 0");
+  if (group.rank() == 0) return Status();
+  const at::Tensor& from = (*all)[0];
+  message = nlohmann::ordered_json::parse(std::string(reinterpret_cast<const char*>(from.data_ptr<uint8_t>()),
+                                                      static_cast<size_t>(from.numel())),
+                                          nullptr, false);
+  if (message.is_discarded()) return Status(ErrorCode::internal, "rollout TP: TP rank 0 sent unreadable tool answers");
+  return Status();
+}
+
+nlohmann::ordered_json error_message(const Status& st) {
+  return {{"status", static_cast<int>(st.code())}, {"message", st.message()}};
+}
+
+Status error_of(const nlohmann::ordered_json& message) {
+  if (!message.is_object() || !message.contains("status")) return Status();
+  return Status(static_cast<ErrorCode>(message["status"].get<int>()), message["message"].get<std::string>());
+}
+
+class ToolRelay final : public ToolSet {
+ public:
+  ToolRelay(std::shared_ptr<collective::Communicator> group, std::unique_ptr<ToolHost> host,
+            nlohmann::ordered_json schemas, nlohmann::ordered_json agent_schemas)
+      : group_(std::move(group)),
+        host_(std::move(host)),
+        schemas_(std::move(schemas)),
+        agent_schemas_(std::move(agent_schemas)) {}
+
+  const nlohmann::ordered_json& schemas() const override { return schemas_; }
+  const nlohmann::ordered_json& agent_schemas() const override { return agent_schemas_; }
+
+  Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests) override {
+    nlohmann::ordered_json message;
+    std::vector<ToolAnswer> answers;
+    if (host_ != nullptr) {
+      auto got = host_->call(op, requests);
+      if (got.ok()) {
+        answers = std::move(got).value();
+        message = nlohmann::ordered_json::array();
+        for (const ToolAnswer& a : answers) {
+          message.push_back({{"error", a.error}, {"text", a.text}, {"reward", a.reward}, {"metrics", a.metrics}});
+        }
+      } else {
+        message = error_message(got.status());
+      }
+    }
+    TESSERA_RETURN_IF_ERROR(send_or_receive(*group_, message));
+    TESSERA_RETURN_IF_ERROR(error_of(message));
+    if (host_ != nullptr) return answers;
+    if (!message.is_array() || message.size() != requests.size()) {
+      return make_error(ErrorCode::internal, "rollout TP: TP rank 0 answered {} tool calls where this rank made {}",
+                        message.is_array() ? message.size() : 0, requests.size());
+    }
+    for (const auto& a : message) {
+      answers.push_back({a.value("error", ""), a.value("text", ""), json::parse(a["reward"].dump()),
+                         json::parse(a["metrics"].dump())});
+    }
+    return answers;
+  }
+
+ private:
+  std::shared_ptr<collective::Communicator> group_;
+  std::unique_ptr<ToolHost> host_;  ///< Rank 0's; null on the other peers.
+  nlohmann::ordered_json schemas_, agent_schemas_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ToolSet>> relay_tools(std::shared_ptr<collective::Communicator> tp_group,
+                                             Result<std::unique_ptr<ToolHost>> leader) {
+  const bool lead = tp_group->rank() == 0;
+  std::unique_ptr<ToolHost> host;
+  nlohmann::ordered_json message;
+  if (lead) {
+    if (leader.ok() && *leader != nullptr) {
+      host = std::move(leader).value();
+      message = {{"schemas", host->schemas()}, {"agent_schemas", host->agent_schemas()}};
+    } else {
+      message = error_message(leader.ok() ? Status(ErrorCode::internal, "rollout TP: rank 0 has no tool host")
+                                          : leader.status());
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(send_or_receive(*tp_group, message));
+  TESSERA_RETURN_IF_ERROR(error_of(message));
+  return std::unique_ptr<ToolSet>(
+      new ToolRelay(std::move(tp_group), std::move(host), message["schemas"], message["agent_schemas"]));
 }
 
 }  // namespace tessera::rollout

@@ -19,6 +19,9 @@
 // A batch that takes longer than the timeout, a child that dies or breaks the protocol, ends the
 // host: the call returns an error naming the tool config, and every later call fails alike.
 //
+// With rollout TP the peers of a TP group run the same conversations: relay_tools() has the
+// group's rank 0 run the tools once and every peer receive its answers.
+//
 // Thread-safety: none; one owner (the rollout worker's thread).
 #pragma once
 
@@ -30,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "proto/status.hpp"
+#include "runtime/collective/communicator.hpp"
 
 namespace tessera::rollout {
 
@@ -58,24 +62,32 @@ struct ToolAnswer {
   nlohmann::json metrics;
 };
 
-class ToolHost {
+/// The tools a multi-turn rollout calls: a ToolHost, or a TP group's relay of one.
+class ToolSet {
  public:
-  /// Starts the child and loads the tools; an error names the config and what Python raised.
-  static Result<std::unique_ptr<ToolHost>> start(const ToolHostOptions& options);
-  ~ToolHost();
-  ToolHost(const ToolHost&) = delete;
-  ToolHost& operator=(const ToolHost&) = delete;
-
+  virtual ~ToolSet() = default;
   /// The tools' OpenAI function schemas by name, in the config's order, as verl's SGLang rollout
   /// dumps them (model_dump()) and as its agent loop does (model_dump(exclude_unset=True,
   /// exclude_none=True)).
-  const nlohmann::ordered_json& schemas() const { return schemas_; }
-  const nlohmann::ordered_json& agent_schemas() const { return agent_schemas_; }
+  virtual const nlohmann::ordered_json& schemas() const = 0;
+  virtual const nlohmann::ordered_json& agent_schemas() const = 0;
   /// Whether a tool of this name was loaded.
-  bool has_tool(const std::string& name) const;
-
+  bool has_tool(const std::string& name) const { return schemas().contains(name); }
   /// `op` is "create", "execute", "finish" or "release". One answer per request, in order.
-  Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests);
+  virtual Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests) = 0;
+};
+
+class ToolHost final : public ToolSet {
+ public:
+  /// Starts the child and loads the tools; an error names the config and what Python raised.
+  static Result<std::unique_ptr<ToolHost>> start(const ToolHostOptions& options);
+  ~ToolHost() override;
+  ToolHost(const ToolHost&) = delete;
+  ToolHost& operator=(const ToolHost&) = delete;
+
+  const nlohmann::ordered_json& schemas() const override { return schemas_; }
+  const nlohmann::ordered_json& agent_schemas() const override { return agent_schemas_; }
+  Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests) override;
 
  private:
   struct Child;
@@ -88,5 +100,13 @@ class ToolHost {
   nlohmann::ordered_json agent_schemas_ = nlohmann::ordered_json::object();
   Status broken_;  ///< Set once the child is gone: every later call fails with it.
 };
+
+/// Rollout TP: the TP group's rank 0 hosts the tools (`leader`: its ToolHost::start result; other
+/// ranks pass nullptr) and every peer's call() returns rank 0's answers, or its error. Collective
+/// over `tp_group`: every peer calls relay_tools, then call() with the same operations in the
+/// same order (TP peers run identical conversations). A failed start on rank 0 is every peer's
+/// error.
+Result<std::unique_ptr<ToolSet>> relay_tools(std::shared_ptr<collective::Communicator> tp_group,
+                                             Result<std::unique_ptr<ToolHost>> leader);
 
 }  // namespace tessera::rollout

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "tests/driver/driver_test_util.hpp"
+#include "tests/runtime/collective/collective_test_util.hpp"
 #include "workers/rollout/multi_turn.hpp"
 
 namespace tessera::rollout {
@@ -502,6 +503,58 @@ TEST_F(MultiTurn, InstancesAreReleasedOnEveryPath) {
   EXPECT_NE(out.status().message().find("row 0: tool 'rec'.calc_reward/release failed: RuntimeError: no reward today"),
             std::string::npos) << out.status().to_string();
   EXPECT_EQ(read_log(), (std::map<std::string, int>{{"create", 1}, {"release", 1}}));
+}
+
+// Rollout TP: the peers run the same conversations; rank 0 runs each tool call once and both
+// peers see its answers. A tool host that fails to start on rank 0 fails every peer.
+TEST_F(MultiTurn, TensorParallelPeersShareRankZerosTools) {
+  TempDir tools("multi_turn_tools");
+  const auto yaml = tools.write("t.yaml", "tools:\n" + tool_entry("RecordingTool", "rec")).string();
+  const auto log = tools.path() / "log.txt";
+  ScopedEnv log_env("TESSERA_TOOL_LOG", log.string());
+  const json messages = json::array({{{"role", "user"}, {"content", "Where?"}}});
+  auto call = tokenizer_->encode("<tool_call>\n{\"name\": \"rec\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>");
+  ASSERT_TRUE(call.ok());
+  std::vector<int64_t> call_ids(call->begin(), call->end());
+  call_ids.push_back(kImEnd);
+  RolloutConfig c = config(yaml, 300);
+  c.mode = "async";  // the agent loop: a create and a release per call
+  c.multi_turn.enable = false;
+  std::vector<std::vector<int64_t>> responses(2);
+  collective::testing::with_world("inproc", 2, [&](int rank, collective::Communicator& comm) {
+    std::shared_ptr<collective::Communicator> group(&comm, [](collective::Communicator*) {});
+    ToolHostOptions options;
+    options.config_path = yaml;
+    Result<std::unique_ptr<ToolHost>> host = std::unique_ptr<ToolHost>();
+    if (rank == 0) host = ToolHost::start(options);
+    auto relay = relay_tools(group, std::move(host));
+    ASSERT_TRUE(relay.ok()) << relay.status().to_string();
+    EXPECT_TRUE((*relay)->has_tool("rec"));
+    auto mt = MultiTurnRollout::create(c, tokenizer_, chat_, std::move(relay).value());
+    ASSERT_TRUE(mt.ok()) << mt.status().to_string();
+    ScriptedEngine engine;
+    engine.script[0] = {call_ids, call_ids, {kImEnd}};
+    proto::DataProto in = batch(messages, {json::object()});
+    ASSERT_TRUE(in.set_column("agent_name", proto::Column::strings({"tool_agent"})).ok());
+    auto out = (*mt)->generate(engine, in);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    EXPECT_EQ(engine.seen[0].size(), 3U);
+    responses[static_cast<size_t>(rank)] = row_of(*out->tensor("responses"), 0);
+    // rank 0's start failure reaches both peers.
+    ToolHostOptions missing;
+    missing.config_path = (tools.path() / "missing.yaml").string();
+    Result<std::unique_ptr<ToolHost>> failed = std::unique_ptr<ToolHost>();
+    if (rank == 0) failed = ToolHost::start(missing);
+    auto refused = relay_tools(group, std::move(failed));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("missing.yaml"), std::string::npos) << refused.status().to_string();
+  });
+  EXPECT_EQ(responses[0], responses[1]);
+  // Two calls, each run once (an instance created and released per call), not once per peer.
+  std::ifstream in(log);
+  std::map<std::string, int> count;
+  for (std::string op, id; in >> op >> id;) count[op] += 1;
+  EXPECT_EQ(count, (std::map<std::string, int>{{"create", 2}, {"release", 2}}));
 }
 
 TEST_F(MultiTurn, BadToolConfigsAndRowsAreOneLineErrors) {
