@@ -23,6 +23,17 @@
 // follows verl: 1 over the response positions shifted by one (the positions whose next token is
 // a response token), 0 on the prompt, the last valid token and padding.
 //
+// With data.multiturn.enable (verl's MultiTurnSFTDataset) each row holds a conversation under
+// data.multiturn.messages_key, optionally tool schemas (tools_key) and an enable_thinking flag
+// (enable_thinking_key) for the chat template. It is tokenized message by message as verl does:
+// each message (consecutive tool messages together) is the text the template adds for it, and an
+// assistant message's tokens after its generation prompt are the ones trained. loss_mask is 1 on
+// the positions whose next token is such a token (the single-turn dataset's convention; verl
+// 0.5.0's multi-turn dataset marks the tokens themselves, which its trainer reads one position
+// late). position_ids are 0 on padding, as verl. A conversation whose pieces differ from its
+// whole rendering (a template that rewrites earlier turns; verl warns and trains on the pieces)
+// is an error naming the row.
+//
 // Files ending in .parquet are read as parquet (verl's format: the same columns, nested messages
 // and structs), anything else as JSONL. A malformed row is an error "FILE:LINE: why" (JSONL) or
 // "FILE:row N: why" (parquet, N from 0). Thread-safety: datasets are immutable after load; the dataloader is not
@@ -135,9 +146,12 @@ struct SFTDatasetOptions {
   /// verl's prompt_dict_keys / response_dict_keys: the value at prompt_key (response_key) is a
   /// mapping, read through these keys in turn (gsm8k: prompt_key=extra_info, ['question']).
   std::vector<std::string> prompt_dict_keys, response_dict_keys;
+  /// data.multiturn.*: conversations instead of prompt/response pairs (see the header comment).
+  bool multiturn = false;
+  std::string messages_key = "messages", tools_key = "tools", enable_thinking_key = "enable_thinking";
 
   /// data.{prompt_key,response_key,prompt_dict_keys,response_dict_keys,max_length,truncation,
-  /// chat_template} from a loaded SFT config. multiturn.enable is refused as unimplemented.
+  /// chat_template,multiturn.*} from a loaded SFT config.
   static Result<SFTDatasetOptions> from_config(const nlohmann::json& cfg);
 };
 
@@ -145,6 +159,10 @@ struct SFTDatasetOptions {
 struct SFTExample {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> response_ids;  ///< Ends with EOS.
+  /// Multi-turn: the whole conversation's tokens (prompt_ids / response_ids stay empty) and, per
+  /// token, 1 where it is an assistant token the model is trained to produce.
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
   std::string source;                 ///< "FILE:LINE"
 };
 

@@ -312,6 +312,110 @@ TEST(SFTDataset, LossMaskFollowsVerl) {
   }
 }
 
+// verl's MultiTurnSFTDataset, run on the same rows (its module loaded on its own: the package
+// imports HF datasets; transformers 5's apply_chat_template returns a mapping where verl 0.5.0
+// expects the ids).
+const char* kVerlMultiTurnSft = R"(
+import importlib.util, json, sys, types, pandas as pd
+ray = types.ModuleType("ray")  # verl imports ray for DataProtoFuture only
+ray.ObjectRef = object
+sys.modules.setdefault("ray", ray)
+import verl
+from transformers import AutoTokenizer
+spec = importlib.util.spec_from_file_location("mtsft", verl.__path__[0] + "/utils/dataset/multiturn_sft_dataset.py")
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+template = open(sys.argv[4]).read()
+if template:
+    tok.chat_template = template
+original = tok.apply_chat_template
+def compat(*args, **kwargs):
+    out = original(*args, **kwargs)
+    return out["input_ids"] if kwargs.get("tokenize", True) and hasattr(out, "keys") else out
+tok.apply_chat_template = compat
+rows = [json.loads(line) for line in open(sys.argv[2])]
+pd.DataFrame(rows).to_parquet(sys.argv[3] + ".parquet")
+ds = m.MultiTurnSFTDataset([sys.argv[3] + ".parquet"], tok, {"max_length": 160, "truncation": "error"})
+out = []
+for i in range(len(rows)):
+    x = ds[i]
+    n = int(x["attention_mask"].sum())
+    out.append({"ids": x["input_ids"][:n].tolist(), "loss": x["loss_mask"][:n].tolist()})
+json.dump(out, open(sys.argv[3], "w"))
+)";
+
+// A ChatML template that keeps earlier turns as they are and renders tools in the system turn.
+constexpr const char* kStableTemplate =
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+TEST(SFTDataset, MultiTurnConversationsMatchVerls) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl, transformers, pandas) is not set";
+  TempDir dir("sft_multiturn");
+  const json tool = {{"type", "function"},
+                     {"function", {{"name", "calc"}, {"description", "adds"}, {"parameters", {{"type", "object"}}}}}};
+  const json rows = json::array(
+      {{{"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "2+2?"}},
+                      {{"role", "assistant"}, {"content", "4"}}, {{"role", "user"}, {"content", "and 3+3?"}},
+                      {{"role", "assistant"}, {"content", "<tool_call>calc</tool_call>"}},
+                      {{"role", "tool"}, {"content", "6"}}, {{"role", "tool"}, {"content", "ok"}},
+                      {{"role", "assistant"}, {"content", "6"}}}},
+        {"tools", {tool}}},
+       {{"messages", {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Hello!"}}}}}});
+  std::string lines;
+  for (const auto& r : rows) lines += r.dump() + "\n";
+  const auto file = dir.write("conversations.jsonl", lines);
+  const auto template_file = dir.write("template.jinja", kStableTemplate);
+  dir.write("verl_sft.py", kVerlMultiTurnSft);
+  const auto out = dir.path() / "verl.json";
+  const auto run = testing::run_command(fmt::format("'{}' '{}' '{}' '{}' '{}' '{}' 2>&1", py,
+                                                    (dir.path() / "verl_sft.py").string(),
+                                                    std::getenv("TESSERA_SHARED_DIR") + std::string("/golden/qwen3-tokenizer"),
+                                                    file.string(), out.string(), template_file.string()));
+  ASSERT_EQ(run.status, 0) << run.text;
+  const json verl = json::parse(std::ifstream(out));
+  SFTDatasetOptions o;
+  o.multiturn = true;
+  o.max_length = 160;
+  o.chat_template = kStableTemplate;
+  auto ds = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  auto batch = ds->collate({0, 1});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  for (int64_t i = 0; i < 2; ++i) {
+    const auto want_ids = verl[static_cast<size_t>(i)]["ids"].get<std::vector<int64_t>>();
+    const auto want_loss = verl[static_cast<size_t>(i)]["loss"].get<std::vector<int64_t>>();
+    const size_t n = want_ids.size();
+    auto ids = row_of(*batch->tensor("input_ids"), i), loss = row_of(*batch->tensor("loss_mask"), i);
+    auto mask = row_of(*batch->tensor("attention_mask"), i), pos = row_of(*batch->tensor("position_ids"), i);
+    EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n)), want_ids) << "row " << i;
+    for (size_t j = 0; j < 160; ++j) {
+      // verl marks the trained tokens; Tessera the positions that predict them.
+      EXPECT_EQ(loss[j], j + 1 < n ? want_loss[j + 1] : 0) << "row " << i << " position " << j;
+      EXPECT_EQ(mask[j], j < n ? 1 : 0);
+      EXPECT_EQ(pos[j], j < n ? static_cast<int64_t>(j) : 0);
+    }
+  }
+  // Qwen3's own template drops an earlier turn's think block once a later user turn follows: the
+  // pieces are not the conversation, and the row is refused (verl warns and trains on them).
+  o.chat_template = "auto";
+  auto qwen3 = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_FALSE(qwen3.ok());
+  EXPECT_NE(qwen3.status().message().find("conversations.jsonl:1: the chat template renders"), std::string::npos)
+      << qwen3.status().to_string();
+  // One assistant turn per row works with it.
+  auto single = SFTDataset::load({dir.write("one.jsonl", rows[1].dump() + "\n")}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(single.ok()) << single.status().to_string();
+  auto bad = SFTDataset::load({dir.write("bad.jsonl", json({{"messages", {{{"role", "assistant"}, {"content", "x"}}}}}).dump() + "\n")},
+                              qwen3_tokenizer(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.jsonl:1: messages[0] is the assistant's"), std::string::npos)
+      << bad.status().to_string();
+}
+
 TEST(SFTDataset, TruncationAndErrors) {
   TempDir dir("sft_trunc");
   auto file = dir.write("s.jsonl", json({{"question", "a b c d e f g h"}, {"answer", "i j k l m"}}).dump() + "\n");

@@ -63,5 +63,57 @@ TEST(SftTrainer, TrainsSavesAndValidatesLikeAReference) {
   EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
 }
 
+// data.multiturn: conversations, the loss on the assistant turns only; the validation loss equals
+// the reference over the dataset's own batch.
+TEST(SftTrainer, MultiTurnConversations) {
+  TempDir dir("sft_multiturn");
+  testing::make_tiny_run(dir.path());
+  dir.write("model/chat_template.jinja", "{% for m in messages %}{{ m.content }}\n{% endfor %}");
+  for (const char* split : {"train", "val"}) {
+    std::ifstream in(dir.path() / "data" / (std::string("sft_") + split + ".jsonl"));
+    std::string out;
+    for (std::string line; std::getline(in, line);) {
+      const auto row = nlohmann::json::parse(line);
+      const std::string p = row["prompt"], r = row["response"];
+      out += nlohmann::json{{"messages", {{{"role", "user"}, {"content", p}}, {{"role", "assistant"}, {"content", r}},
+                                          {{"role", "user"}, {"content", "again"}},
+                                          {{"role", "assistant"}, {"content", r}}}}}
+                 .dump() +
+             "\n";
+    }
+    dir.write(std::string("data/mt_") + split + ".jsonl", out);
+  }
+  auto overrides = testing::tiny_sft_overrides(dir.path(), 2);
+  for (const std::string& o : {std::string("data.multiturn.enable=true"), std::string("data.max_length=48"),
+                               "data.train_files=" + (dir.path() / "data" / "mt_train.jsonl").string(),
+                               "data.val_files=" + (dir.path() / "data" / "mt_val.jsonl").string()}) {
+    overrides.push_back(o);
+  }
+  auto cfg = load_config(ConfigKind::sft, "", overrides);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  const nlohmann::json cfg_copy = *cfg;
+  auto t = FSDPSFTTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr});
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_TRUE((*t)->fit().ok());
+  const auto& h = (*t)->history();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_TRUE(std::isfinite(h.back().second.at("train/loss")));
+  ASSERT_TRUE((*t)->last_hf_dir().has_value());
+  auto model = models::load_causal_lm((*t)->last_hf_dir()->string());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto tok = tokenizer::Tokenizer::from_dir((dir.path() / "model").string());
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto opts = SFTDatasetOptions::from_config(cfg_copy);
+  ASSERT_TRUE(opts.ok());
+  EXPECT_TRUE(opts->multiturn);
+  auto val = SFTDataset::load({dir.path() / "data" / "mt_val.jsonl"}, *tok, *opts);
+  ASSERT_TRUE(val.ok()) << val.status().to_string();
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < val->size(); ++i) all.push_back(i);
+  auto batch = val->collate(all);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
+}
+
 }  // namespace
 }  // namespace tessera::driver
