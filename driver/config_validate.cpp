@@ -111,9 +111,11 @@ Status check_sampling_and_multi_turn(const nlohmann::json& cfg) {
   if (multi_turn) {
     TESSERA_ASSIGN_OR_RETURN(auto tools, config_get<std::optional<std::string>>(
                                              cfg, "actor_rollout_ref.rollout.multi_turn.tool_config_path"));
-    if (!tools) {
-      return invalid("actor_rollout_ref.rollout.multi_turn.enable = true requires multi_turn.tool_config_path (the "
-                     "tools the model may call)");
+    TESSERA_ASSIGN_OR_RETURN(auto inter, config_get<std::optional<std::string>>(
+                                             cfg, "actor_rollout_ref.rollout.multi_turn.interaction_config_path"));
+    if (!tools && !inter) {
+      return invalid("actor_rollout_ref.rollout.multi_turn.enable = true requires multi_turn.tool_config_path or "
+                     "multi_turn.interaction_config_path");
     }
   }
   return Status();

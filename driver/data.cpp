@@ -190,7 +190,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   at::Tensor ids = torch::full({b, len}, pad_id_, torch::kInt64);
   at::Tensor mask = torch::zeros({b, len}, torch::kInt64);
   std::vector<std::string> sources, abilities;
-  std::vector<nlohmann::json> reward_model, extra_info, raw_prompt, raw_prompt_ids, tools_kwargs;
+  std::vector<nlohmann::json> reward_model, extra_info, raw_prompt, raw_prompt_ids, tools_kwargs, interaction_kwargs;
   std::vector<int64_t> index;
   std::vector<std::string> agent_names;  // verl's agent_name column, when the dataset has one
   auto ids_a = ids.accessor<int64_t, 2>();
@@ -210,11 +210,13 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
     raw_prompt.push_back(r.prompt);
     raw_prompt_ids.push_back(r.prompt_ids);
     const nlohmann::json* idx = r.extra_info.is_object() ? &r.extra_info : nullptr;
-    // verl's RLHFDataset: extra_info.tools_kwargs (the multi-turn rollout's per-row tool arguments).
     if (has_agent_names_) agent_names.push_back(r.agent_name.empty() ? "single_turn_agent" : r.agent_name);
-    tools_kwargs.push_back(idx && idx->contains("tools_kwargs") && !(*idx)["tools_kwargs"].is_null()
-                               ? (*idx)["tools_kwargs"]
-                               : nlohmann::json::object());
+    // verl's RLHFDataset: extra_info.tools_kwargs and interaction_kwargs (the multi-turn rollout's
+    // per-row tool arguments and interaction).
+    for (auto [key, column] :
+         {std::pair{"tools_kwargs", &tools_kwargs}, std::pair{"interaction_kwargs", &interaction_kwargs}}) {
+      column->push_back(idx && idx->contains(key) && !(*idx)[key].is_null() ? (*idx)[key] : nlohmann::json::object());
+    }
     index.push_back(idx && idx->contains("index") && (*idx)["index"].is_number_integer() ? (*idx)["index"].get<int64_t>()
                                                                                           : 0);
   }
@@ -231,6 +233,7 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   cols.insert_or_assign("raw_prompt_ids", proto::Column::jsons(std::move(raw_prompt_ids)));
   cols.insert_or_assign("index", proto::Column::int64s(std::move(index)));
   cols.insert_or_assign("tools_kwargs", proto::Column::jsons(std::move(tools_kwargs)));
+  cols.insert_or_assign("interaction_kwargs", proto::Column::jsons(std::move(interaction_kwargs)));
   if (!agent_names.empty()) cols.insert_or_assign("agent_name", proto::Column::strings(std::move(agent_names)));
   return proto::DataProto::from_dict(std::move(tensors), std::move(cols));
 }

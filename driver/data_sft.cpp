@@ -84,7 +84,9 @@ class ConversationTokenizer {
       }
       thinking = t->get<bool>();
     }
-    TESSERA_ASSIGN_OR_RETURN(const tokenizer::ChatTemplate* chat, template_for(thinking));
+    auto chosen = template_for(thinking);
+    if (!chosen.ok()) return chosen.status().with_context(where);
+    const tokenizer::ChatTemplate* chat = *chosen;
     auto render = [&](size_t end, bool generation_prompt) -> Result<std::string> {
       nlohmann::ordered_json head = nlohmann::ordered_json::array();
       for (size_t k = 0; k < end; ++k) head.push_back(messages[k]);
@@ -111,7 +113,10 @@ class ConversationTokenizer {
                                                                                              : std::string();
       size_t end = i + 1;
       if (role == "tool") {
-        while (end < messages.size() && messages[end].is_object() && messages[end].value("role", "") == "tool") ++end;
+        while (end < messages.size() && messages[end].is_object() && messages[end].contains("role") &&
+               messages[end]["role"] == "tool") {
+          ++end;
+        }
       } else if (role == "system" && i != 0) {
         return make_error(ErrorCode::corrupt_data, "{}: {}[{}]: a system message must be the first", where, key, i);
       } else if (role != "assistant" && role != "user" && role != "system") {

@@ -399,6 +399,25 @@ TEST(SFTDataset, MultiTurnConversationsMatchVerls) {
       EXPECT_EQ(pos[j], j < n ? static_cast<int64_t>(j) : 0);
     }
   }
+  // Left truncation keeps the conversation's end, the mask shifted with it.
+  o.max_length = 24;
+  o.truncation = Truncation::left;
+  auto cut = SFTDataset::load({file}, qwen3_tokenizer(), o);
+  ASSERT_TRUE(cut.ok()) << cut.status().to_string();
+  auto cut_batch = cut->collate({0});
+  ASSERT_TRUE(cut_batch.ok());
+  {
+    const auto want_ids = verl[0]["ids"].get<std::vector<int64_t>>();
+    const auto want_loss = verl[0]["loss"].get<std::vector<int64_t>>();
+    const size_t from = want_ids.size() - 24;
+    auto ids = row_of(*cut_batch->tensor("input_ids"), 0), loss = row_of(*cut_batch->tensor("loss_mask"), 0);
+    for (size_t j = 0; j < 24; ++j) {
+      EXPECT_EQ(ids[j], want_ids[from + j]) << j;
+      EXPECT_EQ(loss[j], j + 1 < 24 ? want_loss[from + j + 1] : 0) << j;
+    }
+  }
+  o.max_length = 160;
+  o.truncation = Truncation::error;
   // Qwen3's own template drops an earlier turn's think block once a later user turn follows: the
   // pieces are not the conversation, and the row is refused (verl warns and trains on them).
   o.chat_template = "auto";
@@ -406,9 +425,17 @@ TEST(SFTDataset, MultiTurnConversationsMatchVerls) {
   ASSERT_FALSE(qwen3.ok());
   EXPECT_NE(qwen3.status().message().find("conversations.jsonl:1: the chat template renders"), std::string::npos)
       << qwen3.status().to_string();
-  // One assistant turn per row works with it.
-  auto single = SFTDataset::load({dir.write("one.jsonl", rows[1].dump() + "\n")}, qwen3_tokenizer(), o);
+  // One assistant turn per row works with it, and a row's enable_thinking reaches the template
+  // (false: Qwen3's generation prompt holds the empty think block, so it is not trained).
+  json no_thinking = rows[1];
+  no_thinking["enable_thinking"] = false;
+  auto single = SFTDataset::load({dir.write("one.jsonl", rows[1].dump() + "\n" + no_thinking.dump() + "\n")},
+                                 qwen3_tokenizer(), o);
   ASSERT_TRUE(single.ok()) << single.status().to_string();
+  auto trained = [&](const SFTExample& ex) { return std::count(ex.trained.begin(), ex.trained.end(), 1); };
+  EXPECT_EQ(single->example(0).ids, single->example(1).ids);
+  EXPECT_EQ(trained(single->example(0)) - trained(single->example(1)),
+            static_cast<int64_t>(qwen3_tokenizer().encode("<think>\n\n</think>\n\n")->size()));
   auto bad = SFTDataset::load({dir.write("bad.jsonl", json({{"messages", {{{"role", "assistant"}, {"content", "x"}}}}}).dump() + "\n")},
                               qwen3_tokenizer(), o);
   ASSERT_FALSE(bad.ok());

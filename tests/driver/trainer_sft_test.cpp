@@ -63,8 +63,9 @@ TEST(SftTrainer, TrainsSavesAndValidatesLikeAReference) {
   EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
 }
 
-// data.multiturn: conversations, the loss on the assistant turns only; the validation loss equals
-// the reference over the dataset's own batch.
+// data.multiturn: a run over conversations (the dataset's tokens and masks are checked against
+// verl's in data_test.cpp); the validation loss equals the reference over the dataset's batch,
+// which trains on fewer positions than the conversation has.
 TEST(SftTrainer, MultiTurnConversations) {
   TempDir dir("sft_multiturn");
   testing::make_tiny_run(dir.path());
@@ -112,6 +113,7 @@ TEST(SftTrainer, MultiTurnConversations) {
   for (int64_t i = 0; i < val->size(); ++i) all.push_back(i);
   auto batch = val->collate(all);
   ASSERT_TRUE(batch.ok());
+  EXPECT_LT(batch->tensor("loss_mask")->sum().item<int64_t>(), batch->tensor("attention_mask")->sum().item<int64_t>() / 2);
   EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
 }
 

@@ -346,14 +346,16 @@ Status ActorRolloutRefWorker::build_multi_turn() {
                                                  init_config_.value("chat_template_kwargs", json::object()));
   if (!chat.ok()) return chat.status().with_context(key + ": the chat template");
   std::unique_ptr<rollout::ToolSet> tools;  // the agent loops may run without tools
-  if (config_.rollout.multi_turn.tool_config_path) {
+  const rollout::MultiTurnConfig& mt = config_.rollout.multi_turn;
+  if (mt.tool_config_path || mt.interaction_config_path) {
     rollout::ToolHostOptions options;
-    options.config_path = *config_.rollout.multi_turn.tool_config_path;
+    options.config_path = mt.tool_config_path.value_or("");
+    options.interaction_config_path = mt.interaction_config_path.value_or("");
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.rollout.multi_turn.tool_timeout_s * 1000));
     if (rollout_tp_) {  // the TP peers run the same conversations: rank 0 runs the tools for all
       Result<std::unique_ptr<rollout::ToolHost>> host =
           rollout_tp_->rank() == 0 ? rollout::ToolHost::start(options) : std::unique_ptr<rollout::ToolHost>();
-      TESSERA_ASSIGN_OR_RETURN(tools, rollout::relay_tools(rollout_tp_, std::move(host)));
+      TESSERA_ASSIGN_OR_RETURN(tools, rollout::relay_tools(rollout_tp_, std::move(host), options.timeout));
     } else {
       TESSERA_ASSIGN_OR_RETURN(tools, rollout::ToolHost::start(options));
     }

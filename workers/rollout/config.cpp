@@ -248,13 +248,6 @@ Status set_tool_format(const json& v, const std::string& key, MultiTurnConfig& c
   return Status();
 }
 
-Status no_interactions(const json& v, const std::string& key, MultiTurnConfig&, ParseState&) {
-  return make_error(ErrorCode::unimplemented,
-                    "{}={}: interaction agents (simulated users) are not implemented; multi-turn rollouts take tools "
-                    "(multi_turn.tool_config_path)",
-                    key, v.dump().substr(0, 60));
-}
-
 Status no_completion_callback(const json& v, const std::string& key, MultiTurnConfig&, ParseState&) {
   return make_error(ErrorCode::unimplemented, "{}={}: completion callbacks belong to the async agent loop, which is "
                     "not implemented", key, v.dump().substr(0, 60));
@@ -273,7 +266,7 @@ const KeyRule<MultiTurnConfig> kMultiTurnRules[] = {
     {"max_tool_response_length", set_field<&MultiTurnConfig::max_tool_response_length, MultiTurnConfig>},
     {"tool_response_truncate_side", set_truncate_side},
     {"format", set_tool_format},
-    {"interaction_config_path", no_interactions},
+    {"interaction_config_path", set_field<&MultiTurnConfig::interaction_config_path, MultiTurnConfig>},
     {"completion_callback", no_completion_callback},
     {"use_inference_chat_template", nullptr},
     {"tokenization_sanity_check_mode", nullptr},
@@ -451,9 +444,13 @@ Status validate_rollout_config(const RolloutConfig& c) {
     return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.tool_timeout_s={} must be > 0", kPrefix,
                       mt.tool_timeout_s);
   }
-  if (mt.enable && !mt.tool_config_path) {
+  if (mt.enable && !mt.tool_config_path && !mt.interaction_config_path) {
     return make_error(ErrorCode::invalid_argument, "{}multi_turn.enable=true needs multi_turn.tool_config_path (the "
-                      "tools the model may call)", kPrefix);
+                      "tools the model may call) or multi_turn.interaction_config_path (simulated users)", kPrefix);
+  }
+  if (c.mode == "async" && mt.interaction_config_path) {
+    return make_error(ErrorCode::unimplemented, "{}multi_turn.interaction_config_path with mode=async: verl's agent "
+                      "loops have no interactions; they run in the SGLang multi-turn loop (mode=sync)", kPrefix);
   }
   TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));
   TESSERA_RETURN_IF_ERROR(sampling(c.val_kwargs, "val_kwargs."));

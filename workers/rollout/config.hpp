@@ -10,7 +10,7 @@
 //    engine_kwargs.vllm, ...) have no effect here. They are accepted and REPORTED: returned in
 //    ParsedRolloutConfig::ignored_keys (full dotted names) and logged in one info line.
 //  - A feature verl offers that Tessera does not implement is an `unimplemented` error when its
-//    key asks for it (mode=async, multi_turn.interaction_config_path, over_sample_rate>0, ...); its default
+//    key asks for it (multi_turn.completion_callback, over_sample_rate>0, ...); its default
 //    value is accepted and reported as ignored.
 //  - An unknown key, or a value of the wrong JSON type, is an error naming the full key.
 //  - null means "keep the default" for every key (OmegaConf's convention).
@@ -66,6 +66,8 @@ struct MultiTurnConfig {
   std::optional<int64_t> max_assistant_turns;  ///< null: max_model_len / 3, as verl.
   std::optional<int64_t> max_user_turns;       ///< null: max_model_len / 3, as verl.
   std::optional<std::string> tool_config_path;  ///< verl's tool YAML (`tools: [{class_name, config, tool_schema}]`).
+  /// verl's interaction YAML (`interaction: [{name, class_name, config}]`): simulated users.
+  std::optional<std::string> interaction_config_path;
   int64_t max_parallel_calls = 1;               ///< Tool calls executed per assistant turn.
   int64_t max_tool_response_length = 256;       ///< Characters of a tool's answer kept.
   std::string tool_response_truncate_side = "middle";  ///< left | right | middle.

@@ -24,10 +24,17 @@
 //    the answers of a turn are rendered alone with the generation prompt, the template's preamble
 //    (its rendering of [{}], e.g. Qwen2.5's default system turn) removed, and appended with
 //    response_mask 0 (the agent loop).
-//  - A row ends when it generated no call, its last turn hit the budget instead of EOS, it reached
-//    max_assistant_turns or max_user_turns (each defaulting to max_model_len / 3, as SGLang), or
-//    the tool answer would fill the response: the response never ends on a tool answer, so GAE's
-//    last token is the model's.
+//  - Interactions (multi_turn.interaction_config_path; SGLang's INTERACTING): a row with
+//    interaction_kwargs starts the interaction they name; after a turn without tool calls, while
+//    fewer than max_user_turns replies were given, generate_response reads the conversation
+//    ({role, content}, the assistant's text without its tool calls) and its reply either ends the
+//    row or is appended as a user turn, like tool answers; the rewards are reward_scores'
+//    user_turn_rewards. finalize_interaction runs at the end (verl 0.5.0 leaves it uncalled).
+//  - A row ends when it generated no call (and no interaction replies), its last turn hit the
+//    budget instead of EOS, it reached max_assistant_turns (default max_model_len / 3, as SGLang;
+//    max_user_turns, same default, caps the interaction's replies), or the next tool answer or
+//    user turn would fill the response: the response never ends on one, so GAE's last token is
+//    the model's.
 //  - A row's schemas are listed in the tool config's order. A prompt that no longer fits
 //    prompt_length once they are in is an error naming the row (verl's SGLang rollout warns and
 //    widens the batch).
@@ -82,7 +89,11 @@ struct Conversation {
   std::vector<std::string> tools; ///< The tools offered, in the config's order.
   bool single_turn = false;       ///< The agent loops' single_turn_agent: one generation.
   json tools_kwargs = json::object();
-  int64_t assistant_turns = 0, user_turns = 0;
+  std::string interaction;        ///< The interaction (simulated user) of the row; empty: none.
+  json interaction_kwargs = json::object();
+  nlohmann::ordered_json messages;  ///< The conversation as {role, content} (what interactions read).
+  json user_turn_rewards = json::array();
+  int64_t assistant_turns = 0, tool_turns = 0, interaction_turns = 0;
   bool done = false;
   int64_t response_length() const { return static_cast<int64_t>(mask.size()); }
 };
@@ -129,6 +140,17 @@ std::vector<std::string> hermes_blocks(const std::string& text) {
     at = close + kClose.size();
   }
   return out;
+}
+
+// The text with its <tool_call> blocks removed (verl's parsers' "normed content").
+std::string without_tool_calls(std::string text) {
+  static constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+  for (size_t open = text.find(kOpen); open != std::string::npos; open = text.find(kOpen, open)) {
+    const size_t close = text.find(kClose, open + kOpen.size());
+    if (close == std::string::npos) break;
+    text.erase(open, close + kClose.size() - open);
+  }
+  return text;
 }
 
 json kwargs_of(const json& tools_kwargs, const std::string& tool, const char* which) {
@@ -226,6 +248,11 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     return make_error(ErrorCode::invalid_argument, "{}: the batch has no raw_prompt column of chat messages (set "
                       "data.return_raw_chat=true)", agent_ ? "actor_rollout_ref.rollout.mode=async" : kKey);
   }
+  auto interactions_column = prompts.column("interaction_kwargs");
+  if (interactions_column.ok() && interactions_column->type() != proto::ColumnType::json) {
+    return make_error(ErrorCode::invalid_argument, "the batch's interaction_kwargs column holds {} values, not JSON "
+                      "mappings", proto::to_string(interactions_column->type()));
+  }
   auto agent_column = prompts.column("agent_name");
   if (agent_ && agent_column.ok() && agent_column->type() != proto::ColumnType::string) {
     return make_error(ErrorCode::invalid_argument, "the batch's agent_name column holds {} values, not strings",
@@ -277,6 +304,28 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
                           r, name);
       }
     } else {
+      // verl: a row with interaction_kwargs talks to the interaction they name ("gsm8k" by default).
+      if (interactions_column.ok() && tools_ != nullptr && !tools_->interactions().empty()) {
+        const json& kw = interactions_column->json_value(r);
+        if (!kw.is_null() && !kw.is_object()) {
+          return make_error(ErrorCode::invalid_argument, "row {}: interaction_kwargs is not a mapping: {}", r,
+                            kw.dump().substr(0, 80));
+        }
+        if (kw.is_object() && !kw.empty()) {
+          c.interaction_kwargs = kw;
+          c.interaction = kw.contains("name") && kw["name"].is_string() ? kw["name"].get<std::string>() : "gsm8k";
+          if (!tools_->has_interaction(c.interaction)) {
+            return make_error(ErrorCode::invalid_argument, "row {}: interaction_kwargs names interaction '{}', which "
+                              "{}.interaction_config_path does not define", r, c.interaction, kKey);
+          }
+          c.messages = ordered_json::array();
+          for (const auto& m : messages) {
+            c.messages.push_back({{"role", m.value("role", "")}, {"content", m.value("content", json("")).is_string()
+                                                                                 ? m["content"].get<std::string>()
+                                                                                 : m.value("content", json()).dump()}});
+          }
+        }
+      }
       for (const auto& [name, entry] : c.tools_kwargs.items()) {
         if (!tools_->has_tool(name)) {
           return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs names tool '{}', which "
@@ -319,11 +368,12 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   };
   struct ReleaseOnReturn {
     ToolSet* host;
+    const char* op;
     std::vector<ToolRequest> created;
     ~ReleaseOnReturn() {
-      if (!created.empty()) (void)host->call("release", created);  // best effort: the error already returns
+      if (!created.empty()) host->call_best_effort(op, created);  // the error already returns
     }
-  } release{tools_.get(), {}};
+  } release{tools_.get(), "release", {}}, finalize{tools_.get(), "finalize", {}};
   if (!agent_) {  // the agent loop creates an instance per call instead
     std::vector<ToolRequest> creates;
     std::vector<size_t> create_rows;
@@ -344,7 +394,70 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       }
     }
     if (!failure.empty()) return make_error(ErrorCode::internal, "{}", failure);
+    // The rows' interactions start (verl: start_interaction(request_id, **interaction_kwargs)).
+    std::vector<ToolRequest> starts;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!rows[r].interaction.empty()) {
+        starts.push_back({rows[r].interaction, instance(r), json::object(), rows[r].interaction_kwargs});
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> started, run_tools("start", starts));
+    for (size_t i = 0; i < started.size(); ++i) {
+      if (started[i].error.empty()) {
+        finalize.created.push_back(starts[i]);
+      } else if (failure.empty()) {
+        failure = fmt::format("interaction '{}'.start_interaction failed: {}", starts[i].tool, started[i].error);
+      }
+    }
+    if (!failure.empty()) return make_error(ErrorCode::internal, "{}", failure);
   }
+
+  // Appends a turn that is not the model's (tool answers, an interaction's user message): the
+  // messages rendered alone with the generation prompt, the template's preamble removed, with
+  // response_mask 0. A turn that would fill the response ends the row instead (false).
+  auto append_turn = [&](Conversation& c, const ordered_json& turn_messages) -> Result<bool> {
+    TESSERA_ASSIGN_OR_RETURN(std::string text, chat_->render_json(turn_messages, nullptr, true));
+    if (text.compare(0, preamble_.size(), preamble_) != 0) {
+      return make_error(ErrorCode::internal, "{}: the chat template's rendering of a {} message does not start with "
+                        "its preamble; it cannot render such turns alone", kKey,
+                        turn_messages.front().value("role", "tool"));
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(text.substr(preamble_.size())));
+    if (c.response_length() + static_cast<int64_t>(ids.size()) >= R) {
+      c.done = true;
+      return false;
+    }
+    c.ids.insert(c.ids.end(), ids.begin(), ids.end());
+    c.mask.insert(c.mask.end(), ids.size(), 0);
+    if (config_.calculate_log_probs) c.logprobs.insert(c.logprobs.end(), ids.size(), -1.0F);
+    return true;
+  };
+  // The interactions of `replies` answer the conversation so far (verl's generate_response); each
+  // reward joins the row's user_turn_rewards; a reply that does not end it is the next user turn.
+  auto interaction_turn = [&](const std::vector<size_t>& replies) -> Status {
+    std::vector<ToolRequest> asks;
+    for (size_t r : replies) {
+      asks.push_back({rows[r].interaction, instance(r), rows[r].messages, rows[r].interaction_kwargs});
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> answers, run_tools("respond", asks));
+    for (size_t k = 0; k < replies.size(); ++k) {
+      Conversation& c = rows[replies[k]];
+      if (!answers[k].error.empty()) {
+        return make_error(ErrorCode::internal, "row {}: interaction '{}'.generate_response failed: {}", replies[k],
+                          c.interaction, answers[k].error);
+      }
+      c.user_turn_rewards.push_back(answers[k].reward);
+      if (answers[k].terminate) {
+        c.done = true;
+        continue;
+      }
+      const ordered_json user = ordered_json::array({{{"role", "user"}, {"content", answers[k].text}}});
+      c.messages.push_back(user.front());
+      TESSERA_ASSIGN_OR_RETURN(bool appended, append_turn(c, user));
+      c.interaction_turns += appended ? 1 : 0;
+    }
+    return Status();
+  };
 
   const uint64_t seed = engine.call_seed(prompts.meta_info());
   const auto& eos = in.eos_token_ids;
@@ -374,6 +487,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     stats_.assistant_turns += static_cast<int64_t>(live.size());
 
     std::vector<Call> calls;
+    std::vector<size_t> replies;  // rows whose interaction answers this turn
     for (size_t i = 0; i < live.size(); ++i) {
       Conversation& c = rows[live[i]];
       const GeneratedRow& g = generated[i];
@@ -382,29 +496,61 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       if (config_.calculate_log_probs) c.logprobs.insert(c.logprobs.end(), g.logprobs.begin(), g.logprobs.end());
       c.assistant_turns += 1;
       const bool stopped = !g.tokens.empty() && std::find(eos.begin(), eos.end(), g.tokens.back()) != eos.end();
+      const std::vector<int32_t> turn_ids(g.tokens.begin(), g.tokens.end());
+      if (!c.interaction.empty()) {  // what the interaction reads: the text, tool calls removed
+        TESSERA_ASSIGN_OR_RETURN(std::string content, tokenizer_->decode(turn_ids, {/*skip_special_tokens=*/true, true}));
+        c.messages.push_back({{"role", "assistant"}, {"content", without_tool_calls(content)}});
+      }
+      // The agent loop counts tool turns against max_user_turns; the SGLang loop, interactions.
       if (c.single_turn || c.response_length() >= R || !stopped || c.assistant_turns >= max_assistant ||
-          c.user_turns >= max_user) {
+          (agent_ && c.tool_turns >= max_user)) {
         c.done = true;
         continue;
       }
-      TESSERA_ASSIGN_OR_RETURN(std::string text,
-                               tokenizer_->decode(std::vector<int32_t>(g.tokens.begin(), g.tokens.end())));
+      TESSERA_ASSIGN_OR_RETURN(std::string text, tokenizer_->decode(turn_ids));
+      const std::vector<std::string> blocks = hermes_blocks(text);
+      if (blocks.empty()) {
+        // No tool call: the row's interaction answers, as long as it may (SGLang's INTERACTING).
+        if (!c.interaction.empty() && c.interaction_turns < max_user) {
+          replies.push_back(live[i]);
+        } else {
+          c.done = true;
+        }
+        continue;
+      }
+      // A block that is not {"name", "arguments"} JSON is dropped (both loops). A tool the row was
+      // not offered: the SGLang loop drops the call; the agent loop counts it and its KeyError ends
+      // the row. The agent loop passes any arguments on; SGLang's parser keeps mappings only.
       int64_t parsed = 0;
-      for (const std::string& block : hermes_blocks(text)) {
+      bool unknown = false;
+      std::vector<Call> row_calls;
+      for (const std::string& block : blocks) {
         const json call_json = json::parse(block, nullptr, false);
-        const bool ok = call_json.is_object() && call_json.contains("name") && call_json["name"].is_string() &&
-                        call_json.contains("arguments") && call_json["arguments"].is_object() &&
-                        std::find(c.tools.begin(), c.tools.end(), call_json["name"].get<std::string>()) != c.tools.end();
-        if (!ok) {
+        const bool well_formed = call_json.is_object() && call_json.contains("name") && call_json["name"].is_string() &&
+                                 call_json.contains("arguments") && (agent_ || call_json["arguments"].is_object());
+        const std::string name = well_formed ? call_json["name"].get<std::string>() : std::string();
+        const bool offered = std::find(c.tools.begin(), c.tools.end(), name) != c.tools.end();
+        if (!well_formed || (!agent_ && !offered)) {
           stats_.malformed_calls += 1;
           continue;
         }
-        if (parsed++ < mt.max_parallel_calls) {
-          calls.push_back({live[i], call_json["name"].get<std::string>(), call_json["arguments"]});
+        if (parsed++ >= mt.max_parallel_calls) continue;
+        if (!offered) {
+          unknown = true;
+          continue;
         }
+        row_calls.push_back({live[i], name, call_json["arguments"]});
       }
-      if (parsed == 0) c.done = true;
+      if (unknown) {
+        stats_.tool_errors += 1;
+        c.done = true;
+      } else if (parsed == 0) {
+        c.done = true;
+      } else {
+        calls.insert(calls.end(), row_calls.begin(), row_calls.end());
+      }
     }
+    TESSERA_RETURN_IF_ERROR(interaction_turn(replies));
     if (calls.empty()) continue;
 
     std::vector<ToolRequest> executes;
@@ -412,8 +558,9 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       const Call& call = calls[k];
       // The agent loop: a fresh instance per call, created before and released after it.
       const std::string id = agent_ ? fmt::format("{}-{}-{}-{}", prefix, call.row, turn, k) : instance(call.row);
-      executes.push_back({call.tool, id, call.arguments, kwargs_of(rows[call.row].tools_kwargs, call.tool,
-                                                                   "execute_kwargs")});
+      // The agent loop creates and executes with no kwargs.
+      executes.push_back({call.tool, id, call.arguments,
+                          agent_ ? json::object() : kwargs_of(rows[call.row].tools_kwargs, call.tool, "execute_kwargs")});
     }
     std::vector<ToolAnswer> answers(executes.size());
     if (agent_) {
@@ -432,7 +579,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> executed, run_tools("execute", made));
       release.created.clear();
       TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> released, run_tools("release", made));
-      for (size_t j = 0; j < made.size(); ++j) {  // a failed release fails the call, as in verl
+      for (size_t j = 0; j < made.size(); ++j) {  // a failed release fails the call (verl: the batch)
         answers[made_index[j]] = executed[j].error.empty() && !released[j].error.empty() ? released[j] : executed[j];
       }
     } else {
@@ -460,20 +607,11 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
         c.done = true;
         continue;
       }
-      TESSERA_ASSIGN_OR_RETURN(std::string text, chat_->render_json(tool_messages, nullptr, true));
-      if (text.compare(0, preamble_.size(), preamble_) != 0) {
-        return make_error(ErrorCode::internal, "{}: the chat template's rendering of tool answers does not start with "
-                          "its preamble; it cannot render tool turns alone", kKey);
+      if (!c.interaction.empty()) {
+        for (const auto& m : tool_messages) c.messages.push_back(m);
       }
-      TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(text.substr(preamble_.size())));
-      if (c.response_length() + static_cast<int64_t>(ids.size()) >= R) {
-        c.done = true;
-        continue;
-      }
-      c.ids.insert(c.ids.end(), ids.begin(), ids.end());
-      c.mask.insert(c.mask.end(), ids.size(), 0);
-      if (config_.calculate_log_probs) c.logprobs.insert(c.logprobs.end(), ids.size(), -1.0F);
-      c.user_turns += 1;
+      TESSERA_ASSIGN_OR_RETURN(bool appended, append_turn(c, tool_messages));
+      c.tool_turns += appended ? 1 : 0;
     }
     for (auto& [r, f] : failed) rows[r].done = true;
   }
@@ -494,8 +632,19 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   if (!finishes.empty()) {
     TESSERA_ASSIGN_OR_RETURN(finished, run_tools("finish", finishes));
   }
-  // As verl's SGLang rollout: {tool: calc_reward, "user_turn_rewards": [] (no interactions)}.
-  std::vector<json> reward_scores(rows.size(), json{{"user_turn_rewards", json::array()}});
+  // The interactions end (verl 0.5.0 never calls finalize_interaction; its instances would leak).
+  std::vector<ToolRequest> finals = std::move(finalize.created);
+  finalize.created.clear();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> finalized, run_tools("finalize", finals));
+  for (size_t i = 0; i < finalized.size(); ++i) {
+    if (!finalized[i].error.empty()) {
+      return make_error(ErrorCode::internal, "interaction '{}'.finalize_interaction failed: {}", finals[i].tool,
+                        finalized[i].error);
+    }
+  }
+  // As verl's SGLang rollout: {tool: calc_reward, "user_turn_rewards": [each interaction reply's reward]}.
+  std::vector<json> reward_scores;
+  for (const Conversation& c : rows) reward_scores.push_back(json{{"user_turn_rewards", c.user_turn_rewards}});
   for (size_t i = 0; i < finished.size(); ++i) {
     if (!finished[i].error.empty()) {
       return make_error(ErrorCode::internal, "row {}: tool '{}'.calc_reward/release failed: {}", finish_rows[i],
@@ -536,7 +685,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       rm_a[r][j] = c.mask[static_cast<size_t>(j)];
       if (config_.calculate_log_probs) lp_a[r][j] = c.logprobs[static_cast<size_t>(j)];
     }
-    num_turns.push_back(c.assistant_turns + c.user_turns + 1);
+    num_turns.push_back(c.assistant_turns + c.tool_turns + c.interaction_turns + 1);
   }
   const c10::Device device = in.input_ids.device();
   prompt_ids = prompt_ids.to(device), responses = responses.to(device), attention = attention.to(device);

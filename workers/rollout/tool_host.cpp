@@ -20,18 +20,22 @@ using runtime::Clock;
 // The child. verl's loader builds the tools; each request line is {"op", "items"}, answered by one
 // line holding a list of per-item results.
 constexpr const char* kToolScript = R"PY(
-import asyncio, math
-config_path = sys.argv[1]
+import asyncio, inspect, math
+tool_path, interaction_path = sys.argv[1], sys.argv[2]
 # The loop verl's registry builds MCP clients on is the one every batch runs on.
 loop = asyncio.new_event_loop()
 asyncio.set_event_loop(loop)
 try:
-    from verl.tools.utils.tool_registry import initialize_tools_from_config
-    tools = {}
-    for tool in initialize_tools_from_config(config_path):
-        if tool.name in tools:
-            raise ValueError(f"two tools are named {tool.name!r}")
-        tools[tool.name] = tool
+    tools, interactions = {}, {}
+    if tool_path:
+        from verl.tools.utils.tool_registry import initialize_tools_from_config
+        for tool in initialize_tools_from_config(tool_path):
+            if tool.name in tools:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            tools[tool.name] = tool
+    if interaction_path:
+        from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
+        interactions = initialize_interactions_from_config(interaction_path)
     schemas = {name: tool.tool_schema.model_dump() for name, tool in tools.items()}
     agent_schemas = {name: tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
                      for name, tool in tools.items()}
@@ -39,7 +43,8 @@ except BaseException as e:
     proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
     proto.flush()
     sys.exit(1)
-proto.write(json.dumps({"ready": True, "schemas": schemas, "agent_schemas": agent_schemas}) + "\n")
+proto.write(json.dumps({"ready": True, "schemas": schemas, "agent_schemas": agent_schemas,
+                        "interactions": list(interactions)}) + "\n")
 proto.flush()
 
 def plain(o):
@@ -72,8 +77,26 @@ def text_of(response):
         text = response.get("text")
     return "" if text is None else str(text)
 
+async def interact(op, item):
+    interaction = interactions[item["tool"]]
+    if op == "start":
+        await interaction.start_interaction(item["instance"], **item["kwargs"])
+        return {}
+    if op == "respond":
+        end, text, reward, metrics = await interaction.generate_response(item["instance"], item["parameters"],
+                                                                         **item["kwargs"])
+        return {"terminate": bool(end), "text": str(text), "reward": reward, "metrics": metrics}
+    # finalize: verl's base class takes no instance id, its gsm8k interaction does.
+    if len(inspect.signature(interaction.finalize_interaction).parameters) > 0:
+        await interaction.finalize_interaction(item["instance"])
+    else:
+        await interaction.finalize_interaction()
+    return {}
+
 async def run(op, item):
     try:
+        if op in ("start", "respond", "finalize"):
+            return await interact(op, item)
         tool = tools[item["tool"]]
         if op == "create":
             await tool.create(item["instance"], **item["kwargs"])
@@ -120,9 +143,10 @@ ToolHost::~ToolHost() {
 }
 
 Result<std::unique_ptr<ToolHost>> ToolHost::start(const ToolHostOptions& options) {
-  const std::string what = "actor_rollout_ref.rollout.multi_turn.tool_config_path";
+  const std::string what = "actor_rollout_ref.rollout.multi_turn";
   TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild spawned,
-                           runtime::spawn_python(interpreter(options), kToolScript, {options.config_path}, what));
+                           runtime::spawn_python(interpreter(options), kToolScript,
+                                                 {options.config_path, options.interaction_config_path}, what));
   auto child = std::make_unique<Child>();
   static_cast<runtime::PythonChild&>(*child) = std::move(spawned);
   std::unique_ptr<ToolHost> host(new ToolHost(options, std::move(child)));
@@ -135,17 +159,33 @@ Result<std::unique_ptr<ToolHost>> ToolHost::start(const ToolHostOptions& options
                             : ready.is_object() && ready.contains("fatal") ? ready["fatal"].get<std::string>()
                                                                            : "unexpected output: " +
                                                                                  runtime::first_line(*line);
-    return make_error(ErrorCode::invalid_argument, "{}: cannot load the tools of '{}': {}", what, options.config_path,
-                      why);
+    return make_error(ErrorCode::invalid_argument, "{}: cannot load {}: {}", what, host->describe(), why);
   }
   // Re-parse the schemas in their key order: the chat template prints them with tojson.
   const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(*line, nullptr, false);
   host->schemas_ = ordered["schemas"];
   host->agent_schemas_ = ordered.value("agent_schemas", nlohmann::ordered_json::object());
-  if (host->schemas_.empty()) {
-    return make_error(ErrorCode::invalid_argument, "{}: '{}' defines no tools", what, options.config_path);
+  for (const auto& name : ordered.value("interactions", nlohmann::ordered_json::array())) {
+    host->interactions_.push_back(name.get<std::string>());
+  }
+  if (!options.config_path.empty() && host->schemas_.empty()) {
+    return make_error(ErrorCode::invalid_argument, "{}.tool_config_path: '{}' defines no tools", what,
+                      options.config_path);
+  }
+  if (!options.interaction_config_path.empty() && host->interactions_.empty()) {
+    return make_error(ErrorCode::invalid_argument, "{}.interaction_config_path: '{}' defines no interactions", what,
+                      options.interaction_config_path);
   }
   return host;
+}
+
+std::string ToolHost::describe() const {
+  std::string out;
+  if (!options_.config_path.empty()) out = "tool_config_path=" + options_.config_path;
+  if (!options_.interaction_config_path.empty()) {
+    out += (out.empty() ? "" : ", ") + std::string("interaction_config_path=") + options_.interaction_config_path;
+  }
+  return "actor_rollout_ref.rollout.multi_turn." + out;
 }
 
 Status ToolHost::fail(Status why) {
@@ -159,9 +199,11 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
   std::vector<ToolAnswer> answers(requests.size());
   if (requests.empty()) return answers;
   json items = json::array();
+  const bool interaction = op == "start" || op == "respond" || op == "finalize";
   for (const ToolRequest& r : requests) {
-    if (!has_tool(r.tool)) {
-      return make_error(ErrorCode::invalid_argument, "tool '{}' is not in {}", r.tool, options_.config_path);
+    if (interaction ? !has_interaction(r.tool) : !has_tool(r.tool)) {
+      return make_error(ErrorCode::invalid_argument, "{} '{}' is not in {}", interaction ? "interaction" : "tool", r.tool,
+                        describe());
     }
     items.push_back({{"tool", r.tool},
                      {"instance", r.instance},
@@ -171,8 +213,8 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
   }
   const json request = {{"op", op}, {"items", std::move(items)}};
   const auto deadline = Clock::now() + options_.timeout;
-  const std::string where = fmt::format("tool {} '{}' (actor_rollout_ref.rollout.multi_turn.tool_config_path={})", op,
-                                        requests.front().tool, options_.config_path);
+  const std::string where = fmt::format("{} {} '{}' ({})", interaction ? "interaction" : "tool", op,
+                                        requests.front().tool, describe());
   Status sent = runtime::write_all(*child_, request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", deadline);
   if (!sent.ok()) return fail(Status(sent.code(), fmt::format("{}: the tool process is gone: {}", where, sent.message())));
   Result<std::string> line = runtime::read_line(*child_, deadline);
@@ -196,6 +238,7 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
       continue;
     }
     if (a.contains("text") && a["text"].is_string()) answers[i].text = a["text"].get<std::string>();
+    answers[i].terminate = a.value("terminate", false);
     answers[i].reward = a.value("reward", json());
     answers[i].metrics = a.value("metrics", json());
   }
@@ -205,11 +248,12 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
 namespace {
 
 // Rank 0's message to its TP peers: a JSON payload, or the error it hit.
-Status send_or_receive(collective::Communicator& group, nlohmann::ordered_json& message) {
+Status send_or_receive(collective::Communicator& group, nlohmann::ordered_json& message,
+                       std::chrono::milliseconds timeout) {
   std::string text = group.rank() == 0 ? message.dump(-1, ' ', false, json::error_handler_t::replace) : std::string();
   at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
   if (!text.empty()) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
-  auto all = collective::all_gather_bytes(group, bytes);
+  auto all = collective::all_gather_bytes(group, bytes, collective::CollectiveOptions{timeout});
   if (!all.ok()) return all.status().with_context("rollout TP: the tool answers of TP rank 0");
   if (group.rank() == 0) return Status();
   const at::Tensor& from = (*all)[0];
@@ -232,16 +276,25 @@ Status error_of(const nlohmann::ordered_json& message) {
 class ToolRelay final : public ToolSet {
  public:
   ToolRelay(std::shared_ptr<collective::Communicator> group, std::unique_ptr<ToolHost> host,
-            nlohmann::ordered_json schemas, nlohmann::ordered_json agent_schemas)
-      : group_(std::move(group)),
+            nlohmann::ordered_json schemas, nlohmann::ordered_json agent_schemas, std::vector<std::string> interactions,
+            std::chrono::milliseconds timeout)
+      : timeout_(timeout),
+        group_(std::move(group)),
         host_(std::move(host)),
         schemas_(std::move(schemas)),
-        agent_schemas_(std::move(agent_schemas)) {}
+        agent_schemas_(std::move(agent_schemas)),
+        interactions_(std::move(interactions)) {}
 
   const nlohmann::ordered_json& schemas() const override { return schemas_; }
   const nlohmann::ordered_json& agent_schemas() const override { return agent_schemas_; }
+  const std::vector<std::string>& interactions() const override { return interactions_; }
+
+  void call_best_effort(const std::string& op, const std::vector<ToolRequest>& requests) override {
+    if (host_ != nullptr) (void)host_->call(op, requests);
+  }
 
   Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests) override {
+    if (!broken_.ok()) return broken_;
     nlohmann::ordered_json message;
     std::vector<ToolAnswer> answers;
     if (host_ != nullptr) {
@@ -250,52 +303,71 @@ class ToolRelay final : public ToolSet {
         answers = std::move(got).value();
         message = nlohmann::ordered_json::array();
         for (const ToolAnswer& a : answers) {
-          message.push_back({{"error", a.error}, {"text", a.text}, {"reward", a.reward}, {"metrics", a.metrics}});
+          message.push_back({{"error", a.error},
+                             {"text", a.text},
+                             {"reward", a.reward},
+                             {"metrics", a.metrics},
+                             {"terminate", a.terminate}});
         }
       } else {
         message = error_message(got.status());
       }
     }
-    TESSERA_RETURN_IF_ERROR(send_or_receive(*group_, message));
+    if (Status sent = send_or_receive(*group_, message, timeout_); !sent.ok()) {
+      broken_ = sent;
+      return sent;
+    }
     TESSERA_RETURN_IF_ERROR(error_of(message));
     if (host_ != nullptr) return answers;
     if (!message.is_array() || message.size() != requests.size()) {
-      return make_error(ErrorCode::internal, "rollout TP: TP rank 0 answered {} tool calls where this rank made {}",
-                        message.is_array() ? message.size() : 0, requests.size());
+      broken_ = make_error(ErrorCode::internal, "rollout TP: TP rank 0 answered {} tool calls where this rank made {}",
+                           message.is_array() ? message.size() : 0, requests.size());
+      return broken_;
     }
     for (const auto& a : message) {
       answers.push_back({a.value("error", ""), a.value("text", ""), json::parse(a["reward"].dump()),
-                         json::parse(a["metrics"].dump())});
+                         json::parse(a["metrics"].dump()), a.value("terminate", false)});
     }
     return answers;
   }
 
  private:
+  std::chrono::milliseconds timeout_;
   std::shared_ptr<collective::Communicator> group_;
   std::unique_ptr<ToolHost> host_;  ///< Rank 0's; null on the other peers.
+  Status broken_;
   nlohmann::ordered_json schemas_, agent_schemas_;
+  std::vector<std::string> interactions_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<ToolSet>> relay_tools(std::shared_ptr<collective::Communicator> tp_group,
-                                             Result<std::unique_ptr<ToolHost>> leader) {
+                                             Result<std::unique_ptr<ToolHost>> leader,
+                                             std::chrono::milliseconds timeout) {
+  // Rank 0 may spend a whole batch timeout on the tools (and at least 5 minutes starting them).
+  const auto wait = timeout + std::chrono::minutes(1);
+  const auto start_wait = std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(5)) + std::chrono::minutes(1);
   const bool lead = tp_group->rank() == 0;
   std::unique_ptr<ToolHost> host;
   nlohmann::ordered_json message;
   if (lead) {
     if (leader.ok() && *leader != nullptr) {
       host = std::move(leader).value();
-      message = {{"schemas", host->schemas()}, {"agent_schemas", host->agent_schemas()}};
+      message = {{"schemas", host->schemas()},
+                 {"agent_schemas", host->agent_schemas()},
+                 {"interactions", host->interactions()}};
     } else {
       message = error_message(leader.ok() ? Status(ErrorCode::internal, "rollout TP: rank 0 has no tool host")
                                           : leader.status());
     }
   }
-  TESSERA_RETURN_IF_ERROR(send_or_receive(*tp_group, message));
+  TESSERA_RETURN_IF_ERROR(send_or_receive(*tp_group, message, start_wait));
   TESSERA_RETURN_IF_ERROR(error_of(message));
-  return std::unique_ptr<ToolSet>(
-      new ToolRelay(std::move(tp_group), std::move(host), message["schemas"], message["agent_schemas"]));
+  std::vector<std::string> interactions;
+  for (const auto& name : message["interactions"]) interactions.push_back(name.get<std::string>());
+  return std::unique_ptr<ToolSet>(new ToolRelay(std::move(tp_group), std::move(host), message["schemas"],
+                                                message["agent_schemas"], std::move(interactions), wait));
 }
 
 }  // namespace tessera::rollout

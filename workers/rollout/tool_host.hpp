@@ -1,5 +1,6 @@
-// tool_host.hpp: verl's tools (actor_rollout_ref.rollout.multi_turn.tool_config_path) hosted in a
-// Python child process of the rollout worker (runtime/python_child.hpp).
+// tool_host.hpp: verl's tools (actor_rollout_ref.rollout.multi_turn.tool_config_path) and
+// interactions (simulated users, multi_turn.interaction_config_path) hosted in a Python child
+// process of the rollout worker (runtime/python_child.hpp).
 //
 // The child builds the tools with verl's own loader (verl.tools.utils.tool_registry.
 // initialize_tools_from_config), so a tool YAML that runs under verl runs here: native tools by
@@ -11,6 +12,11 @@
 //   finish   tool.calc_reward(instance_id, **calc_reward_kwargs), then (also when it raised)
 //            tool.release(instance_id, **release_kwargs)
 //   release  tool.release(instance_id, **release_kwargs) (a rollout that stops early)
+//   start    interaction.start_interaction(instance_id, **interaction_kwargs)
+//   respond  interaction.generate_response(instance_id, messages, **interaction_kwargs)
+//            -> (should_terminate, text, reward, metrics)
+//   finalize interaction.finalize_interaction(instance_id) (verl's base class: no argument)
+// Interactions come from verl's initialize_interactions_from_config, by their names.
 // A call that raises, or answers something JSON cannot carry, answers {"error": "<Type>:
 // <message>"}; the batch goes on (NaN and infinities become null). A response is
 // verl 0.5's str or a later ToolResponse's text (one with images or video is an error: the
@@ -25,6 +31,7 @@
 // Thread-safety: none; one owner (the rollout worker's thread).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -38,7 +45,8 @@
 namespace tessera::rollout {
 
 struct ToolHostOptions {
-  std::string config_path;  ///< multi_turn.tool_config_path.
+  std::string config_path;  ///< multi_turn.tool_config_path (empty: no tools).
+  std::string interaction_config_path;  ///< multi_turn.interaction_config_path (empty: none).
   /// The interpreter (verl and the tools' packages importable); empty: $TESSERA_TOOL_PYTHON, else python3.
   std::string python;
   std::chrono::milliseconds timeout{300'000};  ///< Per batch of calls (start-up: at least 5 minutes).
@@ -46,20 +54,22 @@ struct ToolHostOptions {
 
 /// One tool call of a batch. Which fields are read depends on the operation (see the header).
 struct ToolRequest {
-  std::string tool;                  ///< The tool's name (its schema's function.name).
+  std::string tool;                  ///< The tool's name (its schema's function.name), or the interaction's.
   std::string instance;              ///< The instance id (one per sequence and tool).
-  nlohmann::json parameters = nlohmann::json::object();  ///< execute: the call's arguments.
+  nlohmann::json parameters = nlohmann::json::object();  ///< execute: the call's arguments; respond: the messages.
   nlohmann::json kwargs = nlohmann::json::object();      ///< create/execute/calc_reward kwargs.
   nlohmann::json release_kwargs = nlohmann::json::object();  ///< finish: release's kwargs.
 };
 
-/// One call's answer: `error` set when the tool raised; otherwise `text` (execute), `reward`
-/// (execute, finish; null when the tool gave none) and `metrics` (execute).
+/// One call's answer: `error` set when the tool raised; otherwise `text` (execute, respond),
+/// `reward` (execute, finish, respond; null when none was given), `metrics` (execute, respond) and
+/// `terminate` (respond: the interaction ends the conversation).
 struct ToolAnswer {
   std::string error;
   std::string text;
   nlohmann::json reward;
   nlohmann::json metrics;
+  bool terminate = false;
 };
 
 /// The tools a multi-turn rollout calls: a ToolHost, or a TP group's relay of one.
@@ -71,10 +81,21 @@ class ToolSet {
   /// exclude_none=True)).
   virtual const nlohmann::ordered_json& schemas() const = 0;
   virtual const nlohmann::ordered_json& agent_schemas() const = 0;
-  /// Whether a tool of this name was loaded.
+  /// The interactions' names.
+  virtual const std::vector<std::string>& interactions() const = 0;
+  /// Whether a tool (interaction) of this name was loaded.
   bool has_tool(const std::string& name) const { return schemas().contains(name); }
-  /// `op` is "create", "execute", "finish" or "release". One answer per request, in order.
+  bool has_interaction(const std::string& name) const {
+    return std::find(interactions().begin(), interactions().end(), name) != interactions().end();
+  }
+  /// `op` is "create", "execute", "finish", "release", "start", "respond" or "finalize". One answer
+  /// per request, in order.
   virtual Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests) = 0;
+  /// The same on an error path, its answers ignored. Never collective: a TP relay's rank 0 runs it
+  /// alone (its peers may not be on the same path).
+  virtual void call_best_effort(const std::string& op, const std::vector<ToolRequest>& requests) {
+    (void)call(op, requests);
+  }
 };
 
 class ToolHost final : public ToolSet {
@@ -87,7 +108,10 @@ class ToolHost final : public ToolSet {
 
   const nlohmann::ordered_json& schemas() const override { return schemas_; }
   const nlohmann::ordered_json& agent_schemas() const override { return agent_schemas_; }
+  const std::vector<std::string>& interactions() const override { return interactions_; }
   Result<std::vector<ToolAnswer>> call(const std::string& op, const std::vector<ToolRequest>& requests) override;
+  /// The config keys and paths it loaded, for errors.
+  std::string describe() const;
 
  private:
   struct Child;
@@ -98,6 +122,7 @@ class ToolHost final : public ToolSet {
   std::unique_ptr<Child> child_;
   nlohmann::ordered_json schemas_ = nlohmann::ordered_json::object();
   nlohmann::ordered_json agent_schemas_ = nlohmann::ordered_json::object();
+  std::vector<std::string> interactions_;
   Status broken_;  ///< Set once the child is gone: every later call fails with it.
 };
 
@@ -105,8 +130,10 @@ class ToolHost final : public ToolSet {
 /// ranks pass nullptr) and every peer's call() returns rank 0's answers, or its error. Collective
 /// over `tp_group`: every peer calls relay_tools, then call() with the same operations in the
 /// same order (TP peers run identical conversations). A failed start on rank 0 is every peer's
-/// error.
+/// error; a failed exchange breaks the relay (later calls fail at once, without a collective).
+/// The peers wait for rank 0 up to `timeout` (the tools' batch timeout) plus a minute.
 Result<std::unique_ptr<ToolSet>> relay_tools(std::shared_ptr<collective::Communicator> tp_group,
-                                             Result<std::unique_ptr<ToolHost>> leader);
+                                             Result<std::unique_ptr<ToolHost>> leader,
+                                             std::chrono::milliseconds timeout);
 
 }  // namespace tessera::rollout

@@ -154,7 +154,8 @@ TEST(RolloutConfig, UnimplementedFeaturesAreRefused) {
   for (const nlohmann::json& j :
        {nlohmann::json{{"agent", {{"agent_loop_config_path", "loops.yaml"}}}},
         nlohmann::json{{"agent", {{"custom_async_server", {{"path", "server.py"}}}}}},
-        nlohmann::json{{"multi_turn", {{"interaction_config_path", "i.yaml"}}}},
+        nlohmann::json{{"multi_turn", {{"completion_callback", "callbacks.Done"}}}},
+        nlohmann::json{{"mode", "async"}, {"multi_turn", {{"interaction_config_path", "i.yaml"}}}},
         nlohmann::json{{"multi_turn", {{"format", "llama3_json"}}}},
         nlohmann::json{{"over_sample_rate", 0.1}}, nlohmann::json{{"pipeline_model_parallel_size", 2}},
         nlohmann::json{{"limit_images", 2}}, nlohmann::json{{"use_fire_sampling", true}}}) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 
 #include "tests/driver/driver_test_util.hpp"
 #include "tests/runtime/collective/collective_test_util.hpp"
@@ -429,6 +430,7 @@ TEST_F(MultiTurn, AgentLoopsMatchVerls) {
       {"tools", gsm8k_},
       {"messages", messages},
       {"turns", {{"call", "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}}\n</tool_call>"},
+                 {"unknown", "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"72\"}}\n</tool_call>"},
                  {"final", "72."}}},
       {"calls", {{"agent", {{"tool", "calc_gsm8k_reward"}, {"ground_truth", nullptr}, {"arguments", {{"answer", "72"}}}}}}}};
   const json ref = reference(spec);
@@ -466,12 +468,109 @@ TEST_F(MultiTurn, AgentLoopsMatchVerls) {
   EXPECT_EQ(out->column("__num_turns__")->i64(0), 14);  // 7 assistant turns, 6 tool turns, + 1
   EXPECT_EQ(mt->last_stats().tool_calls, 6);
   EXPECT_EQ(mt->last_stats().tool_errors, 0);
+  // The tool agent passes no kwargs (a row's tools_kwargs, even malformed, are not read), and a
+  // call to a tool it does not have ends the row as verl's KeyError does.
+  engine.seen.clear();
+  engine.script[0] = {turn("unknown")};
+  proto::DataProto odd = batch(messages, {json{{"calc_gsm8k_reward", {{"execute_kwargs", "x"}}}}});
+  ASSERT_TRUE(odd.set_column("agent_name", proto::Column::strings({"tool_agent"})).ok());
+  auto ended = mt->generate(engine, odd);
+  ASSERT_TRUE(ended.ok()) << ended.status().to_string();
+  EXPECT_EQ(engine.seen[0].size(), 1U);
+  EXPECT_EQ(mt->last_stats().tool_errors, 1);
+  EXPECT_EQ(mt->last_stats().tool_calls, 0);
   // An agent loop Tessera does not have is refused naming the row.
   ASSERT_TRUE(in.set_column("agent_name", proto::Column::strings({"tool_agent", "math_agent"})).ok());
   auto unknown = mt->generate(engine, in);
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("row 1: agent_name 'math_agent'"), std::string::npos)
       << unknown.status().to_string();
+}
+
+// multi_turn.interaction_config_path: verl's Gsm8kInteraction plays the user. A turn without a
+// tool call gets its reply (generate_response over the conversation so far); a wrong answer is
+// followed by its user message (rendered alone, masked out), a right one ends the conversation;
+// each reply's reward joins reward_scores.user_turn_rewards; max_user_turns caps the replies.
+TEST_F(MultiTurn, InteractionsPlayTheUser) {
+  TempDir files("multi_turn_interactions");
+  const auto yaml = files.write("i.yaml", "interaction:\n  - name: gsm8k\n    class_name: "
+                                          "verl.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {}\n").string();
+  const json messages = json::array({{{"role", "user"}, {"content", "What is 8 times 9?"}}});
+  // The reference: verl's interaction on the same conversation, the user turn rendered alone.
+  files.write("interaction_ref.py", R"PY(
+import asyncio, json, sys, types
+ray = types.ModuleType("ray")
+ray.ObjectRef = object
+sys.modules.setdefault("ray", ray)
+from transformers import AutoTokenizer
+from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = lambda r: list(r) if isinstance(r, list) else list(r["input_ids"])
+gsm8k = initialize_interactions_from_config(sys.argv[2])["gsm8k"]
+loop = asyncio.new_event_loop()
+loop.run_until_complete(gsm8k.start_interaction("i", ground_truth="72"))
+history = [{"role": "user", "content": "What is 8 times 9?"}, {"role": "assistant", "content": "It is #### 71"}]
+end, text, reward, _ = loop.run_until_complete(gsm8k.generate_response("i", history))
+preamble = ids(tok.apply_chat_template([{}], tokenize=True))
+user = ids(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True))
+history += [{"role": "user", "content": text}, {"role": "assistant", "content": "#### 72"}]
+end2, _, reward2, _ = loop.run_until_complete(gsm8k.generate_response("i", history))
+json.dump({"end": end, "reward": reward, "user": user[len(preamble):], "end2": end2, "reward2": reward2,
+           "wrong": tok.encode("It is #### 71", add_special_tokens=False),
+           "right": tok.encode("#### 72", add_special_tokens=False)}, open(sys.argv[3], "w"))
+)PY");
+  const auto out = files.path() / "ref.json";
+  const auto run = driver::testing::run_command(fmt::format("'{}' '{}' '{}' '{}' '{}' 2>&1", python_,
+                                                            (files.path() / "interaction_ref.py").string(),
+                                                            tokenizer_dir_.string(), yaml, out.string()));
+  ASSERT_EQ(run.status, 0) << run.text;
+  const json ref = json::parse(std::ifstream(out));
+  ASSERT_FALSE(ref["end"].get<bool>());
+  ASSERT_TRUE(ref["end2"].get<bool>());
+  auto with_eos = [](std::vector<int64_t> v) {
+    v.push_back(kImEnd);
+    return v;
+  };
+  const auto wrong = with_eos(ref["wrong"].get<std::vector<int64_t>>());
+  const auto right = with_eos(ref["right"].get<std::vector<int64_t>>());
+  const auto user = ref["user"].get<std::vector<int64_t>>();
+
+  for (int64_t max_user : {5, 1}) {
+    RolloutConfig c = config("", 300);
+    c.multi_turn.tool_config_path.reset();
+    c.multi_turn.interaction_config_path = yaml;
+    c.multi_turn.max_user_turns = max_user;
+    ToolHostOptions options;
+    options.interaction_config_path = yaml;
+    auto host = ToolHost::start(options);
+    ASSERT_TRUE(host.ok()) << host.status().to_string();
+    auto mt = MultiTurnRollout::create(c, tokenizer_, chat_, std::move(host).value());
+    ASSERT_TRUE(mt.ok()) << mt.status().to_string();
+    ScriptedEngine engine;
+    engine.script[0] = {wrong, max_user == 5 ? right : wrong};
+    engine.script[1] = {wrong};
+    proto::DataProto in = batch(messages, {json::object(), json::object()});
+    ASSERT_TRUE(in.set_column("interaction_kwargs",
+                              proto::Column::jsons({json{{"name", "gsm8k"}, {"ground_truth", "72"}}, json::object()}))
+                    .ok());
+    auto got = (*mt)->generate(engine, in);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_EQ(engine.seen[0].size(), 2U);
+    EXPECT_EQ(engine.seen[0][1], cat({engine.seen[0][0], wrong, user}));  // the interaction's reply, tokenized
+    EXPECT_EQ(engine.seen[1].size(), 1U);                                 // no interaction_kwargs: one turn
+    auto scores = got->column("reward_scores");
+    ASSERT_TRUE(scores.ok());
+    if (max_user == 5) {
+      EXPECT_EQ(scores->json_value(0)["user_turn_rewards"], json::array({ref["reward"], ref["reward2"]}));
+    } else {
+      EXPECT_EQ(scores->json_value(0)["user_turn_rewards"], json::array({ref["reward"]}));  // no reply after the cap
+    }
+    EXPECT_EQ(scores->json_value(1)["user_turn_rewards"], json::array());
+    EXPECT_EQ(got->column("__num_turns__")->i64(0), 4);  // 2 assistant turns, 1 user turn, + 1
+    const auto mask = row_of(*got->tensor("response_mask"), 0);
+    EXPECT_EQ(std::accumulate(mask.begin(), mask.end(), int64_t{0}),
+              static_cast<int64_t>(wrong.size() + (max_user == 5 ? right : wrong).size()));  // the user turn: 0
+  }
 }
 
 // Every instance created is released: after the last turn (also when calc_reward raises) and when
@@ -527,7 +626,7 @@ TEST_F(MultiTurn, TensorParallelPeersShareRankZerosTools) {
     options.config_path = yaml;
     Result<std::unique_ptr<ToolHost>> host = std::unique_ptr<ToolHost>();
     if (rank == 0) host = ToolHost::start(options);
-    auto relay = relay_tools(group, std::move(host));
+    auto relay = relay_tools(group, std::move(host), std::chrono::seconds(60));
     ASSERT_TRUE(relay.ok()) << relay.status().to_string();
     EXPECT_TRUE((*relay)->has_tool("rec"));
     auto mt = MultiTurnRollout::create(c, tokenizer_, chat_, std::move(relay).value());
@@ -545,9 +644,33 @@ TEST_F(MultiTurn, TensorParallelPeersShareRankZerosTools) {
     missing.config_path = (tools.path() / "missing.yaml").string();
     Result<std::unique_ptr<ToolHost>> failed = std::unique_ptr<ToolHost>();
     if (rank == 0) failed = ToolHost::start(missing);
-    auto refused = relay_tools(group, std::move(failed));
-    ASSERT_FALSE(refused.ok());
-    EXPECT_NE(refused.status().message().find("missing.yaml"), std::string::npos) << refused.status().to_string();
+    auto refused = relay_tools(group, std::move(failed), std::chrono::seconds(60));
+    EXPECT_FALSE(refused.ok());
+    if (!refused.ok()) {
+      EXPECT_NE(refused.status().message().find("missing.yaml"), std::string::npos) << refused.status().to_string();
+    }
+    // The SGLang loop over the relay: create, execute and calc_reward run on rank 0, and both peers
+    // get the reward.
+    ToolHostOptions gsm8k;
+    gsm8k.config_path = gsm8k_;
+    Result<std::unique_ptr<ToolHost>> gsm8k_host = std::unique_ptr<ToolHost>();
+    if (rank == 0) gsm8k_host = ToolHost::start(gsm8k);
+    auto gsm8k_relay = relay_tools(group, std::move(gsm8k_host), std::chrono::seconds(60));
+    EXPECT_TRUE(gsm8k_relay.ok()) << gsm8k_relay.status().to_string();
+    if (!gsm8k_relay.ok()) return;
+    auto sync = MultiTurnRollout::create(config(gsm8k_, 300), tokenizer_, chat_, std::move(gsm8k_relay).value());
+    EXPECT_TRUE(sync.ok());
+    if (!sync.ok()) return;
+    auto answer = tokenizer_->encode(
+        "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}}\n</tool_call>");
+    std::vector<int64_t> answer_ids(answer->begin(), answer->end());
+    answer_ids.push_back(kImEnd);
+    ScriptedEngine sync_engine;
+    sync_engine.script[0] = {answer_ids, {kImEnd}};
+    auto scored = (*sync)->generate(
+        sync_engine, batch(messages, {json{{"calc_gsm8k_reward", {{"create_kwargs", {{"ground_truth", "72"}}}}}}}));
+    EXPECT_TRUE(scored.ok()) << scored.status().to_string();
+    if (scored.ok()) EXPECT_EQ(scored->column("reward_scores")->json_value(0)["calc_gsm8k_reward"], 1.0) << rank;
   });
   EXPECT_EQ(responses[0], responses[1]);
   // Two calls, each run once (an instance created and released per call), not once per peer.
