@@ -1,6 +1,8 @@
 // ppo_trainer_fit.cpp: one fit() step in verl v0.5.0's order, and _validate (see ppo_trainer.hpp).
 #include <torch/torch.h>
 
+#include <future>
+
 #include "driver/config.hpp"
 #include "driver/generations.hpp"
 #include "driver/internal/ppo_state.hpp"
@@ -57,8 +59,9 @@ std::vector<std::string> step_uids(int64_t step, int64_t rows) {
 }
 
 // token_level_scores (and reward extra infos as columns) from the rule reward manager.
-Status add_scores(State& s, proto::DataProto& batch) {
-  TESSERA_ASSIGN_OR_RETURN(RewardOutput r, (*s.reward_fn)(batch));
+Status add_scores(State& s, proto::DataProto& batch, Result<RewardOutput> scored) {
+  if (!scored.ok()) return scored.status();
+  RewardOutput& r = *scored;
   TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_scores", r.reward_tensor));
   s.reward_extra_keys.clear();
   for (auto& [key, values] : r.reward_extra_info) {
@@ -108,6 +111,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   State& s = *state_;
   Metrics metrics;
   TimingRaw timing;
+  std::future<Result<RewardOutput>> reward;  // reward_model.launch_reward_fn_async's scoring
   if (s.profiler) TESSERA_RETURN_IF_ERROR(s.profiler->begin(global_steps_));
   std::optional<MarkedTimer> step_timer(std::in_place, "step", timing);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, s.train_dataset->collate(indices));
@@ -150,7 +154,13 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
       TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
       TESSERA_RETURN_IF_ERROR(union_output(batch, rm));
     }
-    TESSERA_RETURN_IF_ERROR(add_scores(s, batch));
+    if (s.reward_async) {
+      // The reward function reads its own copy of the batch (the tensors are shared, not written)
+      // on a thread of its own while the workers compute; add_scores waits for it before "adv".
+      reward = std::async(std::launch::async, [&s, scored = batch]() { return (*s.reward_fn)(scored); });
+    } else {
+      TESSERA_RETURN_IF_ERROR(add_scores(s, batch, (*s.reward_fn)(batch)));
+    }
   }
   {
     MarkedTimer t("old_log_prob", timing);
@@ -176,6 +186,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   }
   {
     MarkedTimer t("adv", timing);
+    if (reward.valid()) TESSERA_RETURN_IF_ERROR(add_scores(s, batch, reward.get()));
     if (s.use_kl_in_reward) {
       const double beta = s.kl_ctrl->value();
       TESSERA_ASSIGN_OR_RETURN(double kl, apply_kl_penalty(batch, beta, s.kl_penalty));

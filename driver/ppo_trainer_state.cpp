@@ -47,6 +47,7 @@ Status read_flags(const json& cfg, State& s) {
   TESSERA_ASSIGN_OR_RETURN(int64_t lora_rank, config_get_or<int64_t>(cfg, "actor_rollout_ref.model.lora_rank", 0));
   s.ref_in_actor = s.use_ref && lora_rank > 0;
   TESSERA_ASSIGN_OR_RETURN(s.multi_turn, config_get<bool>(cfg, "actor_rollout_ref.rollout.multi_turn.enable"));
+  TESSERA_ASSIGN_OR_RETURN(s.reward_async, config_get<bool>(cfg, "reward_model.launch_reward_fn_async"));
   if (s.adv_estimator == "remax" && s.n != 1) {
     return make_error(ErrorCode::unimplemented,
                       "algorithm.adv_estimator=remax with actor_rollout_ref.rollout.n={}: only n=1 is supported "

@@ -42,6 +42,9 @@ struct RayPPOTrainer::State {
   bool ref_in_actor = false;
   bool balance = true, norm_adv_by_std_in_grpo = true;
   bool multi_turn = false;  ///< actor_rollout_ref.rollout.multi_turn.enable (the update's meta_info).
+  /// reward_model.launch_reward_fn_async: the reward function scores while the log-prob, reference
+  /// and value passes run, and is waited for before the advantages (verl's Ray task).
+  bool reward_async = false;
   int64_t seed = 1, n = 1, total_training_steps = 0, critic_warmup = 0, test_freq = -1, save_freq = -1;
   int64_t world_size = 1;
   std::string adv_estimator, kl_penalty, loss_agg_mode;

@@ -305,6 +305,25 @@ TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) {
   expect_same_ppo_steps(runs[0], runs[1]);
 }
 
+// reward_model.launch_reward_fn_async: the reward scores beside the log-prob, reference and value
+// passes; the run is the synchronous one, step for step (PPO with a critic and KL in the reward,
+// whose penalty reads the scores after the join).
+TEST(TrainerRun, AsyncRewardRunMatchesTheSynchronousRun) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (bool async : {false, true}) {
+    TempDir dir(async ? "reward_async" : "reward_sync");
+    testing::make_tiny_run(dir.path());
+    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
+    o.push_back("actor_rollout_ref.actor.use_kl_loss=true");
+    o.push_back("algorithm.use_kl_in_reward=true");
+    o.push_back(std::string("reward_model.launch_reward_fn_async=") + (async ? "true" : "false"));
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+  }
+  expect_same_ppo_steps(runs[0], runs[1]);
+}
+
 TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {
   TempDir dir("bad");
   testing::make_tiny_run(dir.path());
