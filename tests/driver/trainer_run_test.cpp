@@ -322,6 +322,12 @@ TEST(TrainerRun, AsyncRewardRunMatchesTheSynchronousRun) {
     runs.push_back(t->history());
   }
   expect_same_ppo_steps(runs[0], runs[1]);
+  for (size_t i = 1; i < runs[0].size(); ++i) {
+    for (const char* k : {"actor/reward_kl_penalty", "critic/rewards/mean", "critic/score/mean"}) {
+      ASSERT_TRUE(runs[1][i].second.count(k)) << k;
+      EXPECT_NEAR(runs[1][i].second.at(k), runs[0][i].second.at(k), 1e-6) << k << " at step " << i;
+    }
+  }
 }
 
 TEST(TrainerRun, BadConfigIsRefusedBeforeStarting) {

@@ -29,38 +29,69 @@ double reference_loss(models::CausalLM& model, const proto::DataProto& batch) {
   return (-(lp * m).sum() / m.sum()).item<double>();
 }
 
+// A fitted SFT run over `overrides`, and the config it ran with (trainer null on a failure).
+struct SftRun {
+  std::unique_ptr<FSDPSFTTrainer> trainer;
+  nlohmann::json config;
+};
+
+SftRun fit_sft(const std::vector<std::string>& overrides) {
+  SftRun run;
+  auto cfg = load_config(ConfigKind::sft, "", overrides);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
+  if (!cfg.ok()) return run;
+  run.config = *cfg;
+  auto t = FSDPSFTTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr});
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  if (!t.ok()) return run;
+  Status fitted = (*t)->fit();
+  EXPECT_TRUE(fitted.ok()) << fitted.to_string();
+  if (fitted.ok()) run.trainer = std::move(*t);
+  return run;
+}
+
+// The run's last val/loss against reference_loss over every row of `val_file` (read with the
+// run's dataset options and the tokenizer of `tokenizer_dir`) and the run's exported model.
+// Returns that batch, for further checks.
+proto::DataProto expect_reference_val_loss(const SftRun& run, const std::filesystem::path& val_file,
+                                           const std::filesystem::path& tokenizer_dir) {
+  const auto& h = run.trainer->history();
+  EXPECT_TRUE(h.back().second.count("val/loss"));  // validation at the last step
+  EXPECT_TRUE(run.trainer->last_hf_dir().has_value());
+  if (!run.trainer->last_hf_dir()) return {};
+  auto model = models::load_causal_lm(run.trainer->last_hf_dir()->string());
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  auto tok = tokenizer::Tokenizer::from_dir(tokenizer_dir.string());
+  EXPECT_TRUE(tok.ok()) << tok.status().to_string();
+  auto opts = SFTDatasetOptions::from_config(run.config);
+  EXPECT_TRUE(opts.ok());
+  if (!model.ok() || !tok.ok() || !opts.ok()) return {};
+  auto val = SFTDataset::load({val_file}, *tok, *opts);
+  EXPECT_TRUE(val.ok()) << val.status().to_string();
+  if (!val.ok()) return {};
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < val->size(); ++i) all.push_back(i);
+  auto batch = val->collate(all);
+  EXPECT_TRUE(batch.ok());
+  if (!batch.ok()) return {};
+  EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
+  return *batch;
+}
+
 TEST(SftTrainer, TrainsSavesAndValidatesLikeAReference) {
   TempDir dir("sft");
   testing::make_tiny_run(dir.path());
-  auto cfg = load_config(ConfigKind::sft, "", testing::tiny_sft_overrides(dir.path(), 3));
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  const nlohmann::json cfg_copy = *cfg;
-  auto t = FSDPSFTTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr});
-  ASSERT_TRUE(t.ok()) << t.status().to_string();
-  ASSERT_TRUE((*t)->fit().ok());
-  const auto& h = (*t)->history();
+  SftRun run = fit_sft(testing::tiny_sft_overrides(dir.path(), 3));
+  ASSERT_NE(run.trainer, nullptr);
+  const auto& h = run.trainer->history();
   ASSERT_EQ(h.size(), 3u);
   for (const auto& [step, m] : h) {
     EXPECT_TRUE(std::isfinite(m.at("train/loss")));
     EXPECT_DOUBLE_EQ(m.at("train/lr"), 1e-3);
     EXPECT_GE(m.at("train/grad_norm"), 0.0);
   }
-  ASSERT_TRUE(h.back().second.count("val/loss"));  // validation at the last step
-  ASSERT_TRUE((*t)->last_hf_dir().has_value());
-  auto model = models::load_causal_lm((*t)->last_hf_dir()->string());
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  auto tok = tokenizer::Tokenizer::from_dir((*t)->last_hf_dir()->string());
-  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  auto opts = SFTDatasetOptions::from_config(cfg_copy);
-  ASSERT_TRUE(opts.ok());
-  auto val = SFTDataset::load({dir.path() / "data" / "sft_val.jsonl"}, *tok, *opts);
-  ASSERT_TRUE(val.ok()) << val.status().to_string();
-  std::vector<int64_t> all;
-  for (int64_t i = 0; i < val->size(); ++i) all.push_back(i);
-  auto batch = val->collate(all);
-  ASSERT_TRUE(batch.ok());
   // 10 validation rows over 2 ranks and batches of 8: padding is exercised and must not count.
-  EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
+  expect_reference_val_loss(run, dir.path() / "data" / "sft_val.jsonl", *run.trainer->last_hf_dir());
 }
 
 // data.multiturn: a run over conversations (the dataset's tokens and masks are checked against
@@ -90,31 +121,13 @@ TEST(SftTrainer, MultiTurnConversations) {
                                "data.val_files=" + (dir.path() / "data" / "mt_val.jsonl").string()}) {
     overrides.push_back(o);
   }
-  auto cfg = load_config(ConfigKind::sft, "", overrides);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  const nlohmann::json cfg_copy = *cfg;
-  auto t = FSDPSFTTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr});
-  ASSERT_TRUE(t.ok()) << t.status().to_string();
-  ASSERT_TRUE((*t)->fit().ok());
-  const auto& h = (*t)->history();
-  ASSERT_EQ(h.size(), 2u);
-  EXPECT_TRUE(std::isfinite(h.back().second.at("train/loss")));
-  ASSERT_TRUE((*t)->last_hf_dir().has_value());
-  auto model = models::load_causal_lm((*t)->last_hf_dir()->string());
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  auto tok = tokenizer::Tokenizer::from_dir((dir.path() / "model").string());
-  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  auto opts = SFTDatasetOptions::from_config(cfg_copy);
-  ASSERT_TRUE(opts.ok());
-  EXPECT_TRUE(opts->multiturn);
-  auto val = SFTDataset::load({dir.path() / "data" / "mt_val.jsonl"}, *tok, *opts);
-  ASSERT_TRUE(val.ok()) << val.status().to_string();
-  std::vector<int64_t> all;
-  for (int64_t i = 0; i < val->size(); ++i) all.push_back(i);
-  auto batch = val->collate(all);
-  ASSERT_TRUE(batch.ok());
-  EXPECT_LT(batch->tensor("loss_mask")->sum().item<int64_t>(), batch->tensor("attention_mask")->sum().item<int64_t>() / 2);
-  EXPECT_NEAR(h.back().second.at("val/loss"), reference_loss(**model, *batch), 1e-4);
+  SftRun run = fit_sft(overrides);
+  ASSERT_NE(run.trainer, nullptr);
+  ASSERT_EQ(run.trainer->history().size(), 2u);
+  EXPECT_TRUE(std::isfinite(run.trainer->history().back().second.at("train/loss")));
+  proto::DataProto batch = expect_reference_val_loss(run, dir.path() / "data" / "mt_val.jsonl", dir.path() / "model");
+  ASSERT_TRUE(batch.tensor("loss_mask").ok());
+  EXPECT_LT(batch.tensor("loss_mask")->sum().item<int64_t>(), batch.tensor("attention_mask")->sum().item<int64_t>() / 2);
 }
 
 }  // namespace

@@ -27,9 +27,9 @@
 //  - Interactions (multi_turn.interaction_config_path; SGLang's INTERACTING): a row with
 //    interaction_kwargs starts the interaction they name; after a turn without tool calls, while
 //    fewer than max_user_turns replies were given, generate_response reads the conversation
-//    ({role, content}, the assistant's text without its tool calls) and its reply either ends the
-//    row or is appended as a user turn, like tool answers; the rewards are reward_scores'
-//    user_turn_rewards. finalize_interaction runs at the end (verl 0.5.0 leaves it uncalled).
+//    ({role, content}; a turn that called tools as its text before the first call) and its reply
+//    either ends the row or is appended as a user turn, like tool answers; the rewards are
+//    reward_scores' user_turn_rewards. finalize_interaction runs at the end (verl 0.5.0 leaves it uncalled).
 //  - A row ends when it generated no call (and no interaction replies), its last turn hit the
 //    budget instead of EOS, it reached max_assistant_turns (default max_model_len / 3, as SGLang;
 //    max_user_turns, same default, caps the interaction's replies), or the next tool answer or
@@ -53,7 +53,8 @@
 //    creates a fresh instance, executes and releases it (no create/execute kwargs, no
 //    calc_reward, no reward_scores); unset turn limits are no limits. Everything else (hermes
 //    parsing, max_parallel_calls, truncation, masks, stop rules) is as in the SGLang loop above,
-//    which took it from the agent loop.
+//    which took it from the agent loop, except that a call to a tool it does not have ends the
+//    row (verl's KeyError) before the turn's other calls run (verl runs them, then ends it).
 #include "workers/rollout/multi_turn.hpp"
 
 #include <unistd.h>
@@ -62,8 +63,10 @@
 #include <chrono>
 #include <limits>
 #include <map>
+#include <mutex>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "workers/rollout/contract.hpp"
@@ -142,15 +145,15 @@ std::vector<std::string> hermes_blocks(const std::string& text) {
   return out;
 }
 
-// The text with its <tool_call> blocks removed (verl's parsers' "normed content").
-std::string without_tool_calls(std::string text) {
-  static constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
-  for (size_t open = text.find(kOpen); open != std::string::npos; open = text.find(kOpen, open)) {
-    const size_t close = text.find(kClose, open + kOpen.size());
-    if (close == std::string::npos) break;
-    text.erase(open, close + kClose.size() - open);
-  }
-  return text;
+// The text before its first <tool_call>, stripped: SGLang's hermes/Qwen2.5 parser's "normal
+// text" of a turn that calls tools (the whole text otherwise).
+std::string without_tool_calls(const std::string& text) {
+  const size_t open = text.find("<tool_call>");
+  if (open == std::string::npos) return text;
+  static constexpr const char* kSpace = " \t\n\r";
+  const size_t first = text.find_first_not_of(kSpace);
+  if (first == std::string::npos || first >= open) return std::string();
+  return text.substr(first, text.find_last_not_of(kSpace, open - 1) - first + 1);
 }
 
 json kwargs_of(const json& tools_kwargs, const std::string& tool, const char* which) {
@@ -313,16 +316,14 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
         }
         if (kw.is_object() && !kw.empty()) {
           c.interaction_kwargs = kw;
-          c.interaction = kw.contains("name") && kw["name"].is_string() ? kw["name"].get<std::string>() : "gsm8k";
+          if (kw.contains("name") && !kw["name"].is_string()) {
+            return make_error(ErrorCode::invalid_argument, "row {}: interaction_kwargs.name is not a string: {}", r,
+                              kw["name"].dump().substr(0, 80));
+          }
+          c.interaction = kw.value("name", "gsm8k");
           if (!tools_->has_interaction(c.interaction)) {
             return make_error(ErrorCode::invalid_argument, "row {}: interaction_kwargs names interaction '{}', which "
                               "{}.interaction_config_path does not define", r, c.interaction, kKey);
-          }
-          c.messages = ordered_json::array();
-          for (const auto& m : messages) {
-            c.messages.push_back({{"role", m.value("role", "")}, {"content", m.value("content", json("")).is_string()
-                                                                                 ? m["content"].get<std::string>()
-                                                                                 : m.value("content", json()).dump()}});
           }
         }
       }
@@ -344,6 +345,10 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     const bool tools_arg = agent_ ? !c.single_turn : !schemas.empty();
     Result<std::string> text = chat_->render_json(ordered_json(messages), tools_arg ? schemas : ordered_json(), true);
     if (!text.ok()) return make_error(text.status().code(), "row {}: raw_prompt: {}", r, text.status().message());
+    if (!c.interaction.empty()) {  // the conversation as the interaction reads it (checked by the rendering)
+      c.messages = ordered_json::array();
+      for (const auto& m : messages) c.messages.push_back({{"role", m["role"]}, {"content", m["content"]}});
+    }
     TESSERA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->encode(*text));
     if (ids.empty() || static_cast<int64_t>(ids.size()) > config_.prompt_length) {
       return make_error(ErrorCode::out_of_range,
@@ -374,6 +379,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       if (!created.empty()) host->call_best_effort(op, created);  // the error already returns
     }
   } release{tools_.get(), "release", {}}, finalize{tools_.get(), "finalize", {}};
+  std::vector<size_t> start_rows;
   if (!agent_) {  // the agent loop creates an instance per call instead
     std::vector<ToolRequest> creates;
     std::vector<size_t> create_rows;
@@ -399,6 +405,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     for (size_t r = 0; r < rows.size(); ++r) {
       if (!rows[r].interaction.empty()) {
         starts.push_back({rows[r].interaction, instance(r), json::object(), rows[r].interaction_kwargs});
+        start_rows.push_back(r);
       }
     }
     TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> started, run_tools("start", starts));
@@ -406,7 +413,8 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       if (started[i].error.empty()) {
         finalize.created.push_back(starts[i]);
       } else if (failure.empty()) {
-        failure = fmt::format("interaction '{}'.start_interaction failed: {}", starts[i].tool, started[i].error);
+        failure = fmt::format("row {}: interaction '{}'.start_interaction failed: {}", start_rows[i], starts[i].tool,
+                              started[i].error);
       }
     }
     if (!failure.empty()) return make_error(ErrorCode::internal, "{}", failure);
@@ -509,6 +517,10 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
       }
       TESSERA_ASSIGN_OR_RETURN(std::string text, tokenizer_->decode(turn_ids));
       const std::vector<std::string> blocks = hermes_blocks(text);
+      if (blocks.empty() && text.find("<tool_call>") != std::string::npos) {
+        c.done = true;  // an unclosed call: SGLang's parser sees a call, parses none and completes the row
+        continue;
+      }
       if (blocks.empty()) {
         // No tool call: the row's interaction answers, as long as it may (SGLang's INTERACTING).
         if (!c.interaction.empty() && c.interaction_turns < max_user) {
@@ -633,13 +645,17 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     TESSERA_ASSIGN_OR_RETURN(finished, run_tools("finish", finishes));
   }
   // The interactions end (verl 0.5.0 never calls finalize_interaction; its instances would leak).
+  // A failure is reported, not fatal: verl's runs never reach that code.
   std::vector<ToolRequest> finals = std::move(finalize.created);
   finalize.created.clear();
   TESSERA_ASSIGN_OR_RETURN(std::vector<ToolAnswer> finalized, run_tools("finalize", finals));
   for (size_t i = 0; i < finalized.size(); ++i) {
     if (!finalized[i].error.empty()) {
-      return make_error(ErrorCode::internal, "interaction '{}'.finalize_interaction failed: {}", finals[i].tool,
-                        finalized[i].error);
+      static std::once_flag reported;
+      std::call_once(reported, [&] {
+        spdlog::warn("{}: interaction '{}'.finalize_interaction failed (reported once): {}", kKey, finals[i].tool,
+                     finalized[i].error);
+      });
     }
   }
   // As verl's SGLang rollout: {tool: calc_reward, "user_turn_rewards": [each interaction reply's reward]}.

@@ -87,7 +87,10 @@ async def interact(op, item):
                                                                          **item["kwargs"])
         return {"terminate": bool(end), "text": str(text), "reward": reward, "metrics": metrics}
     # finalize: verl's base class takes no instance id, its gsm8k interaction does.
-    if len(inspect.signature(interaction.finalize_interaction).parameters) > 0:
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    params = inspect.signature(interaction.finalize_interaction).parameters.values()
+    if any(p.kind in positional for p in params):
         await interaction.finalize_interaction(item["instance"])
     else:
         await interaction.finalize_interaction()
