@@ -78,12 +78,13 @@ TEST(RLHFDataset, TokenisesLeftPadsAndKeepsColumns) {
   EXPECT_FALSE(batch->column("agent_name").ok());  // none of the rows names an agent loop
 }
 
-// The multi-turn rollout's columns: extra_info.tools_kwargs per row, and agent_name (verl's agent
-// loops) when the data has it, single_turn_agent for the rows without one.
+// The multi-turn rollout's columns: extra_info.tools_kwargs and interaction_kwargs per row, and
+// agent_name (verl's agent loops) when the data has it, single_turn_agent for the rows without one.
 TEST(RLHFDataset, ToolsKwargsAndAgentNames) {
   TempDir dir("rl_tools");
   json tool_row = json::parse(rl_row("What is 2+3?", "5", 1));
   tool_row["extra_info"]["tools_kwargs"] = {{"calc_gsm8k_reward", {{"create_kwargs", {{"ground_truth", "5"}}}}}};
+  tool_row["extra_info"]["interaction_kwargs"] = {{"name", "gsm8k"}, {"ground_truth", "5"}};
   tool_row["agent_name"] = "tool_agent";
   auto file = dir.write("train.jsonl", tool_row.dump() + "\n" + rl_row("What is 1+1?", "2", 2));
   auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(40));
@@ -92,6 +93,8 @@ TEST(RLHFDataset, ToolsKwargsAndAgentNames) {
   ASSERT_TRUE(batch.ok()) << batch.status().to_string();
   EXPECT_EQ(batch->column("tools_kwargs")->json_value(0), tool_row["extra_info"]["tools_kwargs"]);
   EXPECT_EQ(batch->column("tools_kwargs")->json_value(1), json::object());
+  EXPECT_EQ(batch->column("interaction_kwargs")->json_value(0), tool_row["extra_info"]["interaction_kwargs"]);
+  EXPECT_EQ(batch->column("interaction_kwargs")->json_value(1), json::object());
   EXPECT_EQ(batch->column("agent_name")->str(0), "tool_agent");
   EXPECT_EQ(batch->column("agent_name")->str(1), "single_turn_agent");
   json bad = json::parse(rl_row("Hi", "1", 3));
