@@ -327,6 +327,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
           }
         }
       }
+      if (tools_->schemas().empty()) c.tools_kwargs = json::object();  // no tools: verl reads none
       for (const auto& [name, entry] : c.tools_kwargs.items()) {
         if (!tools_->has_tool(name)) {
           return make_error(ErrorCode::invalid_argument, "row {}: tools_kwargs names tool '{}', which "

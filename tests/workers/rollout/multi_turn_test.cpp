@@ -549,7 +549,8 @@ json.dump({"end": end, "reward": reward, "user": user[len(preamble):], "end2": e
     ScriptedEngine engine;
     engine.script[0] = {wrong, max_user == 5 ? right : wrong};
     engine.script[1] = {wrong};
-    proto::DataProto in = batch(messages, {json::object(), json::object()});
+    // Without tools the rows' tools_kwargs are not read (verl ignores them then).
+    proto::DataProto in = batch(messages, {json{{"search", json::object()}}, json::object()});
     ASSERT_TRUE(in.set_column("interaction_kwargs",
                               proto::Column::jsons({json{{"name", "gsm8k"}, {"ground_truth", "72"}}, json::object()}))
                     .ok());
