@@ -587,6 +587,44 @@ TEST(KVCacheEngine, OnCudaGraphDecodeEqualsEagerDecode) {
 #endif
 }
 
+// The multi-turn rollout's turns on a GPU: rows with their own budgets and streams, decoded from
+// CUDA graphs, give the CPU's greedy tokens (fp32), each row stopping at its budget.
+TEST(KVCacheEngine, OnCudaGenerateTokensWithBudgetsMatchesTheCpu) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  auto cpu_model = testing::tiny_model(17);
+  auto gpu_model = testing::tiny_model(17);
+  gpu_model->to(at::Device("cuda:0"));
+  RolloutConfig cfg = testing::test_config(/*response_length=*/20);
+  cfg.do_sample = false;
+  cfg.max_num_seqs = 8;
+  TokenRequests r;
+  for (int64_t i = 0; i < 12; ++i) {
+    std::vector<int64_t> prompt;
+    for (int64_t j = 0; j <= i % 7; ++j) prompt.push_back(3 + (i * 11 + j * 5) % (testing::kVocab - 3));
+    r.prompts.push_back(prompt);
+    r.max_tokens.push_back(1 + (i * 7) % 20);
+    r.streams.push_back(100 - i);
+  }
+  r.eos_token_ids = {7};
+  r.do_sample = false;
+  r.seed = 5;
+  auto want = testing::make_engine(cpu_model, cfg, 3)->generate_tokens(r);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  cfg.enforce_eager = false;
+  auto engine = testing::make_engine(gpu_model, cfg, 3);
+  auto got = engine->generate_tokens(r);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_GT(engine->last_stats().graph_replays, 0);
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "row " << i;
+    EXPECT_LE(static_cast<int64_t>((*got)[i].tokens.size()), r.max_tokens[i]);
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
 // The rollout's fused layer ops (engine_kwargs.tessera.fused_layers, on by default) decode what
 // the op chains decode (greedy, fp32), and the fused sampler reading a bf16 model's logits uncast
 // draws what the torch sampler draws from their fp32 copy (the same uniforms; only the order of
