@@ -122,14 +122,14 @@ Status JsonlLogger::start_at(int64_t step) {
   return Status();
 }
 
-constexpr const char* kSupportedLoggers = "console, jsonl (or file), tensorboard, wandb, mlflow, swanlab";
+constexpr const char* kSupportedLoggers = "console, jsonl (or file), tensorboard, wandb, mlflow, swanlab, clearml";
 
 Status check_logger_backends(const std::vector<std::string>& backends) {
   for (const auto& name : backends) {
     if (name == "console" || name == "jsonl" || name == "file" || name == "tensorboard" || is_python_tracker(name)) {
       continue;
     }
-    if (name == "vemlp_wandb" || name == "clearml" || name == "trackio") {
+    if (name == "vemlp_wandb" || name == "trackio") {
       return make_error(ErrorCode::unimplemented, "trainer.logger: '{}' is not supported by Tessera (supported: {})",
                         name, kSupportedLoggers);
     }

@@ -10,8 +10,8 @@
 //            into that row.
 //   file     verl's name for its JSONL backend: the same file as jsonl.
 //   tensorboard  TensorBoard event files (driver/tensorboard.hpp), in verl's directory.
-//   wandb, mlflow, swanlab  the Python libraries, in a process each (driver/python_tracker.hpp).
-// vemlp_wandb, clearml and trackio are refused naming what is supported, as is an unknown name. The progress bar redraws one line with "\r"
+//   wandb, mlflow, swanlab, clearml  the Python libraries, in a process each (driver/python_tracker.hpp).
+// vemlp_wandb and trackio are refused naming what is supported, as is an unknown name. The progress bar redraws one line with "\r"
 // when its stream is a TTY, and prints a plain line per update otherwise.
 //
 // Thread-safety: none; the trainer's thread owns its loggers.
@@ -98,7 +98,7 @@ struct TrackerRun;  // python_tracker.hpp
 
 class Tracking {
  public:
-  /// Backends by name ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab");
+  /// Backends by name ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml");
   /// jsonl writes <local_dir>/metrics.jsonl. The Python ones (required: `run`) open their run at
   /// the first start_at() or log(), when the workers are up, as verl opens its Tracking in fit():
   /// a run that fails before leaves no empty experiment behind. Errors: check_logger_backends's,

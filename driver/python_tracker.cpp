@@ -89,6 +89,27 @@ try:
             t.add(headers=["step", "input", "output", "score"], rows=[[step, *sample] for sample in samples])
             swanlab.log({"val/generations": t}, step=step)
         finish = lambda: swanlab_finish("success" if how == "finished" else "crashed")
+    elif backend == "clearml":
+        import clearml
+        task = clearml.Task.init(task_name=experiment, project_name=project, continue_last_task=True,
+                                 output_uri=False)
+        task.connect_configuration(config, name="Hyperparameters")
+        def log(data, step):  # verl: "title/series" names; a name without "/" is its own series
+            for k, v in data.items():
+                title, series = k.split("/", 1) if "/" in k else (k, k)
+                task.get_logger().report_scalar(title=title, series=series, value=v, iteration=step)
+        def log_generations(samples, step):
+            import pandas as pd
+            rows = [{"step": step, "input": i, "output": o, "score": s} for i, o, s in samples]
+            task.get_logger().report_table(series="Validation generations", title="Validation",
+                                           table_plot=pd.DataFrame.from_records(rows), iteration=step)
+        def finish():  # verl marks its task completed; a failed or killed run is marked so
+            if how == "finished":
+                task.mark_completed()
+            elif how == "failed":
+                task.mark_failed(status_message="the Tessera run failed")
+            else:
+                task.mark_stopped(status_message="the Tessera run " + how)
     else:
         raise ValueError(f"unknown backend {backend}")
 except BaseException as e:
@@ -127,7 +148,9 @@ std::string number(double v) {
 
 struct PythonTracker::Child : runtime::PythonChild {};
 
-bool is_python_tracker(const std::string& name) { return name == "wandb" || name == "mlflow" || name == "swanlab"; }
+bool is_python_tracker(const std::string& name) {
+  return name == "wandb" || name == "mlflow" || name == "swanlab" || name == "clearml";
+}
 
 std::string tracker_line(const Metrics& metrics, int64_t step) {
   std::string line = fmt::format("{{\"step\": {}, \"data\": {{", step);

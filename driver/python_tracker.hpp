@@ -1,5 +1,5 @@
 // python_tracker.hpp: the trainer.logger backends that are Python libraries (wandb, mlflow,
-// swanlab), run as verl's Tracking runs them, in one Python process per backend.
+// swanlab, clearml), run as verl's Tracking runs them, in one Python process per backend.
 //
 // At start the process imports the library and opens the run as verl does:
 //   wandb    wandb.init(project=project_name, name=experiment_name, config=<the resolved config>,
@@ -10,14 +10,19 @@
 //   swanlab  swanlab.login($SWANLAB_API_KEY) when set, swanlab.init(project, experiment_name,
 //            config={"FRAMEWORK": "verl", ...}, logdir=$SWANLAB_LOG_DIR or swanlog,
 //            mode=$SWANLAB_MODE or cloud)
+//   clearml  clearml.Task.init(task_name=experiment_name, project_name, continue_last_task=True,
+//            output_uri=False), the config connected as "Hyperparameters"; each metric "a/b" a
+//            scalar of title a and series b (a name without "/" is both)
 // then logs each step's metrics (non-finite values as NaN / inf) with step=, the validation samples
 // of trainer.log_val_generations as verl's ValidationGenerationsLogger does (wandb: the table
 // val/generations, a row per validation with every sample's input, output and score; swanlab: an
-// echarts table; mlflow: an artifact val_step<N>.json), and at the end
+// echarts table; mlflow: an artifact val_step<N>.json; clearml: the table "Validation" /
+// "Validation generations"), and at the end
 // finishes the run: as finished when the trainer ends it so (finish(true): wandb.finish(exit_code=0),
 // mlflow.end_run(status="FINISHED"), swanlab.finish(state="success")), as failed when the trainer
 // stops on an error (exit_code=1, FAILED, crashed), and as killed when Tessera dies without a word
 // (its input just ends: exit_code=1, KILLED, crashed), as verl's runs are left when they crash.
+// ClearML's task is marked completed, failed or stopped (verl marks it completed).
 //
 // The interpreter is $TESSERA_LOGGER_PYTHON, else python3: the one where the library and its
 // credentials (WANDB_API_KEY, `wandb login`, ...) are. The library's own output goes to stderr; the

@@ -320,7 +320,7 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
            {"critic.strategy=megatron", "critic.strategy"},
            {"reward_model.strategy=megatron", "reward_model.strategy"},
            {"algorithm.kl_penalty=full", "algorithm.kl_penalty"},
-           {"trainer.logger=[console,clearml]", "trainer.logger"},
+           {"trainer.logger=[console,trackio]", "trainer.logger"},
            {"trainer.log_val_generations=-2", "trainer.log_val_generations = -2 must be >= 0"},
            {"actor_rollout_ref.actor.checkpoint.save_contents=[model,extra]", "save_contents"},
            {"critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]", "critic.checkpoint.save_contents"},

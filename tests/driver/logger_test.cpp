@@ -79,19 +79,19 @@ TEST(Logger, JsonlHoldsEachStepOnceAcrossResumes) {
 
 TEST(Logger, UnknownOrUnsupportedBackendIsAnError) {
   testing::TempDir dir("unknown");
-  auto t = Tracking::create({"console", "clearml"}, dir.path());
+  auto t = Tracking::create({"console", "trackio"}, dir.path());
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().message(), "trainer.logger: 'clearml' is not supported by Tessera (supported: console, jsonl "
-                                  "(or file), tensorboard, wandb, mlflow, swanlab)");
+  EXPECT_EQ(t.status().message(), "trainer.logger: 'trackio' is not supported by Tessera (supported: console, jsonl "
+                                  "(or file), tensorboard, wandb, mlflow, swanlab, clearml)");
   auto typo = Tracking::create({"consol"}, dir.path());
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(typo.status().message().find("unknown logger 'consol'"), std::string::npos);
-  EXPECT_TRUE(check_logger_backends({"console", "file", "jsonl", "wandb", "mlflow", "swanlab"}).ok());
+  EXPECT_TRUE(check_logger_backends({"console", "file", "jsonl", "wandb", "mlflow", "swanlab", "clearml"}).ok());
   EXPECT_FALSE(check_logger_backends({"vemlp_wandb"}).ok());
   EXPECT_FALSE(check_logger_backends({"trackio"}).ok());
 }
 
-// Stand-ins for wandb, mlflow and swanlab: each call is a JSON line [name, kwargs] in
+// Stand-ins for wandb, mlflow, swanlab and clearml (and the DataFrame clearml's tables take): each call is a JSON line [name, kwargs] in
 // $FAKE_TRACKER_LOG (non-finite floats as "nan" / "inf" / "-inf", which JSON cannot hold).
 // `extra` is appended to wandb.py (a failure to inject).
 void write_fake_trackers(const testing::TempDir& dir, const std::string& extra = "") {
@@ -150,6 +150,38 @@ def log_artifact(path):
 def end_run(status="FINISHED"):
     _rec("mlflow.end_run", status=status)
 )PY");
+  dir.write("fake/pandas.py", R"PY(  # what the clearml stand-in reads of a DataFrame
+class DataFrame:
+    def __init__(self, rows):
+        self.rows = rows
+    @classmethod
+    def from_records(cls, rows):
+        return cls(list(rows))
+    def to_dict(self, orient):
+        return self.rows
+)PY");
+  dir.write("fake/clearml.py", record + R"PY(
+class _Logger:
+    def report_scalar(self, **kwargs):
+        _rec("clearml.report_scalar", **kwargs)
+    def report_table(self, table_plot, **kwargs):
+        _rec("clearml.report_table", rows=table_plot.to_dict("records"), **kwargs)
+class Task:
+    @staticmethod
+    def init(**kwargs):
+        _rec("clearml.Task.init", **kwargs)
+        return Task()
+    def connect_configuration(self, config, name=None):
+        _rec("clearml.connect_configuration", config=config, name=name)
+    def get_logger(self):
+        return _Logger()
+    def mark_completed(self):
+        _rec("clearml.mark_completed")
+    def mark_failed(self, status_message=None):
+        _rec("clearml.mark_failed", status_message=status_message)
+    def mark_stopped(self, status_message=None):
+        _rec("clearml.mark_stopped", status_message=status_message)
+)PY");
   dir.write("fake/swanlab.py", record + R"PY(
 def login(key):
     _rec("swanlab.login", key=key)
@@ -178,7 +210,8 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
   testing::ScopedEnv swan_mode("SWANLAB_MODE", std::nullopt);
   const TrackerRun run{"proj", "exp", {{"trainer", {{"wandb_proxy", "http://proxy:3128"}}}, {"a", {{"b", {10, 20}}}}}};
   {
-    auto t = Tracking::create({"wandb", "mlflow", "swanlab", "wandb"}, dir.path(), stdout, dir.path() / "tb", &run);
+    auto t = Tracking::create({"wandb", "mlflow", "swanlab", "wandb", "clearml"}, dir.path(), stdout, dir.path() / "tb",
+                              &run);
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     EXPECT_FALSE(std::filesystem::exists(dir.path() / "calls.jsonl")) << "a run opened before the trainer started";
     ASSERT_TRUE(t->start_at(-1).ok());
@@ -202,7 +235,7 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
     for (auto it = lib_calls.begin(); it != lib_calls.end();) {
       const json& args = (*it)[1];
       const bool generations = (args.contains("data") && args["data"].contains("val/generations")) ||
-                               (*it)[0] == "mlflow.log_artifact";
+                               (*it)[0] == "mlflow.log_artifact" || (*it)[0] == "clearml.report_table";
       if (generations) {
         generation_calls.push_back(*it);
         it = lib_calls.erase(it);
@@ -211,7 +244,7 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
       }
     }
   }
-  ASSERT_EQ(generation_calls.size(), 6u) << json(calls).dump();
+  ASSERT_EQ(generation_calls.size(), 8u) << json(calls).dump();
   for (const json& c : generation_calls) {
     if (c[0] == "wandb.log" && c[1]["step"] == 3) {
       EXPECT_EQ(c[1]["data"]["val/generations"], wandb_table);
@@ -220,6 +253,12 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
       EXPECT_EQ(c[1]["data"]["val/generations"],
                 json::parse(R"({"columns": ["step", "input", "output", "score"],
                                 "data": [[2, "1+1=", "2", 1.0], [2, "2+2=", "5", 0.0]]})"));
+    }
+    if (c[0] == "clearml.report_table" && c[1]["iteration"] == 3) {
+      EXPECT_EQ(c[1]["title"], "Validation");
+      EXPECT_EQ(c[1]["series"], "Validation generations");
+      EXPECT_EQ(c[1]["rows"], json::parse(R"([{"step": 3, "input": "1+1=", "output": "2", "score": 1.0},
+                                               {"step": 3, "input": "2+2=", "output": "4", "score": 1.0}])"));
     }
     if (c[0] == "mlflow.log_artifact" && c[1]["name"] == "val_step3.json") {
       EXPECT_EQ(c[1]["content"], json::parse(R"([{"input": "1+1=", "output": "2", "score": 1.0},
@@ -261,6 +300,16 @@ TEST(Logger, PythonTrackersLogAsVerlDoes) {
   EXPECT_EQ(swanlab[1][1]["mode"], "cloud");
   EXPECT_EQ(swanlab[3][1]["step"], 2);
   EXPECT_EQ(swanlab[4], json::parse(R"(["swanlab.finish", {"state": "success", "error": null}])"));
+
+  const std::vector<json>& clearml = by_lib["clearml"];
+  ASSERT_EQ(clearml.size(), 7u) << json(calls).dump();  // init, config, 3 + 1 scalars, completed
+  EXPECT_EQ(clearml[0][1], json({{"task_name", "exp"}, {"project_name", "proj"}, {"continue_last_task", true},
+                                 {"output_uri", false}}));
+  EXPECT_EQ(clearml[1][1], json({{"config", run.config}, {"name", "Hyperparameters"}}));
+  EXPECT_EQ(clearml[2][1], json({{"title", "actor"}, {"series", "kl"}, {"value", "nan"}, {"iteration", 1}}));
+  EXPECT_EQ(clearml[3][1], json({{"title", "critic"}, {"series", "score/mean"}, {"value", 0.5}, {"iteration", 1}}));
+  EXPECT_EQ(clearml[4][1], json({{"title", "val-core"}, {"series", "acc@4"}, {"value", 1.0}, {"iteration", 1}}));
+  EXPECT_EQ(clearml[6][0], "clearml.mark_completed");
 }
 
 // A run the trainer ends on an error is left failed; one whose trainer dies without a word (the
@@ -273,7 +322,7 @@ TEST(Logger, PythonTrackerRunsEndFailedOrKilled) {
   const TrackerRun run{"proj", "exp", json::object()};
   {
     testing::ScopedEnv log_file("FAKE_TRACKER_LOG", (dir.path() / "failed.jsonl").string());
-    auto t = Tracking::create({"wandb", "mlflow", "swanlab"}, dir.path(), stdout, dir.path() / "tb", &run);
+    auto t = Tracking::create({"wandb", "mlflow", "swanlab", "clearml"}, dir.path(), stdout, dir.path() / "tb", &run);
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     ASSERT_TRUE(t->log({{"x", 1.0}}, 1).ok());
   }  // no finish(true): the Tracking ends its runs as failed
@@ -281,14 +330,19 @@ TEST(Logger, PythonTrackerRunsEndFailedOrKilled) {
   ASSERT_GE(failed.size(), 3u);
   std::vector<json> ends;
   for (const json& c : failed) {
-    if (c[0] == "wandb.finish" || c[0] == "mlflow.end_run" || c[0] == "swanlab.finish") ends.push_back(c);
+    if (c[0] == "wandb.finish" || c[0] == "mlflow.end_run" || c[0] == "swanlab.finish" ||
+        c[0].get<std::string>().rfind("clearml.mark_", 0) == 0) {
+      ends.push_back(c);
+    }
   }
-  ASSERT_EQ(ends.size(), 3u) << json(failed).dump();
+  ASSERT_EQ(ends.size(), 4u) << json(failed).dump();
   for (const json& c : ends) {
     if (c[0] == "wandb.finish") {
       EXPECT_EQ(c[1]["exit_code"], 1);
     } else if (c[0] == "mlflow.end_run") {
       EXPECT_EQ(c[1]["status"], "FAILED");
+    } else if (c[0].get<std::string>().rfind("clearml.", 0) == 0) {
+      EXPECT_EQ(c[0], "clearml.mark_failed");
     } else {
       EXPECT_EQ(c[1]["state"], "crashed");
     }
