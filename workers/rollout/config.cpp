@@ -241,9 +241,11 @@ Status set_truncate_side(const json& v, const std::string& key, MultiTurnConfig&
 
 Status set_tool_format(const json& v, const std::string& key, MultiTurnConfig& c, ParseState&) {
   TESSERA_RETURN_IF_ERROR(read(v, key, c.format));
+  // SGLang's qwen25 parser reads the same <tool_call>{"name", "arguments"}</tool_call> blocks.
+  if (c.format == "qwen25") c.format = "hermes";
   if (c.format != "hermes") {
-    return make_error(ErrorCode::unimplemented, "{}='{}': only the hermes tool-call format is implemented", key,
-                      c.format);
+    return make_error(ErrorCode::unimplemented, "{}='{}': the tool-call formats implemented are hermes and qwen25 "
+                      "(the same <tool_call> blocks)", key, c.format);
   }
   return Status();
 }

@@ -189,6 +189,9 @@ TEST(RolloutConfig, MultiTurnKeys) {
   EXPECT_EQ(mt.max_tool_response_length, 100);
   EXPECT_EQ(mt.tool_response_truncate_side, "left");
   EXPECT_EQ(mt.tool_timeout_s, 30.0);
+  auto qwen25 = parse_rollout_config({{"multi_turn", {{"format", "qwen25"}}}});
+  ASSERT_TRUE(qwen25.ok()) << qwen25.status().to_string();
+  EXPECT_EQ(qwen25->config.multi_turn.format, "hermes");
   auto async = parse_rollout_config({{"mode", "async"}, {"agent", {{"num_workers", 8}}}});
   ASSERT_TRUE(async.ok()) << async.status().to_string();
   EXPECT_EQ(async->config.mode, "async");
