@@ -73,6 +73,13 @@ class RecordingTool(BaseTool):
     async def calc_reward(self, instance_id, **kwargs):
         raise RuntimeError("no reward today")
 
+class OddTool(BaseTool):  # non-ASCII text, a NaN reward and a numpy metric
+    async def execute(self, instance_id, parameters, **kwargs):
+        import numpy as np
+        return "naïve ✓ €", float("nan"), {"scores": np.array([1.0, 2.0])}
+    async def calc_reward(self, instance_id, **kwargs):
+        return float("inf")
+
 class LongTool(BaseTool):
     async def execute(self, instance_id, parameters, **kwargs):
         return "a" * 300 + "z" * 300, 0.0, {}
@@ -679,6 +686,31 @@ TEST_F(MultiTurn, TensorParallelPeersShareRankZerosTools) {
   std::map<std::string, int> count;
   for (std::string op, id; in >> op >> id;) count[op] += 1;
   EXPECT_EQ(count, (std::map<std::string, int>{{"create", 2}, {"release", 2}}));
+}
+
+// What JSON cannot carry does not break the tool host: UTF-8 answers arrive intact, non-finite
+// rewards become null, numpy values plain numbers.
+TEST_F(MultiTurn, ToolAnswersCrossTheProcessBoundaryIntact) {
+  TempDir tools("multi_turn_tools");
+  const auto yaml = tools.write("t.yaml", "tools:\n" + tool_entry("OddTool", "odd")).string();
+  auto mt = rollout(config(yaml, 300));
+  ASSERT_NE(mt, nullptr);
+  auto call = tokenizer_->encode("<tool_call>\n{\"name\": \"odd\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>");
+  ASSERT_TRUE(call.ok());
+  std::vector<int64_t> call_ids(call->begin(), call->end());
+  call_ids.push_back(kImEnd);
+  ScriptedEngine engine;
+  engine.script[0] = {call_ids, {kImEnd}};
+  const json messages = json::array({{{"role", "user"}, {"content", "Weather?"}}});
+  auto out = mt->generate(engine, batch(messages, {json::object()}));
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_EQ(engine.seen[0].size(), 2U);
+  const auto& second = engine.seen[0][1];
+  auto text = tokenizer_->decode(std::vector<int32_t>(second.end() - 30, second.end()));
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("naïve ✓ €"), std::string::npos) << *text;
+  EXPECT_TRUE(out->column("reward_scores")->json_value(0)["odd"].is_null());
+  EXPECT_EQ(mt->last_stats().tool_errors, 0);
 }
 
 TEST_F(MultiTurn, BadToolConfigsAndRowsAreOneLineErrors) {
