@@ -222,10 +222,11 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
   if (!sent.ok()) return fail(Status(sent.code(), fmt::format("{}: the tool process is gone: {}", where, sent.message())));
   Result<std::string> line = runtime::read_line(*child_, deadline);
   if (!line.ok()) {
-    const std::string why = line.status().code() == ErrorCode::timeout
-                                ? fmt::format("no answer within {} s (actor_rollout_ref.rollout.engine_kwargs.tessera.tool_timeout_s)",
-                                              static_cast<double>(options_.timeout.count()) / 1000.0)
-                                : "the tool process exited: " + line.status().message();
+    const std::string why =
+        line.status().code() == ErrorCode::timeout
+            ? fmt::format("no answer within {} s (actor_rollout_ref.rollout.engine_kwargs.tessera.tool_timeout_s)",
+                          static_cast<double>(options_.timeout.count()) / 1000.0)
+            : "the tool process exited: " + line.status().message();
     return fail(Status(line.status().code(), fmt::format("{}: {}", where, why)));
   }
   const json answer = json::parse(*line, nullptr, false);
