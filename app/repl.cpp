@@ -332,8 +332,12 @@ Status Repl::cmd_generate(const std::vector<std::string>& w) {
   at::Tensor pos = driver::compute_position_id_with_mask(mask);
   // The worker fills in eos_token_id / pad_token_id from the model's tokenizer.
   json meta = {{"do_sample", false}, {"validate", true}, {"recompute_log_prob", false}};
+  // raw_prompt: the chat, which a multi-turn rollout renders itself (with its tools' schemas).
+  proto::NonTensorBatch chat;
+  chat.insert_or_assign("raw_prompt", proto::Column::jsons(std::vector<json>(
+                                          static_cast<size_t>(n), json::array({{{"role", "user"}, {"content", w[1]}}}))));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto in, proto::DataProto::from_dict(
-      {{"input_ids", input_ids}, {"attention_mask", mask}, {"position_ids", pos}}, {}, meta));
+      {{"input_ids", input_ids}, {"attention_mask", mask}, {"position_ids", pos}}, std::move(chat), meta));
   TESSERA_ASSIGN_OR_RETURN(dispatch::Value v, g->call("generate_sequences", {dispatch::Value(std::move(in))}));
   if (!v.is_proto()) return make_error(ErrorCode::internal, "generate_sequences returned no DataProto");
   last_ = v.proto();
