@@ -91,8 +91,7 @@ Result<PythonRewardOptions> python_reward_options(const json& cfg) {
 
 PythonRewardPool::PythonRewardPool(PythonRewardOptions options) : options_(std::move(options)) {
   if (options_.python.empty()) {
-    const char* env = std::getenv("TESSERA_REWARD_PYTHON");
-    options_.python = env != nullptr && *env != '\0' ? env : "python3";
+    options_.python = runtime::python_from_env("TESSERA_REWARD_PYTHON");
   }
 }
 

@@ -132,11 +132,6 @@ for line in requests:
 finish()
 )PY";
 
-std::string tracker_python() {
-  const char* env = std::getenv("TESSERA_LOGGER_PYTHON");
-  return env != nullptr && *env != '\0' ? env : "python3";
-}
-
 // JSON for a metric value; Python's json module reads NaN, Infinity and -Infinity.
 std::string number(double v) {
   if (std::isnan(v)) return "NaN";
@@ -168,7 +163,7 @@ Result<std::unique_ptr<PythonTracker>> PythonTracker::open(const std::string& ba
   if (!is_python_tracker(backend)) {
     return make_error(ErrorCode::invalid_argument, "trainer.logger: '{}' is not a Python logger", backend);
   }
-  const std::string python = tracker_python(), what = "trainer.logger: " + backend;
+  const std::string python = runtime::python_from_env("TESSERA_LOGGER_PYTHON"), what = "trainer.logger: " + backend;
   TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild spawned,
                            runtime::spawn_python(python, kTrackerScript, {backend, run.project, run.experiment}, what));
   auto child = std::make_unique<Child>();

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -135,6 +136,11 @@ Status write_all(PythonChild& child, const std::string& data, Clock::time_point 
     }
   }
   return Status();
+}
+
+std::string python_from_env(const char* env_var) {
+  const char* env = std::getenv(env_var);
+  return env != nullptr && *env != '\0' ? env : "python3";
 }
 
 std::string first_line(std::string s) {

@@ -65,4 +65,8 @@ Status write_all(PythonChild& child, const std::string& data, Clock::time_point 
 /// `s` up to its first newline.
 std::string first_line(std::string s);
 
+/// The interpreter named by the environment variable `env_var` when it is set and not empty,
+/// else python3 (each Python child has its own variable: TESSERA_REWARD_PYTHON, ...).
+std::string python_from_env(const char* env_var);
+
 }  // namespace tessera::runtime

@@ -2,7 +2,6 @@
 #include "workers/rollout/tool_host.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -47,7 +46,7 @@ proto.write(json.dumps({"ready": True, "schemas": schemas, "agent_schemas": agen
                         "interactions": list(interactions)}) + "\n")
 proto.flush()
 
-def plain(o):
+def plain(o):  # the tools' numpy / torch values as JSON, in this process (not a worker's tensors)
     if hasattr(o, "tolist"):
         return o.tolist()
     return o.item() if hasattr(o, "item") else str(o)
@@ -129,9 +128,7 @@ for line in requests:
 )PY";
 
 std::string interpreter(const ToolHostOptions& options) {
-  if (!options.python.empty()) return options.python;
-  const char* env = std::getenv("TESSERA_TOOL_PYTHON");
-  return env != nullptr && *env != '\0' ? env : "python3";
+  return options.python.empty() ? runtime::python_from_env("TESSERA_TOOL_PYTHON") : options.python;
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ class RaisingTool(BaseTool):
 class SlowTool(BaseTool):
     async def execute(self, instance_id, parameters, **kwargs):
         print("a tool that prints to stdout")
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()  # never answers
         return "late", 0.0, {}
 
 class RecordingTool(BaseTool):
