@@ -41,10 +41,12 @@ PACKAGES=(
 # builds compile against one LibTorch; pyarrow's Arrow C++ reads parquet datasets (Note [Arrow from
 # pyarrow] in CMakeLists.txt); the rest are the references the tests compare against (peft: LoRA).
 PY_PACKAGES=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 pyarrow==26.0.1 pandas==3.1.1 tensorboard==2.21.0 peft==0.21.2)
-# verl v0.5.0 itself, the reference the parity tests run (its protocol, core_algos and reward
-# scorers): without its dependency list (it pins numpy<2 and pulls Ray, vLLM...); these are the
-# few its protocol and core_algos import (tests/workers/algos/verl_parity.py stubs Ray).
-PY_NODEPS_PACKAGES=(verl==0.5.0 tensordict==0.9.1 pyvers==0.1.0 cloudpickle==3.1.3 omegaconf==2.4.0)
+# verl v0.5.0 itself, the reference the parity tests run (its protocol, core_algos, reward
+# scorers, tools and agent loops): without its dependency list (it pins numpy<2 and pulls Ray,
+# vLLM...); these are the few its protocol, core_algos and agent loops import (the tests stub Ray
+# and the servers' web stack).
+PY_NODEPS_PACKAGES=(verl==0.5.0 tensordict==0.9.1 pyvers==0.1.0 cloudpickle==3.1.3 omegaconf==2.4.0
+                    hydra-core==1.3.2 antlr4-python3-runtime==4.9.3 cachetools==6.2.1 codetiming==1.4.0)
 # Optional: clang + libFuzzer runtime for tests/fuzz. Installed when available.
 OPTIONAL_PACKAGES=(clang-14 libclang-rt-14-dev)
 

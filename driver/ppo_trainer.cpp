@@ -35,6 +35,9 @@ std::string role_init(const json& cfg, const std::string& subtree, const std::st
   // The multi-turn rollout renders prompts as the dataset does.
   const json* kwargs = config_find(cfg, "data.apply_chat_template_kwargs");
   if (subtree == "actor_rollout_ref" && kwargs != nullptr && kwargs->is_object()) init["chat_template_kwargs"] = *kwargs;
+  // The user's agent loops get the whole config (verl's trainer_config.config).
+  const json* loops = config_find(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path");
+  if (subtree == "actor_rollout_ref" && role != "ref" && loops != nullptr && !loops->is_null()) init["trainer_config"] = cfg;
   return init.dump();
 }
 

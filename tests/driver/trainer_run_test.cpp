@@ -14,6 +14,7 @@
 #include "driver/profiler.hpp"
 #include "proto/device.hpp"
 #include "tests/driver/trainer_test_util.hpp"
+#include "tests/workers/rollout/verl_agent_stubs.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -200,6 +201,46 @@ TEST(TrainerRun, AsyncModeRunsTheSingleTurnAgentLoop) {
   EXPECT_EQ(m.at("num_turns/mean"), 2.0);  // single_turn_agent's
   EXPECT_EQ(m.at("rollout/assistant_turns_mean"), 1.0);
   EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss")));
+}
+
+// rollout.agent.agent_loop_config_path: the user's loop (here registered as single_turn_agent,
+// replacing verl's, so the dataset's rows without agent_name run it) generates with the engine,
+// through rank 0 of each TP group with rollout TP, and the step trains on what it returned.
+TEST(TrainerRun, CustomAgentLoopsGenerateAndTrain) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl and hydra) is not set";
+  TempDir dir("agent_loops");
+  testing::make_tiny_run(dir.path());
+  dir.write("model/chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+  dir.write("py/sitecustomize.py", rollout::testing::kVerlAgentStubs);
+  dir.write("py/echo_agent.py", R"PY(
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+class EchoAgent(AgentLoopBase):
+    async def run(self, messages, sampling_params):
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = (await self.server_manager.generate("r", prompt_ids=prompt, sampling_params=sampling_params))
+        ids = ids[: self.config.actor_rollout_ref.rollout.response_length]
+        return AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=[1] * len(ids), num_turns=3,
+                               metrics={"generate_sequences": 0.1, "tool_calls": 0.0})
+)PY");
+  const auto loops = dir.write("loops.yaml", "- name: single_turn_agent\n  _target_: echo_agent.EchoAgent\n");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
+  testing::ScopedEnv python("TESSERA_AGENT_PYTHON", py);
+  for (int tp : {1, 2}) {
+    auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+    for (const std::string& o : std::vector<std::string>{
+             "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.agent.agent_loop_config_path=" + loops.string(),
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp), "trainer.val_before_train=false"}) {
+      overrides.push_back(o);
+    }
+    auto t = testing::fit_trainer(overrides);
+    ASSERT_NE(t, nullptr) << "tp " << tp;
+    const Metrics& m = t->history().back().second;
+    EXPECT_EQ(m.at("num_turns/mean"), 3.0) << tp;  // the loop's num_turns
+    EXPECT_NEAR(m.at("timing_s/agent_loop/generate_sequences/mean"), 0.1, 1e-9) << tp;
+    EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss"))) << tp;
+    EXPECT_GT(m.at("response_length/mean"), 0.0) << tp;
+  }
 }
 
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {

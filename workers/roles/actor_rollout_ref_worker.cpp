@@ -98,7 +98,9 @@ Status ActorRolloutRefWorker::init_model() {
   } else if (config_.is_actor || config_.is_rollout) {
     TESSERA_RETURN_IF_ERROR(build_actor_rollout());
   }
-  if (config_.is_rollout && (config_.rollout.multi_turn.enable || config_.rollout.mode == "async")) {
+  if (config_.is_rollout && config_.rollout.agent_loop_config_path) {
+    TESSERA_RETURN_IF_ERROR(build_agent_loops());
+  } else if (config_.is_rollout && (config_.rollout.multi_turn.enable || config_.rollout.mode == "async")) {
     TESSERA_RETURN_IF_ERROR(build_multi_turn());
   }
   // verl (ref_in_actor): with LoRA the reference policy is the actor with its adapters disabled.
@@ -367,8 +369,35 @@ Status ActorRolloutRefWorker::build_multi_turn() {
   return Status();
 }
 
+// The user's agent loops (agent.agent_loop_config_path) and verl's own, in a Python host that
+// gets the whole trainer config (the loops' trainer_config) from the init config. With rollout TP
+// the group's rank 0 hosts them and relays their requests to its peers.
+Status ActorRolloutRefWorker::build_agent_loops() {
+  rollout::AgentHostOptions options;
+  options.agent_loop_config_path = *config_.rollout.agent_loop_config_path;
+  if (!init_config_.contains("trainer_config") || !init_config_["trainer_config"].is_object()) {
+    return make_error(ErrorCode::invalid_argument, "actor_rollout_ref.rollout.agent.agent_loop_config_path: the "
+                      "worker's init config has no trainer_config for the loops (the driver passes the whole config)");
+  }
+  options.trainer_config = init_config_["trainer_config"];
+  options.tokenizer_path = config_.model.path;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.rollout.multi_turn.tool_timeout_s * 1000));
+  std::unique_ptr<rollout::AgentLoops> loops;
+  if (rollout_tp_) {
+    Result<std::unique_ptr<rollout::AgentHost>> host =
+        rollout_tp_->rank() == 0 ? rollout::AgentHost::start_host(options) : std::unique_ptr<rollout::AgentHost>();
+    TESSERA_ASSIGN_OR_RETURN(loops, rollout::relay_agent_loops(rollout_tp_, std::move(host), options.timeout));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(loops, rollout::AgentHost::start_host(options));
+  }
+  TESSERA_ASSIGN_OR_RETURN(agent_loops_,
+                           rollout::AgentLoopRollout::create(config_.rollout, std::move(loops), model_config_.vocab_size));
+  return Status();
+}
+
 Result<proto::DataProto> ActorRolloutRefWorker::generate_on(rollout::RolloutEngine& engine,
                                                             const proto::DataProto& prompts) {
+  if (agent_loops_) return agent_loops_->generate(engine, prompts);
   if (multi_turn_) return multi_turn_->generate(engine, prompts);
   return engine.generate_sequences(prompts);
 }
@@ -412,7 +441,8 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
     TESSERA_ASSIGN_OR_RETURN(out, generate_with_sharding(in, reshard));
   }
   const double generate_seconds = timer.seconds();
-  const rollout::GenerationStats& stats = multi_turn_    ? multi_turn_->last_stats().generation
+  const rollout::GenerationStats& stats = agent_loops_   ? agent_loops_->last_stats().generation
+                                          : multi_turn_   ? multi_turn_->last_stats().generation
                                           : split_engine_ ? split_engine_->last_stats()
                                                           : sharding_->engine().last_stats();
   const json& recompute = prompts.meta_info().contains("recompute_log_prob") ? prompts.meta_info()["recompute_log_prob"] : json(true);
@@ -448,6 +478,13 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
     m["rollout/tool_errors_mean"] = static_cast<double>(mt.tool_errors) / rows;
     m["rollout/malformed_tool_calls_mean"] = static_cast<double>(mt.malformed_calls) / rows;
     m["timing_s/tool_calls"] = mt.tool_seconds;
+  }
+  if (agent_loops_) {
+    const rollout::AgentLoopStats& al = agent_loops_->last_stats();
+    json& m = out.meta_info()["metrics"];
+    for (const auto& [k, v] : al.metrics.items()) m[k] = v;
+    m["rollout/agent_requests"] = al.requests;          // the loops' generate() calls
+    m["rollout/agent_engine_calls"] = al.engine_calls;  // the engine calls they were batched into
   }
   return out;
 }

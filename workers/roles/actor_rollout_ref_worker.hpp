@@ -44,7 +44,10 @@
 // With rollout.multi_turn.enable the rollout runs conversations with verl's tools instead of one
 // generation per prompt (rollout/multi_turn.hpp; its tool host starts at init_model): the output
 // adds response_mask (tool answers 0), reward_scores and __num_turns__, and meta_info.metrics the
-// rollout/*_mean tool counters and timing_s/tool_calls.
+// rollout/*_mean tool counters and timing_s/tool_calls. With rollout.mode=async and
+// agent.agent_loop_config_path, verl's agent loops (the user's and verl's own) run in a Python
+// host instead (rollout/agent_loops.hpp), each row's loop picked by its agent_name; meta_info.metrics
+// adds verl's timing_s/agent_loop/*.
 //
 // eos/pad for generation come from the model directory (generation_config.json, else
 // config.json; pad falls back to the first eos id as verl's tokenizer helper does) and overwrite
@@ -70,6 +73,7 @@
 #include "workers/ppo/fsdp_trainable.hpp"
 #include "workers/models/config.hpp"
 #include "workers/rollout/config.hpp"
+#include "workers/rollout/agent_loops.hpp"
 #include "workers/rollout/multi_turn.hpp"
 #include "workers/rollout/sharding_manager.hpp"
 #include "workers/rollout/split_weights.hpp"
@@ -160,6 +164,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   Status build_ref();
   Status build_split_rollout();
   Status build_multi_turn();
+  Status build_agent_loops();
   /// One generation on `engine`: the multi-turn rollout's conversations or generate_sequences.
   Result<proto::DataProto> generate_on(rollout::RolloutEngine& engine, const proto::DataProto& prompts);
   void register_split_methods();
@@ -188,6 +193,7 @@ class ActorRolloutRefWorker final : public dispatch::WorkerBase {
   std::unique_ptr<rollout::KVCacheEngine> split_engine_;  // split placement's rollout engine
   std::unique_ptr<rollout::WeightImporter> importer_;
   std::unique_ptr<rollout::MultiTurnRollout> multi_turn_;  // rollout.multi_turn.enable; null otherwise
+  std::unique_ptr<rollout::AgentLoopRollout> agent_loops_;  // agent.agent_loop_config_path; null otherwise
   std::shared_ptr<ppo::FsdpTrainableModule> ref_module_;
   std::unique_ptr<ppo::DataParallelPPOActor> ref_policy_;
   std::shared_ptr<ppo::UlyssesGroup> ulysses_;  // the worker's sequence-parallel group; null for 1

@@ -278,18 +278,20 @@ Status set_multi_turn(const json& v, const std::string& key, RolloutConfig& c, P
   return apply_rules(v, key + ".", kMultiTurnRules, c.multi_turn, s);
 }
 
-Status no_custom_agent(const json& v, const std::string& key, RolloutConfig&, ParseState&) {
-  return make_error(ErrorCode::unimplemented, "{}={}: custom agent loops and servers are not implemented; the agent "
-                    "loops are single_turn_agent and tool_agent", key, v.dump().substr(0, 60));
+Status no_custom_server(const json& v, const std::string& key, RolloutConfig&, ParseState&) {
+  if (v.is_null()) return Status();
+  return make_error(ErrorCode::unimplemented, "{}={}: custom async servers are not supported: the agent loops call "
+                    "Tessera's in-process engine (custom agent loops: agent.agent_loop_config_path)", key,
+                    v.dump().substr(0, 60));
 }
 
 Status set_agent(const json& v, const std::string& key, RolloutConfig& c, ParseState& s) {
   static const KeyRule<RolloutConfig> rules[] = {
       {"_target_", nullptr},
       {"num_workers", nullptr},  // agent-loop worker processes: the engine is in-process
-      {"agent_loop_config_path", no_custom_agent},
+      {"agent_loop_config_path", set_field<&RolloutConfig::agent_loop_config_path, RolloutConfig>},
       {"custom_async_server", [](const json& server, const std::string& k, RolloutConfig& cfg, ParseState& st) {
-         static const KeyRule<RolloutConfig> server_rules[] = {{"path", no_custom_agent}, {"name", no_custom_agent}};
+         static const KeyRule<RolloutConfig> server_rules[] = {{"path", no_custom_server}, {"name", no_custom_server}};
          return apply_rules(server, k + ".", server_rules, cfg, st);
        }},
   };
@@ -453,6 +455,14 @@ Status validate_rollout_config(const RolloutConfig& c) {
   if (c.mode == "async" && mt.interaction_config_path) {
     return make_error(ErrorCode::unimplemented, "{}multi_turn.interaction_config_path with mode=async: verl's agent "
                       "loops have no interactions; they run in the SGLang multi-turn loop (mode=sync)", kPrefix);
+  }
+  if (c.agent_loop_config_path && c.mode != "async") {
+    return make_error(ErrorCode::invalid_argument, "{}agent.agent_loop_config_path needs {}mode=async (verl's agent "
+                      "loops); with mode={} it would have no effect", kPrefix, kPrefix, c.mode);
+  }
+  if (c.agent_loop_config_path && c.calculate_log_probs) {
+    return make_error(ErrorCode::unimplemented, "{}calculate_log_probs=true with agent.agent_loop_config_path: the "
+                      "agent loops assemble their responses themselves and return no log-probs", kPrefix);
   }
   TESSERA_RETURN_IF_ERROR(sampling({c.temperature, c.top_k, c.top_p, c.n, c.do_sample}, ""));
   TESSERA_RETURN_IF_ERROR(sampling(c.val_kwargs, "val_kwargs."));

@@ -80,6 +80,9 @@ struct MultiTurnConfig {
 struct RolloutConfig {
   std::string name = "vllm";  ///< Any of vllm|sglang|hf|tessera: all run Tessera's engine.
   std::string mode = "sync";  ///< sync, or async: verl's agent loops (multi_turn.hpp)
+  /// agent.agent_loop_config_path: the user's agent loops (verl's YAML of {name, _target_, ...}),
+  /// run by verl's own Python classes (agent_loops.hpp). mode=async only.
+  std::optional<std::string> agent_loop_config_path;
   double temperature = 1.0;
   int64_t top_k = -1;
   double top_p = 1.0;

@@ -160,4 +160,65 @@ Result<proto::DataProto> build_generation_output(const proto::DataProto& batch, 
   return proto::DataProto::from_dict(std::move(tensors), std::move(columns));
 }
 
+Result<proto::DataProto> build_conversation_output(const proto::DataProto& batch, const GenerationInputs& in,
+                                                   const std::vector<ConversationTokens>& rows, int64_t P, int64_t R,
+                                                   bool with_logprobs, proto::NonTensorBatch added) {
+  const auto bs = static_cast<int64_t>(rows.size());
+  const auto mask_dtype = in.attention_mask.scalar_type();
+  at::Tensor prompt_ids = at::full({bs, P}, in.pad_token_id, at::kLong);
+  at::Tensor responses = at::full({bs, R}, in.pad_token_id, at::kLong);
+  at::Tensor attention = at::zeros({bs, P + R}, at::kLong);
+  at::Tensor positions = at::zeros({bs, P + R}, at::kLong);
+  at::Tensor response_mask = at::zeros({bs, R}, at::kLong);
+  at::Tensor logprobs = at::full({bs, R}, -1.0, at::kFloat);
+  auto ids_a = prompt_ids.accessor<int64_t, 2>();
+  auto resp_a = responses.accessor<int64_t, 2>();
+  auto att_a = attention.accessor<int64_t, 2>();
+  auto pos_a = positions.accessor<int64_t, 2>();
+  auto rm_a = response_mask.accessor<int64_t, 2>();
+  auto lp_a = logprobs.accessor<float, 2>();
+  std::vector<int64_t> num_turns;
+  for (int64_t r = 0; r < bs; ++r) {
+    const ConversationTokens& c = rows[static_cast<size_t>(r)];
+    const auto n = static_cast<int64_t>(c.prompt.size()), m = static_cast<int64_t>(c.response.size());
+    if (n < 1 || n > P || m > R || c.mask.size() != c.response.size() ||
+        (with_logprobs && c.logprobs.size() != c.response.size())) {
+      return make_error(ErrorCode::internal, "generate_sequences: row {} has {} prompt and {} response tokens, {} mask "
+                        "values (P = {}, R = {})", r, n, m, c.mask.size(), P, R);
+    }
+    const int64_t offset = P - n;
+    for (int64_t j = 0; j < n; ++j) {
+      ids_a[r][offset + j] = c.prompt[static_cast<size_t>(j)];
+      att_a[r][offset + j] = 1;
+      pos_a[r][offset + j] = j;
+    }
+    for (int64_t j = 0; j < R; ++j) pos_a[r][P + j] = n + j;  // continuing under padding, as generate_sequences
+    for (int64_t j = 0; j < m; ++j) {
+      resp_a[r][j] = c.response[static_cast<size_t>(j)];
+      att_a[r][P + j] = 1;
+      rm_a[r][j] = c.mask[static_cast<size_t>(j)];
+      if (with_logprobs) lp_a[r][j] = c.logprobs[static_cast<size_t>(j)];
+    }
+    num_turns.push_back(c.num_turns);
+  }
+  const c10::Device device = in.input_ids.device();
+  prompt_ids = prompt_ids.to(device), responses = responses.to(device), attention = attention.to(device);
+  positions = positions.to(device), response_mask = response_mask.to(device), logprobs = logprobs.to(device);
+  proto::TensorDict tensors;
+  tensors.insert_or_assign("prompts", prompt_ids);
+  tensors.insert_or_assign("responses", responses);
+  tensors.insert_or_assign("input_ids", at::cat({prompt_ids, responses}, 1));
+  tensors.insert_or_assign("attention_mask", attention.to(mask_dtype));
+  tensors.insert_or_assign("position_ids", positions);
+  tensors.insert_or_assign("response_mask", response_mask.to(mask_dtype));
+  if (with_logprobs) tensors.insert_or_assign("rollout_log_probs", logprobs);
+  proto::NonTensorBatch columns;
+  for (const auto& [key, column] : batch.non_tensor_batch()) {
+    if (key != "raw_prompt_ids" && key != "multi_modal_data") columns.insert_or_assign(key, column);
+  }
+  for (auto& [key, column] : added) columns.insert_or_assign(key, std::move(column));
+  columns.insert_or_assign("__num_turns__", proto::Column::int64s(std::move(num_turns)));
+  return proto::DataProto::from_dict(std::move(tensors), std::move(columns));
+}
+
 }  // namespace tessera::rollout

@@ -65,4 +65,24 @@ Result<proto::DataProto> build_generation_output(const proto::DataProto& batch, 
                                                  const std::vector<GeneratedRow>& rows, int64_t response_length,
                                                  bool with_logprobs);
 
+/// One conversation as a multi-turn rollout or an agent loop assembled it.
+struct ConversationTokens {
+  std::vector<int64_t> prompt;    ///< 1 to prompt_length tokens.
+  std::vector<int64_t> response;  ///< Up to response_length tokens: generated ones and tool answers.
+  std::vector<int64_t> mask;      ///< Per response token: 1 generated, 0 not the model's.
+  std::vector<float> logprobs;    ///< Per response token (with log-probs; -1 where not generated).
+  int64_t num_turns = 0;          ///< verl's __num_turns__.
+};
+
+/// The output of a multi-turn rollout: generate_sequences' keys with `prompts` each row's own
+/// prompt left-padded to `prompt_length` (pad_token_id), responses right-padded to
+/// `response_length`, response_mask [bs, R] (1 on generated tokens), position_ids continuing
+/// under the padding, rollout_log_probs with `with_logprobs`; the non-tensor columns of `batch`
+/// (but raw_prompt_ids and multi_modal_data) plus `__num_turns__` and `added`.
+/// REQUIRES: one row per input row, each within the lengths, mask (and logprobs) as long as the response.
+Result<proto::DataProto> build_conversation_output(const proto::DataProto& batch, const GenerationInputs& inputs,
+                                                   const std::vector<ConversationTokens>& rows, int64_t prompt_length,
+                                                   int64_t response_length, bool with_logprobs,
+                                                   proto::NonTensorBatch added = {});
+
 }  // namespace tessera::rollout

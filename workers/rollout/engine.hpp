@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "proto/data_proto.hpp"
 #include "proto/status.hpp"
 #include "workers/models/safetensors.hpp"
 #include "workers/rollout/contract.hpp"
+#include "workers/rollout/sampling.hpp"
 
 namespace tessera::rollout {
 
@@ -47,6 +49,9 @@ struct GenerationStats {
   double total_seconds = 0;      ///< The whole call, input checks and output assembly included.
 };
 
+/// Adds the counters of `s` into `sum` (the KV cache's size: the largest).
+void add_generation_stats(GenerationStats& sum, const GenerationStats& s);
+
 /// One generation pass over token prompts, for callers that assemble the sequences themselves
 /// (the multi-turn rollout's turns, multi_turn.hpp). Sampling follows the config as in
 /// generate_sequences.
@@ -58,6 +63,9 @@ struct TokenRequests {
   bool do_sample = true;
   bool validate = false;
   uint64_t seed = 0;                          ///< Stream s samples from row_seed(seed, s) (sampling.hpp).
+  /// The sampling rule of this call (an agent loop's sampling_params); unset: the config's, by
+  /// do_sample and validate. Its `fused` flag is the engine's own.
+  std::optional<SamplingParams> sampling;
 };
 
 /// A rollout engine: generates responses for a batch of prompts (verl §6.3 contract).

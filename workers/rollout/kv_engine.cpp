@@ -192,7 +192,7 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   options.ignore_eos = config_.ignore_eos;
   options.want_logprobs = config_.calculate_log_probs;
   options.eos_token_ids = requests.eos_token_ids;
-  options.sampling = resolve_sampling(config_, requests.do_sample, requests.validate);
+  options.sampling = requests.sampling ? *requests.sampling : resolve_sampling(config_, requests.do_sample, requests.validate);
   options.sampling.fused = config_.sampler == "fused";
   options.call_seed = requests.seed;
   options.max_tokens = requests.max_tokens;

@@ -181,31 +181,6 @@ Status check_tool_kwargs(const json& entry, const std::string& tool, int64_t row
   return Status();
 }
 
-void add_stats(GenerationStats& sum, const GenerationStats& s) {
-  sum.rows += s.rows;
-  sum.prompt_tokens += s.prompt_tokens;
-  sum.preemptions += s.preemptions;
-  sum.recomputed_tokens += s.recomputed_tokens;
-  sum.prefill_tokens += s.prefill_tokens;
-  sum.shared_prompt_tokens += s.shared_prompt_tokens;
-  sum.prefill_flops += s.prefill_flops;
-  sum.shared_prefill_flops += s.shared_prefill_flops;
-  sum.generated_tokens += s.generated_tokens;
-  sum.decode_steps += s.decode_steps;
-  sum.decode_row_steps += s.decode_row_steps;
-  sum.admissions += s.admissions;
-  sum.prefill_forwards += s.prefill_forwards;
-  sum.kv_blocks = std::max(sum.kv_blocks, s.kv_blocks);
-  sum.kv_cache_bytes = std::max(sum.kv_cache_bytes, s.kv_cache_bytes);
-  sum.shared_kv_blocks += s.shared_kv_blocks;
-  sum.graphs_captured += s.graphs_captured;
-  sum.graph_replays += s.graph_replays;
-  sum.prefill_seconds += s.prefill_seconds;
-  sum.decode_seconds += s.decode_seconds;
-  sum.prefill_cpu_seconds += s.prefill_cpu_seconds;
-  sum.decode_cpu_seconds += s.decode_cpu_seconds;
-}
-
 std::vector<int64_t> to_int64(const std::vector<int32_t>& ids) { return {ids.begin(), ids.end()}; }
 
 }  // namespace
@@ -492,7 +467,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
     requests.validate = in.validate;
     requests.seed = row_seed(seed, turn);
     TESSERA_ASSIGN_OR_RETURN(std::vector<GeneratedRow> generated, engine.generate_tokens(requests));
-    add_stats(stats_.generation, engine.last_stats());
+    add_generation_stats(stats_.generation, engine.last_stats());
     stats_.assistant_turns += static_cast<int64_t>(live.size());
 
     std::vector<Call> calls;
@@ -671,57 +646,17 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   }
 
   // The output batch: prompts left-padded to prompt_length, responses right-padded to R.
-  const int64_t P = config_.prompt_length;
-  const auto mask_dtype = in.attention_mask.scalar_type();
-  at::Tensor prompt_ids = torch::full({bs, P}, in.pad_token_id, torch::kInt64);
-  at::Tensor responses = torch::full({bs, R}, in.pad_token_id, torch::kInt64);
-  at::Tensor attention = torch::zeros({bs, P + R}, torch::kInt64);
-  at::Tensor positions = torch::zeros({bs, P + R}, torch::kInt64);
-  at::Tensor response_mask = torch::zeros({bs, R}, torch::kInt64);
-  at::Tensor logprobs = torch::full({bs, R}, -1.0F, torch::kFloat32);
-  auto ids_a = prompt_ids.accessor<int64_t, 2>();
-  auto resp_a = responses.accessor<int64_t, 2>();
-  auto att_a = attention.accessor<int64_t, 2>();
-  auto pos_a = positions.accessor<int64_t, 2>();
-  auto rm_a = response_mask.accessor<int64_t, 2>();
-  auto lp_a = logprobs.accessor<float, 2>();
-  std::vector<int64_t> num_turns;
-  for (int64_t r = 0; r < bs; ++r) {
-    const Conversation& c = rows[static_cast<size_t>(r)];
-    const int64_t n = c.prompt_length, offset = P - n;
-    for (int64_t j = 0; j < n; ++j) {
-      ids_a[r][offset + j] = c.ids[static_cast<size_t>(j)];
-      att_a[r][offset + j] = 1;
-      pos_a[r][offset + j] = j;
-    }
-    const int64_t m = std::min(c.response_length(), R);
-    for (int64_t j = 0; j < R; ++j) pos_a[r][P + j] = n + j;  // continuing under padding, as generate_sequences
-    for (int64_t j = 0; j < m; ++j) {
-      resp_a[r][j] = c.ids[static_cast<size_t>(n + j)];
-      att_a[r][P + j] = 1;
-      rm_a[r][j] = c.mask[static_cast<size_t>(j)];
-      if (config_.calculate_log_probs) lp_a[r][j] = c.logprobs[static_cast<size_t>(j)];
-    }
-    num_turns.push_back(c.assistant_turns + c.tool_turns + c.interaction_turns + 1);
+  std::vector<ConversationTokens> tokens;
+  for (Conversation& c : rows) {
+    const auto n = static_cast<std::ptrdiff_t>(c.prompt_length);
+    tokens.push_back({std::vector<int64_t>(c.ids.begin(), c.ids.begin() + n),
+                      std::vector<int64_t>(c.ids.begin() + n, c.ids.end()), std::move(c.mask), std::move(c.logprobs),
+                      c.assistant_turns + c.tool_turns + c.interaction_turns + 1});
   }
-  const c10::Device device = in.input_ids.device();
-  prompt_ids = prompt_ids.to(device), responses = responses.to(device), attention = attention.to(device);
-  positions = positions.to(device), response_mask = response_mask.to(device), logprobs = logprobs.to(device);
-  proto::TensorDict tensors;
-  tensors.insert_or_assign("prompts", prompt_ids);
-  tensors.insert_or_assign("responses", responses);
-  tensors.insert_or_assign("input_ids", torch::cat({prompt_ids, responses}, 1));
-  tensors.insert_or_assign("attention_mask", attention.to(mask_dtype));
-  tensors.insert_or_assign("position_ids", positions);
-  tensors.insert_or_assign("response_mask", response_mask.to(mask_dtype));
-  if (config_.calculate_log_probs) tensors.insert_or_assign("rollout_log_probs", logprobs);
-  proto::NonTensorBatch columns;
-  for (const auto& [key, column] : prompts.non_tensor_batch()) {
-    if (key != "raw_prompt_ids" && key != "multi_modal_data") columns.insert_or_assign(key, column);
-  }
-  if (!agent_) columns.insert_or_assign("reward_scores", proto::Column::jsons(std::move(reward_scores)));
-  columns.insert_or_assign("__num_turns__", proto::Column::int64s(std::move(num_turns)));
-  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, proto::DataProto::from_dict(std::move(tensors), std::move(columns)));
+  proto::NonTensorBatch added;
+  if (!agent_) added.insert_or_assign("reward_scores", proto::Column::jsons(std::move(reward_scores)));
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto out, build_conversation_output(prompts, in, tokens, config_.prompt_length, R,
+                                                                           config_.calculate_log_probs, std::move(added)));
   stats_.generation.total_seconds = seconds_since(t0);
   return out;
 }

@@ -20,9 +20,6 @@ constexpr bool kWithCuda = true;
 constexpr bool kWithCuda = false;
 #endif
 
-// vLLM's _SAMPLING_EPS: a temperature below it is greedy decoding.
-constexpr double kSamplingEps = 1e-5;
-
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -29,6 +29,9 @@
 
 namespace tessera::rollout {
 
+/// Temperatures below it sample greedily (vLLM's _SAMPLING_EPS).
+inline constexpr double kSamplingEps = 1e-5;
+
 /// The sampling rule of one generate_sequences call.
 struct SamplingParams {
   bool greedy = false;

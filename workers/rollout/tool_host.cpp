@@ -2,13 +2,11 @@
 #include "workers/rollout/tool_host.hpp"
 
 #include <algorithm>
-#include <cstring>
 
-#include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "runtime/collective/exchange.hpp"
 #include "runtime/python_child.hpp"
+#include "workers/rollout/internal/leader_relay.hpp"
 
 namespace tessera::rollout {
 namespace {
@@ -248,32 +246,6 @@ Result<std::vector<ToolAnswer>> ToolHost::call(const std::string& op, const std:
 
 namespace {
 
-// Rank 0's message to its TP peers: a JSON payload, or the error it hit.
-Status send_or_receive(collective::Communicator& group, nlohmann::ordered_json& message,
-                       std::chrono::milliseconds timeout) {
-  std::string text = group.rank() == 0 ? message.dump(-1, ' ', false, json::error_handler_t::replace) : std::string();
-  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
-  if (!text.empty()) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
-  auto all = collective::all_gather_bytes(group, bytes, collective::CollectiveOptions{timeout});
-  if (!all.ok()) return all.status().with_context("rollout TP: the tool answers of TP rank 0");
-  if (group.rank() == 0) return Status();
-  const at::Tensor& from = (*all)[0];
-  message = nlohmann::ordered_json::parse(std::string(reinterpret_cast<const char*>(from.data_ptr<uint8_t>()),
-                                                      static_cast<size_t>(from.numel())),
-                                          nullptr, false);
-  if (message.is_discarded()) return Status(ErrorCode::internal, "rollout TP: TP rank 0 sent unreadable tool answers");
-  return Status();
-}
-
-nlohmann::ordered_json error_message(const Status& st) {
-  return {{"status", static_cast<int>(st.code())}, {"message", st.message()}};
-}
-
-Status error_of(const nlohmann::ordered_json& message) {
-  if (!message.is_object() || !message.contains("status")) return Status();
-  return Status(static_cast<ErrorCode>(message["status"].get<int>()), message["message"].get<std::string>());
-}
-
 class ToolRelay final : public ToolSet {
  public:
   ToolRelay(std::shared_ptr<collective::Communicator> group, std::unique_ptr<ToolHost> host,
@@ -311,14 +283,14 @@ class ToolRelay final : public ToolSet {
                              {"terminate", a.terminate}});
         }
       } else {
-        message = error_message(got.status());
+        message = internal::error_message(got.status());
       }
     }
-    if (Status sent = send_or_receive(*group_, message, timeout_); !sent.ok()) {
+    if (Status sent = internal::send_or_receive(*group_, message, timeout_, "the tool answers"); !sent.ok()) {
       broken_ = sent;
       return sent;
     }
-    TESSERA_RETURN_IF_ERROR(error_of(message));
+    TESSERA_RETURN_IF_ERROR(internal::error_of(message));
     if (host_ != nullptr) return answers;
     if (!message.is_array() || message.size() != requests.size()) {
       broken_ = make_error(ErrorCode::internal, "rollout TP: TP rank 0 answered {} tool calls where this rank made {}",
@@ -359,12 +331,12 @@ Result<std::unique_ptr<ToolSet>> relay_tools(std::shared_ptr<collective::Communi
                  {"agent_schemas", host->agent_schemas()},
                  {"interactions", host->interactions()}};
     } else {
-      message = error_message(leader.ok() ? Status(ErrorCode::internal, "rollout TP: rank 0 has no tool host")
+      message = internal::error_message(leader.ok() ? Status(ErrorCode::internal, "rollout TP: rank 0 has no tool host")
                                           : leader.status());
     }
   }
-  TESSERA_RETURN_IF_ERROR(send_or_receive(*tp_group, message, start_wait));
-  TESSERA_RETURN_IF_ERROR(error_of(message));
+  TESSERA_RETURN_IF_ERROR(internal::send_or_receive(*tp_group, message, start_wait, "the tool answers"));
+  TESSERA_RETURN_IF_ERROR(internal::error_of(message));
   std::vector<std::string> interactions;
   for (const auto& name : message["interactions"]) interactions.push_back(name.get<std::string>());
   return std::unique_ptr<ToolSet>(new ToolRelay(std::move(tp_group), std::move(host), message["schemas"],

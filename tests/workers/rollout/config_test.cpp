@@ -152,8 +152,8 @@ TEST(RolloutConfig, UnknownKeysAndWrongTypesNameTheKey) {
 
 TEST(RolloutConfig, UnimplementedFeaturesAreRefused) {
   for (const nlohmann::json& j :
-       {nlohmann::json{{"agent", {{"agent_loop_config_path", "loops.yaml"}}}},
-        nlohmann::json{{"agent", {{"custom_async_server", {{"path", "server.py"}}}}}},
+       {nlohmann::json{{"agent", {{"custom_async_server", {{"path", "server.py"}}}}}},
+        nlohmann::json{{"calculate_log_probs", true}, {"mode", "async"}, {"agent", {{"agent_loop_config_path", "l.yaml"}}}},
         nlohmann::json{{"multi_turn", {{"completion_callback", "callbacks.Done"}}}},
         nlohmann::json{{"mode", "async"}, {"multi_turn", {{"interaction_config_path", "i.yaml"}}}},
         nlohmann::json{{"multi_turn", {{"format", "llama3_json"}}}},
@@ -195,6 +195,14 @@ TEST(RolloutConfig, MultiTurnKeys) {
   auto async = parse_rollout_config({{"mode", "async"}, {"agent", {{"num_workers", 8}}}});
   ASSERT_TRUE(async.ok()) << async.status().to_string();
   EXPECT_EQ(async->config.mode, "async");
+  auto loops = parse_rollout_config({{"mode", "async"}, {"agent", {{"agent_loop_config_path", "loops.yaml"}}}});
+  ASSERT_TRUE(loops.ok()) << loops.status().to_string();
+  EXPECT_EQ(*loops->config.agent_loop_config_path, "loops.yaml");
+  // Read by verl's agent loops only: with mode=sync it would change nothing.
+  auto sync_loops = parse_rollout_config({{"agent", {{"agent_loop_config_path", "loops.yaml"}}}});
+  ASSERT_FALSE(sync_loops.ok());
+  EXPECT_NE(sync_loops.status().message().find("agent.agent_loop_config_path needs"), std::string::npos)
+      << sync_loops.status().to_string();
   EXPECT_FALSE(parse_rollout_config({{"mode", "server"}}).ok());
   for (const auto& [j, key] : std::vector<std::pair<nlohmann::json, std::string>>{
            {{{"multi_turn", {{"enable", true}}}}, "multi_turn.enable"},

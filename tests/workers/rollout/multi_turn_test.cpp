@@ -15,10 +15,13 @@
 
 #include "tests/driver/driver_test_util.hpp"
 #include "tests/runtime/collective/collective_test_util.hpp"
+#include "tests/workers/rollout/scripted_engine.hpp"
 #include "workers/rollout/multi_turn.hpp"
 
 namespace tessera::rollout {
 namespace {
+
+using testing::ScriptedEngine;
 
 using nlohmann::json;
 using driver::testing::ScopedEnv;
@@ -125,42 +128,6 @@ for key, call in spec["calls"].items():
     out["answers"][key] = {"ids": answer, "reward": reward}
 json.dump(out, open(sys.argv[2], "w"))
 )PY";
-
-// Plays scripted turns: stream s's k-th generation is script[s][k] cut to its budget.
-class ScriptedEngine final : public RolloutEngine {
- public:
-  std::map<int64_t, std::vector<std::vector<int64_t>>> script;
-  std::map<int64_t, std::vector<std::vector<int64_t>>> seen;  ///< The prompts each stream was given.
-
-  Result<proto::DataProto> generate_sequences(const proto::DataProto&) override {
-    return make_error(ErrorCode::unimplemented, "scripted");
-  }
-  bool fail = false;  ///< generate_tokens fails (a model error mid-rollout).
-
-  Result<std::vector<GeneratedRow>> generate_tokens(const TokenRequests& r) override {
-    if (fail) return make_error(ErrorCode::internal, "the model failed");
-    std::vector<GeneratedRow> rows;
-    stats_ = GenerationStats{};
-    for (size_t i = 0; i < r.prompts.size(); ++i) {
-      const int64_t s = r.streams.at(i);
-      auto& turns = seen[s];
-      const auto& tokens = script.at(s).at(turns.size());
-      turns.push_back(r.prompts[i]);
-      GeneratedRow row;
-      const auto n = std::min<size_t>(tokens.size(), static_cast<size_t>(r.max_tokens.at(i)));
-      row.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
-      stats_.generated_tokens += static_cast<int64_t>(n);
-      rows.push_back(std::move(row));
-    }
-    return rows;
-  }
-  uint64_t call_seed(const json&) override { return 1; }
-  Status load_weights_by_reference(const models::TensorMap&) override { return Status(); }
-  const GenerationStats& last_stats() const override { return stats_; }
-
- private:
-  GenerationStats stats_;
-};
 
 std::vector<int64_t> cat(std::initializer_list<std::vector<int64_t>> parts) {
   std::vector<int64_t> out;
