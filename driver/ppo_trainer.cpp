@@ -37,7 +37,8 @@ std::string role_init(const json& cfg, const std::string& subtree, const std::st
   if (subtree == "actor_rollout_ref" && kwargs != nullptr && kwargs->is_object()) init["chat_template_kwargs"] = *kwargs;
   // The user's agent loops get the whole config (verl's trainer_config.config).
   const json* loops = config_find(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path");
-  if (subtree == "actor_rollout_ref" && role != "ref" && loops != nullptr && !loops->is_null()) init["trainer_config"] = cfg;
+  const bool with_loops = loops != nullptr && loops->is_string() && !loops->get<std::string>().empty();
+  if (subtree == "actor_rollout_ref" && role != "ref" && with_loops) init["trainer_config"] = cfg;
   return init.dump();
 }
 

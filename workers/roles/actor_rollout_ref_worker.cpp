@@ -391,7 +391,8 @@ Status ActorRolloutRefWorker::build_agent_loops() {
     TESSERA_ASSIGN_OR_RETURN(loops, rollout::AgentHost::start_host(options));
   }
   TESSERA_ASSIGN_OR_RETURN(agent_loops_,
-                           rollout::AgentLoopRollout::create(config_.rollout, std::move(loops), model_config_.vocab_size));
+                           rollout::AgentLoopRollout::create(config_.rollout, std::move(loops), model_config_.vocab_size,
+                                                             model_config_.context_length()));
   return Status();
 }
 

@@ -37,8 +37,11 @@ def finite(o):
         return [finite(v) for v in o]
     return o
 
+def encodable(o):  # raises where JSON cannot carry it (a tuple as a key, ...)
+    return finite(json.loads(json.dumps(o, default=plain)))
+
 def send(message):
-    proto.write(json.dumps(finite(json.loads(json.dumps(message, default=plain))), allow_nan=False) + "\n")
+    proto.write(json.dumps(message, allow_nan=False) + "\n")
     proto.flush()
 
 try:
@@ -48,11 +51,13 @@ try:
     from verl.experimental.agent_loop import agent_loop as verl_loops
     from verl.utils import hf_tokenizer
     from verl.utils.fs import copy_to_local
-    from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr
+    from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
     config = OmegaConf.create(spec["config"])
     tokenizer = hf_tokenizer(copy_to_local(spec["tokenizer_path"]), trust_remote_code=True)
     entries = OmegaConf.load(spec["agent_loop_config_path"])
     for entry in entries:
+        if not isinstance(entry.get("name"), str) or not isinstance(entry.get("_target_"), str):
+            raise ValueError(f"each entry needs a string name and _target_, got {entry}")
         verl_loops._agent_loop_registry[entry.name] = entry
     trace = config.actor_rollout_ref.rollout.get("trace", None) or {}
     RolloutTraceConfig.init(config.trainer.project_name, config.trainer.experiment_name, trace.get("backend"),
@@ -69,17 +74,31 @@ class ServerManager:
     """verl's AsyncLLMServerManager for the loops: generate() requests become Tessera engine calls."""
 
     def __init__(self):
-        self.pending, self.live, self.wake = [], 0, asyncio.Event()
+        self.pending, self.live, self.wake, self.since = [], 0, asyncio.Event(), None
+        self.rows = {}  # request_id -> row, for calls from threads that lost the row's context
 
+    @rollout_trace_op
     async def generate(self, request_id, *, prompt_ids, sampling_params):
         row = current_row.get()
         if row is None:
+            row = self.rows.get(request_id)
+        if row is None:
             raise RuntimeError("server_manager.generate was called outside an agent loop's run()")
-        future = loop.create_future()
-        request = {"row": row, "prompt_ids": [int(t) for t in prompt_ids], "sampling_params": dict(sampling_params)}
+        self.rows[request_id] = row
+        request = encodable({"row": row, "prompt_ids": [int(t) for t in prompt_ids],
+                             "sampling_params": dict(sampling_params)})
+        future = asyncio.get_running_loop().create_future()
+        if not self.pending:
+            self.since = loop.time()
         self.pending.append((request, future))
         self.wake.set()
         return await future
+
+def output_of(out):
+    metrics = out.metrics.model_dump() if hasattr(out.metrics, "model_dump") else dict(out.metrics)
+    return encodable({"prompt_ids": [int(t) for t in out.prompt_ids], "response_ids": [int(t) for t in out.response_ids],
+                      "response_mask": [int(t) for t in out.response_mask], "num_turns": int(out.num_turns),
+                      "metrics": metrics})
 
 async def run_row(server, i, row, sampling_params, trajectory):
     current_row.set(i)
@@ -90,11 +109,8 @@ async def run_row(server, i, row, sampling_params, trajectory):
                                             trainer_config=verl_loops._DummyConfig(config=config),
                                             server_manager=server, tokenizer=tokenizer)
             out = await agent.run(row["messages"], dict(sampling_params))
-        metrics = out.metrics.model_dump() if hasattr(out.metrics, "model_dump") else dict(out.metrics)
-        return {"prompt_ids": [int(t) for t in out.prompt_ids], "response_ids": [int(t) for t in out.response_ids],
-                "response_mask": [int(t) for t in out.response_mask], "num_turns": int(out.num_turns),
-                "metrics": metrics}
-    except Exception as e:
+        return output_of(out)
+    except BaseException as e:  # a loop's SystemExit or CancelledError is its row's error too
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
         server.live -= 1
@@ -116,8 +132,10 @@ async def run_batch(batch):
         server.wake.clear()
         if not server.pending:
             continue
-        # Every unfinished loop waits on the model, or none asked for 50 ms (some are in slow tools).
-        if len({r["row"] for r, _ in server.pending}) < server.live and not quiet:
+        # Sent when every unfinished loop waits on the model, when none asked for 50 ms (some are
+        # in slow tools), or when the oldest request has waited 200 ms.
+        waiting = len({r["row"] for r, _ in server.pending})
+        if waiting < server.live and not quiet and loop.time() - server.since < 0.2:
             continue
         sent, server.pending = server.pending, []
         send({"op": "generate", "requests": [r for r, _ in sent]})
@@ -131,7 +149,8 @@ async def run_batch(batch):
                 future.set_exception(RuntimeError(result["error"]))
             else:
                 future.set_result(result["tokens"])
-    send({"op": "done", "rows": await asyncio.gather(*tasks)})
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    send({"op": "done", "rows": [r if isinstance(r, dict) else {"error": f"{type(r).__name__}: {r}"} for r in results]})
 
 while line := requests.readline():
     loop.run_until_complete(run_batch(json.loads(line)))
@@ -184,7 +203,9 @@ Status AgentHost::launch() {
                       kKey, options_.agent_loop_config_path);
   }
   agents_.clear();
-  for (const auto& name : ready["agents"]) agents_.push_back(name.get<std::string>());
+  for (const auto& name : ready["agents"]) {
+    if (name.is_string()) agents_.push_back(name.get<std::string>());  // the child checked the config's names
+  }
   in_batch_ = false;
   return Status();
 }
@@ -236,24 +257,30 @@ namespace {
 class AgentRelay final : public AgentLoops {
  public:
   AgentRelay(std::shared_ptr<collective::Communicator> group, std::unique_ptr<AgentHost> host,
-             std::vector<std::string> agents, std::chrono::milliseconds timeout)
-      : timeout_(timeout), group_(std::move(group)), host_(std::move(host)), agents_(std::move(agents)) {}
+             std::vector<std::string> agents, std::chrono::milliseconds timeout, std::chrono::milliseconds start_timeout)
+      : timeout_(timeout),
+        start_timeout_(start_timeout),
+        group_(std::move(group)),
+        host_(std::move(host)),
+        agents_(std::move(agents)) {}
 
   const std::vector<std::string>& agents() const override { return agents_; }
+  // A start may first replace rank 0's child (an abandoned batch): the peers wait as at start-up.
   Result<json> start(const json& batch) override {
-    return relay(host_ != nullptr ? host_->start(batch) : Result<json>(json()));
+    if (!broken_.ok()) return broken_;
+    return relay(host_ != nullptr ? host_->start(batch) : Result<json>(json()), start_timeout_);
   }
   Result<json> answer(const json& results) override {
-    return relay(host_ != nullptr ? host_->answer(results) : Result<json>(json()));
+    if (!broken_.ok()) return broken_;
+    return relay(host_ != nullptr ? host_->answer(results) : Result<json>(json()), timeout_);
   }
 
  private:
   // Rank 0's message (or its error) on every peer.
-  Result<json> relay(Result<json> mine) {
-    if (!broken_.ok()) return broken_;
+  Result<json> relay(Result<json> mine, std::chrono::milliseconds timeout) {
     nlohmann::ordered_json message;
     if (host_ != nullptr) message = mine.ok() ? nlohmann::ordered_json(*mine) : internal::error_message(mine.status());
-    if (Status st = internal::send_or_receive(*group_, message, timeout_, "the agent loops' messages"); !st.ok()) {
+    if (Status st = internal::send_or_receive(*group_, message, timeout, "the agent loops' messages"); !st.ok()) {
       broken_ = st;
       return st;
     }
@@ -262,7 +289,7 @@ class AgentRelay final : public AgentLoops {
     return json::parse(message.dump());
   }
 
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, start_timeout_;
   std::shared_ptr<collective::Communicator> group_;
   std::unique_ptr<AgentHost> host_;  ///< Rank 0's; null on the other peers.
   std::vector<std::string> agents_;
@@ -290,8 +317,11 @@ Result<std::unique_ptr<AgentLoops>> relay_agent_loops(std::shared_ptr<collective
   TESSERA_RETURN_IF_ERROR(internal::send_or_receive(*tp_group, message, start_wait, "the agent loops' messages"));
   TESSERA_RETURN_IF_ERROR(internal::error_of(message));
   std::vector<std::string> agents;
-  for (const auto& name : message["agents"]) agents.push_back(name.get<std::string>());
-  return std::unique_ptr<AgentLoops>(new AgentRelay(std::move(tp_group), std::move(host), std::move(agents), wait));
+  for (const auto& name : message["agents"]) {
+    if (name.is_string()) agents.push_back(name.get<std::string>());
+  }
+  return std::unique_ptr<AgentLoops>(
+      new AgentRelay(std::move(tp_group), std::move(host), std::move(agents), wait, start_wait));
 }
 
 }  // namespace tessera::rollout

@@ -10,13 +10,15 @@
 // (`await loop.run(messages, sampling_params)`), all rows concurrently on one asyncio loop. The
 // server_manager is a bridge: its `generate(request_id, prompt_ids=..., sampling_params=...)`
 // queues the request and sends the queue to this process when every unfinished loop waits on
-// one (or when none arrived for 50 ms: some loop is in a slow tool call), as one message:
+// one, when none arrived for 50 ms (some loop is in a slow tool call) or when the oldest has
+// waited 200 ms, as one message:
 //   child -> {"op": "generate", "requests": [{"row", "prompt_ids", "sampling_params"}]}
 //   parent -> {"results": [{"tokens": [...]} | {"error": "..."}]}   (the error is raised in the loop)
 // and, when every loop returned,
 //   child -> {"op": "done", "rows": [{"prompt_ids", "response_ids", "response_mask", "num_turns",
 //            "metrics"} | {"error": "<Type>: <message>"}]}
-// A loop that raises gives its row's error; the others run on.
+// A loop that raises (anything, SystemExit and cancellation included), or returns what JSON cannot
+// carry, gives its row's error; the others run on.
 //
 // The child prints nothing into the protocol (its stdout is stderr), so a loop's print is safe.
 // A child that dies, breaks the protocol, or sends nothing for `timeout` ends the host: the

@@ -7,11 +7,12 @@
 // one Python process per rollout rank (agent_host.hpp), and their generate calls reach the
 // in-process engine:
 //  - The loops' requests are batched: the host sends its queue when every unfinished loop waits
-//    on the model (or none asked for 50 ms), and each batch is one engine call per distinct
+//    on the model, when none asked for 50 ms, or when the oldest has waited 200 ms; each batch is one engine call per distinct
 //    sampling rule (continuous batching, CUDA-graph decode, within it). Requests that come while
 //    the engine runs wait for the next batch, where vLLM would admit them at its next step.
-//  - A request generates until EOS or its budget: min(response_length, max_model_len minus its
-//    prompt, its sampling_params' max_tokens / max_new_tokens). verl 0.5's vLLM server allows
+//  - A request generates until EOS or its budget: min(response_length, max_model_len (at most the
+//    model's context) minus its prompt, its sampling_params' max_tokens / max_new_tokens); a
+//    prompt that leaves no room fails its request. verl 0.5's vLLM server allows
 //    max_model_len minus the prompt (and raises on max_tokens), its SGLang server caps at
 //    response_length as here; a loop cuts its own response to response_length, as verl's do.
 //  - sampling_params are the loop's: verl's dict (temperature, top_p, repetition_penalty: 1.0;
@@ -149,12 +150,13 @@ json agent_loop_metrics(const std::vector<json>& metrics, const std::vector<Conv
 
 Result<std::unique_ptr<AgentLoopRollout>> AgentLoopRollout::create(const RolloutConfig& config,
                                                                    std::unique_ptr<AgentLoops> loops,
-                                                                   int64_t vocab_size) {
-  if (config.mode != "async" || !config.agent_loop_config_path || loops == nullptr || vocab_size < 1) {
+                                                                   int64_t vocab_size, int64_t context_length) {
+  if (config.mode != "async" || !config.agent_loop_config_path || loops == nullptr || vocab_size < 1 ||
+      context_length < 1) {
     return make_error(ErrorCode::invalid_argument, "{}: custom agent loops need mode=async, the config path and their "
                       "host", kKey);
   }
-  return std::unique_ptr<AgentLoopRollout>(new AgentLoopRollout(config, std::move(loops), vocab_size));
+  return std::unique_ptr<AgentLoopRollout>(new AgentLoopRollout(config, std::move(loops), vocab_size, context_length));
 }
 
 Result<proto::DataProto> AgentLoopRollout::generate(RolloutEngine& engine, const proto::DataProto& prompts) {
@@ -202,7 +204,9 @@ Result<proto::DataProto> AgentLoopRollout::generate(RolloutEngine& engine, const
                                    ? meta["global_steps"].get<int64_t>() : -1},
                       {"validate", in.validate}};
   const uint64_t seed = engine.call_seed(meta);
-  const int64_t max_model_len = config_.max_model_len.value_or(config_.prompt_length + config_.response_length);
+  // What a request's prompt and tokens may fill: max_model_len, within the model's context.
+  const int64_t max_model_len =
+      std::min(config_.max_model_len.value_or(config_.prompt_length + config_.response_length), context_length_);
   std::vector<int64_t> calls_of(static_cast<size_t>(bs), 0);  // each row's generate() calls so far
 
   TESSERA_ASSIGN_OR_RETURN(json message, loops_->start(batch));

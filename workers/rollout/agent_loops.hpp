@@ -38,9 +38,9 @@ struct AgentLoopStats {
 class AgentLoopRollout {
  public:
   /// REQUIRES: config.mode == "async" and config.agent_loop_config_path; `vocab_size` bounds the
-  /// token ids the loops may return.
+  /// token ids the loops may use, `context_length` (the model's) prompt plus generated tokens.
   static Result<std::unique_ptr<AgentLoopRollout>> create(const RolloutConfig& config, std::unique_ptr<AgentLoops> loops,
-                                                          int64_t vocab_size);
+                                                          int64_t vocab_size, int64_t context_length);
 
   /// Runs the batch's loops on `engine`. Errors name the row, its agent loop and the key.
   Result<proto::DataProto> generate(RolloutEngine& engine, const proto::DataProto& prompts);
@@ -48,12 +48,14 @@ class AgentLoopRollout {
   const AgentLoopStats& last_stats() const { return stats_; }
 
  private:
-  AgentLoopRollout(const RolloutConfig& config, std::unique_ptr<AgentLoops> loops, int64_t vocab_size)
-      : config_(config), loops_(std::move(loops)), vocab_size_(vocab_size) {}
+  AgentLoopRollout(const RolloutConfig& config, std::unique_ptr<AgentLoops> loops, int64_t vocab_size,
+                   int64_t context_length)
+      : config_(config), loops_(std::move(loops)), vocab_size_(vocab_size), context_length_(context_length) {}
 
   RolloutConfig config_;
   std::unique_ptr<AgentLoops> loops_;
   int64_t vocab_size_;
+  int64_t context_length_;
   AgentLoopStats stats_;
 };
 

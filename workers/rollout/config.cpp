@@ -289,7 +289,12 @@ Status set_agent(const json& v, const std::string& key, RolloutConfig& c, ParseS
   static const KeyRule<RolloutConfig> rules[] = {
       {"_target_", nullptr},
       {"num_workers", nullptr},  // agent-loop worker processes: the engine is in-process
-      {"agent_loop_config_path", set_field<&RolloutConfig::agent_loop_config_path, RolloutConfig>},
+      {"agent_loop_config_path", [](const json& path, const std::string& k, RolloutConfig& cfg, ParseState& st) {
+         Status read = set_field<&RolloutConfig::agent_loop_config_path, RolloutConfig>(path, k, cfg, st);
+         if (!read.ok()) return read;
+         if (cfg.agent_loop_config_path->empty()) cfg.agent_loop_config_path.reset();  // verl: a falsy path is none
+         return Status();
+       }},
       {"custom_async_server", [](const json& server, const std::string& k, RolloutConfig& cfg, ParseState& st) {
          static const KeyRule<RolloutConfig> server_rules[] = {{"path", no_custom_server}, {"name", no_custom_server}};
          return apply_rules(server, k + ".", server_rules, cfg, st);
@@ -444,9 +449,9 @@ Status validate_rollout_config(const RolloutConfig& c) {
   }
   TESSERA_RETURN_IF_ERROR(positive(mt.max_parallel_calls, "multi_turn.max_parallel_calls"));
   TESSERA_RETURN_IF_ERROR(positive(mt.max_tool_response_length, "multi_turn.max_tool_response_length"));
-  if (!(mt.tool_timeout_s > 0)) {
-    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.tool_timeout_s={} must be > 0", kPrefix,
-                      mt.tool_timeout_s);
+  if (!(mt.tool_timeout_s > 0 && mt.tool_timeout_s <= 1e7)) {
+    return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.tool_timeout_s={} must be in (0, 1e7] "
+                      "seconds", kPrefix, mt.tool_timeout_s);
   }
   if (mt.enable && !mt.tool_config_path && !mt.interaction_config_path) {
     return make_error(ErrorCode::invalid_argument, "{}multi_turn.enable=true needs multi_turn.tool_config_path (the "

@@ -27,6 +27,7 @@ using testing::ScriptedEngine;
 constexpr int64_t kImEnd = 151645;  // Qwen3's <|im_end|>, its EOS
 constexpr int64_t kPad = 151643;
 constexpr int64_t kVocab = 151936;
+constexpr int64_t kContext = 40960;
 
 // The user's loops.
 constexpr const char* kTestAgents = R"PY(
@@ -69,6 +70,27 @@ class BadIdsAgent(AgentLoopBase):
     async def run(self, messages, sampling_params):
         return AgentLoopOutput(prompt_ids=[1, 2], response_ids=[3, 999999], response_mask=[1, 1], metrics={})
 
+class SleepyAgent(AgentLoopBase):
+    """A slow tool, then one generation."""
+    def __init__(self, *args, delay=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay = delay
+    async def run(self, messages, sampling_params):
+        await asyncio.sleep(self.delay)
+        ids = await self.server_manager.generate("s", prompt_ids=[1, 2, 3], sampling_params=sampling_params)
+        return AgentLoopOutput(prompt_ids=[1, 2, 3], response_ids=ids, response_mask=[1] * len(ids), metrics={})
+
+class ParallelAgent(AgentLoopBase):
+    """Three samples at once; the second one's tokens are the response."""
+    async def run(self, messages, sampling_params):
+        outs = await asyncio.gather(*[self.server_manager.generate(f"p{k}", prompt_ids=[4, 5], sampling_params=sampling_params)
+                                      for k in range(3)])
+        return AgentLoopOutput(prompt_ids=[4, 5], response_ids=outs[1], response_mask=[1] * len(outs[1]), metrics={})
+
+class SystemExitAgent(AgentLoopBase):
+    async def run(self, messages, sampling_params):
+        raise SystemExit(2)
+
 class HungAgent(AgentLoopBase):
     async def run(self, messages, sampling_params):
         await asyncio.Event().wait()
@@ -90,6 +112,15 @@ constexpr const char* kLoops = R"(- name: counting
   _target_: tessera_test_agents.StopAgent
 - name: bad_ids
   _target_: tessera_test_agents.BadIdsAgent
+- name: quick
+  _target_: tessera_test_agents.SleepyAgent
+- name: sleepy
+  _target_: tessera_test_agents.SleepyAgent
+  delay: 1.0
+- name: parallel
+  _target_: tessera_test_agents.ParallelAgent
+- name: system_exit
+  _target_: tessera_test_agents.SystemExitAgent
 - name: hung
   _target_: tessera_test_agents.HungAgent
 - name: exiting
@@ -183,7 +214,7 @@ class AgentLoops : public ::testing::Test {
     auto h = host(c, timeout_s);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     if (!h.ok()) return nullptr;
-    auto r = AgentLoopRollout::create(c, std::move(h).value(), kVocab);
+    auto r = AgentLoopRollout::create(c, std::move(h).value(), kVocab, kContext);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() ? std::move(r).value() : nullptr;
   }
@@ -341,10 +372,36 @@ TEST_F(AgentLoops, CustomLoopsGenerateWithTheEngine) {
   EXPECT_TRUE(val.calls.at(0).sampling->greedy);
 }
 
+// Requests wait for the loops still busy elsewhere only so long: two quick rows are sent while a
+// third is in a slow tool (its request goes in the next call); one row's concurrent requests are
+// one call, each from its own stream.
+TEST_F(AgentLoops, BusyLoopsDoNotHoldTheOthersBackAndParallelSamplesShareACall) {
+  auto loops = rollout(config(12));
+  ASSERT_NE(loops, nullptr);
+  ScriptedEngine engine;
+  engine.rows = 3;
+  for (int64_t r = 0; r < 3; ++r) engine.script[r] = {{9, kImEnd}};
+  auto out = loops->generate(engine, batch(kQuestion, {"quick", "sleepy", "quick"}));
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_EQ(engine.calls.size(), 2U);
+  EXPECT_EQ(engine.calls[0].streams, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(engine.calls[1].streams, (std::vector<int64_t>{1}));
+  EXPECT_EQ(row_of(*out->tensor("responses"), 1).front(), 9);
+
+  ScriptedEngine parallel;
+  parallel.rows = 1;
+  parallel.script[0] = {{21, kImEnd}, {22, kImEnd}, {23, kImEnd}};
+  auto sampled = loops->generate(parallel, batch(kQuestion, {"parallel"}));
+  ASSERT_TRUE(sampled.ok()) << sampled.status().to_string();
+  ASSERT_EQ(parallel.calls.size(), 1U);
+  EXPECT_EQ(parallel.calls[0].streams, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(row_of(*sampled->tensor("responses"), 0).front(), 22);
+}
+
 // Whatever a loop does wrong is one line naming the row and its loop (and the key it got wrong);
 // a hung loop ends the rollout after tool_timeout_s, a dying one at once.
 TEST_F(AgentLoops, BadLoopsAreOneLineErrors) {
-  auto loops = rollout(config(12), 5);
+  auto loops = rollout(config(12), 2);
   ASSERT_NE(loops, nullptr);
   ScriptedEngine engine;
   engine.rows = 2;
@@ -368,6 +425,8 @@ TEST_F(AgentLoops, BadLoopsAreOneLineErrors) {
   EXPECT_TRUE(contains(e, "sampling_params.stop")) << e;
   e = error_of({"bad_ids"});
   EXPECT_TRUE(contains(e, "row 0: agent loop 'bad_ids' returned response_ids holds 999999")) << e;
+  e = error_of({"system_exit"});
+  EXPECT_TRUE(contains(e, "row 0: agent loop 'system_exit' failed: \"SystemExit: 2\"")) << e;
   // The host survives a loop's error: the next batch runs; and one the engine failed mid-way
   // (its loops left waiting) is replaced by a fresh process.
   EXPECT_EQ(error_of({"counting"}), "ok");
@@ -393,6 +452,11 @@ TEST_F(AgentLoops, BadLoopsAreOneLineErrors) {
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(contains(h.status().message(), "agent.agent_loop_config_path: cannot load")) << h.status().to_string();
   EXPECT_TRUE(contains(h.status().message(), "missing.yaml")) << h.status().to_string();
+  RolloutConfig unnamed = config();
+  unnamed.agent_loop_config_path = dir_.write("unnamed.yaml", "- name: 2024\n  _target_: x.Y\n").string();
+  h = host(unnamed);
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(contains(h.status().message(), "a string name and _target_")) << h.status().to_string();
   RolloutConfig empty = config();
   empty.agent_loop_config_path = dir_.write("empty.yaml", "[]\n").string();
   h = host(empty);
@@ -413,7 +477,7 @@ TEST_F(AgentLoops, TensorParallelPeersShareRankZerosLoops) {
     if (rank == 0) leader = host(c);
     auto relay = relay_agent_loops(group, std::move(leader), std::chrono::seconds(120));
     ASSERT_TRUE(relay.ok()) << relay.status().to_string();
-    auto loops = AgentLoopRollout::create(c, std::move(relay).value(), kVocab);
+    auto loops = AgentLoopRollout::create(c, std::move(relay).value(), kVocab, kContext);
     ASSERT_TRUE(loops.ok()) << loops.status().to_string();
     ScriptedEngine engine;
     engine.rows = 2;

@@ -198,6 +198,9 @@ TEST(RolloutConfig, MultiTurnKeys) {
   auto loops = parse_rollout_config({{"mode", "async"}, {"agent", {{"agent_loop_config_path", "loops.yaml"}}}});
   ASSERT_TRUE(loops.ok()) << loops.status().to_string();
   EXPECT_EQ(*loops->config.agent_loop_config_path, "loops.yaml");
+  auto blank = parse_rollout_config({{"agent", {{"agent_loop_config_path", ""}}}});  // verl: a falsy path is none
+  ASSERT_TRUE(blank.ok()) << blank.status().to_string();
+  EXPECT_FALSE(blank->config.agent_loop_config_path.has_value());
   // Read by verl's agent loops only: with mode=sync it would change nothing.
   auto sync_loops = parse_rollout_config({{"agent", {{"agent_loop_config_path", "loops.yaml"}}}});
   ASSERT_FALSE(sync_loops.ok());
