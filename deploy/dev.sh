@@ -40,7 +40,8 @@ PACKAGES=(
 # PyPI, into $VENV. torch is pinned to the GPU image's version (deploy/cuda-image.sh), so both
 # builds compile against one LibTorch; pyarrow's Arrow C++ reads parquet datasets (Note [Arrow from
 # pyarrow] in CMakeLists.txt); the rest are the references the tests compare against (peft: LoRA).
-PY_PACKAGES=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 pyarrow==26.0.1 pandas==3.1.1 tensorboard==2.21.0 peft==0.21.2)
+PY_PACKAGES=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 pyarrow==26.0.1 pandas==3.1.1 tensorboard==2.21.0 peft==0.21.2
+             datasets==4.4.1)
 # verl v0.5.0 itself, the reference the parity tests run (its protocol, core_algos, reward
 # scorers, tools and agent loops): without its dependency list (it pins numpy<2 and pulls Ray,
 # vLLM...); these are the few its protocol, core_algos and agent loops import (the tests stub Ray

@@ -184,6 +184,22 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
   return ds;
 }
 
+Result<RLHFDataset> RLHFDataset::from_rows(std::vector<RLHFRow> rows, const tokenizer::Tokenizer& tokenizer,
+                                           const RLHFDatasetOptions& options) {
+  RLHFDataset ds;
+  ds.options_ = options;
+  TESSERA_ASSIGN_OR_RETURN(ds.pad_id_, dataset_pad_id(tokenizer));
+  for (const RLHFRow& r : rows) {
+    if (r.prompt_ids.empty() || static_cast<int64_t>(r.prompt_ids.size()) > options.max_prompt_length) {
+      return make_error(ErrorCode::invalid_argument, "{}: the prompt has {} tokens; data.max_prompt_length is {}",
+                        r.source, r.prompt_ids.size(), options.max_prompt_length);
+    }
+    ds.has_agent_names_ |= !r.agent_name.empty();
+  }
+  ds.rows_ = std::move(rows);
+  return ds;
+}
+
 Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indices) const {
   if (indices.empty()) return make_error(ErrorCode::invalid_argument, "RLHFDataset::collate: no indices");
   const int64_t b = static_cast<int64_t>(indices.size()), len = options_.max_prompt_length;

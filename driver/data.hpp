@@ -115,6 +115,11 @@ class RLHFDataset {
   static Result<RLHFDataset> load(const std::vector<std::filesystem::path>& files, const tokenizer::Tokenizer& tokenizer,
                                   const RLHFDatasetOptions& options);
 
+  /// A dataset of rows read elsewhere (data.custom_cls: python_dataset.hpp), each prompt already
+  /// tokenised and cut to options.max_prompt_length.
+  static Result<RLHFDataset> from_rows(std::vector<RLHFRow> rows, const tokenizer::Tokenizer& tokenizer,
+                                       const RLHFDatasetOptions& options);
+
   /// Rows kept (after filter_overlong_prompts).
   int64_t size() const { return static_cast<int64_t>(rows_.size()); }
   /// Rows dropped by filter_overlong_prompts.

@@ -3,6 +3,7 @@
 
 #include "driver/config.hpp"
 #include "driver/internal/ppo_state.hpp"
+#include "driver/python_dataset.hpp"
 #include "driver/python_reward.hpp"
 
 namespace tessera::driver {
@@ -69,7 +70,23 @@ Status load_data(const json& cfg, State& s) {
   s.eos_token_id = *eos;
   s.pad_token_id = pad;
   TESSERA_ASSIGN_OR_RETURN(RLHFDatasetOptions opts, RLHFDatasetOptions::from_config(cfg));
-  TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
+  TESSERA_ASSIGN_OR_RETURN(auto custom_cls, config_get_or<std::optional<std::string>>(cfg, "data.custom_cls.path",
+                                                                                       std::nullopt));
+  if (custom_cls) {  // verl's create_rl_dataset with the user's class, for both sets
+    TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions po, PythonDatasetOptions::from_config(cfg));
+    TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
+    TESSERA_ASSIGN_OR_RETURN(auto train_rows, read_python_dataset(train_files, po, opts.max_prompt_length));
+    TESSERA_ASSIGN_OR_RETURN(RLHFDataset train, RLHFDataset::from_rows(std::move(train_rows), tok, opts));
+    s.train_dataset.emplace(std::move(train));
+    TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
+    if (!val_files.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(auto val_rows, read_python_dataset(val_files, po, opts.max_prompt_length));
+      TESSERA_ASSIGN_OR_RETURN(RLHFDataset val, RLHFDataset::from_rows(std::move(val_rows), tok, opts));
+      s.val_dataset.emplace(std::move(val));
+    }
+  } else {
+    TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
+  }
   DataLoaderOptions lo;
   TESSERA_ASSIGN_OR_RETURN(lo.batch_size, config_get<int64_t>(cfg, "data.train_batch_size"));
   TESSERA_ASSIGN_OR_RETURN(lo.shuffle, config_get<bool>(cfg, "data.shuffle"));

@@ -243,6 +243,48 @@ class EchoAgent(AgentLoopBase):
   }
 }
 
+// data.custom_cls: the user's dataset class (here one that reads the JSONL rows itself and puts an
+// "x" before each question) builds the train and validation sets, and the step trains on them.
+TEST(TrainerRun, CustomDatasetClassFeedsTheRun) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl) is not set";
+  TempDir dir("custom_cls");
+  testing::make_tiny_run(dir.path());
+  dir.write("py/ray/__init__.py", "ObjectRef = object\n");  // verl imports ray for DataProtoFuture only
+  const auto module = dir.write("prompts.py", R"PY(
+import json, torch
+from torch.utils.data import Dataset
+class MarkedPrompts(Dataset):
+    def __init__(self, data_files, tokenizer, processor, config):
+        self.rows = [json.loads(line) for f in data_files for line in open(f) if line.strip()]
+        self.tokenizer, self.width = tokenizer, config.max_prompt_length
+    def __len__(self):
+        return len(self.rows)
+    def __getitem__(self, i):
+        row = dict(self.rows[i])
+        messages = [{**m, "content": "x" + m["content"]} for m in row.pop("prompt")]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        pad = self.width - len(ids)
+        row.update(input_ids=torch.tensor([0] * pad + ids), attention_mask=torch.tensor([0] * pad + [1] * len(ids)),
+                   raw_prompt=messages)
+        return row
+)PY");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
+  testing::ScopedEnv python("TESSERA_DATA_PYTHON", py);
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  for (const std::string& o : std::vector<std::string>{"data.custom_cls.path=" + module.string(),
+                                                       "data.custom_cls.name=MarkedPrompts",
+                                                       "trainer.rollout_data_dir=" + dir.path().string() + "/gen"}) {
+    overrides.push_back(o);
+  }
+  auto t = testing::fit_trainer(overrides);
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(std::isfinite(t->history().back().second.at("actor/pg_loss")));
+  auto rows = read_jsonl(dir.path() / "gen" / "1.jsonl");
+  ASSERT_EQ(rows.size(), 8u);
+  for (const auto& r : rows) EXPECT_NE(r["input"].get<std::string>().find("userx"), std::string::npos) << r.dump();
+}
+
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   TempDir dir("ppo");
   testing::make_tiny_run(dir.path());

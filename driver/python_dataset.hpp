@@ -1,0 +1,47 @@
+// python_dataset.hpp: verl's data.custom_cls: the user's dataset class (a torch Dataset, usually
+// an RLHFDataset subclass), built and read by Python in a child process (runtime/python_child.hpp)
+// when the data loads.
+//
+// The child does what verl's create_rl_dataset does: load_extern_type(path, name) (a file, or
+// pkg://module), the class must subclass torch.utils.data.Dataset, then
+// cls(data_files=..., tokenizer=hf_tokenizer(...), processor=None, config=<the data section>) with
+// return_raw_chat on (Tessera's batches always carry raw_prompt). Every item is read once, in
+// order, and becomes a row of Tessera's RLHFDataset: the prompt is input_ids under
+// attention_mask (the class pads and truncates), raw_prompt, data_source, ability, reward_model,
+// extra_info and agent_name are taken as they are (index, tools_kwargs and interaction_kwargs
+// then come from extra_info, as verl's RLHFDataset sets them). An item with multi_modal_data, or
+// without the fields the trainer reads, is an error naming it; keys no step reads are reported
+// in one log line.
+//
+// Thread-safety: re-entrant (each call runs its own child).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "driver/data.hpp"
+#include "proto/status.hpp"
+
+namespace tessera::driver {
+
+struct PythonDatasetOptions {
+  std::string path;  ///< data.custom_cls.path: a .py file (or file://...), or pkg://module.
+  std::string name;  ///< data.custom_cls.name: the class.
+  nlohmann::json data_config = nlohmann::json::object();  ///< The config's data section (the class's config).
+  std::string tokenizer_path;  ///< data.tokenizer, else actor_rollout_ref.model.path.
+  bool trust_remote_code = false;  ///< data.trust_remote_code (verl's hf_tokenizer argument).
+  std::string python;  ///< Empty: $TESSERA_DATA_PYTHON, else python3.
+
+  /// data.custom_cls.{path,name}, the data section and the tokenizer from a loaded PPO config.
+  static Result<PythonDatasetOptions> from_config(const nlohmann::json& cfg);
+};
+
+/// Builds the class over `files` and reads every item (see the header comment). Errors name
+/// data.custom_cls, the class and the item.
+Result<std::vector<RLHFRow>> read_python_dataset(const std::vector<std::filesystem::path>& files,
+                                                 const PythonDatasetOptions& options, int64_t max_prompt_length);
+
+}  // namespace tessera::driver
