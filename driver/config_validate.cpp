@@ -385,7 +385,6 @@ Status validate_sft_config(const nlohmann::json& cfg) {
   TESSERA_ASSIGN_OR_RETURN(int64_t max_length, config_get<int64_t>(cfg, "data.max_length"));
   if (max_length < 2) return invalid(fmt::format("data.max_length = {} must be >= 2", max_length));
   TESSERA_RETURN_IF_ERROR(check_refusals(cfg, {
-      {"data.custom_cls.path", "custom dataset classes are Python; Tessera reads verl's parquet/JSONL columns itself"},
       {"data.balance_dp_token", "token-balanced data-parallel loss is not supported yet"},
       {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
   }));

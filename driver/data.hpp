@@ -168,6 +168,8 @@ struct SFTExample {
   /// token, 1 where it is an assistant token the model is trained to produce.
   std::vector<int32_t> ids;
   std::vector<uint8_t> trained;
+  /// An item of the user's class (data.custom_cls): its columns at max_length, used as they are.
+  std::vector<int64_t> item_ids, item_mask, item_positions, item_loss;
   std::string source;                 ///< "FILE:LINE"
 };
 
@@ -182,6 +184,10 @@ class SFTDataset {
   int64_t size() const { return static_cast<int64_t>(examples_.size()); }
   /// REQUIRES: 0 <= i < size().
   const SFTExample& example(int64_t i) const { return examples_[static_cast<size_t>(i)]; }
+
+  /// Examples read elsewhere (data.custom_cls: python_dataset.hpp), each an item at max_length.
+  static Result<SFTDataset> from_items(std::vector<SFTExample> items, const tokenizer::Tokenizer& tokenizer,
+                                       const SFTDatasetOptions& options);
 
   /// Tensors input_ids, attention_mask, position_ids, loss_mask, each [B, max_length] int64.
   Result<proto::DataProto> collate(const std::vector<int64_t>& indices) const;

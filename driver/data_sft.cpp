@@ -236,6 +236,23 @@ Result<SFTDataset> SFTDataset::load(const std::vector<std::filesystem::path>& fi
   return ds;
 }
 
+Result<SFTDataset> SFTDataset::from_items(std::vector<SFTExample> items, const tokenizer::Tokenizer& tokenizer,
+                                          const SFTDatasetOptions& options) {
+  SFTDataset ds;
+  ds.options_ = options;
+  TESSERA_ASSIGN_OR_RETURN(ds.pad_id_, dataset_pad_id(tokenizer));
+  for (const SFTExample& ex : items) {
+    for (const auto* column : {&ex.item_ids, &ex.item_mask, &ex.item_positions, &ex.item_loss}) {
+      if (static_cast<int64_t>(column->size()) != options.max_length) {
+        return make_error(ErrorCode::invalid_argument, "{}: a column of {} values; data.max_length is {}", ex.source,
+                          column->size(), options.max_length);
+      }
+    }
+  }
+  ds.examples_ = std::move(items);
+  return ds;
+}
+
 Result<proto::DataProto> SFTDataset::collate(const std::vector<int64_t>& indices) const {
   if (indices.empty()) return make_error(ErrorCode::invalid_argument, "SFTDataset::collate: no indices");
   const int64_t b = static_cast<int64_t>(indices.size()), len = options_.max_length;
@@ -251,6 +268,14 @@ Result<proto::DataProto> SFTDataset::collate(const std::vector<int64_t>& indices
       return make_error(ErrorCode::out_of_range, "SFTDataset::collate: index {} outside [0, {})", k, size());
     }
     const SFTExample& ex = example(k);
+    if (!ex.item_ids.empty()) {  // the user's class built the example: its columns as they are
+      for (int64_t j = 0; j < len; ++j) {
+        ids_a[i][j] = ex.item_ids[static_cast<size_t>(j)];
+        mask_a[i][j] = ex.item_mask[static_cast<size_t>(j)];
+        loss_a[i][j] = ex.item_loss[static_cast<size_t>(j)];
+      }
+      continue;
+    }
     if (options_.multiturn) {
       // verl's truncation of the conversation, then the trained tokens shifted to the positions
       // that predict them; positions 0 on padding (verl: arange * attention_mask).
@@ -276,11 +301,16 @@ Result<proto::DataProto> SFTDataset::collate(const std::vector<int64_t>& indices
     }
     loss_a[i][std::min(prompt_len + response_len, len) - 1] = 0;
   }
+  at::Tensor positions = options_.multiturn ? torch::arange(len, torch::kInt64).unsqueeze(0) * mask
+                                            : compute_position_id_with_mask(mask);
+  for (int64_t i = 0; i < b; ++i) {
+    const SFTExample& ex = example(indices[static_cast<size_t>(i)]);
+    if (!ex.item_positions.empty()) positions[i].copy_(torch::tensor(ex.item_positions, torch::kInt64));
+  }
   proto::TensorDict tensors;
   tensors.insert_or_assign("input_ids", ids);
   tensors.insert_or_assign("attention_mask", mask);
-  tensors.insert_or_assign("position_ids", options_.multiturn ? torch::arange(len, torch::kInt64).unsqueeze(0) * mask
-                                                               : compute_position_id_with_mask(mask));
+  tensors.insert_or_assign("position_ids", positions);
   tensors.insert_or_assign("loss_mask", loss);
   return proto::DataProto::from_dict(std::move(tensors));
 }

@@ -13,6 +13,12 @@
 // without the fields the trainer reads, is an error naming it; keys no step reads are reported
 // in one log line.
 //
+// For SFT (verl's create_sft_dataset): cls(parquet_files=..., tokenizer=..., config=<the data
+// section>), and each item's input_ids, attention_mask, position_ids and loss_mask (data.max_length
+// values each) are the example as they are: loss_mask marks the positions whose next token is
+// trained, as verl's SFT trainer reads it (a class built on verl's MultiTurnSFTDataset, which marks
+// the tokens themselves, is trained one position late there and here alike).
+//
 // Thread-safety: re-entrant (each call runs its own child).
 #pragma once
 
@@ -34,14 +40,21 @@ struct PythonDatasetOptions {
   std::string tokenizer_path;  ///< data.tokenizer, else actor_rollout_ref.model.path.
   bool trust_remote_code = false;  ///< data.trust_remote_code (verl's hf_tokenizer argument).
   std::string python;  ///< Empty: $TESSERA_DATA_PYTHON, else python3.
+  bool sft = false;    ///< verl's SFT dataset signature and items (see the header comment).
 
   /// data.custom_cls.{path,name}, the data section and the tokenizer from a loaded PPO config.
   static Result<PythonDatasetOptions> from_config(const nlohmann::json& cfg);
+  /// The same from an SFT config (the tokenizer of model.partial_pretrain).
+  static Result<PythonDatasetOptions> from_sft_config(const nlohmann::json& cfg);
 };
 
 /// Builds the class over `files` and reads every item (see the header comment). Errors name
 /// data.custom_cls, the class and the item.
 Result<std::vector<RLHFRow>> read_python_dataset(const std::vector<std::filesystem::path>& files,
                                                  const PythonDatasetOptions& options, int64_t max_prompt_length);
+
+/// The same for an SFT class: one example per item, each column `max_length` long.
+Result<std::vector<SFTExample>> read_python_sft_dataset(const std::vector<std::filesystem::path>& files,
+                                                        const PythonDatasetOptions& options, int64_t max_length);
 
 }  // namespace tessera::driver

@@ -8,6 +8,7 @@
 #include "driver/config.hpp"
 #include "driver/data.hpp"
 #include "driver/logger.hpp"
+#include "driver/python_dataset.hpp"
 #include "driver/runtime_config.hpp"
 #include "workers/tokenizer/tokenizer.hpp"
 
@@ -33,7 +34,23 @@ Status load_datasets(const json& cfg, FSDPSFTTrainer::State& s) {
   TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir_as_verl(model_path, &corrected));
   if (corrected) spdlog::warn("{}: gemma-2-2b-it's eos token set to <end_of_turn>, as verl's hf_tokenizer does", tok.source());
   TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(cfg));
-  TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
+  TESSERA_ASSIGN_OR_RETURN(auto custom_cls, config_get_or<std::optional<std::string>>(cfg, "data.custom_cls.path",
+                                                                                       std::nullopt));
+  if (custom_cls && !custom_cls->empty()) {  // verl's create_sft_dataset with the user's class, for both sets
+    TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions po, PythonDatasetOptions::from_sft_config(cfg));
+    TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
+    TESSERA_ASSIGN_OR_RETURN(auto train_items, read_python_sft_dataset(train_files, po, opts.max_length));
+    TESSERA_ASSIGN_OR_RETURN(SFTDataset train, SFTDataset::from_items(std::move(train_items), tok, opts));
+    s.train_dataset.emplace(std::move(train));
+    TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
+    if (!val_files.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(auto val_items, read_python_sft_dataset(val_files, po, opts.max_length));
+      TESSERA_ASSIGN_OR_RETURN(SFTDataset val, SFTDataset::from_items(std::move(val_items), tok, opts));
+      s.val_dataset.emplace(std::move(val));
+    }
+  } else {
+    TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
+  }
   DataLoaderOptions lo;
   lo.batch_size = s.train_batch_size;
   lo.shuffle = true;

@@ -93,7 +93,7 @@ TEST_F(PythonDataset, VerlsRLHFDatasetAsACustomClassMatchesTheNativeLoader) {
   const auto jsonl = dir_.write("rows.jsonl", lines);
   const auto parquet = dir_.path() / "rows.parquet";
   const auto made = testing::run_command(fmt::format(
-      "'{}' -c \"import pandas as pd; pd.read_json('{}', lines=True).to_parquet('{}')\" 2>&1", python_, jsonl.string(),
+      "'{}' -c \"import pandas as pd; pd.read_json('{}', lines=True, dtype=False).to_parquet('{}')\" 2>&1", python_, jsonl.string(),
       parquet.string()));
   ASSERT_EQ(made.status, 0) << made.text;
 
@@ -163,6 +163,44 @@ TEST_F(PythonDataset, UserClassesAndTheirErrors) {
   auto unnamed = PythonDatasetOptions::from_config(cfg);
   ASSERT_FALSE(unnamed.ok());
   EXPECT_TRUE(contains(unnamed.status().message(), "data.custom_cls.name")) << unnamed.status().to_string();
+}
+
+// SFT: verl's own SFTDataset as a custom class gives the batches of Tessera's native SFT loader;
+// a class's columns of the wrong width are an error naming the item.
+TEST_F(PythonDataset, VerlsSFTDatasetAsACustomClassMatchesTheNativeLoader) {
+  std::string lines;
+  for (const auto& [q, a] : std::vector<std::pair<std::string, std::string>>{{"2+2?", "4"}, {"What is 12*12?", "144"}}) {
+    lines += json{{"question", q}, {"answer", a}}.dump() + "\n";
+  }
+  const auto jsonl = dir_.write("sft.jsonl", lines);
+  const auto parquet = dir_.path() / "sft.parquet";
+  const auto made = testing::run_command(fmt::format(
+      "'{}' -c \"import pandas as pd; pd.read_json('{}', lines=True, dtype=False).to_parquet('{}')\" 2>&1", python_, jsonl.string(),
+      parquet.string()));
+  ASSERT_EQ(made.status, 0) << made.text;
+  SFTDatasetOptions sft;
+  sft.max_length = 48;
+  PythonDatasetOptions o = options("pkg://verl.utils.dataset.sft_dataset", "SFTDataset", 48);
+  o.sft = true;
+  o.data_config = {{"prompt_key", "question"}, {"response_key", "answer"}, {"max_length", 48}, {"truncation", "error"}};
+  auto items = read_python_sft_dataset({parquet}, o, 48);
+  ASSERT_TRUE(items.ok()) << items.status().to_string();
+  auto custom = SFTDataset::from_items(std::move(items).value(), qwen3_tokenizer(), sft);
+  ASSERT_TRUE(custom.ok()) << custom.status().to_string();
+  auto native = SFTDataset::load({parquet}, qwen3_tokenizer(), sft);
+  ASSERT_TRUE(native.ok()) << native.status().to_string();
+  auto a = custom->collate({1, 0});
+  auto b = native->collate({1, 0});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const char* key : {"input_ids", "attention_mask", "position_ids", "loss_mask"}) {
+    EXPECT_TRUE(torch::equal(*a->tensor(key), *b->tensor(key))) << key << "\n" << *a->tensor(key) << "\n"
+                                                                << *b->tensor(key);
+  }
+  // verl's class pads to data.max_length; a reader expecting another width names the item.
+  auto narrow = read_python_sft_dataset({parquet}, o, 40);
+  ASSERT_FALSE(narrow.ok());
+  EXPECT_NE(narrow.status().message().find("item 0: input_ids has 48 values; data.max_length is 40"), std::string::npos)
+      << narrow.status().to_string();
 }
 
 }  // namespace

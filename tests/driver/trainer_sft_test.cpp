@@ -130,5 +130,43 @@ TEST(SftTrainer, MultiTurnConversations) {
   EXPECT_LT(batch.tensor("loss_mask")->sum().item<int64_t>(), batch.tensor("attention_mask")->sum().item<int64_t>() / 2);
 }
 
+// data.custom_cls: the user's SFT class (here one that reads the JSONL pairs itself and trains on
+// the response positions) feeds the run.
+TEST(SftTrainer, CustomDatasetClass) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl) is not set";
+  TempDir dir("sft_custom_cls");
+  testing::make_tiny_run(dir.path());
+  dir.write("py/ray/__init__.py", "ObjectRef = object\n");  // verl imports ray for DataProtoFuture only
+  const auto module = dir.write("pairs.py", R"PY(
+import json, torch
+class Pairs(torch.utils.data.Dataset):
+    def __init__(self, parquet_files, tokenizer, config):
+        self.rows = [json.loads(line) for f in parquet_files for line in open(f) if line.strip()]
+        self.tokenizer, self.width = tokenizer, config.max_length
+    def __len__(self):
+        return len(self.rows)
+    def __getitem__(self, i):
+        row = self.rows[i]
+        prompt = self.tokenizer.encode(row["prompt"], add_special_tokens=False)
+        response = self.tokenizer.encode(row["response"], add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        ids = (prompt + response)[: self.width]
+        n, pad = len(ids), self.width - len(ids)
+        loss = [1 if len(prompt) - 1 <= j < n - 1 else 0 for j in range(n)]
+        return {"input_ids": torch.tensor(ids + [self.tokenizer.pad_token_id] * pad),
+                "attention_mask": torch.tensor([1] * n + [0] * pad),
+                "position_ids": torch.tensor(list(range(n)) + [0] * pad), "loss_mask": torch.tensor(loss + [0] * pad)}
+)PY");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
+  testing::ScopedEnv python("TESSERA_DATA_PYTHON", py);
+  auto overrides = testing::tiny_sft_overrides(dir.path(), 2);
+  overrides.push_back("data.custom_cls.path=" + module.string());
+  overrides.push_back("data.custom_cls.name=Pairs");
+  SftRun run = fit_sft(overrides);
+  ASSERT_NE(run.trainer, nullptr);
+  ASSERT_EQ(run.trainer->history().size(), 2u);
+  EXPECT_TRUE(std::isfinite(run.trainer->history().back().second.at("train/loss")));
+}
+
 }  // namespace
 }  // namespace tessera::driver

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 
@@ -485,6 +486,10 @@ Result<ParsedRolloutConfig> parse_rollout_config(const nlohmann::json& rollout) 
   TESSERA_RETURN_IF_ERROR(apply_rules(rollout, kPrefix, kRolloutRules, out.config, state));
   TESSERA_RETURN_IF_ERROR(validate_rollout_config(out.config));
   out.ignored_keys = std::move(state.ignored);
+  if (out.config.agent_loop_config_path) {  // verl's agent loops set up rollout.trace themselves (agent_host.hpp)
+    const std::string trace = std::string(kPrefix) + "trace";
+    out.ignored_keys.erase(std::remove(out.ignored_keys.begin(), out.ignored_keys.end(), trace), out.ignored_keys.end());
+  }
   // Every rank of a process parses the same config: report a given key list once per process.
   static std::mutex reported_mu;
   static std::set<std::vector<std::string>> reported;

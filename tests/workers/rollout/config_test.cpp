@@ -198,6 +198,10 @@ TEST(RolloutConfig, MultiTurnKeys) {
   auto loops = parse_rollout_config({{"mode", "async"}, {"agent", {{"agent_loop_config_path", "loops.yaml"}}}});
   ASSERT_TRUE(loops.ok()) << loops.status().to_string();
   EXPECT_EQ(*loops->config.agent_loop_config_path, "loops.yaml");
+  auto traced = parse_rollout_config({{"mode", "async"}, {"agent", {{"agent_loop_config_path", "loops.yaml"}}},
+                                      {"trace", {{"backend", "weave"}}}});
+  ASSERT_TRUE(traced.ok());
+  EXPECT_TRUE(traced->ignored_keys.empty());  // verl's loops set their traces up themselves
   auto blank = parse_rollout_config({{"agent", {{"agent_loop_config_path", ""}}}});  // verl: a falsy path is none
   ASSERT_TRUE(blank.ok()) << blank.status().to_string();
   EXPECT_FALSE(blank->config.agent_loop_config_path.has_value());
