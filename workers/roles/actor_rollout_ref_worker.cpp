@@ -462,6 +462,9 @@ Result<proto::DataProto> ActorRolloutRefWorker::generate_sequences(const proto::
                                     {"rollout/shared_prompt_tokens", stats.shared_prompt_tokens},
                                     {"rollout/prefill_tflops", stats.prefill_flops / 1e12},
                                     {"rollout/shared_prefill_tflops", stats.shared_prefill_flops / 1e12},
+                                    // ... and by reusing an earlier turn's blocks (multi-turn, agent loops).
+                                    {"rollout/cached_prompt_tokens", stats.cached_prompt_tokens},
+                                    {"rollout/cached_prefill_tflops", stats.cached_prefill_flops / 1e12},
                                     // The paged KV cache: its size, the prompt blocks held once for
                                     // several samples, and the decode steps replayed from CUDA graphs.
                                     {"rollout/kv_cache_gb", static_cast<double>(stats.kv_cache_bytes) / 1e9},

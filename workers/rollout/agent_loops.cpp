@@ -209,6 +209,8 @@ Result<proto::DataProto> AgentLoopRollout::generate(RolloutEngine& engine, const
       std::min(config_.max_model_len.value_or(config_.prompt_length + config_.response_length), context_length_);
   std::vector<int64_t> calls_of(static_cast<size_t>(bs), 0);  // each row's generate() calls so far
 
+  // A loop's next request usually starts with its last one's sequence (Note [Prefix cache]).
+  EngineSession session(engine, config_.enable_prefix_caching);
   TESSERA_ASSIGN_OR_RETURN(json message, loops_->start(batch));
   while (message.value("op", "") == "generate") {
     const json& requests = message["requests"];

@@ -12,6 +12,8 @@ void add_generation_stats(GenerationStats& sum, const GenerationStats& s) {
   sum.recomputed_tokens += s.recomputed_tokens;
   sum.prefill_tokens += s.prefill_tokens;
   sum.shared_prompt_tokens += s.shared_prompt_tokens;
+  sum.cached_prompt_tokens += s.cached_prompt_tokens;
+  sum.cached_prefill_flops += s.cached_prefill_flops;
   sum.prefill_flops += s.prefill_flops;
   sum.shared_prefill_flops += s.shared_prefill_flops;
   sum.generated_tokens += s.generated_tokens;

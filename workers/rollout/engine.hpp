@@ -24,6 +24,10 @@ struct GenerationStats {
   int64_t recomputed_tokens = 0; ///< Tokens prefilled again for preempted sequences.
   int64_t prefill_tokens = 0;    ///< Tokens computed by prefill, left padding included.
   int64_t shared_prompt_tokens = 0;  ///< Prompt tokens not prefilled: a sample of the same prompt was.
+  /// Prompt tokens not prefilled: an earlier call of the session computed them (Note [Prefix
+  /// cache]), and their prefill FLOPs.
+  int64_t cached_prompt_tokens = 0;
+  double cached_prefill_flops = 0;
   /// Forward FLOPs of the prompts prefilled (their real tokens), and of those whose prefill
   /// sharing saved (verl's count: 2 x dense layer parameters x tokens + 4 x len^2 x heads x
   /// head_dim x layers; the lm_head runs on one token per prompt and is left out).
@@ -91,6 +95,29 @@ class RolloutEngine {
 
   /// Counters of the last successful generate_sequences call.
   virtual const GenerationStats& last_stats() const = 0;
+
+  /// A rollout session (Note [Prefix cache] in internal/block_cache.hpp): until end_session(),
+  /// generate_tokens keeps the KV blocks of the sequences it finished, and a later prompt that
+  /// starts with them prefills only the rest (the turns of a multi-turn or agent-loop rollout).
+  /// end_session() frees that memory. Engines without such a cache ignore both.
+  virtual void begin_session() {}
+  virtual void end_session() {}
+};
+
+/// begin_session() for a scope (`on` false: nothing).
+class EngineSession {
+ public:
+  EngineSession(RolloutEngine& engine, bool on) : engine_(on ? &engine : nullptr) {
+    if (engine_ != nullptr) engine_->begin_session();
+  }
+  ~EngineSession() {
+    if (engine_ != nullptr) engine_->end_session();
+  }
+  EngineSession(const EngineSession&) = delete;
+  EngineSession& operator=(const EngineSession&) = delete;
+
+ private:
+  RolloutEngine* engine_;
 };
 
 }  // namespace tessera::rollout

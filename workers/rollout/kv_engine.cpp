@@ -197,6 +197,8 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   options.call_seed = requests.seed;
   options.max_tokens = requests.max_tokens;
   options.streams = requests.streams;
+  options.session = session_.get();
+  options.session_length = config_.max_model_len.value_or(config_.prompt_length + config_.response_length);
   GenerationStats stats;
   std::vector<GeneratedRow> rows;
   try {
@@ -217,6 +219,14 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   stats_ = stats;
   return rows;
 }
+
+KVCacheEngine::~KVCacheEngine() = default;
+
+void KVCacheEngine::begin_session() {
+  if (config_.enable_prefix_caching) session_ = std::make_unique<internal::PrefixSession>();
+}
+
+void KVCacheEngine::end_session() { session_.reset(); }
 
 Result<std::vector<GeneratedRow>> KVCacheEngine::generate_tokens(const TokenRequests& requests) {
   if (requests.eos_token_ids.empty()) {

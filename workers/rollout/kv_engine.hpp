@@ -45,6 +45,10 @@
 
 namespace tessera::rollout {
 
+namespace internal {
+struct PrefixSession;
+}  // namespace internal
+
 /// Per-rank settings that are not part of verl's rollout config.
 struct EngineOptions {
   /// Seed of the engine's torch CPU generator. Workers pass verl's per-dp-rank seed
@@ -70,11 +74,15 @@ class KVCacheEngine final : public RolloutEngine {
   static Result<std::unique_ptr<KVCacheEngine>> create(std::unique_ptr<StepModel> model, RolloutConfig config,
                                                        const EngineOptions& options = {});
 
+  ~KVCacheEngine() override;
   Result<proto::DataProto> generate_sequences(const proto::DataProto& prompts) override;
   Result<std::vector<GeneratedRow>> generate_tokens(const TokenRequests& requests) override;
   uint64_t call_seed(const nlohmann::json& meta) override;
   Status load_weights_by_reference(const models::TensorMap& tensors) override;
   const GenerationStats& last_stats() const override { return stats_; }
+  /// With rollout.enable_prefix_caching (Note [Prefix cache]); otherwise no effect.
+  void begin_session() override;
+  void end_session() override;
 
   const RolloutConfig& config() const { return config_; }
   StepModel& step_model() const { return *model_; }
@@ -89,6 +97,7 @@ class KVCacheEngine final : public RolloutEngine {
   RolloutConfig config_;
   at::Generator generator_;  ///< Draws one seed per call.
   GenerationStats stats_;
+  std::unique_ptr<internal::PrefixSession> session_;  ///< Between begin_session and end_session.
 };
 
 }  // namespace tessera::rollout

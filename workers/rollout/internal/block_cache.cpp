@@ -46,6 +46,7 @@ int64_t BlockCache::blocks_to_append(const std::vector<int64_t>& slots) const {
 
 int64_t BlockCache::allocate() {
   // Callers admit within free_blocks() and preempt before appends would run dry.
+  if (free_.empty() && evictable_ > 0) evict_one();
   TORCH_CHECK(!free_.empty(), "BlockCache: out of blocks (", kv_.num_blocks(), ")");
   const int64_t b = free_.back();
   free_.pop_back();
@@ -53,8 +54,134 @@ int64_t BlockCache::allocate() {
   return b;
 }
 
+void BlockCache::ref(int64_t block) {
+  int64_t& r = refs_[static_cast<size_t>(block)];
+  if (r == 1 && nodes_.count(block) != 0) --evictable_;
+  ++r;
+}
+
+void BlockCache::unref(int64_t block) {
+  int64_t& r = refs_[static_cast<size_t>(block)];
+  --r;
+  if (r == 0) {
+    free_.push_back(block);
+  } else if (r == 1 && nodes_.count(block) != 0) {
+    ++evictable_;
+  }
+}
+
+// The least recently used remembered leaf that only the trie holds goes back to the free list.
+// (A block a sequence holds has its trie ancestors held too, so while any remembered block is
+// evictable some leaf is.)
+void BlockCache::evict_one() {
+  for (auto it = leaves_.begin(); it != leaves_.end(); ++it) {
+    const int64_t b = it->second;
+    if (refs_[static_cast<size_t>(b)] != 1) continue;
+    const Node node = nodes_.at(b);
+    leaves_.erase(it);
+    if (node.parent < 0) {
+      roots_.erase(node.tokens);
+    } else {
+      Node& parent = nodes_.at(node.parent);
+      parent.children.erase(node.tokens);
+      if (parent.children.empty()) leaves_.emplace(parent.used, node.parent);
+    }
+    nodes_.erase(b);
+    --evictable_;
+    refs_[static_cast<size_t>(b)] = 0;
+    free_.push_back(b);
+    return;
+  }
+  TORCH_CHECK(false, "BlockCache: ", evictable_, " evictable blocks but no evictable leaf");
+}
+
+std::vector<int64_t> BlockCache::take_prefix(const std::vector<int64_t>& tokens, int64_t max_blocks) {
+  const int64_t bs = block_size();
+  std::vector<int64_t> blocks;
+  const std::map<std::vector<int64_t>, int64_t>* siblings = &roots_;
+  for (int64_t b = 0; b < max_blocks && (b + 1) * bs <= static_cast<int64_t>(tokens.size()); ++b) {
+    const std::vector<int64_t> key(tokens.begin() + b * bs, tokens.begin() + (b + 1) * bs);
+    auto it = siblings->find(key);
+    if (it == siblings->end()) break;
+    const int64_t block = it->second;
+    Node& node = nodes_.at(block);
+    if (node.children.empty()) {  // a leaf: its place in the eviction order moves up
+      leaves_.erase({node.used, block});
+      leaves_.emplace(++clock_, block);
+    }
+    node.used = clock_;
+    ref(block);
+    blocks.push_back(block);
+    siblings = &node.children;
+  }
+  return blocks;
+}
+
+void BlockCache::remember(int64_t slot, const std::vector<int64_t>& tokens) {
+  const int64_t bs = block_size();
+  const auto& table = tables_.at(static_cast<size_t>(slot));
+  const int64_t full = std::min<int64_t>(lengths_.at(static_cast<size_t>(slot)), static_cast<int64_t>(tokens.size())) / bs;
+  int64_t parent = -1;
+  for (int64_t b = 0; b < full; ++b) {
+    std::vector<int64_t> key(tokens.begin() + b * bs, tokens.begin() + (b + 1) * bs);
+    auto& siblings = parent < 0 ? roots_ : nodes_.at(parent).children;
+    if (auto it = siblings.find(key); it != siblings.end()) {  // remembered already (this block or an equal one)
+      parent = it->second;
+      continue;
+    }
+    const int64_t block = table[static_cast<size_t>(b)];
+    if (nodes_.count(block) != 0) break;  // remembered under other tokens: cannot be (kept defensive)
+    if (parent >= 0 && siblings.empty()) leaves_.erase({nodes_.at(parent).used, parent});
+    siblings.emplace(key, block);
+    Node node;
+    node.parent = parent;
+    node.tokens = std::move(key);
+    node.used = ++clock_;
+    nodes_.emplace(block, std::move(node));
+    leaves_.emplace(clock_, block);
+    refs_[static_cast<size_t>(block)] += 1;  // the trie's reference; the slot's keeps it unevictable until released
+    parent = block;
+  }
+}
+
+void BlockCache::gather(models::KVCache& dst, const std::vector<int64_t>& lengths,
+                        const std::vector<std::vector<int64_t>>& prefixes) const {
+  const int64_t W = dst.capacity(), bs = block_size();
+  std::vector<int64_t> rows, cols, src;
+  for (size_t r = 0; r < prefixes.size(); ++r) {
+    const int64_t first = W - lengths[r];
+    for (size_t b = 0; b < prefixes[r].size(); ++b) {
+      for (int64_t j = 0; j < bs; ++j) {
+        rows.push_back(static_cast<int64_t>(r));
+        cols.push_back(first + static_cast<int64_t>(b) * bs + j);
+        src.push_back(prefixes[r][b] * bs + j);
+      }
+    }
+  }
+  if (src.empty()) return;
+  const c10::Device device = kv_.keys.front().device();
+  const at::Tensor row_index = proto::upload(rows, device), col_index = proto::upload(cols, device);
+  const at::Tensor slots = proto::upload(src, device);
+  at::NoGradGuard no_grad;
+  for (size_t l = 0; l < kv_.keys.size(); ++l) {
+    // The inverse of admit's copy: pool slots [N, kv_heads, D] into (row, column) pairs of [rows, W, kv_heads, D].
+    const int64_t KV = kv_.keys[l].size(2), D = kv_.keys[l].size(3);
+    const auto li = static_cast<int64_t>(l);
+    dst.key(li).permute({0, 2, 1, 3}).index_put_({row_index, col_index}, kv_.keys[l].view({-1, KV, D}).index_select(0, slots));
+    dst.value(li).permute({0, 2, 1, 3}).index_put_({row_index, col_index},
+                                                   kv_.values[l].view({-1, KV, D}).index_select(0, slots));
+  }
+}
+
+void BlockCache::reset_slots(int64_t slots) {
+  for (const auto& table : tables_) TORCH_CHECK(table.empty(), "BlockCache::reset_slots: a slot holds blocks");
+  tables_.assign(static_cast<size_t>(slots), {});
+  lengths_.assign(static_cast<size_t>(slots), 0);
+}
+
 int64_t BlockCache::admit(const models::KVCache& prefilled, const std::vector<int64_t>& lengths,
-                          const std::vector<int64_t>& slot_ids, const std::vector<int64_t>& sources) {
+                          const std::vector<int64_t>& slot_ids, const std::vector<int64_t>& sources,
+                          const std::vector<std::vector<int64_t>>& prefixes) {
   const int64_t W = prefilled.capacity(), bs = block_size();
   std::vector<int64_t> src_rows, src_cols, dst;  // prefill (row, column) -> flat pool slot
   auto copy_tokens = [&](int64_t row, int64_t from, int64_t to, const std::vector<int64_t>& table) {
@@ -75,14 +202,17 @@ int64_t BlockCache::admit(const models::KVCache& prefilled, const std::vector<in
     auto it = owner.find(row);
     if (it == owner.end()) {
       owner.emplace(row, slot);
-      for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) table.push_back(allocate());
-      copy_tokens(row, 0, len, table);
+      // Remembered blocks first (Note [Prefix cache]: taken with a reference for this slot).
+      if (static_cast<size_t>(row) < prefixes.size()) table = prefixes[static_cast<size_t>(row)];
+      const auto cached = static_cast<int64_t>(table.size());
+      for (int64_t b = cached; b < (len + bs - 1) / bs; ++b) table.push_back(allocate());
+      copy_tokens(row, cached * bs, len, table);
     } else {
       // Another sample of the same prompt: share the full blocks, copy the partial one.
       for (int64_t b = 0; b < full; ++b) {
         const int64_t block = tables_[static_cast<size_t>(it->second)][static_cast<size_t>(b)];
         table.push_back(block);
-        refs_[static_cast<size_t>(block)] += 1;
+        ref(block);
       }
       saved += full;
       if (len % bs != 0) {
@@ -144,9 +274,7 @@ std::pair<at::Tensor, int64_t> BlockCache::append(const std::vector<int64_t>& sl
 
 void BlockCache::release(int64_t slot) {
   auto& table = tables_[static_cast<size_t>(slot)];
-  for (int64_t b : table) {
-    if (--refs_[static_cast<size_t>(b)] == 0) free_.push_back(b);
-  }
+  for (int64_t b : table) unref(b);
   table.clear();
   lengths_[static_cast<size_t>(slot)] = 0;
 }

@@ -134,12 +134,33 @@ class GenerationLoop {
   // A sequence holds at most its prompt + its budget - 1 tokens (the last one is sampled, never
   // fed); the pools hold every slot at the longest such length, or max_kv_blocks.
   Status start_cache() {
-    const int64_t slots = std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
-    TESSERA_ASSIGN_OR_RETURN(BlockCache cache,
-                             BlockCache::create(model_.cache_config(), model_.dtype(), slots,
-                                                longest_, options_.block_size,
-                                                model_.device(), options_.max_kv_blocks, options_.max_kv_blocks_key));
-    cache_.emplace(std::move(cache));
+    PrefixSession* session = options_.session;
+    // A session's pool serves all its calls: every slot, at the longest sequence a call may hold.
+    const int64_t slots =
+        session != nullptr ? options_.slots : std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
+    const int64_t length = session != nullptr ? std::max(longest_, options_.session_length) : longest_;
+    const int64_t per_sequence = (length + options_.block_size - 1) / options_.block_size;
+    const int64_t wanted = options_.max_kv_blocks > 0 ? std::min(options_.max_kv_blocks, slots * per_sequence)
+                                                      : slots * per_sequence;
+    if (session != nullptr && session->cache != nullptr && session->cache->block_size() == options_.block_size &&
+        session->cache->kv().num_blocks() - 1 >= std::min(wanted, slots * per_sequence) &&
+        session->cache->kv().num_blocks() - 1 >= per_sequence) {
+      session->cache->reset_slots(slots);  // the remembered blocks stay (Note [Prefix cache])
+      cache_ = session->cache.get();
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(BlockCache cache,
+                               BlockCache::create(model_.cache_config(), model_.dtype(), slots, length,
+                                                  options_.block_size, model_.device(), options_.max_kv_blocks,
+                                                  options_.max_kv_blocks_key));
+      if (session != nullptr) {
+        session->cache.reset();  // the old pool's memory goes before the new one is used
+        session->cache = std::make_unique<BlockCache>(std::move(cache));
+        cache_ = session->cache.get();
+      } else {
+        own_cache_.emplace(std::move(cache));
+        cache_ = &*own_cache_;
+      }
+    }
     cache_->kv().use_kernel = options_.kernel_attention;
     cache_->kv().tiled = options_.tiled_attention;
     cache_->kv().split = options_.split_attention;
@@ -159,6 +180,7 @@ class GenerationLoop {
     std::vector<int64_t> taken;
     std::vector<int64_t> distinct;
     std::vector<int64_t> source;
+    std::vector<std::vector<int64_t>> prefixes;  ///< Per distinct row: remembered blocks it starts with.
     int64_t width = 0;
   };
 
@@ -174,29 +196,42 @@ class GenerationLoop {
   Admission take_admissions(size_t free_slots) {
     Admission a;
     std::map<std::vector<int64_t>, int64_t> seen;  // prompt -> its row in the prefill
-    int64_t blocks = cache_->free_blocks() - live_count();  // one block of headroom per live sequence
+    int64_t reserved = 0;  // blocks the rows taken so far will allocate
     while (a.taken.size() < free_slots && !pending_.empty()) {
       const int64_t row = pending_.front();
       const auto& prompt = sequence(row);
       const auto len = static_cast<int64_t>(prompt.size());
       auto same = options_.share_prompt_prefill ? seen.find(prompt) : seen.end();
-      const int64_t need = same == seen.end() ? cache_->blocks_for(len) : (len % cache_->block_size() != 0 ? 1 : 0);
+      // Note [Prefix cache]: the remembered blocks that start the prompt (one token at least is
+      // left to prefill, for its logits).
+      std::vector<int64_t> prefix;
+      if (options_.session != nullptr && same == seen.end()) {
+        prefix = cache_->take_prefix(prompt, (len - 1) / cache_->block_size());
+      }
+      const int64_t need = same == seen.end() ? cache_->blocks_for(len) - static_cast<int64_t>(prefix.size())
+                                              : (len % cache_->block_size() != 0 ? 1 : 0);
       const bool first = a.taken.empty() && live_count() == 0;  // always fits: the cap holds one sequence
-      if (need > blocks && !first) break;
+      // One block of headroom per live sequence; the remembered blocks count as free (evictable).
+      const bool fits = need <= cache_->free_blocks() - live_count() - reserved;
+      const int64_t w = same == seen.end() ? std::max(a.width, len) : a.width;
+      const bool over_budget = same == seen.end() && !a.taken.empty() &&
+                               w * static_cast<int64_t>(a.distinct.size() + 1) > options_.prefill_token_budget;
+      if ((!fits && !first) || over_budget) {
+        for (int64_t b : prefix) cache_->unref(b);
+        break;
+      }
       if (same == seen.end()) {
-        const int64_t w = std::max(a.width, len);
-        const auto rows = static_cast<int64_t>(a.distinct.size() + 1);
-        if (!a.taken.empty() && w * rows > options_.prefill_token_budget) break;
         a.width = w;
         if (options_.share_prompt_prefill) seen.emplace(prompt, static_cast<int64_t>(a.distinct.size()));
         a.source.push_back(static_cast<int64_t>(a.distinct.size()));
         a.distinct.push_back(row);
+        a.prefixes.push_back(std::move(prefix));
       } else {
         a.source.push_back(same->second);
         stats_.shared_prompt_tokens += len;
         stats_.shared_prefill_flops += prompt_flops(model_.cache_config(), len);
       }
-      blocks -= need;
+      reserved += need;
       a.taken.push_back(row);
       pending_.pop_front();
     }
@@ -249,11 +284,31 @@ class GenerationLoop {
     at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
     TESSERA_ASSIGN_OR_RETURN(models::KVCache tmp, models::KVCache::create(model_.cache_config(),
                                                                           {d, W, model_.dtype(), device}));
+    // Note [Prefix cache]: the remembered blocks' keys and values go into `tmp` where the prefill
+    // would have computed them, and the prefill starts at the first column some row still needs.
+    int64_t start = 0;
+    if (options_.session != nullptr) {
+      std::vector<int64_t> lengths;
+      int64_t suffix = 1;
+      for (size_t i = 0; i < a.distinct.size(); ++i) {
+        const auto len = static_cast<int64_t>(sequence(a.distinct[i]).size());
+        const int64_t cached = static_cast<int64_t>(a.prefixes[i].size()) * cache_->block_size();
+        lengths.push_back(len);
+        suffix = std::max(suffix, len - cached);
+        stats_.cached_prompt_tokens += cached;
+        const double saved = prompt_flops(model_.cache_config(), cached);
+        stats_.cached_prefill_flops += saved;
+        stats_.prefill_flops -= saved;
+      }
+      cache_->gather(tmp, lengths, a.prefixes);
+      start = W - suffix;
+      tmp.advance(start);
+    }
     // Chunked prefill: at most prefill_token_budget padded tokens per forward, each chunk
     // attending to the columns before it in `tmp` (a single prompt longer than the budget too).
     const int64_t chunk = options_.chunked_prefill ? std::max<int64_t>(1, options_.prefill_token_budget / d) : W;
     at::Tensor last;
-    for (int64_t c0 = 0; c0 < W; c0 += chunk) {
+    for (int64_t c0 = start; c0 < W; c0 += chunk) {
       const int64_t c = std::min(chunk, W - c0);
       last = model_.forward_step(ids.narrow(1, c0, c), pos.narrow(1, c0, c), tmp, mask).select(1, c - 1);
       stats_.prefill_forwards += 1;
@@ -265,7 +320,7 @@ class GenerationLoop {
     }
     std::vector<int64_t> lengths;
     for (int64_t row : a.distinct) lengths.push_back(static_cast<int64_t>(sequence(row).size()));
-    stats_.shared_kv_blocks += cache_->admit(tmp, lengths, slots, a.source);
+    stats_.shared_kv_blocks += cache_->admit(tmp, lengths, slots, a.source, a.prefixes);
     for (int64_t i = 0; i < k; ++i) {
       const int64_t row = a.taken[static_cast<size_t>(i)];
       slot_row_[static_cast<size_t>(slots[static_cast<size_t>(i)])] = row;
@@ -280,7 +335,7 @@ class GenerationLoop {
     }
     TESSERA_RETURN_IF_ERROR(launch_sampling(logits, slots, /*prefill=*/true));
     stats_.admissions += 1;
-    stats_.prefill_tokens += d * W;
+    stats_.prefill_tokens += d * (W - start);
     stats_.prefill_seconds += seconds_since(t0);
     stats_.prefill_cpu_seconds += process_cpu_seconds() - cpu0;
     return Status();
@@ -344,7 +399,14 @@ class GenerationLoop {
 
   // Frees `slot`, whose row needs no more steps.
   void retire(int64_t slot) {
+    const int64_t row = slot_row_[static_cast<size_t>(slot)];
     slot_row_[static_cast<size_t>(slot)] = -1;
+    if (options_.session != nullptr) {  // Note [Prefix cache]: its blocks whose tokens are known
+      std::vector<int64_t> tokens = prompts_[static_cast<size_t>(row)];
+      const auto& generated = rows_[static_cast<size_t>(row)].tokens;
+      tokens.insert(tokens.end(), generated.begin(), generated.end());
+      cache_->remember(slot, tokens);
+    }
     cache_->release(slot);
   }
 
@@ -440,7 +502,8 @@ class GenerationLoop {
   std::vector<GeneratedRow> rows_;
   std::vector<std::optional<RowRng>> rngs_;
   std::deque<int64_t> pending_;
-  std::optional<BlockCache> cache_;
+  std::optional<BlockCache> own_cache_;   ///< The call's cache, without a session.
+  BlockCache* cache_ = nullptr;            ///< own_cache_, or the session's.
   std::unique_ptr<DecodeRunner> runner_;  ///< Over cache_ (declared after it: destroyed first).
   std::vector<int64_t> slot_row_;  ///< Prompt index per slot; -1 when the slot is free.
   std::vector<int64_t> admitted_at_;  ///< Per slot: when its row was admitted (a counter).
@@ -455,6 +518,9 @@ class GenerationLoop {
 };
 
 }  // namespace
+
+PrefixSession::PrefixSession() = default;
+PrefixSession::~PrefixSession() = default;
 
 Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::vector<std::vector<int64_t>>& prompts,
                                                  const LoopOptions& options, GenerationStats& stats) {

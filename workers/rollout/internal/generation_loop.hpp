@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,19 @@
 #include "workers/rollout/step_model.hpp"
 
 namespace tessera::rollout::internal {
+
+class BlockCache;
+
+/// The KV cache a rollout session keeps between its calls (Note [Prefix cache] in
+/// block_cache.hpp): the pool and the blocks it remembers. Made by the first call that needs it;
+/// its destruction frees the memory.
+struct PrefixSession {
+  PrefixSession();
+  ~PrefixSession();
+  PrefixSession(const PrefixSession&) = delete;
+  PrefixSession& operator=(const PrefixSession&) = delete;
+  std::unique_ptr<BlockCache> cache;
+};
 
 /// Everything the loop needs besides the model and the prompts.
 struct LoopOptions {
@@ -47,6 +61,12 @@ struct LoopOptions {
   std::vector<int64_t> max_tokens;
   /// Per row, the sampling stream it draws from; empty: its index.
   std::vector<int64_t> streams;
+  /// A rollout session's cache (Note [Prefix cache]): the call prefills only what its prompts do
+  /// not share with remembered blocks, and remembers its sequences. Null: a cache of the call's own.
+  PrefixSession* session = nullptr;
+  /// With a session: the longest sequence any of its calls may hold (max_model_len), which its
+  /// pool is sized for.
+  int64_t session_length = 0;
 };
 
 /// Generates for every prompt (token ids, non-empty, already checked against the vocabulary).
