@@ -2,6 +2,8 @@
 #include "driver/data.hpp"
 #include "driver/model_paths.hpp"
 
+#include <tuple>
+
 #include <torch/torch.h>
 
 #include "driver/config.hpp"
@@ -229,11 +231,14 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
     if (has_agent_names_) agent_names.push_back(r.agent_name.empty() ? "single_turn_agent" : r.agent_name);
     // verl's RLHFDataset: extra_info.tools_kwargs and interaction_kwargs (the multi-turn rollout's
     // per-row tool arguments and interaction).
-    for (auto [key, column] :
-         {std::pair{"tools_kwargs", &tools_kwargs}, std::pair{"interaction_kwargs", &interaction_kwargs}}) {
-      column->push_back(idx && idx->contains(key) && !(*idx)[key].is_null() ? (*idx)[key] : nlohmann::json::object());
+    for (auto [key, column, own] : {std::tuple{"tools_kwargs", &tools_kwargs, &r.tools_kwargs},
+                                    std::tuple{"interaction_kwargs", &interaction_kwargs, &r.interaction_kwargs}}) {
+      column->push_back(!own->is_null()                                    ? *own
+                        : idx && idx->contains(key) && !(*idx)[key].is_null() ? (*idx)[key]
+                                                                              : nlohmann::json::object());
     }
-    index.push_back(idx && idx->contains("index") && (*idx)["index"].is_number_integer() ? (*idx)["index"].get<int64_t>()
+    index.push_back(r.index                                                       ? *r.index
+                    : idx && idx->contains("index") && (*idx)["index"].is_number_integer() ? (*idx)["index"].get<int64_t>()
                                                                                           : 0);
   }
   proto::TensorDict tensors;

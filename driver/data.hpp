@@ -104,6 +104,9 @@ struct RLHFRow {
   nlohmann::json reward_model;  ///< {"style", "ground_truth", ...}
   nlohmann::json extra_info;    ///< null when absent.
   std::string agent_name;       ///< verl's agent loop for the row (rollout.mode=async); empty when absent.
+  /// A custom dataset class's own values (data.custom_cls); null / unset: from extra_info.
+  nlohmann::json tools_kwargs, interaction_kwargs;
+  std::optional<int64_t> index;
   std::vector<int32_t> prompt_ids;  ///< Rendered, tokenised and truncated (not padded).
   std::string source;           ///< "FILE:LINE" for messages.
 };
@@ -169,7 +172,8 @@ struct SFTExample {
   std::vector<int32_t> ids;
   std::vector<uint8_t> trained;
   /// An item of the user's class (data.custom_cls): its columns at max_length, used as they are.
-  std::vector<int64_t> item_ids, item_mask, item_positions, item_loss;
+  std::vector<int32_t> item_ids, item_positions;
+  std::vector<uint8_t> item_mask, item_loss;
   std::string source;                 ///< "FILE:LINE"
 };
 

@@ -242,10 +242,10 @@ Result<SFTDataset> SFTDataset::from_items(std::vector<SFTExample> items, const t
   ds.options_ = options;
   TESSERA_ASSIGN_OR_RETURN(ds.pad_id_, dataset_pad_id(tokenizer));
   for (const SFTExample& ex : items) {
-    for (const auto* column : {&ex.item_ids, &ex.item_mask, &ex.item_positions, &ex.item_loss}) {
-      if (static_cast<int64_t>(column->size()) != options.max_length) {
-        return make_error(ErrorCode::invalid_argument, "{}: a column of {} values; data.max_length is {}", ex.source,
-                          column->size(), options.max_length);
+    for (const size_t n : {ex.item_ids.size(), ex.item_mask.size(), ex.item_positions.size(), ex.item_loss.size()}) {
+      if (static_cast<int64_t>(n) != options.max_length) {
+        return make_error(ErrorCode::invalid_argument, "{}: a column of {} values; data.max_length is {}", ex.source, n,
+                          options.max_length);
       }
     }
   }
@@ -305,7 +305,9 @@ Result<proto::DataProto> SFTDataset::collate(const std::vector<int64_t>& indices
                                             : compute_position_id_with_mask(mask);
   for (int64_t i = 0; i < b; ++i) {
     const SFTExample& ex = example(indices[static_cast<size_t>(i)]);
-    if (!ex.item_positions.empty()) positions[i].copy_(torch::tensor(ex.item_positions, torch::kInt64));
+    if (!ex.item_positions.empty()) {
+      positions[i].copy_(torch::tensor(std::vector<int64_t>(ex.item_positions.begin(), ex.item_positions.end())));
+    }
   }
   proto::TensorDict tensors;
   tensors.insert_or_assign("input_ids", ids);

@@ -69,18 +69,20 @@ Status load_data(const json& cfg, State& s) {
   if (!eos) return make_error(ErrorCode::invalid_argument, "{}: the tokenizer has no eos_token", tok.source());
   s.eos_token_id = *eos;
   s.pad_token_id = pad;
-  TESSERA_ASSIGN_OR_RETURN(RLHFDatasetOptions opts, RLHFDatasetOptions::from_config(cfg));
   TESSERA_ASSIGN_OR_RETURN(auto custom_cls, config_get_or<std::optional<std::string>>(cfg, "data.custom_cls.path",
                                                                                        std::nullopt));
+  // The user's class truncates by its own rules: data.truncation is its to read.
+  json dataset_cfg = cfg;
+  if (custom_cls) dataset_cfg["data"]["truncation"] = "error";
+  TESSERA_ASSIGN_OR_RETURN(RLHFDatasetOptions opts, RLHFDatasetOptions::from_config(dataset_cfg));
   if (custom_cls) {  // verl's create_rl_dataset with the user's class, for both sets
     TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions po, PythonDatasetOptions::from_config(cfg));
-    TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
-    TESSERA_ASSIGN_OR_RETURN(auto train_rows, read_python_dataset(train_files, po, opts.max_prompt_length));
+    TESSERA_ASSIGN_OR_RETURN(auto train_rows, read_python_dataset(cfg, "data.train_files", po, opts.max_prompt_length));
     TESSERA_ASSIGN_OR_RETURN(RLHFDataset train, RLHFDataset::from_rows(std::move(train_rows), tok, opts));
     s.train_dataset.emplace(std::move(train));
     TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
     if (!val_files.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(auto val_rows, read_python_dataset(val_files, po, opts.max_prompt_length));
+      TESSERA_ASSIGN_OR_RETURN(auto val_rows, read_python_dataset(cfg, "data.val_files", po, opts.max_prompt_length));
       TESSERA_ASSIGN_OR_RETURN(RLHFDataset val, RLHFDataset::from_rows(std::move(val_rows), tok, opts));
       s.val_dataset.emplace(std::move(val));
     }

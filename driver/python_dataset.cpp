@@ -2,6 +2,8 @@
 #include "driver/python_dataset.hpp"
 
 #include <chrono>
+#include <functional>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -19,7 +21,7 @@ constexpr const char* kKey = "data.custom_cls";
 
 // The child: verl's create_rl_dataset, then every item as JSON, a chunk of rows per line.
 constexpr const char* kDatasetScript = R"PY(
-import math
+import collections.abc, math, traceback
 spec = json.loads(requests.readline())
 
 def plain(o):  # the items' numpy / torch values as JSON, in this process
@@ -36,70 +38,101 @@ def finite(o):
         return [finite(v) for v in o]
     return o
 
+def encodable(o):  # raises where JSON cannot carry it (a key that is not a string, ...)
+    return finite(json.loads(json.dumps(o, default=plain)))
+
 def send(message):
-    proto.write(json.dumps(finite(json.loads(json.dumps(message, default=plain))), allow_nan=False) + "\n")
+    proto.write(json.dumps(message, allow_nan=False) + "\n")
     proto.flush()
+
+def fatal(e):
+    traceback.print_exc()  # to stderr: the user's own file's error, with its line
+    cause = f" (from {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+    send({"fatal": f"{type(e).__name__}: {e}{cause}"})
+    sys.exit(1)
 
 try:
     from omegaconf import OmegaConf
     from torch.utils.data import Dataset
     from verl.utils import hf_tokenizer
-    from verl.utils.import_utils import load_extern_type
     from verl.utils.fs import copy_to_local
+    from verl.utils.import_utils import load_extern_type
     cls = load_extern_type(spec["path"], spec["name"])
     if cls is None or (not spec["sft"] and not (isinstance(cls, type) and issubclass(cls, Dataset))):
         raise TypeError(f"the custom dataset class '{spec['name']}' from '{spec['path']}' must inherit from "
                         "torch.utils.data.Dataset")
+    if hasattr(cls, "on_batch_end"):
+        raise TypeError(f"'{spec['name']}' defines on_batch_end, which verl calls after every step; Tessera reads "
+                        "every item once, when the data loads")
     tokenizer = hf_tokenizer(copy_to_local(spec["tokenizer"]), trust_remote_code=spec["trust_remote_code"])
     config = OmegaConf.create(spec["config"])
-    files = OmegaConf.create(spec["files"])  # a ListConfig, as verl passes data.train_files
+    files = spec["files"] if isinstance(spec["files"], str) else OmegaConf.create(spec["files"])  # as configured
     if spec["sft"]:  # verl's create_sft_dataset
         dataset = cls(parquet_files=files, tokenizer=tokenizer, config=config)
     else:  # verl's create_rl_dataset
         dataset = cls(data_files=files, tokenizer=tokenizer, processor=None, config=config)
     size = len(dataset)
 except BaseException as e:
-    send({"fatal": f"{type(e).__name__}: {e}"})
-    sys.exit(1)
+    fatal(e)
 send({"ready": True, "size": size})
 
-READ = {"input_ids", "attention_mask", "position_ids", "raw_prompt_ids", "raw_prompt", "full_prompts", "data_source",
-        "ability", "reward_model", "extra_info", "index", "tools_kwargs", "interaction_kwargs", "agent_name"}
+def integers(item, key):
+    values = plain(item[key]) if hasattr(item[key], "tolist") else list(item[key])
+    for v in values:
+        if not isinstance(v, (int, bool)) and not (isinstance(v, float) and v.is_integer()):
+            raise ValueError(f"{key} holds {v!r}, not an integer")
+    return [int(v) for v in values]
+
+READ = {"input_ids", "attention_mask", "position_ids", "raw_prompt", "full_prompts", "data_source", "ability",
+        "reward_model", "extra_info", "index", "tools_kwargs", "interaction_kwargs", "agent_name"}
+
+def row_of(item):
+    if not isinstance(item, collections.abc.Mapping):
+        raise TypeError(f"the item is a {type(item).__name__}, not a mapping")
+    item = dict(item)
+    if item.get("multi_modal_data") or item.get("multi_modal_inputs"):
+        raise ValueError("the item has multi_modal_data; Tessera's models are text-only")
+    if spec["sft"]:
+        return {k: integers(item, k) for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")}, set()
+    ids, mask = integers(item, "input_ids"), integers(item, "attention_mask")
+    if len(ids) != len(mask):
+        raise ValueError(f"input_ids has {len(ids)} tokens and attention_mask {len(mask)}")
+    row = {"prompt_ids": [t for t, m in zip(ids, mask) if m]}
+    if "raw_prompt_ids" in item and integers(item, "raw_prompt_ids") != row["prompt_ids"]:
+        raise ValueError("raw_prompt_ids differ from input_ids under attention_mask, which Tessera generates from")
+    for key in ("data_source", "ability", "reward_model", "extra_info", "raw_prompt", "agent_name", "index",
+                "tools_kwargs", "interaction_kwargs"):
+        if key in item:
+            row[key] = item[key]
+    return encodable(row), {k for k in item if k not in READ and k != "raw_prompt_ids"}
+
 unread, rows = set(), []
 for i in range(size):
     try:
-        item = dataset[i]
-        if not isinstance(item, dict):
-            raise TypeError(f"the item is a {type(item).__name__}, not a dict")
-        if item.get("multi_modal_data") or item.get("multi_modal_inputs"):
-            raise ValueError("the item has multi_modal_data; Tessera's models are text-only")
-        if spec["sft"]:
-            row = {k: [int(t) for t in (lambda v: v.tolist() if hasattr(v, "tolist") else v)(item[k])]
-                   for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")}
-            rows.append(row)
-            if len(rows) == 256 or i == size - 1:
-                send({"rows": rows})
-                rows = []
-            continue
-        ids, mask = (list(v.tolist() if hasattr(v, "tolist") else v) for v in (item["input_ids"], item["attention_mask"]))
-        if len(ids) != len(mask):
-            raise ValueError(f"input_ids has {len(ids)} tokens and attention_mask {len(mask)}")
-        row = {"prompt_ids": [int(t) for t, m in zip(ids, mask) if m]}
-        for key in ("data_source", "ability", "reward_model", "extra_info", "raw_prompt", "agent_name"):
-            row[key] = item.get(key)
-        unread.update(k for k in item if k not in READ)
+        row, extra = row_of(dataset[i])
+        unread.update(extra)
     except Exception as e:
         row = {"error": f"{type(e).__name__}: {e}"}
     rows.append(row)
-    if len(rows) == 256 or i == size - 1:
+    if "error" in row or len(rows) == 256 or i == size - 1:
         send({"rows": rows})
         rows = []
+        if "error" in row:
+            sys.exit(0)  # the parent stops at the first bad item
 send({"done": True, "unread": sorted(unread)})
 )PY";
 
+// The child's error for an item, if it sent one (a row that is not a mapping is one too).
+Status item_error(const json& item, const std::string& where) {
+  if (!item.is_object()) return make_error(ErrorCode::internal, "{}: the dataset process sent {}", where, item.dump().substr(0, 80));
+  if (!item.contains("error")) return Status();
+  const json& e = item["error"];
+  return make_error(ErrorCode::corrupt_data, "{}: {}", where, e.is_string() ? e.get<std::string>() : e.dump());
+}
+
 // One item as a row; errors name it.
 Result<RLHFRow> to_row(const json& item, const std::string& where, int64_t max_prompt_length) {
-  if (item.contains("error")) return make_error(ErrorCode::corrupt_data, "{}: {}", where, item["error"].get<std::string>());
+  TESSERA_RETURN_IF_ERROR(item_error(item, where));
   RLHFRow r;
   r.source = where;
   const json& source = item.value("data_source", json());
@@ -121,6 +154,20 @@ Result<RLHFRow> to_row(const json& item, const std::string& where, int64_t max_p
     return make_error(ErrorCode::corrupt_data, "{}: 'agent_name' must be a string, got {}", where, agent.dump());
   }
   if (agent.is_string()) r.agent_name = agent.get<std::string>();
+  // verl's batch takes these from the item itself (its RLHFDataset copies them out of extra_info).
+  for (auto [key, field] : {std::pair{"tools_kwargs", &r.tools_kwargs}, std::pair{"interaction_kwargs", &r.interaction_kwargs}}) {
+    if (!item.contains(key) || item[key].is_null()) continue;
+    if (!item[key].is_object()) {
+      return make_error(ErrorCode::corrupt_data, "{}: '{}' must be a mapping, got {}", where, key, item[key].dump().substr(0, 80));
+    }
+    *field = item[key];
+  }
+  if (item.contains("index") && !item["index"].is_null()) {
+    if (!item["index"].is_number_integer()) {
+      return make_error(ErrorCode::corrupt_data, "{}: 'index' must be an integer, got {}", where, item["index"].dump());
+    }
+    r.index = item["index"].get<int64_t>();
+  }
   for (const auto& t : item.value("prompt_ids", json::array())) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
       return make_error(ErrorCode::corrupt_data, "{}: input_ids holds {}, not a token id", where, t.dump());
@@ -172,29 +219,36 @@ Result<PythonDatasetOptions> PythonDatasetOptions::from_sft_config(const json& c
 
 namespace {
 
-// Every item of the class over `files`, as the child converted it (RL rows or SFT columns).
-Result<std::vector<json>> read_items(const std::vector<std::filesystem::path>& files, const PythonDatasetOptions& options,
-                                     const std::string& what) {
+// Builds the class over the files `files_key` names (as configured: a path or a list) and hands
+// every item, as the child converted it (an RL row or SFT columns), to `take`, a chunk at a time.
+Status read_items(const json& cfg, const std::string& files_key, const PythonDatasetOptions& options,
+                  const std::string& what, const std::function<Status(const json& item, int64_t index)>& take) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::filesystem::path> paths, data_files(cfg, files_key));
+  json files = json::array();
+  for (const auto& f : paths) files.push_back(f.string());
+  const json* configured = config_find(cfg, files_key);
+  if (configured != nullptr && configured->is_string()) files = files[0];  // verl passes a single path as it is
   const std::string python = options.python.empty() ? runtime::python_from_env("TESSERA_DATA_PYTHON") : options.python;
   TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild child, runtime::spawn_python(python, kDatasetScript, {}, kKey));
   struct Reap {
     runtime::PythonChild& child;
-    ~Reap() { runtime::kill_child(child); }
+    ~Reap() {
+      if (child.pid > 0) runtime::kill_child(child);
+    }
   } reap{child};
-  json spec = {{"path", options.path},
-               {"name", options.name},
-               {"sft", options.sft},
-               {"tokenizer", options.tokenizer_path},
-               {"trust_remote_code", options.trust_remote_code},
-               {"config", options.data_config},
-               {"files", json::array()}};
-  for (const auto& f : files) spec["files"].push_back(f.string());
-  // A class may read and tokenize its whole dataset when built, an item at a time afterwards.
-  constexpr auto kPatience = std::chrono::minutes(30);
-  TESSERA_RETURN_IF_ERROR(runtime::write_all(child, spec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
-                                             Clock::now() + kPatience));
-  auto next = [&]() -> Result<json> {
-    Result<std::string> line = runtime::read_line(child, Clock::now() + kPatience);
+  const json spec = {{"path", options.path},
+                     {"name", options.name},
+                     {"sft", options.sft},
+                     {"tokenizer", options.tokenizer_path},
+                     {"trust_remote_code", options.trust_remote_code},
+                     {"config", options.data_config},
+                     {"files", files}};
+  TESSERA_RETURN_IF_ERROR(
+      runtime::write_all(child, spec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", Clock::now() + std::chrono::minutes(1)));
+  // Building the class may read and tokenize its whole dataset (verl sets no limit); each later
+  // message is a chunk of items.
+  auto next = [&](Clock::time_point deadline) -> Result<json> {
+    Result<std::string> line = runtime::read_line(child, deadline);
     if (!line.ok()) return make_error(line.status().code(), "{}: the dataset process: {}", what, line.status().message());
     json message = json::parse(*line, nullptr, false);
     if (!message.is_object()) {
@@ -202,82 +256,85 @@ Result<std::vector<json>> read_items(const std::vector<std::filesystem::path>& f
                         runtime::first_line(*line).substr(0, 120));
     }
     if (message.contains("fatal")) {
-      return make_error(ErrorCode::invalid_argument, "{}: {}", what, message["fatal"].get<std::string>());
+      const json& f = message["fatal"];
+      return make_error(ErrorCode::invalid_argument, "{}: {}", what, f.is_string() ? f.get<std::string>() : f.dump());
     }
     return message;
   };
-  TESSERA_ASSIGN_OR_RETURN(json ready, next());
+  TESSERA_ASSIGN_OR_RETURN(json ready, next(Clock::time_point::max()));
   const int64_t size = ready.value("size", json()).is_number_integer() ? ready["size"].get<int64_t>() : -1;
   if (size < 0) return make_error(ErrorCode::internal, "{}: the dataset process gave no size", what);
-  std::vector<json> items;
-  items.reserve(static_cast<size_t>(size));
-  while (static_cast<int64_t>(items.size()) < size) {
-    TESSERA_ASSIGN_OR_RETURN(json chunk, next());
+  int64_t seen = 0;
+  while (seen < size) {
+    TESSERA_ASSIGN_OR_RETURN(json chunk, next(Clock::now() + std::chrono::minutes(30)));
     if (!chunk.contains("rows") || !chunk["rows"].is_array() || chunk["rows"].empty()) {
-      return make_error(ErrorCode::internal, "{}: the dataset process sent no rows", what);
+      return make_error(ErrorCode::internal, "{}: the dataset process sent no items", what);
     }
-    for (json& item : chunk["rows"]) items.push_back(std::move(item));
+    for (const json& item : chunk["rows"]) TESSERA_RETURN_IF_ERROR(take(item, seen++));
   }
-  TESSERA_ASSIGN_OR_RETURN(json done, next());
+  TESSERA_ASSIGN_OR_RETURN(json done, next(Clock::now() + std::chrono::minutes(1)));
   if (const json& unread = done.value("unread", json::array()); !unread.empty()) {
     spdlog::info("{}: item keys no step reads: {}", what, unread.dump());
   }
-  return items;
+  runtime::finish_child(child, std::chrono::seconds(10));  // the class's atexit handlers run
+  return Status();
 }
 
-std::string describe(const PythonDatasetOptions& options) {
-  return fmt::format("{} ({} from {})", kKey, options.name, options.path);
+std::string describe(const PythonDatasetOptions& options, const std::string& files_key) {
+  return fmt::format("{} ({} from {}) over {}", kKey, options.name, options.path, files_key);
 }
 
 // An SFT item: four columns of exactly `max_length` integers (mask columns 0 or 1).
 Result<SFTExample> to_example(const json& item, const std::string& where, int64_t max_length) {
-  if (item.contains("error")) return make_error(ErrorCode::corrupt_data, "{}: {}", where, item["error"].get<std::string>());
+  TESSERA_RETURN_IF_ERROR(item_error(item, where));
   SFTExample ex;
   ex.source = where;
-  for (auto [key, column] : {std::pair{"input_ids", &ex.item_ids}, std::pair{"attention_mask", &ex.item_mask},
-                             std::pair{"position_ids", &ex.item_positions}, std::pair{"loss_mask", &ex.item_loss}}) {
+  // Reads column `key`: max_length integers in [0, top].
+  auto column = [&](const char* key, int64_t top, auto& out) -> Status {
     const json& values = item.value(key, json());
     if (!values.is_array() || static_cast<int64_t>(values.size()) != max_length) {
       return make_error(ErrorCode::corrupt_data, "{}: {} has {} values; data.max_length is {}", where, key,
                         values.is_array() ? values.size() : 0, max_length);
     }
+    out.reserve(values.size());
     for (const auto& v : values) {
-      const bool mask = std::string(key) == "attention_mask" || std::string(key) == "loss_mask";
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || (mask && v.get<int64_t>() > 1) ||
-          v.get<int64_t>() > INT32_MAX) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > top) {
         return make_error(ErrorCode::corrupt_data, "{}: {} holds {}", where, key, v.dump());
       }
-      column->push_back(v.get<int64_t>());
+      out.push_back(static_cast<typename std::decay_t<decltype(out)>::value_type>(v.get<int64_t>()));
     }
-  }
+    return Status();
+  };
+  TESSERA_RETURN_IF_ERROR(column("input_ids", INT32_MAX, ex.item_ids));
+  TESSERA_RETURN_IF_ERROR(column("attention_mask", 1, ex.item_mask));
+  TESSERA_RETURN_IF_ERROR(column("position_ids", INT32_MAX, ex.item_positions));
+  TESSERA_RETURN_IF_ERROR(column("loss_mask", 1, ex.item_loss));
   return ex;
 }
 
 }  // namespace
 
-Result<std::vector<RLHFRow>> read_python_dataset(const std::vector<std::filesystem::path>& files,
+Result<std::vector<RLHFRow>> read_python_dataset(const json& cfg, const std::string& files_key,
                                                  const PythonDatasetOptions& options, int64_t max_prompt_length) {
-  const std::string what = describe(options);
-  TESSERA_ASSIGN_OR_RETURN(std::vector<json> items, read_items(files, options, what));
+  const std::string what = describe(options, files_key);
   std::vector<RLHFRow> rows;
-  rows.reserve(items.size());
-  for (const json& item : items) {
-    TESSERA_ASSIGN_OR_RETURN(RLHFRow row, to_row(item, fmt::format("{}: item {}", what, rows.size()), max_prompt_length));
+  TESSERA_RETURN_IF_ERROR(read_items(cfg, files_key, options, what, [&](const json& item, int64_t i) -> Status {
+    TESSERA_ASSIGN_OR_RETURN(RLHFRow row, to_row(item, fmt::format("{}: item {}", what, i), max_prompt_length));
     rows.push_back(std::move(row));
-  }
+    return Status();
+  }));
   return rows;
 }
 
-Result<std::vector<SFTExample>> read_python_sft_dataset(const std::vector<std::filesystem::path>& files,
+Result<std::vector<SFTExample>> read_python_sft_dataset(const json& cfg, const std::string& files_key,
                                                         const PythonDatasetOptions& options, int64_t max_length) {
-  const std::string what = describe(options);
-  TESSERA_ASSIGN_OR_RETURN(std::vector<json> items, read_items(files, options, what));
+  const std::string what = describe(options, files_key);
   std::vector<SFTExample> examples;
-  examples.reserve(items.size());
-  for (const json& item : items) {
-    TESSERA_ASSIGN_OR_RETURN(SFTExample ex, to_example(item, fmt::format("{}: item {}", what, examples.size()), max_length));
+  TESSERA_RETURN_IF_ERROR(read_items(cfg, files_key, options, what, [&](const json& item, int64_t i) -> Status {
+    TESSERA_ASSIGN_OR_RETURN(SFTExample ex, to_example(item, fmt::format("{}: item {}", what, i), max_length));
     examples.push_back(std::move(ex));
-  }
+    return Status();
+  }));
   return examples;
 }
 

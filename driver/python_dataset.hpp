@@ -7,11 +7,13 @@
 // cls(data_files=..., tokenizer=hf_tokenizer(...), processor=None, config=<the data section>) with
 // return_raw_chat on (Tessera's batches always carry raw_prompt). Every item is read once, in
 // order, and becomes a row of Tessera's RLHFDataset: the prompt is input_ids under
-// attention_mask (the class pads and truncates), raw_prompt, data_source, ability, reward_model,
-// extra_info and agent_name are taken as they are (index, tools_kwargs and interaction_kwargs
-// then come from extra_info, as verl's RLHFDataset sets them). An item with multi_modal_data, or
-// without the fields the trainer reads, is an error naming it; keys no step reads are reported
-// in one log line.
+// attention_mask (the class pads and truncates; raw_prompt_ids, when given, must be the same
+// tokens), and raw_prompt, data_source, ability, reward_model, extra_info, agent_name, index,
+// tools_kwargs and interaction_kwargs are taken as they are (the last three, when absent, from
+// extra_info, as verl's RLHFDataset sets them). An item with multi_modal_data, with a value that
+// is not an integer where ids are, or without the fields the trainer reads, stops the load at
+// that item, naming it; keys no step reads are reported in one log line. A class with
+// on_batch_end (verl calls it after every step) is refused: the items are read once.
 //
 // For SFT (verl's create_sft_dataset): cls(parquet_files=..., tokenizer=..., config=<the data
 // section>), and each item's input_ids, attention_mask, position_ids and loss_mask (data.max_length
@@ -22,7 +24,6 @@
 // Thread-safety: re-entrant (each call runs its own child).
 #pragma once
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -48,13 +49,14 @@ struct PythonDatasetOptions {
   static Result<PythonDatasetOptions> from_sft_config(const nlohmann::json& cfg);
 };
 
-/// Builds the class over `files` and reads every item (see the header comment). Errors name
-/// data.custom_cls, the class and the item.
-Result<std::vector<RLHFRow>> read_python_dataset(const std::vector<std::filesystem::path>& files,
+/// Builds the class over the files that `files_key` (data.train_files or data.val_files) of `cfg`
+/// names, passed as configured (a path, or a list of them), and reads every item (see the header
+/// comment). Errors name data.custom_cls, the class, the files key and the item.
+Result<std::vector<RLHFRow>> read_python_dataset(const nlohmann::json& cfg, const std::string& files_key,
                                                  const PythonDatasetOptions& options, int64_t max_prompt_length);
 
 /// The same for an SFT class: one example per item, each column `max_length` long.
-Result<std::vector<SFTExample>> read_python_sft_dataset(const std::vector<std::filesystem::path>& files,
+Result<std::vector<SFTExample>> read_python_sft_dataset(const nlohmann::json& cfg, const std::string& files_key,
                                                         const PythonDatasetOptions& options, int64_t max_length);
 
 }  // namespace tessera::driver

@@ -33,18 +33,21 @@ Status load_datasets(const json& cfg, FSDPSFTTrainer::State& s) {
   bool corrected = false;
   TESSERA_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::from_dir_as_verl(model_path, &corrected));
   if (corrected) spdlog::warn("{}: gemma-2-2b-it's eos token set to <end_of_turn>, as verl's hf_tokenizer does", tok.source());
-  TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(cfg));
   TESSERA_ASSIGN_OR_RETURN(auto custom_cls, config_get_or<std::optional<std::string>>(cfg, "data.custom_cls.path",
                                                                                        std::nullopt));
-  if (custom_cls && !custom_cls->empty()) {  // verl's create_sft_dataset with the user's class, for both sets
+  const bool custom = custom_cls && !custom_cls->empty();  // verl: a falsy path is none
+  // The user's class truncates by its own rules: data.truncation is its to read.
+  json dataset_cfg = cfg;
+  if (custom) dataset_cfg["data"]["truncation"] = "error";
+  TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(dataset_cfg));
+  if (custom) {  // verl's create_sft_dataset with the user's class, for both sets
     TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions po, PythonDatasetOptions::from_sft_config(cfg));
-    TESSERA_ASSIGN_OR_RETURN(auto train_files, data_files(cfg, "data.train_files"));
-    TESSERA_ASSIGN_OR_RETURN(auto train_items, read_python_sft_dataset(train_files, po, opts.max_length));
+    TESSERA_ASSIGN_OR_RETURN(auto train_items, read_python_sft_dataset(cfg, "data.train_files", po, opts.max_length));
     TESSERA_ASSIGN_OR_RETURN(SFTDataset train, SFTDataset::from_items(std::move(train_items), tok, opts));
     s.train_dataset.emplace(std::move(train));
     TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
     if (!val_files.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(auto val_items, read_python_sft_dataset(val_files, po, opts.max_length));
+      TESSERA_ASSIGN_OR_RETURN(auto val_items, read_python_sft_dataset(cfg, "data.val_files", po, opts.max_length));
       TESSERA_ASSIGN_OR_RETURN(SFTDataset val, SFTDataset::from_items(std::move(val_items), tok, opts));
       s.val_dataset.emplace(std::move(val));
     }

@@ -89,12 +89,14 @@ std::optional<int> finish_child(PythonChild& child, std::chrono::milliseconds gr
 }
 
 Result<std::string> read_line(PythonChild& child, Clock::time_point deadline) {
+  size_t scanned = 0;  // bytes of the buffer known to hold no newline (a long line is scanned once)
   for (;;) {
-    if (auto nl = child.buffer.find('\n'); nl != std::string::npos) {
+    if (auto nl = child.buffer.find('\n', scanned); nl != std::string::npos) {
       std::string line = child.buffer.substr(0, nl);
       child.buffer.erase(0, nl + 1);
       return line;
     }
+    scanned = child.buffer.size();
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return Status(ErrorCode::timeout, "timed out");
     pollfd pfd{child.out, POLLIN, 0};

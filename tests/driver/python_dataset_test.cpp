@@ -19,13 +19,15 @@ using testing::ScopedEnv;
 using testing::TempDir;
 
 constexpr const char* kUserDatasets = R"PY(
-import torch
+import collections, torch
 from torch.utils.data import Dataset
 
 class Doubling(Dataset):
     """A question per line; its prompt is the question's tokens twice, left-padded."""
     def __init__(self, data_files, tokenizer, processor, config):
-        self.rows = [line.strip() for f in data_files for line in open(f) if line.strip()]
+        self.given = type(data_files).__name__  # verl passes data.train_files as configured
+        files = [data_files] if isinstance(data_files, str) else data_files
+        self.rows = [line.strip() for f in files for line in open(f) if line.strip()]
         self.tokenizer, self.width = tokenizer, config.max_prompt_length
         assert config.return_raw_chat and processor is None
     def __len__(self):
@@ -36,14 +38,22 @@ class Doubling(Dataset):
             return {"data_source": "openai/gsm8k"}
         if q == "picture":
             return {"multi_modal_data": {"image": [1]}}
+        if q == "half":
+            return {"input_ids": [1.5], "attention_mask": [1]}
         ids = self.tokenizer.encode(q, add_special_tokens=False) * 2
         pad = self.width - len(ids)
-        return {"input_ids": torch.tensor([0] * pad + ids), "attention_mask": torch.tensor([0] * pad + [1] * len(ids)),
-                "data_source": "openai/gsm8k", "reward_model": {"ground_truth": "1"}, "extra_info": {"index": 10 + i},
-                "raw_prompt": [{"role": "user", "content": q}], "agent_name": "tool_agent", "my_column": 1}
+        item = {"input_ids": torch.tensor([0] * pad + ids), "attention_mask": torch.tensor([0] * pad + [1] * len(ids)),
+                "data_source": "openai/gsm8k", "reward_model": {"ground_truth": "1"},
+                "extra_info": {"index": 10 + i, "given": self.given}, "raw_prompt": [{"role": "user", "content": q}],
+                "agent_name": "tool_agent", "tools_kwargs": {"calc": {"create_kwargs": {"n": i}}}, "my_column": 1}
+        return collections.UserDict(item) if q == "seven" else item  # any mapping will do, as in verl
 
 class NotADataset:
     pass
+
+class WithBatchEnd(Doubling):
+    def on_batch_end(self, batch):
+        pass
 )PY";
 
 class PythonDataset : public ::testing::Test {
@@ -57,6 +67,9 @@ class PythonDataset : public ::testing::Test {
     dir_.write("py/user_datasets.py", kUserDatasets);
     path_.emplace("PYTHONPATH", (dir_.path() / "py").string());
   }
+
+  // A config whose data.train_files is `files` (a path, or a list of them).
+  static json config_of(const json& files) { return {{"data", {{"train_files", files}}}}; }
 
   PythonDatasetOptions options(const std::string& path, const std::string& name, int64_t width) const {
     PythonDatasetOptions o;
@@ -97,7 +110,8 @@ TEST_F(PythonDataset, VerlsRLHFDatasetAsACustomClassMatchesTheNativeLoader) {
       parquet.string()));
   ASSERT_EQ(made.status, 0) << made.text;
 
-  auto rows = read_python_dataset({parquet}, options("pkg://verl.utils.dataset.rl_dataset", "RLHFDataset", 40), 40);
+  auto rows = read_python_dataset(config_of(json::array({parquet.string()})), "data.train_files",
+                                  options("pkg://verl.utils.dataset.rl_dataset", "RLHFDataset", 40), 40);
   ASSERT_TRUE(rows.ok()) << rows.status().to_string();
   auto custom = RLHFDataset::from_rows(std::move(rows).value(), qwen3_tokenizer(), rl_options(40));
   ASSERT_TRUE(custom.ok()) << custom.status().to_string();
@@ -120,7 +134,7 @@ TEST_F(PythonDataset, VerlsRLHFDatasetAsACustomClassMatchesTheNativeLoader) {
 TEST_F(PythonDataset, UserClassesAndTheirErrors) {
   const auto questions = dir_.write("q.txt", "one plus one\nseven\n");
   const std::string module = (dir_.path() / "py" / "user_datasets.py").string();
-  auto rows = read_python_dataset({questions}, options(module, "Doubling", 16), 16);
+  auto rows = read_python_dataset(config_of(questions.string()), "data.train_files", options(module, "Doubling", 16), 16);
   ASSERT_TRUE(rows.ok()) << rows.status().to_string();
   ASSERT_EQ(rows->size(), 2u);
   auto seven = qwen3_tokenizer().encode("seven");
@@ -134,11 +148,17 @@ TEST_F(PythonDataset, UserClassesAndTheirErrors) {
   EXPECT_EQ(r.extra_info["index"], 11);
   EXPECT_EQ(r.prompt[0]["content"], "seven");
   EXPECT_EQ(r.agent_name, "tool_agent");
-  EXPECT_NE(r.source.find("item 1"), std::string::npos) << r.source;
+  EXPECT_EQ(r.tools_kwargs["calc"]["create_kwargs"]["n"], 1);  // the item's own, not extra_info's
+  EXPECT_EQ(r.extra_info["given"], "str");  // a single path reaches the class as a string
+  EXPECT_NE(r.source.find("over data.train_files: item 1"), std::string::npos) << r.source;
+  auto listed = read_python_dataset(config_of(json::array({questions.string()})), "data.train_files",
+                                    options(module, "Doubling", 16), 16);
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+  EXPECT_EQ((*listed)[0].extra_info["given"], "ListConfig");
 
   auto error_of = [&](const std::string& text, const std::string& name, int64_t width = 16) {
     const auto file = dir_.write("e.txt", text);
-    auto got = read_python_dataset({file}, options(module, name, width), width);
+    auto got = read_python_dataset(config_of(file.string()), "data.train_files", options(module, name, width), width);
     return got.ok() ? std::string("ok") : got.status().message();
   };
   auto contains = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
@@ -147,6 +167,10 @@ TEST_F(PythonDataset, UserClassesAndTheirErrors) {
   EXPECT_TRUE(contains(e, "item 1: KeyError: 'input_ids'")) << e;
   e = error_of("picture\n", "Doubling");
   EXPECT_TRUE(contains(e, "item 0: ValueError: the item has multi_modal_data")) << e;
+  e = error_of("seven\nhalf\n", "Doubling");
+  EXPECT_TRUE(contains(e, "item 1: ValueError: input_ids holds 1.5, not an integer")) << e;
+  e = error_of("seven\n", "WithBatchEnd");
+  EXPECT_TRUE(contains(e, "defines on_batch_end")) << e;
   e = error_of("seven\n", "NotADataset");
   EXPECT_TRUE(contains(e, "must inherit from torch.utils.data.Dataset")) << e;
   e = error_of("seven\n", "Missing");
@@ -154,7 +178,7 @@ TEST_F(PythonDataset, UserClassesAndTheirErrors) {
   // The class pads to its own width; a prompt longer than data.max_prompt_length is refused.
   const auto file = dir_.write("long.txt", "one two three four five six seven eight nine ten\n");
   auto wide = options(module, "Doubling", 64);
-  auto got = read_python_dataset({file}, wide, 8);
+  auto got = read_python_dataset(config_of(file.string()), "data.train_files", wide, 8);
   ASSERT_FALSE(got.ok());
   EXPECT_TRUE(contains(got.status().message(), "data.max_prompt_length is 8")) << got.status().to_string();
 
@@ -183,7 +207,7 @@ TEST_F(PythonDataset, VerlsSFTDatasetAsACustomClassMatchesTheNativeLoader) {
   PythonDatasetOptions o = options("pkg://verl.utils.dataset.sft_dataset", "SFTDataset", 48);
   o.sft = true;
   o.data_config = {{"prompt_key", "question"}, {"response_key", "answer"}, {"max_length", 48}, {"truncation", "error"}};
-  auto items = read_python_sft_dataset({parquet}, o, 48);
+  auto items = read_python_sft_dataset(config_of(parquet.string()), "data.train_files", o, 48);
   ASSERT_TRUE(items.ok()) << items.status().to_string();
   auto custom = SFTDataset::from_items(std::move(items).value(), qwen3_tokenizer(), sft);
   ASSERT_TRUE(custom.ok()) << custom.status().to_string();
@@ -197,7 +221,7 @@ TEST_F(PythonDataset, VerlsSFTDatasetAsACustomClassMatchesTheNativeLoader) {
                                                                 << *b->tensor(key);
   }
   // verl's class pads to data.max_length; a reader expecting another width names the item.
-  auto narrow = read_python_sft_dataset({parquet}, o, 40);
+  auto narrow = read_python_sft_dataset(config_of(parquet.string()), "data.train_files", o, 40);
   ASSERT_FALSE(narrow.ok());
   EXPECT_NE(narrow.status().message().find("item 0: input_ids has 48 values; data.max_length is 40"), std::string::npos)
       << narrow.status().to_string();

@@ -216,9 +216,11 @@ TEST(TrainerRun, CustomAgentLoopsGenerateAndTrain) {
   dir.write("py/echo_agent.py", R"PY(
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 class EchoAgent(AgentLoopBase):
+    """Asks twice, the second time with the first answer and its prompt (whose blocks the engine reuses)."""
     async def run(self, messages, sampling_params):
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = (await self.server_manager.generate("r", prompt_ids=prompt, sampling_params=sampling_params))
+        first = await self.server_manager.generate("r", prompt_ids=prompt, sampling_params=sampling_params)
+        ids = await self.server_manager.generate("r", prompt_ids=prompt + first, sampling_params=sampling_params)
         ids = ids[: self.config.actor_rollout_ref.rollout.response_length]
         return AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=[1] * len(ids), num_turns=3,
                                metrics={"generate_sequences": 0.1, "tool_calls": 0.0})
@@ -230,7 +232,8 @@ class EchoAgent(AgentLoopBase):
     auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
     for (const std::string& o : std::vector<std::string>{
              "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.agent.agent_loop_config_path=" + loops.string(),
-             "actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp), "trainer.val_before_train=false"}) {
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp), "trainer.val_before_train=false",
+             "actor_rollout_ref.rollout.engine_kwargs.tessera.kv_block_size=2"}) {  // the prompts are a few tokens
       overrides.push_back(o);
     }
     auto t = testing::fit_trainer(overrides);
@@ -238,6 +241,7 @@ class EchoAgent(AgentLoopBase):
     const Metrics& m = t->history().back().second;
     EXPECT_EQ(m.at("num_turns/mean"), 3.0) << tp;  // the loop's num_turns
     EXPECT_NEAR(m.at("timing_s/agent_loop/generate_sequences/mean"), 0.1, 1e-9) << tp;
+    EXPECT_GT(m.at("rollout/cached_prompt_tokens"), 0.0) << tp;  // the second asks reuse the first's blocks
     EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss"))) << tp;
     EXPECT_GT(m.at("response_length/mean"), 0.0) << tp;
   }
@@ -256,7 +260,8 @@ import json, torch
 from torch.utils.data import Dataset
 class MarkedPrompts(Dataset):
     def __init__(self, data_files, tokenizer, processor, config):
-        self.rows = [json.loads(line) for f in data_files for line in open(f) if line.strip()]
+        files = [data_files] if isinstance(data_files, str) else data_files  # as configured, as verl passes it
+        self.rows = [json.loads(line) for f in files for line in open(f) if line.strip()]
         self.tokenizer, self.width = tokenizer, config.max_prompt_length
     def __len__(self):
         return len(self.rows)

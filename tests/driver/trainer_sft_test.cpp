@@ -142,7 +142,8 @@ TEST(SftTrainer, CustomDatasetClass) {
 import json, torch
 class Pairs(torch.utils.data.Dataset):
     def __init__(self, parquet_files, tokenizer, config):
-        self.rows = [json.loads(line) for f in parquet_files for line in open(f) if line.strip()]
+        files = [parquet_files] if isinstance(parquet_files, str) else parquet_files  # as configured
+        self.rows = [json.loads(line) for f in files for line in open(f) if line.strip()]
         self.tokenizer, self.width = tokenizer, config.max_length
     def __len__(self):
         return len(self.rows)
