@@ -77,15 +77,11 @@ Status load_data(const json& cfg, State& s) {
   TESSERA_ASSIGN_OR_RETURN(RLHFDatasetOptions opts, RLHFDatasetOptions::from_config(dataset_cfg));
   if (custom_cls) {  // verl's create_rl_dataset with the user's class, for both sets
     TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions po, PythonDatasetOptions::from_config(cfg));
-    TESSERA_ASSIGN_OR_RETURN(auto train_rows, read_python_dataset(cfg, "data.train_files", po, opts.max_prompt_length));
-    TESSERA_ASSIGN_OR_RETURN(RLHFDataset train, RLHFDataset::from_rows(std::move(train_rows), tok, opts));
-    s.train_dataset.emplace(std::move(train));
-    TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
-    if (!val_files.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(auto val_rows, read_python_dataset(cfg, "data.val_files", po, opts.max_prompt_length));
-      TESSERA_ASSIGN_OR_RETURN(RLHFDataset val, RLHFDataset::from_rows(std::move(val_rows), tok, opts));
-      s.val_dataset.emplace(std::move(val));
-    }
+    auto read = [&](const std::string& files_key) -> Result<RLHFDataset> {
+      TESSERA_ASSIGN_OR_RETURN(auto rows, read_python_dataset(cfg, files_key, po, opts.max_prompt_length));
+      return RLHFDataset::from_rows(std::move(rows), tok, opts);
+    };
+    TESSERA_RETURN_IF_ERROR(load_custom_train_and_val(cfg, read, s.train_dataset, s.val_dataset));
   } else {
     TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   }

@@ -21,29 +21,8 @@ constexpr const char* kKey = "data.custom_cls";
 
 // The child: verl's create_rl_dataset, then every item as JSON, a chunk of rows per line.
 constexpr const char* kDatasetScript = R"PY(
-import collections.abc, math, traceback
+import collections.abc, traceback
 spec = json.loads(requests.readline())
-
-def plain(o):  # the items' numpy / torch values as JSON, in this process
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return o.item() if hasattr(o, "item") else str(o)
-
-def finite(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if isinstance(o, dict):
-        return {k: finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [finite(v) for v in o]
-    return o
-
-def encodable(o):  # raises where JSON cannot carry it (a key that is not a string, ...)
-    return finite(json.loads(json.dumps(o, default=plain)))
-
-def send(message):
-    proto.write(json.dumps(message, allow_nan=False) + "\n")
-    proto.flush()
 
 def fatal(e):
     traceback.print_exc()  # to stderr: the user's own file's error, with its line
@@ -314,28 +293,36 @@ Result<SFTExample> to_example(const json& item, const std::string& where, int64_
 
 }  // namespace
 
-Result<std::vector<RLHFRow>> read_python_dataset(const json& cfg, const std::string& files_key,
-                                                 const PythonDatasetOptions& options, int64_t max_prompt_length) {
+namespace {
+
+// Every item of the class, converted by `convert(item, where)`.
+template <class T, class Convert>
+Result<std::vector<T>> read_all(const json& cfg, const std::string& files_key, const PythonDatasetOptions& options,
+                                Convert convert) {
   const std::string what = describe(options, files_key);
-  std::vector<RLHFRow> rows;
+  std::vector<T> out;
   TESSERA_RETURN_IF_ERROR(read_items(cfg, files_key, options, what, [&](const json& item, int64_t i) -> Status {
-    TESSERA_ASSIGN_OR_RETURN(RLHFRow row, to_row(item, fmt::format("{}: item {}", what, i), max_prompt_length));
-    rows.push_back(std::move(row));
+    TESSERA_ASSIGN_OR_RETURN(T x, convert(item, fmt::format("{}: item {}", what, i)));
+    out.push_back(std::move(x));
     return Status();
   }));
-  return rows;
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<RLHFRow>> read_python_dataset(const json& cfg, const std::string& files_key,
+                                                 const PythonDatasetOptions& options, int64_t max_prompt_length) {
+  return read_all<RLHFRow>(cfg, files_key, options, [&](const json& item, const std::string& where) {
+    return to_row(item, where, max_prompt_length);
+  });
 }
 
 Result<std::vector<SFTExample>> read_python_sft_dataset(const json& cfg, const std::string& files_key,
                                                         const PythonDatasetOptions& options, int64_t max_length) {
-  const std::string what = describe(options, files_key);
-  std::vector<SFTExample> examples;
-  TESSERA_RETURN_IF_ERROR(read_items(cfg, files_key, options, what, [&](const json& item, int64_t i) -> Status {
-    TESSERA_ASSIGN_OR_RETURN(SFTExample ex, to_example(item, fmt::format("{}: item {}", what, i), max_length));
-    examples.push_back(std::move(ex));
-    return Status();
-  }));
-  return examples;
+  return read_all<SFTExample>(cfg, files_key, options, [&](const json& item, const std::string& where) {
+    return to_example(item, where, max_length);
+  });
 }
 
 }  // namespace tessera::driver

@@ -24,6 +24,7 @@
 // Thread-safety: re-entrant (each call runs its own child).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,5 +59,19 @@ Result<std::vector<RLHFRow>> read_python_dataset(const nlohmann::json& cfg, cons
 /// The same for an SFT class: one example per item, each column `max_length` long.
 Result<std::vector<SFTExample>> read_python_sft_dataset(const nlohmann::json& cfg, const std::string& files_key,
                                                         const PythonDatasetOptions& options, int64_t max_length);
+
+/// A custom class's train set (data.train_files) and, when data.val_files names files, its
+/// validation set: `read(files_key)` builds each.
+template <class Dataset, class Read>
+Status load_custom_train_and_val(const nlohmann::json& cfg, Read read, std::optional<Dataset>& train,
+                                 std::optional<Dataset>& val) {
+  TESSERA_ASSIGN_OR_RETURN(Dataset train_set, read(std::string("data.train_files")));
+  train.emplace(std::move(train_set));
+  TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
+  if (val_files.empty()) return Status();
+  TESSERA_ASSIGN_OR_RETURN(Dataset val_set, read(std::string("data.val_files")));
+  val.emplace(std::move(val_set));
+  return Status();
+}
 
 }  // namespace tessera::driver

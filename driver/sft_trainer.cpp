@@ -42,15 +42,11 @@ Status load_datasets(const json& cfg, FSDPSFTTrainer::State& s) {
   TESSERA_ASSIGN_OR_RETURN(SFTDatasetOptions opts, SFTDatasetOptions::from_config(dataset_cfg));
   if (custom) {  // verl's create_sft_dataset with the user's class, for both sets
     TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions po, PythonDatasetOptions::from_sft_config(cfg));
-    TESSERA_ASSIGN_OR_RETURN(auto train_items, read_python_sft_dataset(cfg, "data.train_files", po, opts.max_length));
-    TESSERA_ASSIGN_OR_RETURN(SFTDataset train, SFTDataset::from_items(std::move(train_items), tok, opts));
-    s.train_dataset.emplace(std::move(train));
-    TESSERA_ASSIGN_OR_RETURN(auto val_files, optional_data_files(cfg, "data.val_files"));
-    if (!val_files.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(auto val_items, read_python_sft_dataset(cfg, "data.val_files", po, opts.max_length));
-      TESSERA_ASSIGN_OR_RETURN(SFTDataset val, SFTDataset::from_items(std::move(val_items), tok, opts));
-      s.val_dataset.emplace(std::move(val));
-    }
+    auto read = [&](const std::string& files_key) -> Result<SFTDataset> {
+      TESSERA_ASSIGN_OR_RETURN(auto items, read_python_sft_dataset(cfg, files_key, po, opts.max_length));
+      return SFTDataset::from_items(std::move(items), tok, opts);
+    };
+    TESSERA_RETURN_IF_ERROR(load_custom_train_and_val(cfg, read, s.train_dataset, s.val_dataset));
   } else {
     TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   }

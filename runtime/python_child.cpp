@@ -33,7 +33,7 @@ Result<PythonChild> spawn_python(const std::string& python, const std::string& s
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
   posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
-  std::vector<std::string> all = {python, "-u", "-c", std::string(kProtocolPipes) + script};
+  std::vector<std::string> all = {python, "-u", "-c", std::string(kProtocolPipes) + kJsonAnswers + script};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());

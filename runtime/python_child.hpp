@@ -41,7 +41,36 @@ os.close(null)
 sys.stdout = sys.stderr
 )PY";
 
-/// Starts `python -u -c <kProtocolPipes><script> args...` with the parent's environment; the parent's end of its
+/// Also before every child script: helpers for answers in JSON. plain(o): numpy / torch values
+/// as lists and numbers (the child's own values, not a worker's tensors); finite(o): NaN and
+/// infinities as null; encodable(o): both, raising where JSON cannot carry the value (a key that
+/// is not a string); send(message): one line to the parent.
+inline constexpr const char* kJsonAnswers = R"PY(
+import math
+
+def plain(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return o.item() if hasattr(o, "item") else str(o)
+
+def finite(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [finite(v) for v in o]
+    return o
+
+def encodable(o):
+    return finite(json.loads(json.dumps(o, default=plain)))
+
+def send(message):
+    proto.write(json.dumps(message, allow_nan=False) + "\n")
+    proto.flush()
+)PY";
+
+/// Starts `python -u -c <kProtocolPipes><kJsonAnswers><script> args...` with the parent's environment; the parent's end of its
 /// stdin does not block (write_all waits with a deadline). Ignores SIGPIPE in this process (a
 /// dead child is then an error on write, not the end of Tessera). Errors name `what`.
 Result<PythonChild> spawn_python(const std::string& python, const std::string& script,

@@ -18,31 +18,10 @@ constexpr const char* kKey = "actor_rollout_ref.rollout.agent.agent_loop_config_
 
 // The child: verl's AgentLoopWorker without Ray, its server manager a bridge to the parent.
 constexpr const char* kAgentScript = R"PY(
-import asyncio, concurrent.futures, contextvars, math
+import asyncio, concurrent.futures, contextvars
 spec = json.loads(requests.readline())
 loop = asyncio.new_event_loop()
 asyncio.set_event_loop(loop)
-
-def plain(o):  # the loops' numpy / torch values as JSON, in this process (not a worker's tensors)
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return o.item() if hasattr(o, "item") else str(o)
-
-def finite(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if isinstance(o, dict):
-        return {k: finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [finite(v) for v in o]
-    return o
-
-def encodable(o):  # raises where JSON cannot carry it (a tuple as a key, ...)
-    return finite(json.loads(json.dumps(o, default=plain)))
-
-def send(message):
-    proto.write(json.dumps(message, allow_nan=False) + "\n")
-    proto.flush()
 
 try:
     import hydra

@@ -210,7 +210,7 @@ Result<proto::DataProto> AgentLoopRollout::generate(RolloutEngine& engine, const
   std::vector<int64_t> calls_of(static_cast<size_t>(bs), 0);  // each row's generate() calls so far
 
   // A loop's next request usually starts with its last one's sequence (Note [Prefix cache]).
-  EngineSession session(engine, config_.enable_prefix_caching);
+  EngineSession session(engine, config_.enable_prefix_caching, bs);
   TESSERA_ASSIGN_OR_RETURN(json message, loops_->start(batch));
   while (message.value("op", "") == "generate") {
     const json& requests = message["requests"];

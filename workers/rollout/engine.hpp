@@ -24,8 +24,8 @@ struct GenerationStats {
   int64_t recomputed_tokens = 0; ///< Tokens prefilled again for preempted sequences.
   int64_t prefill_tokens = 0;    ///< Tokens computed by prefill, left padding included.
   int64_t shared_prompt_tokens = 0;  ///< Prompt tokens not prefilled: a sample of the same prompt was.
-  /// Prompt tokens not prefilled: an earlier call of the session computed them (Note [Prefix
-  /// cache]), and their prefill FLOPs.
+  /// Prompt tokens not prefilled: remembered blocks held them (Note [Prefix cache]: an earlier
+  /// call's sequences, or this call's finished or preempted ones), and their prefill FLOPs.
   int64_t cached_prompt_tokens = 0;
   double cached_prefill_flops = 0;
   /// Forward FLOPs of the prompts prefilled (their real tokens), and of those whose prefill
@@ -96,19 +96,20 @@ class RolloutEngine {
   /// Counters of the last successful generate_sequences call.
   virtual const GenerationStats& last_stats() const = 0;
 
-  /// A rollout session (Note [Prefix cache] in internal/block_cache.hpp): until end_session(),
-  /// generate_tokens keeps the KV blocks of the sequences it finished, and a later prompt that
-  /// starts with them prefills only the rest (the turns of a multi-turn or agent-loop rollout).
-  /// end_session() frees that memory. Engines without such a cache ignore both.
-  virtual void begin_session() {}
+  /// A rollout session (Note [Prefix cache] in internal/block_cache.hpp) over about `rows`
+  /// sequences at a time: until end_session(), generate_tokens keeps the KV blocks of the
+  /// sequences it finished, and a later prompt that starts with them prefills only the rest (the
+  /// turns of a multi-turn or agent-loop rollout). end_session() frees that memory. Engines
+  /// without such a cache ignore both.
+  virtual void begin_session(int64_t rows) { (void)rows; }
   virtual void end_session() {}
 };
 
-/// begin_session() for a scope (`on` false: nothing).
+/// begin_session(rows) for a scope (`on` false: nothing).
 class EngineSession {
  public:
-  EngineSession(RolloutEngine& engine, bool on) : engine_(on ? &engine : nullptr) {
-    if (engine_ != nullptr) engine_->begin_session();
+  EngineSession(RolloutEngine& engine, bool on, int64_t rows) : engine_(on ? &engine : nullptr) {
+    if (engine_ != nullptr) engine_->begin_session(rows);
   }
   ~EngineSession() {
     if (engine_ != nullptr) engine_->end_session();

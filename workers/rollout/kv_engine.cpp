@@ -98,7 +98,10 @@ Result<int64_t> kv_block_cap(const RolloutConfig& config, const StepModel& model
 }  // namespace
 
 KVCacheEngine::KVCacheEngine(std::unique_ptr<StepModel> model, RolloutConfig config, const EngineOptions& options)
-    : model_(std::move(model)), config_(std::move(config)), generator_(at::detail::createCPUGenerator(options.seed)) {}
+    : model_(std::move(model)),
+      config_(std::move(config)),
+      generator_(at::detail::createCPUGenerator(options.seed)),
+      agree_min_(options.agree_min) {}
 
 Result<std::unique_ptr<KVCacheEngine>> KVCacheEngine::create(std::unique_ptr<StepModel> model, RolloutConfig config,
                                                              const EngineOptions& options) {
@@ -185,6 +188,13 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   options.split_attention = config_.split_decode_attention;
   options.fused_layers = config_.fused_layers;
   TESSERA_ASSIGN_OR_RETURN(options.max_kv_blocks, kv_block_cap(config_, *model_, options.max_kv_blocks_key));
+  if (agree_min_) {  // the TP peers' smallest
+    try {
+      options.max_kv_blocks = agree_min_(options.max_kv_blocks);
+    } catch (const std::exception& e) {
+      return make_error(ErrorCode::unavailable, "rollout TP: agreeing on the KV cache's size: {}", e.what());
+    }
+  }
   options.decode.cuda_graphs = !config_.enforce_eager && model_->device().is_cuda();
   if (config_.cudagraph_capture_sizes) options.decode.buckets = *config_.cudagraph_capture_sizes;
   options.batching = config_.batching;
@@ -201,6 +211,14 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   options.session_length = config_.max_model_len.value_or(config_.prompt_length + config_.response_length);
   GenerationStats stats;
   std::vector<GeneratedRow> rows;
+  // A call that fails leaves its sequences in the session's cache: the session starts it afresh.
+  struct DropOnError {
+    internal::PrefixSession* session;
+    bool ok = false;
+    ~DropOnError() {
+      if (!ok && session != nullptr) session->cache.reset();
+    }
+  } drop{session_.get()};
   try {
     TESSERA_ASSIGN_OR_RETURN(rows, internal::run_generation(*model_, requests.prompts, options, stats));
   } catch (const c10::OutOfMemoryError& e) {
@@ -215,6 +233,7 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   } catch (const std::exception& e) {
     return make_error(ErrorCode::internal, "generate_sequences: the model failed: {}", e.what());
   }
+  drop.ok = true;
   stats.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_ = stats;
   return rows;
@@ -222,8 +241,10 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
 
 KVCacheEngine::~KVCacheEngine() = default;
 
-void KVCacheEngine::begin_session() {
-  if (config_.enable_prefix_caching) session_ = std::make_unique<internal::PrefixSession>();
+void KVCacheEngine::begin_session(int64_t rows) {
+  if (!config_.enable_prefix_caching) return;
+  session_ = std::make_unique<internal::PrefixSession>();
+  session_->rows = rows;
 }
 
 void KVCacheEngine::end_session() { session_.reset(); }

@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <ATen/core/Generator.h>
@@ -54,6 +55,11 @@ struct EngineOptions {
   /// Seed of the engine's torch CPU generator. Workers pass verl's per-dp-rank seed
   /// (dp_rank + 1000, plus rollout.seed if set) so TP peers sample alike.
   uint64_t seed = 0;
+  /// Rollout TP: the smallest of the peers' values (collective; every peer calls it in the same
+  /// order). The KV cache's block cap, read from each device's free memory, must be the same on
+  /// every peer, or their schedules (admissions, preemption, evictions) and so their collectives
+  /// would part. Unset: one rank.
+  std::function<int64_t(int64_t)> agree_min;
 };
 
 /// The KV-cache RolloutEngine. See the header comment.
@@ -81,7 +87,7 @@ class KVCacheEngine final : public RolloutEngine {
   Status load_weights_by_reference(const models::TensorMap& tensors) override;
   const GenerationStats& last_stats() const override { return stats_; }
   /// With rollout.enable_prefix_caching (Note [Prefix cache]); otherwise no effect.
-  void begin_session() override;
+  void begin_session(int64_t rows) override;
   void end_session() override;
 
   const RolloutConfig& config() const { return config_; }
@@ -98,6 +104,7 @@ class KVCacheEngine final : public RolloutEngine {
   at::Generator generator_;  ///< Draws one seed per call.
   GenerationStats stats_;
   std::unique_ptr<internal::PrefixSession> session_;  ///< Between begin_session and end_session.
+  std::function<int64_t(int64_t)> agree_min_;         ///< EngineOptions::agree_min.
 };
 
 }  // namespace tessera::rollout

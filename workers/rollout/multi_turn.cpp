@@ -446,7 +446,7 @@ Result<proto::DataProto> MultiTurnRollout::generate(RolloutEngine& engine, const
   const uint64_t seed = engine.call_seed(prompts.meta_info());
   const auto& eos = in.eos_token_ids;
   // Each turn's prompts start with the last turn's sequences (Note [Prefix cache]).
-  EngineSession session(engine, config_.enable_prefix_caching);
+  EngineSession session(engine, config_.enable_prefix_caching, bs);
   for (int64_t turn = 0;; ++turn) {
     TokenRequests requests;
     std::vector<size_t> live;

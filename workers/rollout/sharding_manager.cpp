@@ -96,8 +96,18 @@ Result<std::unique_ptr<FsdpShardingManager>> FsdpShardingManager::create(fsdp::F
         if (!st.ok()) throw std::runtime_error(st.to_string());
       };
     }
+    EngineOptions engine_options = options.engine;
+    if (tp > 1) {  // the peers' KV caps agree (EngineOptions::agree_min): the largest of the negations
+      const c10::Device device = fsdp.device();
+      engine_options.agree_min = [group, device](int64_t value) {
+        at::Tensor t = at::full({1}, -value, at::TensorOptions(at::kLong).device(device));
+        Status st = group->all_reduce(t, collective::ReduceOp::max);
+        if (!st.ok()) throw std::runtime_error(st.to_string());
+        return -t.item<int64_t>();  // a host read of one value, once per engine call
+      };
+    }
     auto engine = KVCacheEngine::create(std::make_unique<CausalLMStepModel>(model, std::move(all_reduce), tp),
-                                        options.config, options.engine);
+                                        options.config, engine_options);
     if (!engine.ok()) return engine.status().with_context("rollout engine");
     std::unique_ptr<FsdpShardingManager> m(
         new FsdpShardingManager(fsdp, std::move(model), std::move(*engine), dtype, options.generation_seed));

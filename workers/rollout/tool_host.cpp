@@ -17,7 +17,7 @@ using runtime::Clock;
 // The child. verl's loader builds the tools; each request line is {"op", "items"}, answered by one
 // line holding a list of per-item results.
 constexpr const char* kToolScript = R"PY(
-import asyncio, inspect, math
+import asyncio, inspect
 tool_path, interaction_path = sys.argv[1], sys.argv[2]
 # The loop verl's registry builds MCP clients on is the one every batch runs on.
 loop = asyncio.new_event_loop()
@@ -37,30 +37,13 @@ try:
     agent_schemas = {name: tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
                      for name, tool in tools.items()}
 except BaseException as e:
-    proto.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
-    proto.flush()
+    send({"fatal": f"{type(e).__name__}: {e}"})
     sys.exit(1)
-proto.write(json.dumps({"ready": True, "schemas": schemas, "agent_schemas": agent_schemas,
-                        "interactions": list(interactions)}) + "\n")
-proto.flush()
-
-def plain(o):  # the tools' numpy / torch values as JSON, in this process (not a worker's tensors)
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return o.item() if hasattr(o, "item") else str(o)
-
-def finite(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if isinstance(o, dict):
-        return {k: finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [finite(v) for v in o]
-    return o
+send({"ready": True, "schemas": schemas, "agent_schemas": agent_schemas, "interactions": list(interactions)})
 
 def encode(answer):
     try:
-        return json.dumps(finite(json.loads(json.dumps(answer, default=plain))), allow_nan=False)
+        return json.dumps(encodable(answer), allow_nan=False)
     except Exception as e:
         return json.dumps({"error": f"the tool's answer cannot be sent: {type(e).__name__}: {e}"})
 

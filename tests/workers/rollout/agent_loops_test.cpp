@@ -22,6 +22,8 @@ namespace {
 using driver::testing::ScopedEnv;
 using driver::testing::TempDir;
 using nlohmann::json;
+using testing::cat;
+using testing::row_of;
 using testing::ScriptedEngine;
 
 constexpr int64_t kImEnd = 151645;  // Qwen3's <|im_end|>, its EOS
@@ -144,17 +146,6 @@ constexpr const char* kGsm8kTools = R"(tools:
               description: "The model's answer to the GSM8K math problem, must be a digits"
           required: ["answer"]
 )";
-
-std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
-  at::Tensor row = t[r].to(torch::kInt64).contiguous();
-  return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
-}
-
-std::vector<int64_t> cat(std::initializer_list<std::vector<int64_t>> parts) {
-  std::vector<int64_t> out;
-  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
-  return out;
-}
 
 class AgentLoops : public ::testing::Test {
  protected:

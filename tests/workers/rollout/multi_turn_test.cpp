@@ -21,6 +21,8 @@
 namespace tessera::rollout {
 namespace {
 
+using testing::cat;
+using testing::row_of;
 using testing::ScriptedEngine;
 
 using nlohmann::json;
@@ -128,17 +130,6 @@ for key, call in spec["calls"].items():
     out["answers"][key] = {"ids": answer, "reward": reward}
 json.dump(out, open(sys.argv[2], "w"))
 )PY";
-
-std::vector<int64_t> cat(std::initializer_list<std::vector<int64_t>> parts) {
-  std::vector<int64_t> out;
-  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
-  return out;
-}
-
-std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
-  at::Tensor row = t[r].to(torch::kInt64).contiguous();
-  return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
-}
 
 class MultiTurn : public ::testing::Test {
  protected:

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <vector>
+
+#include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 
@@ -52,5 +55,18 @@ class ScriptedEngine final : public RolloutEngine {
  private:
   GenerationStats stats_;
 };
+
+/// Row `r` of an integer tensor, as int64 values.
+inline std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
+  at::Tensor row = t[r].to(at::kLong).contiguous();
+  return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
+}
+
+/// The parts one after another.
+inline std::vector<int64_t> cat(std::initializer_list<std::vector<int64_t>> parts) {
+  std::vector<int64_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
 
 }  // namespace tessera::rollout::testing

@@ -70,29 +70,53 @@ void BlockCache::unref(int64_t block) {
   }
 }
 
-// The least recently used remembered leaf that only the trie holds goes back to the free list.
-// (A block a sequence holds has its trie ancestors held too, so while any remembered block is
-// evictable some leaf is.)
-void BlockCache::evict_one() {
-  for (auto it = leaves_.begin(); it != leaves_.end(); ++it) {
-    const int64_t b = it->second;
-    if (refs_[static_cast<size_t>(b)] != 1) continue;
-    const Node node = nodes_.at(b);
-    leaves_.erase(it);
-    if (node.parent < 0) {
-      roots_.erase(node.tokens);
-    } else {
-      Node& parent = nodes_.at(node.parent);
-      parent.children.erase(node.tokens);
-      if (parent.children.empty()) leaves_.emplace(parent.used, node.parent);
-    }
-    nodes_.erase(b);
-    --evictable_;
-    refs_[static_cast<size_t>(b)] = 0;
-    free_.push_back(b);
-    return;
+// Takes node `block` and everything under it out of the trie: blocks that only the trie held go
+// back to the free list, the others stay with the sequences that hold them.
+void BlockCache::forget(int64_t block) {
+  Node& node = nodes_.at(block);
+  if (node.parent < 0) {
+    roots_.erase(node.tokens);
+  } else {
+    Node& parent = nodes_.at(node.parent);
+    parent.children.erase(node.tokens);
+    if (parent.children.empty()) leaves_.emplace(parent.used, node.parent);
   }
-  TORCH_CHECK(false, "BlockCache: ", evictable_, " evictable blocks but no evictable leaf");
+  std::vector<int64_t> stack = {block};
+  while (!stack.empty()) {
+    const int64_t b = stack.back();
+    stack.pop_back();
+    Node& n = nodes_.at(b);
+    for (const auto& [tokens, child] : n.children) stack.push_back(child);
+    if (n.children.empty()) leaves_.erase({n.used, b});
+    nodes_.erase(b);
+    int64_t& r = refs_[static_cast<size_t>(b)];
+    if (r == 1) {  // only the trie held it
+      --evictable_;
+      r = 0;
+      free_.push_back(b);
+    } else {
+      --r;  // the trie's reference; its sequences keep theirs
+    }
+  }
+}
+
+// Frees the least recently used remembered block that only the trie holds: a leaf when there is
+// one. A block with no sequence may still have children that sequences hold (remember() hangs a
+// sequence's blocks under an equal block of another's): then that block and its subtree leave
+// the trie, so every block counted in evictable_ can be freed.
+void BlockCache::evict_one() {
+  for (const auto& [used, b] : leaves_) {
+    if (refs_[static_cast<size_t>(b)] == 1) {
+      forget(b);
+      return;
+    }
+  }
+  int64_t oldest = -1;
+  for (const auto& [b, node] : nodes_) {
+    if (refs_[static_cast<size_t>(b)] == 1 && (oldest < 0 || node.used < nodes_.at(oldest).used)) oldest = b;
+  }
+  TORCH_CHECK(oldest >= 0, "BlockCache: ", evictable_, " evictable blocks but none only the trie holds");
+  forget(oldest);
 }
 
 std::vector<int64_t> BlockCache::take_prefix(const std::vector<int64_t>& tokens, int64_t max_blocks) {

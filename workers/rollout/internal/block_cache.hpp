@@ -13,7 +13,9 @@
 // blocks before it, as vLLM's automatic prefix caching hashes them). A later prompt that starts
 // with remembered blocks takes them (shared, reference-counted, never written again) and only the
 // rest of it is prefilled. The trie holds one reference on each of its blocks; a block that only
-// the trie holds is evictable, least recently used leaves first, when a new block is needed.
+// the trie holds is evictable when a new block is needed: least recently used leaves first, else
+// the least recently used such block with its subtree (whose blocks that sequences still hold
+// stay theirs).
 //
 // Thread-safety: one thread.
 #pragma once
@@ -106,6 +108,7 @@ class BlockCache {
   int64_t allocate();
   void ref(int64_t block);
   void evict_one();
+  void forget(int64_t block);
 
   PagedKV kv_;
   std::vector<std::vector<int64_t>> tables_;  ///< Per slot: its blocks.

@@ -135,9 +135,10 @@ class GenerationLoop {
   // fed); the pools hold every slot at the longest such length, or max_kv_blocks.
   Status start_cache() {
     PrefixSession* session = options_.session;
-    // A session's pool serves all its calls: every slot, at the longest sequence a call may hold.
-    const int64_t slots =
-        session != nullptr ? options_.slots : std::min<int64_t>(options_.slots, static_cast<int64_t>(pending_.size()));
+    // A session's pool serves all its calls: its rows (or this call's, when more), each at the
+    // longest sequence a call may hold.
+    const auto pending = static_cast<int64_t>(pending_.size());
+    const int64_t slots = std::min<int64_t>(options_.slots, session != nullptr ? std::max(session->rows, pending) : pending);
     const int64_t length = session != nullptr ? std::max(longest_, options_.session_length) : longest_;
     const int64_t per_sequence = (length + options_.block_size - 1) / options_.block_size;
     const int64_t wanted = options_.max_kv_blocks > 0 ? std::min(options_.max_kv_blocks, slots * per_sequence)
@@ -153,8 +154,7 @@ class GenerationLoop {
                                                   options_.block_size, model_.device(), options_.max_kv_blocks,
                                                   options_.max_kv_blocks_key));
       if (session != nullptr) {
-        session->cache.reset();  // the old pool's memory goes before the new one is used
-        session->cache = std::make_unique<BlockCache>(std::move(cache));
+        session->cache = std::make_unique<BlockCache>(std::move(cache));  // the old pool and what it remembered go
         cache_ = session->cache.get();
       } else {
         own_cache_.emplace(std::move(cache));
@@ -358,6 +358,9 @@ class GenerationLoop {
       resumed = prompts_[static_cast<size_t>(row)];
       const auto& generated = rows_[static_cast<size_t>(row)].tokens;
       resumed.insert(resumed.end(), generated.begin(), generated.end());
+      // In a session its blocks are remembered (every token is read by now): readmitted before
+      // they are evicted, it prefills only its last block again (Note [Prefix cache]).
+      if (options_.session != nullptr) cache_->remember(victim, resumed);
       cache_->release(victim);
       slot_row_[static_cast<size_t>(victim)] = -1;
       pending_.push_front(row);

@@ -31,6 +31,7 @@ struct PrefixSession {
   PrefixSession(const PrefixSession&) = delete;
   PrefixSession& operator=(const PrefixSession&) = delete;
   std::unique_ptr<BlockCache> cache;
+  int64_t rows = 1;  ///< Sequences the session's calls run at a time, about (its pool's slots).
 };
 
 /// Everything the loop needs besides the model and the prompts.
