@@ -216,7 +216,7 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
     internal::PrefixSession* session;
     bool ok = false;
     ~DropOnError() {
-      if (!ok && session != nullptr) session->cache.reset();
+      if (!ok && session != nullptr) session->clear();
     }
   } drop{session_.get()};
   try {

@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 
 #include "tests/workers/rollout/rollout_test_util.hpp"
+#if TESSERA_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 #include "workers/rollout/internal/block_cache.hpp"
 
 namespace tessera::rollout {
@@ -161,6 +164,41 @@ TEST(PrefixCache, SharedFirstBlocksSamplesAndEosUnderACap) {
       EXPECT_GT(got.stats[1].cached_prompt_tokens, 0);
     }
   }
+}
+
+// On a GPU: a session's calls replay the CUDA graphs its first call captured (the pool and the
+// weights stay put), give the tokens of eager decoding without a session (fp32), and the memory
+// is back when the session ends.
+TEST(PrefixCache, OnCudaSessionGraphsServeEveryCallAndEqualEager) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  auto allocated = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current; };
+  auto model = testing::tiny_model(24);
+  model->to(at::Device("cuda:0"));
+  for (bool sample : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "sample=" << sample);
+    RolloutConfig cfg = testing::test_config(/*response_length=*/12);
+    cfg.ignore_eos = true;
+    cfg.calculate_log_probs = true;
+    cfg.kv_block_size = 2;
+    cfg.max_model_len = 24;
+    const Turns want = two_turns(*testing::make_engine(model, cfg, 3), false, true, sample);
+    cfg.enforce_eager = false;
+    (void)two_turns(*testing::make_engine(model, cfg, 3), true, true, sample);  // first use: library workspaces
+    auto engine = testing::make_engine(model, cfg, 3);
+    const int64_t before = allocated();
+    const Turns got = two_turns(*engine, true, true, sample);
+    expect_same(got, want);
+    ASSERT_EQ(got.stats.size(), 2U);
+    EXPECT_GT(got.stats[0].graphs_captured, 0);
+    EXPECT_EQ(got.stats[1].graphs_captured, 0);  // the first call's graphs
+    EXPECT_GT(got.stats[1].graph_replays, 0);
+    EXPECT_GT(got.stats[1].cached_prompt_tokens, 0);
+    EXPECT_EQ(allocated(), before);  // the session's pool and graphs are gone with it
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 // The trie's bookkeeping: remembered blocks are found by their tokens, count as free while only

@@ -16,7 +16,8 @@
 // A bucket is captured the first time a step needs it: that step runs eagerly on the same
 // buffer (it also warms up cuBLAS on the capture stream), then the capture records the kernels
 // without running them, and later steps replay. The graphs live as long as the call, in one
-// memory pool, and are freed with it (the weights move between calls). A batch larger than the
+// memory pool, and are freed with it (the weights move between calls); in a rollout session
+// (Note [Prefix cache]) they live as long as the session, whose calls share the pool and the weights. A batch larger than the
 // largest bucket runs eagerly. Off CUDA, `static_shapes` runs the same padded, fixed-width
 // inputs eagerly, so the CPU tests cover everything but the capture itself.
 //

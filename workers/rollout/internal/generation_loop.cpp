@@ -118,9 +118,9 @@ class GenerationLoop {
 
   std::vector<GeneratedRow> take_rows() { return std::move(rows_); }
   void count_graphs() {
-    if (!runner_) return;
-    stats_.graph_replays = runner_->replayed_steps();
-    stats_.graphs_captured = runner_->captured_graphs();
+    if (runner_ == nullptr) return;
+    stats_.graph_replays = runner_->replayed_steps() - replayed_before_;
+    stats_.graphs_captured = runner_->captured_graphs() - captured_before_;
   }
 
  private:
@@ -143,9 +143,11 @@ class GenerationLoop {
     const int64_t per_sequence = (length + options_.block_size - 1) / options_.block_size;
     const int64_t wanted = options_.max_kv_blocks > 0 ? std::min(options_.max_kv_blocks, slots * per_sequence)
                                                       : slots * per_sequence;
-    if (session != nullptr && session->cache != nullptr && session->cache->block_size() == options_.block_size &&
-        session->cache->kv().num_blocks() - 1 >= std::min(wanted, slots * per_sequence) &&
-        session->cache->kv().num_blocks() - 1 >= per_sequence) {
+    const bool reuse = session != nullptr && session->cache != nullptr &&
+                       session->cache->block_size() == options_.block_size &&
+                       session->cache->kv().num_blocks() - 1 >= std::min(wanted, slots * per_sequence) &&
+                       session->cache->kv().num_blocks() - 1 >= per_sequence;
+    if (reuse) {
       session->cache->reset_slots(slots);  // the remembered blocks stay (Note [Prefix cache])
       cache_ = session->cache.get();
     } else {
@@ -154,7 +156,8 @@ class GenerationLoop {
                                                   options_.block_size, model_.device(), options_.max_kv_blocks,
                                                   options_.max_kv_blocks_key));
       if (session != nullptr) {
-        session->cache = std::make_unique<BlockCache>(std::move(cache));  // the old pool and what it remembered go
+        session->clear();  // the old pool, what it remembered, and the graphs over it
+        session->cache = std::make_unique<BlockCache>(std::move(cache));
         cache_ = session->cache.get();
       } else {
         own_cache_.emplace(std::move(cache));
@@ -164,8 +167,21 @@ class GenerationLoop {
     cache_->kv().use_kernel = options_.kernel_attention;
     cache_->kv().tiled = options_.tiled_attention;
     cache_->kv().split = options_.split_attention;
-    runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_,
-                                             options_.decode);
+    // A session keeps its runner (and its CUDA graphs) while the pool and the shapes stay.
+    if (session != nullptr && reuse && session->runner != nullptr && session->runner_slots == slots &&
+        session->runner_length == length) {
+      runner_ = session->runner.get();
+    } else if (session != nullptr) {
+      session->runner = std::make_unique<DecodeRunner>(model_, *cache_, length, options_.decode);
+      session->runner_slots = slots;
+      session->runner_length = length;
+      runner_ = session->runner.get();
+    } else {
+      own_runner_ = std::make_unique<DecodeRunner>(model_, *cache_, longest_, options_.decode);
+      runner_ = own_runner_.get();
+    }
+    replayed_before_ = runner_->replayed_steps();
+    captured_before_ = runner_->captured_graphs();
     slot_row_.assign(static_cast<size_t>(slots), -1);
     slot_tokens_ = at::zeros({slots}, at::TensorOptions(at::kLong).device(model_.device()));
     admitted_at_.assign(static_cast<size_t>(slots), 0);
@@ -507,7 +523,9 @@ class GenerationLoop {
   std::deque<int64_t> pending_;
   std::optional<BlockCache> own_cache_;   ///< The call's cache, without a session.
   BlockCache* cache_ = nullptr;            ///< own_cache_, or the session's.
-  std::unique_ptr<DecodeRunner> runner_;  ///< Over cache_ (declared after it: destroyed first).
+  std::unique_ptr<DecodeRunner> own_runner_;  ///< Over own_cache_ (declared after it: destroyed first).
+  DecodeRunner* runner_ = nullptr;         ///< own_runner_, or the session's.
+  int64_t replayed_before_ = 0, captured_before_ = 0;  ///< The runner's counts when the call began.
   std::vector<int64_t> slot_row_;  ///< Prompt index per slot; -1 when the slot is free.
   std::vector<int64_t> admitted_at_;  ///< Per slot: when its row was admitted (a counter).
   int64_t admissions_ = 0;
@@ -524,6 +542,11 @@ class GenerationLoop {
 
 PrefixSession::PrefixSession() = default;
 PrefixSession::~PrefixSession() = default;
+
+void PrefixSession::clear() {
+  runner.reset();
+  cache.reset();
+}
 
 Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::vector<std::vector<int64_t>>& prompts,
                                                  const LoopOptions& options, GenerationStats& stats) {

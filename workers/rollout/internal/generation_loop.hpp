@@ -31,7 +31,14 @@ struct PrefixSession {
   PrefixSession(const PrefixSession&) = delete;
   PrefixSession& operator=(const PrefixSession&) = delete;
   std::unique_ptr<BlockCache> cache;
+  /// The decode runner over `cache` (Note [Decode graphs]: its CUDA graphs serve every call of the
+  /// session, the weights staying put for the whole rollout), for `runner_slots` slots and
+  /// sequences up to `runner_length` tokens. Declared after the cache: destroyed first.
+  std::unique_ptr<DecodeRunner> runner;
+  int64_t runner_slots = 0, runner_length = 0;
   int64_t rows = 1;  ///< Sequences the session's calls run at a time, about (its pool's slots).
+  /// Drops the runner, then the cache (a failed call's sequences, or a pool too small).
+  void clear();
 };
 
 /// Everything the loop needs besides the model and the prompts.
