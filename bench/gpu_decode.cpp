@@ -3,7 +3,7 @@
 //
 //   gpu_decode [--device cuda] [--prompts 64] [--n 8] [--prompt-len 60] [--response 256]
 //              [--layers 24] [--json OUT] [--attention kernel] [--sampler fused] [--fused-layers true]
-//              [--split-decode-attention true] [--tail-rows 4] [--tail-prompt-len 3800]
+//              [--split-decode-attention true] [--tail-rows 4] [--tail-prompt-len 3800] [--turn-tokens 64]
 //
 // Model: the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads over 2 KV heads, MLP 4864,
 // vocabulary 151936, tied embeddings), random init, bf16 on a GPU (fp32 on the CPU, for a smoke
@@ -20,6 +20,12 @@
 // CUDA graphs, decoded with each row's context cut into parts (Note [Split decode attention]) and
 // whole (split_decode_attention=false): the end of a rollout with long-tailed response lengths,
 // where a few long rows are all that is left.
+//
+// Two turns (a multi-turn rollout's): each conversation of the workload, then its sequence plus
+// `turn-tokens` random tokens (a tool's answer) for a second turn of response / 2 tokens, with
+// CUDA graphs, in a rollout session (Note [Prefix cache]: the second turn prefills only the new
+// tokens and replays the first turn's graphs) and without one; the second turn's time, prefill
+// time and tokens are reported side by side.
 //
 // The limits: HBM bandwidth (a 2 GiB device-to-device copy: bytes read + written per second)
 // and the bf16 matmul rate (8192^3), timed right after. Per decode step the engine must read
@@ -52,6 +58,7 @@ struct Args {
   std::string attention = "kernel", sampler = "fused";
   bool fused_layers = true, split = true;
   int64_t tail_rows = 4, tail_prompt_len = 3800;
+  int64_t turn_tokens = 64;
 };
 
 models::ModelConfig qwen25_05b(int64_t layers) {
@@ -134,6 +141,56 @@ Result<Run> run_engine(std::shared_ptr<models::CausalLM> model, const proto::Dat
   return r;
 }
 
+struct TurnsRun {
+  double turn2_s = 0, turn2_prefill_s = 0;
+  int64_t turn2_prefill_tokens = 0, turn2_cached_tokens = 0, turn2_graphs_captured = 0;
+};
+
+// Two turns of the workload (see the header), in a session or not, after a warm-up pass.
+Result<TurnsRun> run_turns(std::shared_ptr<models::CausalLM> model, const proto::DataProto& prompts, const Args& a,
+                           c10::ScalarType dtype, bool session) {
+  rollout::RolloutConfig cfg;
+  cfg.decode_attention = a.attention;
+  cfg.split_decode_attention = a.split;
+  cfg.sampler = a.sampler;
+  cfg.fused_layers = a.fused_layers;
+  cfg.dtype = dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  cfg.prompt_length = a.prompt_len + a.response + a.turn_tokens;
+  cfg.response_length = a.response;
+  cfg.ignore_eos = true;
+  cfg.max_num_seqs = a.prompts * a.n;
+  cfg.max_num_batched_tokens = 8192;
+  cfg.enforce_eager = false;
+  TESSERA_ASSIGN_OR_RETURN(auto engine, rollout::KVCacheEngine::create(model, cfg, rollout::EngineOptions{1}));
+  TESSERA_ASSIGN_OR_RETURN(at::Tensor ids, prompts.tensor("input_ids"));
+  rollout::TokenRequests first;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    at::Tensor row = ids[r].contiguous();
+    first.prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  first.eos_token_ids = {151643};
+  first.seed = 1;
+  const at::Tensor answers = at::randint(3, 151000, {ids.size(0), a.turn_tokens}, at::detail::createCPUGenerator(5), at::kLong);
+  TurnsRun out;
+  for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up
+    rollout::EngineSession scope(*engine, session, ids.size(0));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<rollout::GeneratedRow> turn1, engine->generate_tokens(first));
+    rollout::TokenRequests second = first;
+    second.seed = 2;
+    for (size_t r = 0; r < turn1.size(); ++r) {
+      auto& p = second.prompts[r];
+      p.insert(p.end(), turn1[r].tokens.begin(), turn1[r].tokens.end());
+      const int64_t* answer = answers[static_cast<int64_t>(r)].data_ptr<int64_t>();
+      p.insert(p.end(), answer, answer + a.turn_tokens);
+      second.max_tokens.push_back(std::max<int64_t>(1, a.response / 2));
+    }
+    TESSERA_RETURN_IF_ERROR(engine->generate_tokens(second).status());
+    const rollout::GenerationStats& s = engine->last_stats();
+    out = {s.total_seconds, s.prefill_seconds, s.prefill_tokens, s.cached_prompt_tokens, s.graphs_captured};
+  }
+  return out;
+}
+
 int run(const Args& a) {
   const c10::Device device(a.device);
   const c10::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
@@ -184,6 +241,16 @@ int run(const Args& a) {
     }
   }
 
+  // Two turns, with and without the session's prefix cache (see the header).
+  TurnsRun turns_plain, turns_session;
+  if (a.turn_tokens > 0) {  // on the CPU too: a smoke run
+    for (bool session : {false, true}) {
+      auto r = run_turns(model, *prompts, a, dtype, session);
+      if (r.ok()) (session ? turns_session : turns_plain) = *r;
+      else std::printf("two turns, session=%d: %s\n", session, r.status().to_string().c_str());
+    }
+  }
+
   // The card's limits, in the same run.
   const auto opts = at::TensorOptions(dtype).device(device);
   const int64_t elements = device.is_cuda() ? int64_t{1} << 30 : int64_t{1} << 26;  // 2 GiB each in bf16
@@ -229,6 +296,15 @@ int run(const Args& a) {
                         {"matmul_flops_per_s", peak},
                         {"step_bytes", bytes},
                         {"step_flops", flops},
+                        {"turn2_s", turns_plain.turn2_s},
+                        {"turn2_prefill_s", turns_plain.turn2_prefill_s},
+                        {"turn2_prefill_tokens", turns_plain.turn2_prefill_tokens},
+                        {"turn2_graphs_captured", turns_plain.turn2_graphs_captured},
+                        {"session_turn2_s", turns_session.turn2_s},
+                        {"session_turn2_prefill_s", turns_session.turn2_prefill_s},
+                        {"session_turn2_prefill_tokens", turns_session.turn2_prefill_tokens},
+                        {"session_turn2_cached_tokens", turns_session.turn2_cached_tokens},
+                        {"session_turn2_graphs_captured", turns_session.turn2_graphs_captured},
                         {"bandwidth_fraction", bytes / step_s / bandwidth},
                         {"matmul_fraction", flops / step_s / peak}};
   std::printf("| decode, %ld rows on %s | eager | CUDA graphs | CUDA graphs, tiled attention |\n|---|---|---|---|\n",
@@ -246,6 +322,15 @@ int run(const Args& a) {
                 "%.2f ms whole (%.2fx)\n",
                 a.tail_rows, tail_prompt, tail_prompt + a.response, tail_split.step_ms, tail_whole.step_ms,
                 tail_whole.step_ms / tail_split.step_ms);
+  }
+  if (turns_plain.turn2_s > 0 && turns_session.turn2_s > 0) {
+    std::printf("| second turn (+%ld tokens, %ld generated), %ld rows | without prefix cache | rollout session |\n"
+                "|---|---|---|\n| time | %.3f s | %.3f s |\n| prefill | %.3f s, %ld tokens | %.3f s, %ld tokens "
+                "(%ld from the cache) |\n| graphs captured | %ld | %ld |\n",
+                a.turn_tokens, std::max<int64_t>(1, a.response / 2), rows, turns_plain.turn2_s, turns_session.turn2_s,
+                turns_plain.turn2_prefill_s, turns_plain.turn2_prefill_tokens, turns_session.turn2_prefill_s,
+                turns_session.turn2_prefill_tokens, turns_session.turn2_cached_tokens,
+                turns_plain.turn2_graphs_captured, turns_session.turn2_graphs_captured);
   }
   if (!a.json.empty()) std::ofstream(a.json) << out.dump(2) << "\n";
   return 0;
@@ -270,6 +355,7 @@ int main(int argc, char** argv) {
                  "engine_kwargs.tessera.split_decode_attention of every run but the tail's whole-row one: true | false");
   app.add_option("--tail-rows", a.tail_rows, "Rows of the tail run (0: none)");
   app.add_option("--tail-prompt-len", a.tail_prompt_len, "Prompt tokens of the tail run's rows");
+  app.add_option("--turn-tokens", a.turn_tokens, "Tokens added before the second turn of the two-turn run (0: none)");
   CLI11_PARSE(app, argc, argv);
   return run(a);
 }
