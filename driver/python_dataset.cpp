@@ -162,7 +162,10 @@ Result<RLHFRow> to_row(const json& item, const std::string& where, int64_t max_p
 
 }  // namespace
 
-Result<PythonDatasetOptions> PythonDatasetOptions::from_config(const json& cfg) {
+namespace {
+
+// data.custom_cls.{path,name} and the data section: what both trainers' classes are built from.
+Result<PythonDatasetOptions> class_of(const json& cfg) {
   PythonDatasetOptions o;
   TESSERA_ASSIGN_OR_RETURN(o.path, config_get<std::string>(cfg, "data.custom_cls.path"));
   TESSERA_ASSIGN_OR_RETURN(auto name, config_get<std::optional<std::string>>(cfg, "data.custom_cls.name"));
@@ -172,6 +175,13 @@ Result<PythonDatasetOptions> PythonDatasetOptions::from_config(const json& cfg) 
   }
   o.name = *name;
   o.data_config = cfg.at("data");
+  return o;
+}
+
+}  // namespace
+
+Result<PythonDatasetOptions> PythonDatasetOptions::from_config(const json& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions o, class_of(cfg));
   o.data_config["return_raw_chat"] = true;  // Tessera's batches always carry raw_prompt
   TESSERA_ASSIGN_OR_RETURN(auto tokenizer, config_get<std::optional<std::string>>(cfg, "data.tokenizer"));
   TESSERA_ASSIGN_OR_RETURN(std::string model, config_get<std::string>(cfg, "actor_rollout_ref.model.path"));
@@ -181,16 +191,8 @@ Result<PythonDatasetOptions> PythonDatasetOptions::from_config(const json& cfg) 
 }
 
 Result<PythonDatasetOptions> PythonDatasetOptions::from_sft_config(const json& cfg) {
-  PythonDatasetOptions o;
+  TESSERA_ASSIGN_OR_RETURN(PythonDatasetOptions o, class_of(cfg));
   o.sft = true;
-  TESSERA_ASSIGN_OR_RETURN(o.path, config_get<std::string>(cfg, "data.custom_cls.path"));
-  TESSERA_ASSIGN_OR_RETURN(auto name, config_get<std::optional<std::string>>(cfg, "data.custom_cls.name"));
-  if (!name || name->empty()) {
-    return make_error(ErrorCode::invalid_argument, "data.custom_cls.name: the class to load from data.custom_cls.path={} "
-                      "is not set", o.path);
-  }
-  o.name = *name;
-  o.data_config = cfg.at("data");
   TESSERA_ASSIGN_OR_RETURN(o.tokenizer_path, config_get<std::string>(cfg, "model.partial_pretrain"));
   TESSERA_ASSIGN_OR_RETURN(o.trust_remote_code, config_get_or<bool>(cfg, "model.trust_remote_code", false));
   return o;

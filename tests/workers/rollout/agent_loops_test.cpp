@@ -24,6 +24,7 @@ using driver::testing::TempDir;
 using nlohmann::json;
 using testing::cat;
 using testing::row_of;
+using testing::kGsm8kTools;
 using testing::ScriptedEngine;
 
 constexpr int64_t kImEnd = 151645;  // Qwen3's <|im_end|>, its EOS
@@ -129,23 +130,7 @@ constexpr const char* kLoops = R"(- name: counting
   _target_: tessera_test_agents.ExitingAgent
 )";
 
-constexpr const char* kGsm8kTools = R"(tools:
-  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
-    config:
-      type: native
-    tool_schema:
-      type: "function"
-      function:
-        name: "calc_gsm8k_reward"
-        description: "A tool for calculating the reward of gsm8k"
-        parameters:
-          type: "object"
-          properties:
-            answer:
-              type: "string"
-              description: "The model's answer to the GSM8K math problem, must be a digits"
-          required: ["answer"]
-)";
+
 
 class AgentLoops : public ::testing::Test {
  protected:

@@ -23,6 +23,7 @@ namespace {
 
 using testing::cat;
 using testing::row_of;
+using testing::kGsm8kTools;
 using testing::ScriptedEngine;
 
 using nlohmann::json;
@@ -35,23 +36,7 @@ constexpr int64_t kPad = 151643;
 // verl's ray import is for DataProtoFuture only; nothing here reaches it.
 constexpr const char* kRayStub = "ObjectRef = object\n\ndef get(*args, **kwargs):\n    raise RuntimeError('ray is stubbed')\n";
 
-constexpr const char* kGsm8kTools = R"(tools:
-  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
-    config:
-      type: native
-    tool_schema:
-      type: "function"
-      function:
-        name: "calc_gsm8k_reward"
-        description: "A tool for calculating the reward of gsm8k"
-        parameters:
-          type: "object"
-          properties:
-            answer:
-              type: "string"
-              description: "The model's answer to the GSM8K math problem, must be a digits"
-          required: ["answer"]
-)";
+
 
 // Tools that misbehave, as users' tools do.
 constexpr const char* kTestTools = R"(import asyncio, os

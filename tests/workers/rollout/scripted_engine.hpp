@@ -56,6 +56,25 @@ class ScriptedEngine final : public RolloutEngine {
   GenerationStats stats_;
 };
 
+/// verl's GSM8K tool (verl.tools.gsm8k_tool.Gsm8kTool) as its example tool config declares it.
+inline constexpr const char* kGsm8kTools = R"(tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config:
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "calc_gsm8k_reward"
+        description: "A tool for calculating the reward of gsm8k"
+        parameters:
+          type: "object"
+          properties:
+            answer:
+              type: "string"
+              description: "The model's answer to the GSM8K math problem, must be a digits"
+          required: ["answer"]
+)";
+
 /// Row `r` of an integer tensor, as int64 values.
 inline std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
   at::Tensor row = t[r].to(at::kLong).contiguous();
