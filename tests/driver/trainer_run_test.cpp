@@ -247,6 +247,35 @@ class EchoAgent(AgentLoopBase):
   }
 }
 
+// examples/agent_loop: the self-check loop (registered here as single_turn_agent, so the rows
+// without agent_name run it) answers, is asked to check, answers again; the follow-up is masked.
+TEST(TrainerRun, TheSelfCheckAgentLoopExampleTrains) {
+  const std::string py = testing::tessera_python();
+  const char* src = std::getenv("TESSERA_SOURCE_DIR");
+  if (py.empty() || src == nullptr) GTEST_SKIP() << "TESSERA_PYTHON (with verl and hydra) and TESSERA_SOURCE_DIR";
+  TempDir dir("self_check");
+  testing::make_tiny_run(dir.path());
+  dir.write("model/chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+  dir.write("py/sitecustomize.py", rollout::testing::kVerlAgentStubs);
+  const auto loops = dir.write("loops.yaml", "- name: single_turn_agent\n  _target_: self_check.SelfCheckAgentLoop\n"
+                                             "  follow_up: check\n");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string() + ":" + src + "/examples/agent_loop");
+  testing::ScopedEnv python("TESSERA_AGENT_PYTHON", py);
+  auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  for (const std::string& o : std::vector<std::string>{
+           "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.agent.agent_loop_config_path=" + loops.string(),
+           "data.max_response_length=16", "trainer.val_before_train=false",
+           "actor_rollout_ref.rollout.engine_kwargs.tessera.kv_block_size=2"}) {
+    overrides.push_back(o);
+  }
+  auto t = testing::fit_trainer(overrides);
+  ASSERT_NE(t, nullptr);
+  const Metrics& m = t->history().back().second;
+  EXPECT_EQ(m.at("num_turns/mean"), 4.0);  // both answers, 8 tokens at most each, fit the 16
+  EXPECT_GT(m.at("rollout/cached_prompt_tokens"), 0.0);
+  EXPECT_TRUE(std::isfinite(m.at("actor/pg_loss")));
+}
+
 // data.custom_cls: the user's dataset class (here one that reads the JSONL rows itself and puts an
 // "x" before each question) builds the train and validation sets, and the step trains on them.
 TEST(TrainerRun, CustomDatasetClassFeedsTheRun) {
