@@ -48,7 +48,7 @@ sys.stdout = sys.stderr
 inline constexpr const char* kJsonAnswers = R"PY(
 import math
 
-def plain(o):
+def plain(o):  # the child's numpy / torch values (host-side by construction): JSON has no tensors
     if hasattr(o, "tolist"):
         return o.tolist()
     return o.item() if hasattr(o, "item") else str(o)

@@ -252,8 +252,9 @@ Status set_tool_format(const json& v, const std::string& key, MultiTurnConfig& c
 }
 
 Status no_completion_callback(const json& v, const std::string& key, MultiTurnConfig&, ParseState&) {
-  return make_error(ErrorCode::unimplemented, "{}={}: completion callbacks belong to the async agent loop, which is "
-                    "not implemented", key, v.dump().substr(0, 60));
+  return make_error(ErrorCode::unimplemented, "{}={}: completion callbacks drive verl's chat-completion scheduler "
+                    "over OpenAI-compatible servers, which Tessera does not run; write the loop as an agent loop "
+                    "(actor_rollout_ref.rollout.agent.agent_loop_config_path)", key, v.dump().substr(0, 60));
 }
 
 // verl's multi_turn section. use_inference_chat_template and tokenization_sanity_check_mode

@@ -73,14 +73,20 @@ class BadIdsAgent(AgentLoopBase):
     async def run(self, messages, sampling_params):
         return AgentLoopOutput(prompt_ids=[1, 2], response_ids=[3, 999999], response_mask=[1, 1], metrics={})
 
-class SleepyAgent(AgentLoopBase):
-    """A slow tool, then one generation."""
-    def __init__(self, *args, delay=0.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.delay = delay
+RELEASED = asyncio.Event()  # set once a quick agent has its tokens
+
+class QuickAgent(AgentLoopBase):
+    """One generation; then the waiting agents may go on."""
     async def run(self, messages, sampling_params):
-        await asyncio.sleep(self.delay)
-        ids = await self.server_manager.generate("s", prompt_ids=[1, 2, 3], sampling_params=sampling_params)
+        ids = await self.server_manager.generate("q", prompt_ids=[1, 2, 3], sampling_params=sampling_params)
+        RELEASED.set()
+        return AgentLoopOutput(prompt_ids=[1, 2, 3], response_ids=ids, response_mask=[1] * len(ids), metrics={})
+
+class WaitingAgent(AgentLoopBase):
+    """Busy elsewhere (a slow tool) until a quick agent has been answered, then one generation."""
+    async def run(self, messages, sampling_params):
+        await RELEASED.wait()
+        ids = await self.server_manager.generate("w", prompt_ids=[1, 2, 3], sampling_params=sampling_params)
         return AgentLoopOutput(prompt_ids=[1, 2, 3], response_ids=ids, response_mask=[1] * len(ids), metrics={})
 
 class ParallelAgent(AgentLoopBase):
@@ -116,10 +122,9 @@ constexpr const char* kLoops = R"(- name: counting
 - name: bad_ids
   _target_: tessera_test_agents.BadIdsAgent
 - name: quick
-  _target_: tessera_test_agents.SleepyAgent
-- name: sleepy
-  _target_: tessera_test_agents.SleepyAgent
-  delay: 1.0
+  _target_: tessera_test_agents.QuickAgent
+- name: waiting
+  _target_: tessera_test_agents.WaitingAgent
 - name: parallel
   _target_: tessera_test_agents.ParallelAgent
 - name: system_exit
@@ -129,8 +134,6 @@ constexpr const char* kLoops = R"(- name: counting
 - name: exiting
   _target_: tessera_test_agents.ExitingAgent
 )";
-
-
 
 class AgentLoops : public ::testing::Test {
  protected:
@@ -349,15 +352,15 @@ TEST_F(AgentLoops, CustomLoopsGenerateWithTheEngine) {
 }
 
 // Requests wait for the loops still busy elsewhere only so long: two quick rows are sent while a
-// third is in a slow tool (its request goes in the next call); one row's concurrent requests are
-// one call, each from its own stream.
+// third is busy (until a quick row has its tokens: its request can only go in the next call);
+// one row's concurrent requests are one call, each from its own stream.
 TEST_F(AgentLoops, BusyLoopsDoNotHoldTheOthersBackAndParallelSamplesShareACall) {
   auto loops = rollout(config(12));
   ASSERT_NE(loops, nullptr);
   ScriptedEngine engine;
   engine.rows = 3;
   for (int64_t r = 0; r < 3; ++r) engine.script[r] = {{9, kImEnd}};
-  auto out = loops->generate(engine, batch(kQuestion, {"quick", "sleepy", "quick"}));
+  auto out = loops->generate(engine, batch(kQuestion, {"quick", "waiting", "quick"}));
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   ASSERT_EQ(engine.calls.size(), 2U);
   EXPECT_EQ(engine.calls[0].streams, (std::vector<int64_t>{0, 2}));
