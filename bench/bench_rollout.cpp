@@ -44,7 +44,7 @@ using namespace tessera::rollout;
 ModelConfig bench_config() { return tessera::bench::bench_decoder_config("llama", 1408); }
 
 double matmul_params(const ModelConfig& c) {
-  return c.num_hidden_layers * tessera::models::layer_matmul_params(c) + static_cast<double>(c.hidden_size) * c.vocab_size;
+  return tessera::models::decoder_matmul_params(c) + static_cast<double>(c.hidden_size) * c.vocab_size;
 }
 
 std::shared_ptr<CausalLM> bench_model() {

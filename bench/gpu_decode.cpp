@@ -265,8 +265,7 @@ int run(const Args& a) {
 
   // What one decode step must move and compute (see the header).
   const int64_t h = config.hidden_size, kv = config.num_key_value_heads * config.head_dim;
-  const double matmul_params = static_cast<double>(config.num_hidden_layers) * models::layer_matmul_params(config) +
-                               static_cast<double>(h) * config.vocab_size;
+  const double matmul_params = models::decoder_matmul_params(config) + static_cast<double>(h) * config.vocab_size;
   const double element = static_cast<double>(c10::elementSize(dtype));
   const double context = static_cast<double>(a.prompt_len) + a.response / 2.0;
   const double kv_bytes = rows * context * config.num_hidden_layers * 2.0 * kv * element;

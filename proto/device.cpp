@@ -143,6 +143,19 @@ double device_peak_flops(const c10::Device& device) {
   return 0.0;
 }
 
+int cuda_compute_major(const c10::Device& device) {
+#ifdef TESSERA_WITH_CUDA
+  if (!device.is_cuda() || device.index() >= cuda_device_count()) return 0;
+  int major = 0;
+  const int index = device.has_index() ? device.index() : 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess) return 0;
+  return major;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
 bool is_out_of_memory(const std::exception& e) { return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr; }
 
 std::string out_of_memory_summary(const std::exception& e) {

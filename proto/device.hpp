@@ -76,6 +76,10 @@ void reset_peak_memory(const c10::Device& device);
 /// (H100/H200/H800 989e12, A100/A800 312e12, ...); 0 for a CPU device or an unlisted GPU.
 double device_peak_flops(const c10::Device& device);
 
+/// The compute capability's major number of `device` (9 for an H100 or H200); 0 for a CPU device
+/// or a build without CUDA.
+int cuda_compute_major(const c10::Device& device);
+
 /// True for LibTorch's out-of-memory error (c10::OutOfMemoryError), whichever device raised it.
 bool is_out_of_memory(const std::exception& e);
 

@@ -15,6 +15,7 @@
 #include "workers/fsdp/internal/checkpoint_io.hpp"
 #include "workers/models/lora.hpp"
 #include "workers/models/safetensors.hpp"
+#include "workers/models/weight_loader.hpp"
 
 namespace tessera::fsdp {
 namespace {
@@ -244,7 +245,7 @@ Status export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) return make_error(ErrorCode::io_error, "export_hf: cannot create '{}': {}", out_dir, ec.message());
-  TESSERA_RETURN_IF_ERROR(models::write_safetensors_checkpoint(out_dir, tensors));
+  TESSERA_RETURN_IF_ERROR(models::write_safetensors_checkpoint(out_dir, models::to_hf_checkpoint_tensors(tensors)));
   TESSERA_ASSIGN_OR_RETURN(std::string config_text, internal::read_text(config_path));
   nlohmann::json config = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded()) return make_error(ErrorCode::corrupt_data, "export_hf: {} is not JSON", config_path);

@@ -2,6 +2,7 @@
 // config_fields.cpp, RoPE in config_rope.cpp and the per-model-type rows in model_families.cpp.
 #include "workers/models/config.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -161,6 +162,12 @@ int64_t ModelConfig::context_length() const {
   return max_position_embeddings;
 }
 
+bool ModelConfig::layer_is_sparse(int64_t index) const {
+  if (moe.num_experts <= 0) return false;
+  const auto& dense = moe.mlp_only_layers;
+  return std::find(dense.begin(), dense.end(), index) == dense.end() && (index + 1) % moe.decoder_sparse_step == 0;
+}
+
 bool ModelConfig::layer_slides(int64_t index) const {
   if (!sliding_window) return false;
   if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(index)) == "sliding_attention";
@@ -207,8 +214,10 @@ json model_config_to_json(const ModelConfig& c) {
   j["rope_scaling"] = rope_scaling_json(c);
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  // Qwen2 and Mistral have no such key
-  if (c.model_type != "qwen2" && c.model_type != "mistral") j["attention_bias"] = c.attention_bias;
+  // Qwen2 and Mistral have no such key; Qwen2-MoE calls it qkv_bias (write_family_fields)
+  if (c.model_type != "qwen2" && c.model_type != "mistral" && c.model_type != "qwen2_moe") {
+    j["attention_bias"] = c.attention_bias;
+  }
   j["initializer_range"] = c.initializer_range;
   j["torch_dtype"] = c.torch_dtype;
   j[c.model_type == "gemma2" ? "hidden_activation" : "hidden_act"] = c.hidden_act;

@@ -1,4 +1,4 @@
-// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3/Mistral/Gemma2 model, read and
+// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Mistral/Gemma2 model, read and
 // written with HF's own field names.
 //
 // Contract: parse_model_config() accepts exactly what Tessera's decoder implements. A field whose
@@ -68,10 +68,27 @@ struct RopeScaling {
   bool truncate = true;               ///< yarn: floor/ceil the ramp's ends.
 };
 
+/// Qwen3-MoE / Qwen2-MoE sparse MLPs (HF Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock): a
+/// router picks num_experts_per_tok of num_experts SwiGLU experts per token, weighted by their
+/// softmax probabilities (renormalised over the chosen ones when norm_topk_prob); Qwen2-MoE adds a
+/// shared expert scaled by sigmoid(shared_expert_gate(x)). Layer i is sparse unless it is in
+/// mlp_only_layers or (i + 1) % decoder_sparse_step != 0 (then a dense MLP of intermediate_size).
+/// HF's router auxiliary loss (output_router_logits, router_aux_loss_coef) only enters a loss HF
+/// computes from labels, which verl never passes; those keys stay in `extra`.
+struct MoeConfig {
+  int64_t num_experts = 0;  ///< 0: a dense model.
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  int64_t shared_expert_intermediate_size = 0;  ///< qwen2_moe only (its shared expert).
+};
+
 /// The hyper-parameters of one decoder model, named as in HF's config.json.
 struct ModelConfig {
   std::string architecture;   ///< architectures[0], e.g. "Qwen2ForCausalLM".
-  std::string model_type;     ///< "llama", "qwen2", "qwen3", "mistral" or "gemma2".
+  std::string model_type;     ///< "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral" or "gemma2".
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -100,14 +117,18 @@ struct ModelConfig {
   double query_pre_attn_scalar = 0.0;            ///< gemma2: attention scale is this^-0.5 (0: head_dim).
   std::optional<double> attn_logit_softcapping;  ///< gemma2: scores -> tanh(scores / c) * c.
   std::optional<double> final_logit_softcapping; ///< gemma2: logits -> tanh(logits / c) * c.
+  MoeConfig moe;                                 ///< qwen3_moe, qwen2_moe.
   nlohmann::json extra = nlohmann::json::object();  ///< Unmodelled fields, kept verbatim.
 
   /// num_attention_heads / num_key_value_heads.
   int64_t num_kv_groups() const { return num_attention_heads / num_key_value_heads; }
   /// Qwen3: RMSNorm over head_dim on each query and key head (self_attn.q_norm / k_norm), before RoPE.
-  bool qk_norm() const { return model_type == "qwen3"; }
-  /// HF's o_proj carries a bias when attention_bias is set (Llama, Qwen3), never in Qwen2.
-  bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  /// HF's o_proj carries a bias when attention_bias is set (Llama, Qwen3), never in Qwen2 (and
+  /// Qwen2-MoE, whose qkv_bias is read into attention_bias).
+  bool o_proj_bias() const { return attention_bias && model_type != "qwen2" && model_type != "qwen2_moe"; }
+  /// Whether layer `index` has a sparse MoE block (MoeConfig) instead of the dense MLP.
+  bool layer_is_sparse(int64_t index) const;
   /// Gemma2: RMSNorm scales by (1 + weight); four norms per layer (the attention and MLP outputs are
   /// normed before their residual add); embeddings scaled by sqrt(hidden_size) in their dtype.
   bool gemma_norms() const { return model_type == "gemma2"; }

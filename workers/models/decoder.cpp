@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
@@ -410,10 +411,12 @@ at::Tensor Attention::softcapped_attention(const at::Tensor& q, const at::Tensor
   return at::matmul(weights.view({B, kv_heads, groups * T, S}), v).view({B, heads, T, head_dim_});
 }
 
-MLP::MLP(const ModelConfig& c, const at::TensorOptions& options) : gelu_tanh_(c.hidden_act == "gelu_pytorch_tanh") {
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, false, options));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, false, options));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, options));
+MLP::MLP(const ModelConfig& c, const at::TensorOptions& options, int64_t intermediate_size)
+    : gelu_tanh_(c.hidden_act == "gelu_pytorch_tanh") {
+  const int64_t inner = intermediate_size > 0 ? intermediate_size : c.intermediate_size;
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, inner, false, options));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, inner, false, options));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(inner, c.hidden_size, false, options));
 }
 
 at::Tensor MLP::forward(const at::Tensor& x) const {
@@ -423,6 +426,77 @@ at::Tensor MLP::forward(const at::Tensor& x) const {
   return down_proj->forward(gate * up_proj->forward(x));
 }
 
+// Note [MoE experts]
+// HF loops over the experts a batch hits, gathering each one's tokens, with a host sync per layer
+// for the list. Here the n*k (token, choice) pairs are sorted by expert once, and each of the
+// three projections is ONE grouped GEMM over the sorted rows (at::_grouped_mm: group e is rows
+// [ends[e-1], ends[e]) times expert e's matrix). Nothing is read back to the host, so on a GPU
+// in bf16 (sm90/sm100: CUTLASS) a decode step captures into a CUDA graph; elsewhere LibTorch's
+// fallback loops over the groups (reading `ends` on the host). Both run under autograd.
+//   pairs      ids = top-k expert of each (token, choice), flattened; order = stable argsort(ids)
+//   rows       x repeated k times per token, permuted by order (its backward is a permutation
+//              and a sum over the k copies: deterministic, no atomics)
+//   experts    down_e(silu(gate_e(r)) * up_e(r)) per row r of group e
+//   combine    rows back to (token, choice) order, times the routing weight, summed over choices
+// The routing weight multiplies in x's dtype, as HF does; the k products are summed by one
+// reduction (HF adds them one by one into a tensor of x's dtype), equal in fp32.
+// _grouped_mm needs 16-byte aligned rows and bases: hidden_size and moe_intermediate_size are
+// multiples of 8 (validate_model_config), and a weight viewed at an odd offset of an FSDP flat
+// buffer is copied first (never, for released models: every parameter's size is a multiple of 8).
+SparseMoeBlock::SparseMoeBlock(const ModelConfig& c, const at::TensorOptions& options)
+    : top_k_(c.moe.num_experts_per_tok), norm_topk_prob_(c.moe.norm_topk_prob) {
+  const int64_t E = c.moe.num_experts, I = c.moe.moe_intermediate_size, H = c.hidden_size;
+  auto experts = register_module("experts", std::make_shared<torch::nn::Module>("Experts"));
+  gate_proj = experts->register_parameter("gate_proj", at::empty({E, I, H}, options));
+  up_proj = experts->register_parameter("up_proj", at::empty({E, I, H}, options));
+  down_proj = experts->register_parameter("down_proj", at::empty({E, H, I}, options));
+  auto gate = register_module("gate", std::make_shared<torch::nn::Module>("TopKRouter"));
+  router = gate->register_parameter("weight", at::empty({E, H}, options));
+  if (c.moe.shared_expert_intermediate_size > 0) {
+    shared_expert = register_module("shared_expert",
+                                    std::make_shared<MLP>(c, options, c.moe.shared_expert_intermediate_size));
+    shared_expert_gate = register_module("shared_expert_gate", std::make_shared<Linear>(H, 1, false, options));
+  }
+}
+
+namespace {
+
+// x [rows, in] by group: rows [ends[e-1], ends[e]) times w[e]^T, w [E, out, in].
+at::Tensor grouped_linear(const at::Tensor& x, at::Tensor w, const at::Tensor& ends) {
+  if (reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0) w = w.clone();
+  return at::_grouped_mm(x, w.transpose(-2, -1), ends);
+}
+
+}  // namespace
+
+at::Tensor SparseMoeBlock::forward(const at::Tensor& x) const {
+  const int64_t H = x.size(-1), E = router.size(0), k = top_k_;
+  const at::Tensor flat = x.reshape({-1, H});
+  const int64_t n = flat.size(0);
+  at::Tensor out;
+  if (n == 0) {
+    out = at::zeros_like(flat);
+  } else {
+    const at::Tensor logits = at::linear(flat, router);
+    auto [weights, ids] = at::topk(at::softmax(logits, -1, at::kFloat), k, -1);  // [n, k]
+    if (norm_topk_prob_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+    weights = weights.to(logits.scalar_type());
+    // Note [MoE experts]
+    const at::Tensor flat_ids = ids.reshape({-1});
+    const at::Tensor order = at::argsort(flat_ids, /*stable=*/true, /*dim=*/0);
+    const at::Tensor ends = at::searchsorted(flat_ids.index_select(0, order), at::arange(E, flat_ids.options()),
+                                             /*out_int32=*/true, /*right=*/true);
+    const at::Tensor rows = flat.unsqueeze(1).expand({n, k, H}).reshape({n * k, H}).index_select(0, order);
+    const at::Tensor gate = grouped_linear(rows, gate_proj, ends), up = grouped_linear(rows, up_proj, ends);
+    const at::Tensor act = use_fused(fused_swiglu, gate) ? models::fused_swiglu(gate, up) : at::silu(gate) * up;
+    const at::Tensor y = grouped_linear(act, down_proj, ends);
+    const at::Tensor position = at::empty_like(order).scatter_(0, order, at::arange(n * k, order.options()));
+    out = (y.index_select(0, position).view({n, k, H}) * weights.unsqueeze(-1)).sum(1);
+  }
+  if (shared_expert) out = out + at::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
+  return out.view(x.sizes());
+}
+
 // Registration order is HF's (self_attn, mlp, then the norms): FSDP flattens parameters in this order.
 DecoderLayer::DecoderLayer(const ModelConfig& c, const at::TensorOptions& options, int64_t layer_index) {
   const bool gemma = c.gemma_norms();
@@ -430,7 +504,11 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, const at::TensorOptions& option
     return register_module(name, std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, options, gemma));
   };
   self_attn = register_module("self_attn", std::make_shared<Attention>(c, options, layer_index));
-  mlp = register_module("mlp", std::make_shared<MLP>(c, options));
+  if (c.layer_is_sparse(layer_index)) {
+    moe = register_module("mlp", std::make_shared<SparseMoeBlock>(c, options));
+  } else {
+    mlp = register_module("mlp", std::make_shared<MLP>(c, options));
+  }
   input_layernorm = make_norm("input_layernorm");
   post_attention_layernorm = make_norm("post_attention_layernorm");
   if (gemma) {
@@ -456,7 +534,7 @@ at::Tensor DecoderLayer::forward(const at::Tensor& x, const RotaryTables& rope, 
                                  const PackedSegments* packed) const {
   const at::Tensor& mask = self_attn->window() > 0 ? visible_window : visible;
   at::Tensor h = add_attention(x, self_attn->forward(input_layernorm->forward(x), rope, mask, cache, true, packed));
-  return add_mlp(h, mlp->forward(mlp_input(h)));
+  return add_mlp(h, feed_forward(mlp_input(h)));
 }
 
 DecoderBackbone::DecoderBackbone(const ModelConfig& c, const at::TensorOptions& options) : config_(c) {

@@ -1,5 +1,6 @@
-// decoder.hpp: the decoder-only transformer shared by Llama, Qwen2, Qwen3, Mistral and Gemma2, as
-// torch::nn modules whose parameters carry HF's names (q_proj.weight, input_layernorm.weight, ...).
+// decoder.hpp: the decoder-only transformer shared by Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
+// Mistral and Gemma2, as torch::nn modules whose parameters carry HF's names (q_proj.weight,
+// input_layernorm.weight, ...).
 //
 // The maths follows HF's modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma2 (transformers 5.24):
 //   RMSNorm     y = weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)
@@ -15,6 +16,9 @@
 //               Gemma2: scale query_pre_attn_scalar^-0.5 and scores tanh(s / c) * c
 //               (attn_logit_softcapping), computed as HF's eager path (softmax in fp32)
 //   MLP         down(silu(gate(x)) * up(x)); Gemma2: gelu(tanh approximation) instead of silu
+//   MoE         Qwen3-MoE/Qwen2-MoE sparse layers: sum over the router's top-k experts e of
+//               p_e * expert_e(x), p = softmax(router(x)) in fp32 (renormalised over the top k when
+//               norm_topk_prob), cast to x's dtype; Qwen2-MoE adds sigmoid(shared_gate(x)) * shared(x)
 //   layer       x + attn(norm(x)), then x + mlp(norm(x)); Gemma2 ("sandwich"): x + norm(attn(norm(x))),
 //               then x + norm(mlp(norm(x))) with post_attention / pre_feedforward /
 //               post_feedforward layernorms
@@ -235,13 +239,41 @@ class Attention : public torch::nn::Module {
 /// gelu(approximate="tanh") in place of silu.
 class MLP : public torch::nn::Module {
  public:
-  MLP(const ModelConfig& config, const at::TensorOptions& options);
+  /// `intermediate_size` 0: the config's (a MoE model's shared expert has its own).
+  MLP(const ModelConfig& config, const at::TensorOptions& options, int64_t intermediate_size = 0);
   at::Tensor forward(const at::Tensor& x) const;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
   bool fused_swiglu = false;  ///< On a GPU, SwiGLU only: one kernel (model.use_liger; Note [Fused layers]).
 
  private:
   bool gelu_tanh_ = false;
+};
+
+/// HF Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock, the "mlp." of a sparse layer (MoeConfig):
+///   gate.weight            [E, hidden]     the router (a parameter, not a Linear: PEFT leaves it alone)
+///   experts.gate_proj      [E, I, hidden]  every expert's gate_proj.weight, stacked
+///   experts.up_proj        [E, I, hidden]
+///   experts.down_proj      [E, hidden, I]
+///   shared_expert.*        Qwen2-MoE: an MLP of shared_expert_intermediate_size
+///   shared_expert_gate     Qwen2-MoE: Linear [1, hidden]
+/// HF checkpoints name the experts one by one (experts.<e>.gate_proj.weight; transformers 5 holds
+/// them fused as experts.gate_up_proj): the loader stacks them and the HF writers unstack them
+/// (expert_checkpoint_name / to_hf_checkpoint_tensors in weight_loader.hpp). Note [MoE experts] in
+/// decoder.cpp says how tokens reach their experts.
+class SparseMoeBlock : public torch::nn::Module {
+ public:
+  SparseMoeBlock(const ModelConfig& config, const at::TensorOptions& options);
+  /// x [..., hidden] -> [..., hidden].
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor router;                              ///< "gate.weight"
+  at::Tensor gate_proj, up_proj, down_proj;       ///< "experts.gate_proj", ...
+  std::shared_ptr<MLP> shared_expert;             ///< Qwen2-MoE only.
+  std::shared_ptr<Linear> shared_expert_gate;     ///< Qwen2-MoE only.
+  bool fused_swiglu = false;  ///< On a GPU: the experts' SwiGLU in one kernel (model.use_liger).
+
+ private:
+  int64_t top_k_;
+  bool norm_topk_prob_;
 };
 
 /// One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); Gemma2 norms the attention and
@@ -261,11 +293,14 @@ class DecoderLayer : public torch::nn::Module {
   at::Tensor mlp_input(const at::Tensor& h) const;
   /// h + (post-norm of) the MLP output `m`.
   at::Tensor add_mlp(const at::Tensor& h, const at::Tensor& m) const;
+  /// The MLP (or, on a sparse layer, the MoE block) of its input x.
+  at::Tensor feed_forward(const at::Tensor& x) const { return moe ? moe->forward(x) : mlp->forward(x); }
 
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<RMSNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  ///< Gemma2 only.
   std::shared_ptr<Attention> self_attn;
-  std::shared_ptr<MLP> mlp;
+  std::shared_ptr<MLP> mlp;             ///< A dense layer's; null on a sparse layer.
+  std::shared_ptr<SparseMoeBlock> moe;  ///< A sparse layer's ("mlp."); null on a dense layer.
 };
 
 /// One decoder layer's forward on a hidden state h [B, T, hidden], with everything else it needs

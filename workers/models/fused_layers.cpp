@@ -250,6 +250,7 @@ void set_fused_layers(torch::nn::Module& root, bool on) {
     if (auto* norm = dynamic_cast<RMSNorm*>(m.get())) norm->fused = on;
     if (auto* attn = dynamic_cast<Attention*>(m.get())) attn->fused_rotary = on;
     if (auto* mlp = dynamic_cast<MLP*>(m.get())) mlp->fused_swiglu = on;
+    if (auto* moe = dynamic_cast<SparseMoeBlock*>(m.get())) moe->fused_swiglu = on;
   }
 }
 

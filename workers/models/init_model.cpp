@@ -57,6 +57,25 @@ Status set_family_defaults(const InitModelOptions& o, ModelConfig& c) {
     return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window is for --arch mistral or gemma2");
   }
   if (o.sliding_window > 0) c.sliding_window = o.sliding_window;
+  const bool moe = o.arch == "qwen3_moe" || o.arch == "qwen2_moe";
+  if (!moe && (o.experts != 0 || o.experts_per_tok != 0 || o.moe_intermediate != 0 || o.norm_topk_prob)) {
+    return make_error(ErrorCode::invalid_argument, "init-model: --experts and the MoE options are for --arch qwen3_moe or qwen2_moe");
+  }
+  if (o.shared_expert_intermediate != 0 && o.arch != "qwen2_moe") {
+    return make_error(ErrorCode::invalid_argument, "init-model: --shared-expert-intermediate is for --arch qwen2_moe");
+  }
+  if (moe) {
+    const bool qwen3 = o.arch == "qwen3_moe";
+    MoeConfig& m = c.moe;
+    m.num_experts = o.experts > 0 ? o.experts : (qwen3 ? 128 : 60);
+    m.num_experts_per_tok = o.experts_per_tok > 0 ? o.experts_per_tok : (qwen3 ? 8 : 4);
+    m.moe_intermediate_size = o.moe_intermediate > 0 ? o.moe_intermediate : (qwen3 ? 768 : 1408);
+    m.norm_topk_prob = o.norm_topk_prob;
+    if (!qwen3) {
+      m.shared_expert_intermediate_size =
+          o.shared_expert_intermediate > 0 ? o.shared_expert_intermediate : 4 * m.moe_intermediate_size;
+    }
+  }
   if (o.arch != "gemma2") return Status();
   c.hidden_act = "gelu_pytorch_tanh";
   c.tie_word_embeddings = true;
@@ -86,7 +105,7 @@ Result<ModelConfig> make_config(const InitModelOptions& o, const tokenizer::Toke
   }
   c.max_position_embeddings = o.max_position;
   c.tie_word_embeddings = o.tie_word_embeddings;
-  c.attention_bias = o.arch == "qwen2";
+  c.attention_bias = o.arch == "qwen2" || o.arch == "qwen2_moe";
   TESSERA_RETURN_IF_ERROR(set_family_defaults(o, c));
   c.rope_theta = o.rope_theta;
   c.rms_norm_eps = o.rms_norm_eps;

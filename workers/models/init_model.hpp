@@ -22,7 +22,8 @@ namespace tessera::models {
 
 /// The knobs of `tessera init-model`.
 struct InitModelOptions {
-  std::string arch = "llama";         ///< HF model_type: "llama", "qwen2", "qwen3", "mistral" or "gemma2".
+  /// HF model_type: "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral" or "gemma2".
+  std::string arch = "llama";
   int64_t hidden = 0;                 ///< hidden_size.
   int64_t layers = 0;                 ///< num_hidden_layers.
   int64_t heads = 0;                  ///< num_attention_heads.
@@ -40,6 +41,14 @@ struct InitModelOptions {
   /// mistral, gemma2: sliding_window (0: none, written as null).
   int64_t sliding_window = 0;
   std::string dtype = "float32";      ///< torch_dtype of the written weights.
+  /// qwen3_moe, qwen2_moe: num_experts, num_experts_per_tok, moe_intermediate_size (0: HF's class
+  /// defaults 128/8/768 and 60/4/1408), norm_topk_prob (HF default: false); qwen2_moe's shared
+  /// expert (0: 4 x moe_intermediate_size, its ratio in Qwen1.5-MoE).
+  int64_t experts = 0;
+  int64_t experts_per_tok = 0;
+  int64_t moe_intermediate = 0;
+  int64_t shared_expert_intermediate = 0;
+  bool norm_topk_prob = false;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
 };

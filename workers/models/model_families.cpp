@@ -48,6 +48,52 @@ Status qwen3_specifics(const json& j, const std::string& source, ModelConfig& c)
   return read_bool(j, source, "attention_bias", c.attention_bias);
 }
 
+// The MoE fields of Qwen3MoeConfig / Qwen2MoeConfig (transformers 5.24 defaults when absent).
+Status read_moe(const json& j, const std::string& source, ModelConfig& c, MoeConfig defaults) {
+  c.moe = std::move(defaults);
+  MoeConfig& m = c.moe;
+  // transformers 5 writes num_local_experts (its attribute map's name for num_experts); released
+  // checkpoints say num_experts.
+  TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_local_experts", m.num_experts));
+  const int64_t local = m.num_experts;
+  TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_experts", m.num_experts));
+  if (j.contains("num_local_experts") && j.contains("num_experts") && !j.at("num_local_experts").is_null() &&
+      !j.at("num_experts").is_null() && local != m.num_experts) {
+    return field_error(source, "num_experts", fmt::format("= {} but num_local_experts = {}", m.num_experts, local));
+  }
+  TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_experts_per_tok", m.num_experts_per_tok));
+  TESSERA_RETURN_IF_ERROR(read_int(j, source, "moe_intermediate_size", m.moe_intermediate_size));
+  TESSERA_RETURN_IF_ERROR(read_bool(j, source, "norm_topk_prob", m.norm_topk_prob));
+  TESSERA_RETURN_IF_ERROR(read_int(j, source, "decoder_sparse_step", m.decoder_sparse_step));
+  if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null()) {
+    const json& v = j.at("mlp_only_layers");
+    if (!v.is_array()) return field_error(source, "mlp_only_layers", "must be a list of layer indices");
+    for (const json& e : v) {
+      if (!e.is_number_integer()) return field_error(source, "mlp_only_layers", "holds " + e.dump() + ", not a layer index");
+      m.mlp_only_layers.push_back(e.get<int64_t>());
+    }
+  }
+  if (c.model_type == "qwen2_moe") {
+    TESSERA_RETURN_IF_ERROR(read_int(j, source, "shared_expert_intermediate_size", m.shared_expert_intermediate_size));
+  }
+  return Status();
+}
+
+// Qwen3-MoE: Qwen3's attention (q_norm/k_norm, attention_bias), but head_dim defaults to
+// hidden_size / num_attention_heads (Qwen3MoeAttention's getattr), and sparse MLPs.
+Status qwen3_moe_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(qwen3_specifics(j, source, c));
+  return read_moe(j, source, c, {128, 8, 768, false, 1, {}, 0});
+}
+
+// Qwen2-MoE: Qwen2's attention with qkv_bias (default true) for its q/k/v biases, a shared expert.
+Status qwen2_moe_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(check_sliding_window(j, source, c));
+  c.attention_bias = true;
+  TESSERA_RETURN_IF_ERROR(read_bool(j, source, "qkv_bias", c.attention_bias));
+  return read_moe(j, source, c, {60, 4, 1408, false, 1, {}, 5632});
+}
+
 // A positive integer or null (no window); HF's class default (4096) when absent.
 Status read_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
   c.sliding_window = 4096;
@@ -114,11 +160,22 @@ Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c
   return read_layer_types(j, source, c);
 }
 
+#define TESSERA_MOE_FIELDS \
+  "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", \
+      "decoder_sparse_step", "mlp_only_layers"
+const std::vector<const char*> kMoeFields = {TESSERA_MOE_FIELDS};
+const std::vector<const char*> kQwen2MoeFields = {TESSERA_MOE_FIELDS, "shared_expert_intermediate_size", "qkv_bias"};
+#undef TESSERA_MOE_FIELDS
+
 const std::vector<ModelTypeTraits>& model_types() {
   static const std::vector<ModelTypeTraits> table = {
       {"llama", "LlamaForCausalLM", "LlamaForTokenClassification", 2048, 0, llama_specifics},
       {"qwen2", "Qwen2ForCausalLM", "Qwen2ForTokenClassification", 32768, 0, qwen2_specifics},
       {"qwen3", "Qwen3ForCausalLM", "Qwen3ForTokenClassification", 32768, 128, qwen3_specifics},
+      {"qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeForTokenClassification", 32768, 0, qwen2_moe_specifics,
+       /*default_tie=*/false, "hidden_act", "silu", kQwen2MoeFields},
+      {"qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForTokenClassification", 32768, 0, qwen3_moe_specifics,
+       /*default_tie=*/false, "hidden_act", "silu", kMoeFields},
       {"mistral", "MistralForCausalLM", "MistralForTokenClassification", 4096 * 32, 0, mistral_specifics,
        /*default_tie=*/false, "hidden_act", "silu", {"sliding_window"}},
       {"gemma2", "Gemma2ForCausalLM", "Gemma2ForTokenClassification", 8192, 256, gemma2_specifics,
@@ -141,6 +198,46 @@ Result<const ModelTypeTraits*> find_model_type(const std::string& model_type, co
                     source, model_type, known);
 }
 
+namespace {
+
+// The MoE sizes: only on the MoE families, in range. The experts' matrices go through a grouped
+// GEMM whose rows must start on 16-byte boundaries (Note [MoE experts] in decoder.cpp): hidden_size
+// and moe_intermediate_size are multiples of 8, as in every released MoE checkpoint.
+Status validate_moe_fields(const ModelConfig& c, const std::string& source) {
+  const MoeConfig& m = c.moe;
+  const bool moe_family = c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe";
+  if (!moe_family) {
+    if (m.num_experts != 0) return field_error(source, "num_experts", "is read for qwen3_moe and qwen2_moe only");
+    return Status();
+  }
+  if (m.num_experts < 0) return field_error(source, "num_experts", "must be >= 0");
+  if (m.decoder_sparse_step <= 0) return field_error(source, "decoder_sparse_step", "must be positive");
+  for (int64_t i : m.mlp_only_layers) {
+    if (i < 0 || i >= c.num_hidden_layers) {
+      return field_error(source, "mlp_only_layers", fmt::format("holds {}, not a layer of {}", i, c.num_hidden_layers));
+    }
+  }
+  if (m.num_experts == 0) return Status();
+  if (m.num_experts_per_tok <= 0 || m.num_experts_per_tok > m.num_experts) {
+    return field_error(source, "num_experts_per_tok",
+                       fmt::format("= {} must lie in [1, num_experts = {}]", m.num_experts_per_tok, m.num_experts));
+  }
+  if (m.moe_intermediate_size <= 0 || m.moe_intermediate_size % 8 != 0) {
+    return field_error(source, "moe_intermediate_size",
+                       fmt::format("= {} must be a positive multiple of 8 (grouped expert GEMMs)", m.moe_intermediate_size));
+  }
+  if (c.hidden_size % 8 != 0) {
+    return field_error(source, "hidden_size",
+                       fmt::format("= {} must be a multiple of 8 in a MoE model (grouped expert GEMMs)", c.hidden_size));
+  }
+  if (c.model_type == "qwen2_moe" && m.shared_expert_intermediate_size <= 0) {
+    return field_error(source, "shared_expert_intermediate_size", "must be positive");
+  }
+  return Status();
+}
+
+}  // namespace
+
 // The Mistral/Gemma2 fields the decoder reads: only on the families that have them, in range.
 Status validate_family_fields(const ModelConfig& c, const std::string& source) {
   const bool gemma = c.model_type == "gemma2";
@@ -158,6 +255,7 @@ Status validate_family_fields(const ModelConfig& c, const std::string& source) {
     return field_error(source, "query_pre_attn_scalar", "and the logit softcaps are gemma2's fields");
   }
   if (c.query_pre_attn_scalar < 0.0) return field_error(source, "query_pre_attn_scalar", "must be positive");
+  TESSERA_RETURN_IF_ERROR(validate_moe_fields(c, source));
   for (const auto& [name, cap] : {std::pair{"attn_logit_softcapping", c.attn_logit_softcapping},
                                   std::pair{"final_logit_softcapping", c.final_logit_softcapping}}) {
     if (cap && !(*cap > 0.0)) return field_error(source, name, "must be positive");
@@ -168,6 +266,19 @@ Status validate_family_fields(const ModelConfig& c, const std::string& source) {
 // Mistral's and Gemma2's own keys, always written (an absent one would mean HF's default, not ours).
 void write_family_fields(const ModelConfig& c, json& j) {
   auto optional = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+  if (c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe") {
+    const MoeConfig& m = c.moe;
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.num_experts_per_tok;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["decoder_sparse_step"] = m.decoder_sparse_step;
+    j["mlp_only_layers"] = m.mlp_only_layers;
+    if (c.model_type == "qwen2_moe") {
+      j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+      j["qkv_bias"] = c.attention_bias;
+    }
+  }
   if (c.model_type == "mistral" || c.model_type == "gemma2") j["sliding_window"] = optional(c.sliding_window);
   if (c.model_type != "gemma2") return;
   std::vector<std::string> types = c.layer_types;

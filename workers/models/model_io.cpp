@@ -86,7 +86,7 @@ Status save_pretrained(const PretrainedModel& model, const std::string& dir, con
   ModelConfig config = model.config();
   TESSERA_ASSIGN_OR_RETURN(config.torch_dtype,
                            torch_dtype_name(model.backbone().embed_tokens->weight.scalar_type()));
-  TESSERA_RETURN_IF_ERROR(write_safetensors_checkpoint(dir, model.parameter_map(), options));
+  TESSERA_RETURN_IF_ERROR(write_safetensors_checkpoint(dir, to_hf_checkpoint_tensors(model.parameter_map()), options));
   return save_model_config(config, dir);
 }
 

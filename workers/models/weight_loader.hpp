@@ -69,11 +69,20 @@ class WeightLoaderRegistry {
   std::map<std::string, ArchitectureEntry> table_;
 };
 
-/// The loader for HF Llama/Qwen2/Qwen3/Mistral/Gemma2 checkpoints (names are already Tessera's). It drops
-/// `*.rotary_emb.inv_freq`, drops lm_head.weight when the head is tied or the target is a value
-/// model, and seeds a missing `score.*` for a value model (logging that it did, as HF does).
+/// The loader for HF Llama/Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Mistral/Gemma2 checkpoints (names are
+/// Tessera's, but for MoE experts). It drops `*.rotary_emb.inv_freq`, drops lm_head.weight when the
+/// head is tied or the target is a value model, and seeds a missing `score.*` for a value model
+/// (logging that it did, as HF does). A MoE layer's experts are stacked into Tessera's
+/// experts.{gate,up,down}_proj (SparseMoeBlock) from the per-expert tensors released checkpoints
+/// hold (experts.<e>.gate_proj.weight, ...) or from transformers 5's fused experts.gate_up_proj.
 /// Any other unknown or missing tensor is an error naming it and `source`.
 Status load_hf_decoder_weights(const TensorMap& checkpoint, const std::string& source, PretrainedModel& model,
                                const LoadOptions& options);
+
+/// The tensors of `params` (a model's parameters, or an FSDP export) under HF's checkpoint names:
+/// each stacked MoE expert tensor "<layer>.mlp.experts.gate_proj" [E, ...] becomes E views
+/// "<layer>.mlp.experts.<e>.gate_proj.weight", the form every transformers version loads; the rest
+/// is returned as it is.
+TensorMap to_hf_checkpoint_tensors(const TensorMap& params);
 
 }  // namespace tessera::models

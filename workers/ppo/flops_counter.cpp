@@ -10,7 +10,7 @@ double training_flops(const models::ModelConfig& c, const std::vector<int64_t>& 
   const double hidden = static_cast<double>(c.hidden_size);
   const double head_dim = static_cast<double>(c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads);
   const double embed_and_head = static_cast<double>(c.vocab_size) * hidden * 2;
-  const double dense = models::layer_matmul_params(c) * static_cast<double>(c.num_hidden_layers) + embed_and_head;
+  const double dense = models::decoder_matmul_params(c) + embed_and_head;
   double tokens = 0, square_sum = 0;
   for (int64_t s : seqlens) {
     tokens += static_cast<double>(s);

@@ -47,6 +47,16 @@ Status check_engine_config(const RolloutConfig& config, const StepModel& model) 
                       "(got {}); set enforce_eager=true",
                       model.tensor_parallel_size());
   }
+  const int major = proto::cuda_compute_major(model.device());
+  if (!config.enforce_eager && model.device().is_cuda() && model.cache_config().moe.num_experts > 0 &&
+      (model.dtype() != at::kBFloat16 || (major != 9 && major != 10))) {
+    // Only LibTorch's CUTLASS grouped GEMM leaves the expert offsets on the device (Note [MoE
+    // experts] in workers/models/decoder.cpp); its fallback reads them on the host mid-capture.
+    return make_error(ErrorCode::unimplemented,
+                      "actor_rollout_ref.rollout.enforce_eager=false: a MoE model's expert GEMMs capture into CUDA "
+                      "graphs in bfloat16 on sm90/sm100 only (got {} on sm{}x); set enforce_eager=true",
+                      c10::toString(model.dtype()), major);
+  }
   if (!config.enforce_eager && !model.device().is_cuda()) {
     static std::once_flag reported;
     std::call_once(reported, [&] {

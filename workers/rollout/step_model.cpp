@@ -129,7 +129,7 @@ at::Tensor CausalLMStepModel::run_layers(at::Tensor h, const AttentionCall& atte
     for (size_t l = 0; l < n; ++l) {
       const models::DecoderLayer& layer = *backbone.layers[l];
       h = layer.add_attention(h, attention_sum(layer, l, layer.input_layernorm->forward(h)));
-      h = layer.add_mlp(h, partial_sum(layer.mlp->forward(layer.mlp_input(h))));
+      h = layer.add_mlp(h, partial_sum(layer.feed_forward(layer.mlp_input(h))));
     }
     return backbone.norm->forward(h);
   }
@@ -140,7 +140,7 @@ at::Tensor CausalLMStepModel::run_layers(at::Tensor h, const AttentionCall& atte
     const models::DecoderLayer& layer = *backbone.layers[l];
     std::tie(residual, x) = layer.post_attention_layernorm->add_forward(residual, attention_sum(layer, l, x));
     const models::RMSNorm& next = l + 1 < n ? *backbone.layers[l + 1]->input_layernorm : *backbone.norm;
-    std::tie(residual, x) = next.add_forward(residual, partial_sum(layer.mlp->forward(x)));
+    std::tie(residual, x) = next.add_forward(residual, partial_sum(layer.feed_forward(x)));
   }
   return x;
 }

@@ -35,14 +35,19 @@ Status not_divisible(const std::string& what, int64_t value, int64_t tp) {
 }  // namespace
 
 TpSplit tp_split_of(const std::string& name) {
+  // The dense MLP's and Qwen2-MoE's shared expert's projections end in "<proj>.weight"; a MoE
+  // layer's stacked experts are "mlp.experts.<proj>" [E, out, in], split the same way per expert.
   for (const char* s : {"self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
                         "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias",
-                        "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
+                        "gate_proj.weight", "up_proj.weight", "mlp.experts.gate_proj", "mlp.experts.up_proj"}) {
     if (ends_with(name, s)) return TpSplit::rows;
   }
-  if (ends_with(name, "self_attn.o_proj.weight") || ends_with(name, "mlp.down_proj.weight")) return TpSplit::columns;
+  for (const char* s : {"self_attn.o_proj.weight", "down_proj.weight", "mlp.experts.down_proj"}) {
+    if (ends_with(name, s)) return TpSplit::columns;
+  }
   // Norms (q_norm/k_norm are [head_dim], the same on every head), o_proj.bias (added once after the
-  // all-reduce, step_model.hpp), embeddings and lm_head.
+  // all-reduce, step_model.hpp), embeddings, lm_head, a MoE router and Qwen2-MoE's
+  // shared_expert_gate (its sigmoid scales every rank's partial sum alike).
   return TpSplit::replicated;
 }
 
@@ -55,12 +60,34 @@ Result<models::ModelConfig> tp_rank_config(const models::ModelConfig& config, in
   c.num_attention_heads /= tp;
   c.num_key_value_heads /= tp;
   c.intermediate_size /= tp;
+  models::MoeConfig& moe = c.moe;
+  if (moe.num_experts > 0) {
+    // The experts' grouped GEMMs need 8-element rows (Note [MoE experts] in decoder.cpp).
+    if (moe.moe_intermediate_size % (8 * tp) != 0) {
+      return make_error(ErrorCode::invalid_argument,
+                        "actor_rollout_ref.rollout.tensor_model_parallel_size={}: the model's moe_intermediate_size = "
+                        "{} must split into multiples of 8 per rank",
+                        tp, moe.moe_intermediate_size);
+    }
+    if (moe.shared_expert_intermediate_size % tp != 0) {
+      return not_divisible("the model's shared_expert_intermediate_size", moe.shared_expert_intermediate_size, tp);
+    }
+    moe.moe_intermediate_size /= tp;
+    moe.shared_expert_intermediate_size /= tp;
+  }
   return c;
 }
 
+namespace {
+
+// The dimension a split cuts: rows the one before the last (a bias's only one), columns the last.
+int64_t split_dim(TpSplit split, int64_t dims) { return split == TpSplit::rows ? std::max<int64_t>(dims - 2, 0) : dims - 1; }
+
+}  // namespace
+
 at::Tensor tp_slice(const at::Tensor& full, TpSplit split, int64_t tp, int64_t tp_rank) {
   if (split == TpSplit::replicated) return full;
-  const int64_t dim = split == TpSplit::rows ? 0 : 1;
+  const int64_t dim = split_dim(split, full.dim());
   const int64_t width = full.size(dim) / tp;
   return full.narrow(dim, tp_rank * width, width);
 }
@@ -74,19 +101,26 @@ Result<TpUnitPlan> TpUnitPlan::create(const fsdp::FlatLayout& layout, int64_t tp
     TpBlock block{e.offset, 1, e.numel, std::max<int64_t>(e.numel, 1)};
     std::vector<int64_t> shape = e.shape;
     if (split == TpSplit::rows) {
-      const int64_t out = e.shape.at(0), inner = e.numel / out;
+      // [outer..., out, inner...]: each of the `outer` blocks (the experts of a stacked MoE
+      // tensor; 1 otherwise) gives its rows [t*out/T, (t+1)*out/T).
+      const size_t d = static_cast<size_t>(split_dim(split, static_cast<int64_t>(e.shape.size())));
+      const int64_t out = e.shape.at(d);
+      int64_t outer = 1;
+      for (size_t i = 0; i < d; ++i) outer *= e.shape[i];
+      const int64_t inner = e.numel / (outer * out);
       if (out % tp != 0) return not_divisible("rows of '" + e.name + "'", out, tp);
-      shape[0] = out / tp;
-      block = TpBlock{e.offset + tp_rank * shape[0] * inner, 1, shape[0] * inner, std::max<int64_t>(shape[0] * inner, 1)};
+      shape[d] = out / tp;
+      const int64_t len = shape[d] * inner;
+      block = TpBlock{e.offset + tp_rank * len, outer, len, out * inner};
     } else if (split == TpSplit::columns) {
-      if (e.shape.size() != 2) {
-        return make_error(ErrorCode::invalid_argument, "rollout TP: '{}' has {} dimensions, a column split needs 2",
+      if (e.shape.size() < 2) {
+        return make_error(ErrorCode::invalid_argument, "rollout TP: '{}' has {} dimensions, a column split needs 2 or 3",
                           e.name, e.shape.size());
       }
-      const int64_t in = e.shape[1];
+      const int64_t in = e.shape.back();
       if (in % tp != 0) return not_divisible("columns of '" + e.name + "'", in, tp);
-      shape[1] = in / tp;
-      block = TpBlock{e.offset + tp_rank * shape[1], e.shape[0], shape[1], in};
+      shape.back() = in / tp;
+      block = TpBlock{e.offset + tp_rank * shape.back(), e.numel / in, shape.back(), in};
     }
     plan.params_.push_back(TpParamSlice{e.name, shape, plan.numel_});
     plan.numel_ += block.rows * block.len;

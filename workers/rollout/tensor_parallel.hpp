@@ -8,6 +8,10 @@
 //     num_attention_heads/T query heads, num_key_value_heads/T KV heads (contiguous heads, so the
 //     GQA grouping is preserved), intermediate_size/T MLP columns;
 //   - o_proj and down_proj weight: the matching input columns [t*in/T, (t+1)*in/T) ("columns");
+//   - a MoE layer's stacked experts (mlp.experts.gate_proj/up_proj [E, I, hidden], down_proj
+//     [E, hidden, I]) the same per expert: rows of dim 1, columns of dim 2, moe_intermediate_size/T
+//     columns of every expert; Qwen2-MoE's shared expert as the dense MLP; the router and
+//     shared_expert_gate whole (every rank routes every token alike);
 //   - everything else (embeddings, norms, lm_head, Qwen3's q_norm/k_norm, which act on head_dim
 //     within each head, and the o_proj bias, added after the all-reduce): the whole tensor
 //     ("replicated").

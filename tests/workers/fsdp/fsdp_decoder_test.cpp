@@ -6,6 +6,8 @@
 // each layer is gathered only while it runs (forward, and its recompute in backward) or is
 // prefetched for the next one (Note [FSDP overlap]), so right after forward only the root unit is
 // gathered, versus every unit under SHARD_GRAD_OP (read from the engine's own state).
+// The MoE families (stacked experts viewed out of the flat buffers, the router, Qwen2-MoE's
+// shared expert) train the same way under FULL_SHARD and SHARD_GRAD_OP.
 #include "tests/workers/fsdp/fsdp_test_util.hpp"
 #include "workers/models/model.hpp"
 
@@ -19,7 +21,9 @@ namespace {
 using collective::Communicator;
 using S = ShardingStrategy;
 
-std::shared_ptr<models::CausalLM> make_llama() { return testing::tiny_decoder("llama", 2, 11); }
+std::shared_ptr<models::CausalLM> make_decoder(const char* family = "llama") {
+  return testing::tiny_decoder(family, 2, 11);
+}
 
 std::shared_ptr<Communicator> borrow(Communicator& c) {
   return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
@@ -75,8 +79,8 @@ std::unique_ptr<FsdpModule> wrap_decoder(std::shared_ptr<models::CausalLM> model
 }
 
 /// Single-process LibTorch training of the same model on the whole batch.
-testing::RunResult reference_decoder_run(int steps) {
-  auto ref = make_llama();
+testing::RunResult reference_decoder_run(int steps, const char* family) {
+  auto ref = make_decoder(family);
   return testing::reference_train(*ref, decoder_optim(), steps,
                                   [&](int s) { return llama_loss(*ref, llama_batch(s, 0, 1)); });
 }
@@ -86,6 +90,7 @@ struct DecoderCase {
   int world;
   int fsdp_size;
   bool forward_prefetch = false;
+  const char* family = "llama";  ///< qwen3_moe / qwen2_moe: stacked experts in the layer units.
 };
 
 class FsdpDecoder : public ::testing::TestWithParam<DecoderCase> {};
@@ -93,9 +98,9 @@ class FsdpDecoder : public ::testing::TestWithParam<DecoderCase> {};
 TEST_P(FsdpDecoder, CausalLMMatchesSingleProcessWithLayerRunner) {
   constexpr int kSteps = 3;
   const DecoderCase c = GetParam();
-  testing::RunResult want = reference_decoder_run(kSteps);
+  testing::RunResult want = reference_decoder_run(kSteps, c.family);
   collective::testing::with_world("inproc", c.world, [&](int rank, Communicator& w) {
-    auto model = make_llama();
+    auto model = make_decoder(c.family);
     auto e = wrap_decoder(model, borrow(w), c.strategy, c.fsdp_size, c.forward_prefetch);
     ASSERT_TRUE(e);
     ASSERT_EQ(e->layouts().size(), 3u);
@@ -113,10 +118,13 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpDecoder,
                          ::testing::Values(DecoderCase{S::full_shard, 2, -1}, DecoderCase{S::full_shard, 2, -1, true},
                                            DecoderCase{S::shard_grad_op, 2, -1}, DecoderCase{S::no_shard, 2, -1},
                                            DecoderCase{S::hybrid_shard, 4, 2},
-                                           DecoderCase{S::hybrid_shard, 4, 2, true}),
+                                           DecoderCase{S::hybrid_shard, 4, 2, true},
+                                           DecoderCase{S::full_shard, 2, -1, true, "qwen3_moe"},
+                                           DecoderCase{S::shard_grad_op, 2, -1, false, "qwen2_moe"}),
                          [](const ::testing::TestParamInfo<DecoderCase>& info) {
                            return std::string(to_string(info.param.strategy)) + "_world" + std::to_string(info.param.world) +
-                                  (info.param.forward_prefetch ? "_prefetch" : "");
+                                  (info.param.forward_prefetch ? "_prefetch" : "") +
+                                  (std::string(info.param.family) == "llama" ? "" : "_" + std::string(info.param.family));
                          });
 
 // Wraps the installed runner so every layer call records which units are gathered while it runs.
@@ -136,7 +144,7 @@ TEST(FsdpDecoderMemory, FullShardGathersALayerAndItsPrefetchShardGradOpKeepsThem
     for (S strategy : {S::full_shard, S::shard_grad_op}) {
       for (bool prefetch : {false, true}) {
         SCOPED_TRACE(::testing::Message() << to_string(strategy) << " forward_prefetch=" << prefetch);
-        auto model = make_llama();
+        auto model = make_decoder();
         auto e = wrap_decoder(model, borrow(w), strategy, -1, prefetch);
         ASSERT_TRUE(e);
         std::vector<V> log;
@@ -182,7 +190,7 @@ TEST(FsdpDecoderMemory, FullShardGathersALayerAndItsPrefetchShardGradOpKeepsThem
 // SHARD_GRAD_OP and NO_SHARD keep it gathered and recompute it without a second gather (the
 // strategies' training equals the single process's: FsdpDecoder).
 TEST(FsdpDecoderUnits, EveryWholeDecoderLayerIsRecomputed) {
-  auto model = make_llama();
+  auto model = make_decoder();
   auto all = make_decoder_units(*model, WrapPolicy{});
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 3u);
@@ -204,10 +212,10 @@ TEST(FsdpDecoderUnits, EveryWholeDecoderLayerIsRecomputed) {
 
 TEST(FsdpDecoderRunner, ErrorsNameTheLayerAndOutlivingTheEngineFailsCleanly) {
   collective::testing::with_world("inproc", 1, [&](int, Communicator& w) {
-    auto model = make_llama();
+    auto model = make_decoder();
     auto e = wrap_decoder(model, borrow(w), S::full_shard);
     ASSERT_TRUE(e);
-    auto other = make_llama();
+    auto other = make_decoder();
     Status st = install_layer_runner(*e, *other);
     EXPECT_NE(st.message().find("does not wrap this model"), std::string::npos) << st.message();
     // The runner as the backbone calls it (a forward would fail earlier, at the empty embedding).
@@ -245,7 +253,7 @@ void expect_offloaded_activations_train_alike(const c10::Device& device) {
       SCOPED_TRACE(to_string(strategy));
       std::vector<std::map<std::string, at::Tensor>> after;
       for (bool offload : {false, true}) {
-        auto model = make_llama();
+        auto model = make_decoder();
         model->to(device);
         auto e = wrap_decoder(model, borrow(w), strategy, -1, false, offload);
         ASSERT_TRUE(e);

@@ -39,7 +39,14 @@ inline models::ModelConfig tiny_decoder_config(const std::string& model_type, in
   c.num_key_value_heads = 2;
   c.max_position_embeddings = 64;
   c.head_dim = 4;
-  c.attention_bias = model_type == "qwen2";
+  c.attention_bias = model_type == "qwen2" || model_type == "qwen2_moe";
+  if (model_type == "qwen3_moe" || model_type == "qwen2_moe") {  // 4 experts of width 8, top 2
+    c.moe.num_experts = 4;
+    c.moe.num_experts_per_tok = 2;
+    c.moe.moe_intermediate_size = 8;
+    c.moe.norm_topk_prob = model_type == "qwen3_moe";
+    if (model_type == "qwen2_moe") c.moe.shared_expert_intermediate_size = 8;
+  }
   return c;
 }
 

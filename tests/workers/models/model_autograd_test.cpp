@@ -20,10 +20,11 @@ at::Tensor lm_loss(CausalLM& model, const testing::Batch& b) {
   return (nll * mask).sum() / mask.sum();
 }
 
-// Every family trains: Qwen2, Mistral (sliding window) and Gemma2 (softcaps, sandwich norms,
-// scaled tied embeddings) have finite gradients on every parameter, and SGD lowers the loss.
+// Every family trains: Qwen2, Mistral (sliding window), Gemma2 (softcaps, sandwich norms, scaled
+// tied embeddings) and the MoE families (router, grouped expert GEMMs, shared expert) have finite
+// gradients on every parameter, and SGD lowers the loss.
 TEST(ModelAutograd, SgdStepsLowerTheLmLoss) {
-  for (const char* type : {"qwen2", "mistral", "gemma2"}) {
+  for (const char* type : {"qwen2", "mistral", "gemma2", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     auto model = CausalLM::create(testing::tiny_config(type, 2), ModelInit{at::kFloat, 3});
     ASSERT_TRUE(model.ok()) << model.status().to_string();

@@ -16,6 +16,10 @@
 //                  (transformers' `or` defaults: 32 and 1)
 //   qwen2_yarn     yarn with every knob: beta_fast/slow, mscale and mscale_all_dim, no truncation
 //   mistral        MistralForCausalLM, sliding_window 4 under 9 columns (and 6 generated tokens)
+//   qwen3_moe      Qwen3MoeForCausalLM: 8 experts, top 2 renormalised (norm_topk_prob), head_dim 32,
+//                  layer 1 dense (mlp_only_layers); saved per expert, config with num_local_experts
+//   qwen2_moe      Qwen2MoeForCausalLM: 6 experts, top 3 not renormalised, a shared expert with its
+//                  sigmoid gate, q/k/v biases (qkv_bias)
 //   gemma2         Gemma2ForCausalLM: 3 layers (sliding, full, sliding; window 4), head_dim 32,
 //                  query_pre_attn_scalar 24, attn/final logit softcaps 2 and 3 (small, so tanh
 //                  bends), GeGLU, four (1 + w) norms per layer, scaled and tied embeddings; HF has
@@ -79,6 +83,16 @@ def build(out, case):
                      rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32,
                                    "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0,
                                    "truncate": False}, **common)
+    elif case == "qwen3_moe":
+        from transformers import Qwen3MoeConfig as Config, Qwen3MoeForCausalLM as Model
+        cfg = Config(**dict(common, num_hidden_layers=3), head_dim=32, max_position_embeddings=256,
+                     rope_theta=1000000.0, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])
+    elif case == "qwen2_moe":
+        from transformers import Qwen2MoeConfig as Config, Qwen2MoeForCausalLM as Model
+        cfg = Config(max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False, num_experts=6,
+                     num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=40,
+                     norm_topk_prob=False, **common)
     elif case == "qwen3":
         from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
         cfg = Config(head_dim=32, max_position_embeddings=256, rope_theta=1000000.0, tie_word_embeddings=True,
@@ -152,8 +166,9 @@ for case in sys.argv[2:]:
     build(os.path.join(sys.argv[1], case), case)
 )PY";
 
-const std::vector<std::string> kCases = {"qwen2",   "qwen3",  "llama_llama3", "llama_linear", "llama_dynamic",
-                                         "mistral", "gemma2", "llama_yarn",   "qwen2_yarn"};
+const std::vector<std::string> kCases = {"qwen2",      "qwen3",   "llama_llama3", "llama_linear",
+                                         "llama_dynamic", "mistral", "gemma2",       "llama_yarn",
+                                         "qwen2_yarn", "qwen3_moe", "qwen2_moe"};
 
 at::Tensor from_json(const nlohmann::json& j, at::ScalarType dtype) {
   std::vector<int64_t> shape;

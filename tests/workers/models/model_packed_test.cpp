@@ -61,7 +61,7 @@ void expect_packed_equals_padded(Model& model, const testing::Batch& b, double t
 }
 
 TEST(ModelPacked, PackedForwardEqualsPaddedOnTheRealTokens) {
-  for (const char* type : {"qwen2", "mistral", "gemma2"}) {
+  for (const char* type : {"qwen2", "mistral", "gemma2", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     auto lm = CausalLM::create(testing::tiny_config(type, 2), ModelInit{at::kFloat, 7});
     ASSERT_TRUE(lm.ok()) << lm.status().to_string();

@@ -12,7 +12,9 @@ namespace tessera::models::testing {
 /// A small config: 2 layers, hidden 32 (MLP 48), 4 heads of dim 8 over `kv_heads` KV heads, 128
 /// positions, bos 1 / eos 2; qwen2 gets q/k/v biases. mistral gets a sliding window of 3; gemma2
 /// HF Gemma2's shape (GeGLU, tied embeddings, window 3 on even layers) with small softcaps (5 on
-/// the scores, 10 on the logits) and query_pre_attn_scalar 6, so each of them shows.
+/// the scores, 10 on the logits) and query_pre_attn_scalar 6, so each of them shows. qwen3_moe: 4
+/// experts of width 16, top 2 renormalised; qwen2_moe: 4 experts, top 2 as they come, a shared
+/// expert of width 24, q/k/v biases.
 inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads = 4, bool tied = false,
                                int64_t vocab = 64) {
   ModelConfig c;
@@ -26,7 +28,14 @@ inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads =
   c.head_dim = 8;
   c.max_position_embeddings = 128;
   c.tie_word_embeddings = tied;
-  c.attention_bias = model_type == "qwen2";
+  c.attention_bias = model_type == "qwen2" || model_type == "qwen2_moe";
+  if (model_type == "qwen3_moe" || model_type == "qwen2_moe") {
+    c.moe.num_experts = 4;
+    c.moe.num_experts_per_tok = 2;
+    c.moe.moe_intermediate_size = 16;
+    c.moe.norm_topk_prob = model_type == "qwen3_moe";
+    if (model_type == "qwen2_moe") c.moe.shared_expert_intermediate_size = 24;
+  }
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
   if (model_type == "mistral" || model_type == "gemma2") c.sliding_window = 3;

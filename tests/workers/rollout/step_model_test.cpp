@@ -387,9 +387,9 @@ void expect_rollout_forward_like_models(const std::shared_ptr<models::CausalLM>&
     for (const auto& [name, t] : full->parameter_map()) {
       tensors.emplace(name, tp_slice(t.detach(), tp_split_of(name), 2, r).contiguous());
     }
-    if (tensors.count("model.layers.0.self_attn.q_norm.weight") != 0) {
-      EXPECT_EQ(tensors.at("model.layers.0.self_attn.q_norm.weight").size(0), 16);
-      EXPECT_EQ(tensors.at("model.layers.0.self_attn.o_proj.bias").size(0), 32);
+    // Replicated: Qwen3's q_norm (head_dim) and o_proj's bias (hidden) stay whole.
+    for (const char* whole : {"model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.o_proj.bias"}) {
+      if (tensors.count(whole) != 0) EXPECT_EQ(tensors.at(whole).sizes(), full->parameter_map().at(whole).sizes());
     }
     auto model = models::CausalLM::from_parameters(*config, tensors);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
@@ -416,9 +416,10 @@ TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
 }
 
 // Mistral's sliding window (3, under 9 columns with a hole), Gemma2's windowed and full layers,
-// softcaps, scale and sandwich norms (applied after the TP reduction).
-TEST(TensorParallelSeam, MistralAndGemma2SplitLikeOne) {
-  for (const char* type : {"mistral", "gemma2"}) {
+// softcaps, scale and sandwich norms (applied after the TP reduction); the MoE families' experts
+// split per expert, with the router and Qwen2-MoE's shared-expert gate whole.
+TEST(TensorParallelSeam, MistralGemma2AndMoeSplitLikeOne) {
+  for (const char* type : {"mistral", "gemma2", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     models::ModelConfig c = models::testing::tiny_config(type, /*kv_heads=*/2, /*tied=*/false, testing::kVocab);
     auto model = models::CausalLM::create(c, models::ModelInit{at::kFloat, 43});

@@ -21,11 +21,33 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> layer_params() {
           {p + "input_layernorm.weight", {6}},     {p + "post_attention_layernorm.weight", {6}}};
 }
 
+// A Qwen2-MoE layer unit: 3 experts stacked [E, out, in], the router, a shared expert and its gate.
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_layer_params() {
+  const std::string p = "model.layers.1.";
+  return {{p + "self_attn.q_proj.weight", {8, 6}},          {p + "self_attn.o_proj.weight", {6, 8}},
+          {p + "mlp.experts.gate_proj", {3, 4, 6}},         {p + "mlp.experts.up_proj", {3, 4, 6}},
+          {p + "mlp.experts.down_proj", {3, 6, 4}},         {p + "mlp.gate.weight", {3, 6}},
+          {p + "mlp.shared_expert.gate_proj.weight", {10, 6}}, {p + "mlp.shared_expert.up_proj.weight", {10, 6}},
+          {p + "mlp.shared_expert.down_proj.weight", {6, 10}}, {p + "mlp.shared_expert_gate.weight", {1, 6}},
+          {p + "input_layernorm.weight", {6}}};
+}
+
 TEST(TpSplit, FollowsMegatronRowAndColumnParallelLayers) {
   EXPECT_EQ(tp_split_of("model.layers.3.self_attn.k_proj.bias"), TpSplit::rows);
   EXPECT_EQ(tp_split_of("model.layers.3.mlp.up_proj.weight"), TpSplit::rows);
   EXPECT_EQ(tp_split_of("model.layers.3.self_attn.o_proj.weight"), TpSplit::columns);
   EXPECT_EQ(tp_split_of("model.layers.3.mlp.down_proj.weight"), TpSplit::columns);
+  // MoE: every expert split like the dense MLP; the router and the shared expert's gate whole.
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.experts.gate_proj"), TpSplit::rows);
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.experts.up_proj"), TpSplit::rows);
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.experts.down_proj"), TpSplit::columns);
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.shared_expert.up_proj.weight"), TpSplit::rows);
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.shared_expert.down_proj.weight"), TpSplit::columns);
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.gate.weight"), TpSplit::replicated);
+  EXPECT_EQ(tp_split_of("model.layers.3.mlp.shared_expert_gate.weight"), TpSplit::replicated);
+  const at::Tensor experts = at::arange(3 * 4 * 6).view({3, 4, 6});
+  EXPECT_TRUE(at::equal(tp_slice(experts, TpSplit::rows, 2, 1), experts.narrow(1, 2, 2)));
+  EXPECT_TRUE(at::equal(tp_slice(experts, TpSplit::columns, 2, 1), experts.narrow(2, 3, 3)));
   // Qwen3's q_norm/k_norm act on head_dim within each head and o_proj's bias is added after the
   // all-reduce: whole on every rank.
   for (const char* n : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
@@ -53,19 +75,35 @@ TEST(TpRankConfig, DividesHeadsAndWidthsAndNamesWhatDoesNotDivide) {
   ASSERT_FALSE(four.ok());
   EXPECT_NE(four.status().message().find("num_key_value_heads = 2"), std::string::npos) << four.status().to_string();
   EXPECT_NE(four.status().message().find("tensor_model_parallel_size=4"), std::string::npos);
+
+  c.moe.num_experts = 4;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 32;
+  c.moe.shared_expert_intermediate_size = 24;
+  auto moe = tp_rank_config(c, 2);
+  ASSERT_TRUE(moe.ok()) << moe.status().to_string();
+  EXPECT_EQ(moe->moe.moe_intermediate_size, 16);
+  EXPECT_EQ(moe->moe.shared_expert_intermediate_size, 12);
+  EXPECT_EQ(moe->moe.num_experts, 4);
+  c.moe.moe_intermediate_size = 24;  // 12 per rank: not a multiple of 8 (grouped GEMM rows)
+  auto odd = tp_rank_config(c, 2);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("moe_intermediate_size = 24"), std::string::npos) << odd.status().to_string();
 }
 
 // For K shards of the unit's padded flat buffer, rank t's buffer assembled shard by shard (each
 // shard's pack() placed at [count_before(s0), count_before(s1))) holds exactly tp_slice() of every
 // full parameter.
 TEST(TpUnitPlan, SlicesAssembledFromAnyShardingEqualTheFullTensorsSlices) {
-  for (int K : {1, 2, 3, 4, 7}) {
-    auto layout = fsdp::make_flat_layout("model.layers.0", layer_params(), K);
+  for (int K : {1, 2, 3, 4, 7})
+  for (bool moe : {false, true}) {
+    auto layout = fsdp::make_flat_layout(moe ? "model.layers.1" : "model.layers.0",
+                                         moe ? moe_layer_params() : layer_params(), K);
     ASSERT_TRUE(layout.ok()) << layout.status().to_string();
     at::Tensor flat = at::arange(layout->padded_numel, at::kFloat);
     for (int64_t tp : {1, 2}) {
       for (int64_t t = 0; t < tp; ++t) {
-        SCOPED_TRACE(::testing::Message() << "K=" << K << " tp=" << tp << " rank=" << t);
+        SCOPED_TRACE(::testing::Message() << "K=" << K << " tp=" << tp << " rank=" << t << " moe=" << moe);
         auto plan = TpUnitPlan::create(*layout, tp, t);
         ASSERT_TRUE(plan.ok()) << plan.status().to_string();
         at::Tensor buffer = at::full({plan->numel()}, -1.0f);

@@ -1,6 +1,6 @@
 // model_families.hpp (internal): the table of model families config.json may name (llama, qwen2,
-// qwen3, mistral, gemma2), one ModelTypeTraits row each, and the family-only fields they read,
-// check and write.
+// qwen3, qwen2_moe, qwen3_moe, mistral, gemma2), one ModelTypeTraits row each, and the family-only
+// fields they read, check and write.
 //
 // Thread-safety: re-entrant; the table is built once, on first use, and never changes.
 #pragma once
@@ -35,10 +35,11 @@ struct ModelTypeTraits {
 /// The row of `model_type`, or an error naming `source` and the known types.
 Result<const ModelTypeTraits*> find_model_type(const std::string& model_type, const std::string& source);
 
-/// Checks the Mistral/Gemma2 fields of `c` (activation, sliding window, layer types, softcaps).
+/// Checks the Mistral/Gemma2/MoE fields of `c` (activation, sliding window, layer types, softcaps,
+/// expert counts and sizes).
 Status validate_family_fields(const ModelConfig& c, const std::string& source);
 
-/// Writes the Mistral/Gemma2 keys of `c` into `j`.
+/// Writes the Mistral/Gemma2/MoE keys of `c` into `j`.
 void write_family_fields(const ModelConfig& c, nlohmann::json& j);
 
 }  // namespace tessera::models::internal

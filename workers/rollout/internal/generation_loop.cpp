@@ -82,7 +82,7 @@ double process_cpu_seconds() {
 double prompt_flops(const models::ModelConfig& c, int64_t len) {
   const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
   const auto n = static_cast<double>(len), layers = static_cast<double>(c.num_hidden_layers);
-  return 2 * models::layer_matmul_params(c) * layers * n + 4 * n * n * q * layers;
+  return 2 * models::decoder_matmul_params(c) * n + 4 * n * n * q * layers;
 }
 
 class GenerationLoop {
