@@ -2,6 +2,8 @@
 #include "proto/device.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cctype>
 #include <utility>
 
@@ -146,9 +148,15 @@ double device_peak_flops(const c10::Device& device) {
 int cuda_compute_major(const c10::Device& device) {
 #ifdef TESSERA_WITH_CUDA
   if (!device.is_cuda() || device.index() >= cuda_device_count()) return 0;
+  int index = device.index();
+  if (!device.has_index() && cudaGetDevice(&index) != cudaSuccess) return 0;
+  // Asked per MoE layer and forward: looked up once per device.
+  static std::array<std::atomic<int>, 64> known{};
+  std::atomic<int>* slot = index >= 0 && index < 64 ? &known[static_cast<size_t>(index)] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) > 0) return slot->load(std::memory_order_relaxed);
   int major = 0;
-  const int index = device.has_index() ? device.index() : 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess) return 0;
+  if (slot != nullptr) slot->store(major, std::memory_order_relaxed);
   return major;
 #else
   (void)device;

@@ -15,6 +15,7 @@
 #include "proto/device.hpp"
 #include "tests/driver/trainer_test_util.hpp"
 #include "tests/workers/rollout/verl_agent_stubs.hpp"
+#include "workers/models/model_io.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -420,6 +421,42 @@ TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) {
     runs.push_back(t->history());
   }
   expect_same_ppo_steps(runs[0], runs[1]);
+}
+
+// A Qwen3-MoE actor: FSDP trains the stacked experts and the router, the rollout's two TP ranks
+// each take a slice of every expert straight from the FSDP shards, and the run (greedy, so the
+// tokens do not depend on how rows meet the sampler's streams) equals the one with single-rank
+// rollouts step for step; the HF model saved beside the checkpoint holds the experts one by one,
+// as released checkpoints do, and loads back.
+TEST(TrainerRun, MoeGrpoWithRolloutTpMatchesOneRankAndSavesAnHfModel) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (int tp : {1, 2}) {
+    TempDir dir("moe_tp" + std::to_string(tp));
+    testing::make_tiny_run(dir.path(), "qwen3_moe");
+    auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.do_sample=false",
+                          "trainer.save_freq=2",
+                          "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"}) {
+      o.push_back(k);
+    }
+    o.push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp));
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+    // The rollout/ counters are per engine, and the TP engine runs both data-parallel ranks' rows.
+    for (auto& [step, m] : runs.back()) {
+      for (auto it = m.begin(); it != m.end();) it = it->first.rfind("rollout/", 0) == 0 ? m.erase(it) : std::next(it);
+    }
+    const std::filesystem::path hf = dir.path() / "run" / "global_step_2" / "actor" / "huggingface";
+    auto files = models::read_safetensors_checkpoint(hf.string());
+    ASSERT_TRUE(files.ok()) << files.status().to_string();
+    EXPECT_EQ(files->count("model.layers.1.mlp.experts.3.gate_proj.weight"), 1u);
+    EXPECT_EQ(files->count("model.layers.1.mlp.experts.gate_proj"), 0u);
+    auto model = models::load_causal_lm(hf.string());
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    EXPECT_EQ((*model)->config().moe.num_experts, 4);
+  }
+  testing::expect_same_history(runs[0], runs[1], 1e-4);
 }
 
 // reward_model.launch_reward_fn_async: the reward scores beside the log-prob, reference and value

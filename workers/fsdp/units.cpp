@@ -26,7 +26,8 @@ bool matches_layer_class(const std::string& class_name, const std::vector<std::s
   for (const auto& w : wanted) {
     if (w == short_name || w == class_name) return true;
     bool hf_decoder = w == "LlamaDecoderLayer" || w == "Qwen2DecoderLayer" || w == "Qwen3DecoderLayer" ||
-                      w == "MistralDecoderLayer" || w == "Gemma2DecoderLayer";
+                      w == "Qwen2MoeDecoderLayer" || w == "Qwen3MoeDecoderLayer" || w == "MistralDecoderLayer" ||
+                      w == "Gemma2DecoderLayer";
     if (hf_decoder && short_name == "DecoderLayer") return true;
   }
   return false;

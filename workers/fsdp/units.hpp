@@ -3,8 +3,9 @@
 //   transformer layers (default): every submodule whose class name matches one of
 //     wrap_policy.transformer_layer_cls_to_wrap becomes a unit; the remaining parameters form the
 //     "root" unit. A listed name matches the C++ class name's last component, and HF's names
-//     LlamaDecoderLayer / Qwen2DecoderLayer / Qwen3DecoderLayer / MistralDecoderLayer /
-//     Gemma2DecoderLayer also match Tessera's DecoderLayer.
+//     LlamaDecoderLayer / Qwen2DecoderLayer / Qwen3DecoderLayer / Qwen2MoeDecoderLayer /
+//     Qwen3MoeDecoderLayer / MistralDecoderLayer / Gemma2DecoderLayer also match Tessera's
+//     DecoderLayer.
 //     With an empty list the model's "no split" class is used: any class whose name ends with
 //     "DecoderLayer".
 //   min_num_params > 0: size-based, like FSDP's size_based_auto_wrap_policy: bottom-up, a

@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "proto/device.hpp"
 #include "proto/host_transfer.hpp"
 #include "workers/models/fused_layers.hpp"
 #include "workers/models/kv_cache.hpp"
@@ -443,6 +444,8 @@ at::Tensor MLP::forward(const at::Tensor& x) const {
 // _grouped_mm needs 16-byte aligned rows and bases: hidden_size and moe_intermediate_size are
 // multiples of 8 (validate_model_config), and a weight viewed at an odd offset of an FSDP flat
 // buffer is copied first (never, for released models: every parameter's size is a multiple of 8).
+// On sm100 an expert no row reached gets its weight gradient zeroed by a hook (LibTorch's kernel
+// leaves garbage there).
 SparseMoeBlock::SparseMoeBlock(const ModelConfig& c, const at::TensorOptions& options)
     : top_k_(c.moe.num_experts_per_tok), norm_topk_prob_(c.moe.norm_topk_prob) {
   const int64_t E = c.moe.num_experts, I = c.moe.moe_intermediate_size, H = c.hidden_size;
@@ -464,6 +467,14 @@ namespace {
 // x [rows, in] by group: rows [ends[e-1], ends[e]) times w[e]^T, w [E, out, in].
 at::Tensor grouped_linear(const at::Tensor& x, at::Tensor w, const at::Tensor& ends) {
   if (reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0) w = w.clone();
+  if (w.requires_grad() && at::GradMode::is_enabled() && w.is_cuda() && proto::cuda_compute_major(w.device()) >= 10) {
+    // LibTorch's sm100 grouped GEMM leaves garbage in the weight gradient of an expert that got
+    // no rows (pytorch/pytorch#172439); it must be zero. A view of its own carries the hook.
+    const at::Tensor counts = at::diff(ends, 1, 0, at::zeros({1}, ends.options()));
+    const at::Tensor idle = counts.eq(0).view({-1, 1, 1});
+    w = w.view(w.sizes());
+    w.register_hook([idle](const at::Tensor& grad) { return grad.masked_fill(idle, 0); });
+  }
   return at::_grouped_mm(x, w.transpose(-2, -1), ends);
 }
 

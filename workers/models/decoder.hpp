@@ -258,7 +258,7 @@ class MLP : public torch::nn::Module {
 ///   shared_expert_gate     Qwen2-MoE: Linear [1, hidden]
 /// HF checkpoints name the experts one by one (experts.<e>.gate_proj.weight; transformers 5 holds
 /// them fused as experts.gate_up_proj): the loader stacks them and the HF writers unstack them
-/// (expert_checkpoint_name / to_hf_checkpoint_tensors in weight_loader.hpp). Note [MoE experts] in
+/// (load_hf_decoder_weights / to_hf_checkpoint_tensors in weight_loader.hpp). Note [MoE experts] in
 /// decoder.cpp says how tokens reach their experts.
 class SparseMoeBlock : public torch::nn::Module {
  public:

@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "workers/models/model.hpp"
@@ -161,6 +162,11 @@ Status apply_lora(PretrainedModel& model, const LoraConfig& config, const std::s
   if (has_lora(model)) return make_error(ErrorCode::invalid_argument, "apply_lora: the model already has adapters");
   TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> targets, lora_target_modules(model, config, path));
   const std::set<std::string> wanted(targets.begin(), targets.end());
+  if (model.config().moe.num_experts > 0) {
+    spdlog::info("{}: the routed experts and the router of {} are stacked parameters, not linear layers: LoRA leaves "
+                 "them frozen (as PEFT does on transformers 5) and adapts {} linear layers",
+                 path, model.config().architecture, wanted.size());
+  }
   try {
     torch::NoGradGuard no_grad;
     for (auto& p : model.parameters(/*recurse=*/true)) p.set_requires_grad(false);

@@ -52,13 +52,15 @@ Status qwen3_specifics(const json& j, const std::string& source, ModelConfig& c)
 Status read_moe(const json& j, const std::string& source, ModelConfig& c, MoeConfig defaults) {
   c.moe = std::move(defaults);
   MoeConfig& m = c.moe;
-  // transformers 5 writes num_local_experts (its attribute map's name for num_experts); released
-  // checkpoints say num_experts.
-  TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_local_experts", m.num_experts));
+  // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (its attribute map);
+  // released checkpoints say num_experts. Qwen2MoeConfig has no such alias.
+  if (c.model_type == "qwen3_moe") {
+    TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_local_experts", m.num_experts));
+  }
   const int64_t local = m.num_experts;
   TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_experts", m.num_experts));
-  if (j.contains("num_local_experts") && j.contains("num_experts") && !j.at("num_local_experts").is_null() &&
-      !j.at("num_experts").is_null() && local != m.num_experts) {
+  const auto given = [&](const char* key) { return j.contains(key) && !j.at(key).is_null(); };
+  if (c.model_type == "qwen3_moe" && given("num_local_experts") && given("num_experts") && local != m.num_experts) {
     return field_error(source, "num_experts", fmt::format("= {} but num_local_experts = {}", m.num_experts, local));
   }
   TESSERA_RETURN_IF_ERROR(read_int(j, source, "num_experts_per_tok", m.num_experts_per_tok));
@@ -161,9 +163,9 @@ Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c
 }
 
 #define TESSERA_MOE_FIELDS \
-  "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", \
-      "decoder_sparse_step", "mlp_only_layers"
-const std::vector<const char*> kMoeFields = {TESSERA_MOE_FIELDS};
+  "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", \
+      "mlp_only_layers"
+const std::vector<const char*> kMoeFields = {TESSERA_MOE_FIELDS, "num_local_experts"};
 const std::vector<const char*> kQwen2MoeFields = {TESSERA_MOE_FIELDS, "shared_expert_intermediate_size", "qkv_bias"};
 #undef TESSERA_MOE_FIELDS
 

@@ -51,7 +51,7 @@ struct ExpertTarget {
 // "<p>.mlp.experts.<e>.<proj>.weight" (released checkpoints) or "<p>.mlp.experts.gate_up_proj"
 // (transformers 5's fused form: gate rows then up rows) -> where it goes; empty otherwise.
 std::vector<ExpertTarget> expert_targets(const std::string& name) {
-  static const std::regex per_expert(R"((.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight)");
+  static const std::regex per_expert(R"((.*\.mlp\.experts)\.(\d{1,9})\.(gate_proj|up_proj|down_proj)\.weight)");
   static const std::regex fused(R"((.*\.mlp\.experts)\.gate_up_proj)");
   std::smatch m;
   if (std::regex_match(name, m, per_expert)) return {{m[1].str() + "." + m[3].str(), std::stoll(m[2].str()), -1}};
@@ -224,7 +224,9 @@ Status load_hf_decoder_weights(const TensorMap& checkpoint, const std::string& s
   }
   if (missing.empty()) return Status();
   if (model.head_kind() == HeadKind::value) return seed_value_head(model, source, missing, options);
-  return make_error(ErrorCode::not_found, "{}: tensor '{}' missing for {}", source, missing.front(),
+  // A layer whose experts are all absent: named as a checkpoint holds them (the first expert's).
+  const TensorMap first = to_hf_checkpoint_tensors({{missing.front(), params.at(missing.front())}});
+  return make_error(ErrorCode::not_found, "{}: tensor '{}' missing for {}", source, first.begin()->first,
                     model.config().architecture);
 }
 

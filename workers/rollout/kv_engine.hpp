@@ -59,7 +59,7 @@ struct EngineOptions {
   /// order). The KV cache's block cap, read from each device's free memory, must be the same on
   /// every peer, or their schedules (admissions, preemption, evictions) and so their collectives
   /// would part. Unset: one rank.
-  std::function<int64_t(int64_t)> agree_min;
+  std::function<int64_t(int64_t)> agree_min = nullptr;
 };
 
 /// The KV-cache RolloutEngine. See the header comment.

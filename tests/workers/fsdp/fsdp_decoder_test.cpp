@@ -185,6 +185,21 @@ TEST(FsdpDecoderMemory, FullShardGathersALayerAndItsPrefetchShardGradOpKeepsThem
   });
 }
 
+// verl configs name HF's layer classes (their _no_split_modules): each MoE family's matches
+// Tessera's DecoderLayer, one unit per layer.
+TEST(FsdpDecoderUnits, HfMoeLayerClassNamesWrapEachLayer) {
+  for (const char* family : {"qwen3_moe", "qwen2_moe"}) {
+    auto model = make_decoder(family);
+    WrapPolicy policy;
+    policy.transformer_layer_cls_to_wrap = {std::string(family) == "qwen3_moe" ? "Qwen3MoeDecoderLayer"
+                                                                               : "Qwen2MoeDecoderLayer"};
+    auto units = make_decoder_units(*model, policy);
+    ASSERT_TRUE(units.ok()) << units.status().to_string();
+    ASSERT_EQ(units->size(), 3u) << family;
+    EXPECT_TRUE((*units)[0].recompute);
+  }
+}
+
 // Every whole decoder layer is recomputed in backward (activation checkpointing), whatever the
 // strategy: FULL_SHARD and HYBRID_SHARD also free it after forward (FsdpDecoderMemory above),
 // SHARD_GRAD_OP and NO_SHARD keep it gathered and recompute it without a second gather (the

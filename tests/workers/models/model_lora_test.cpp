@@ -2,6 +2,7 @@
 // weights W + B A * alpha / r (an independent formulation: one linear per layer, the maths of
 // PEFT's merge), in values and gradients; PEFT's initialisation; target_modules / exclude_modules
 // as PEFT selects them, and the refusals.
+#include <map>
 #include <set>
 
 #include "tests/workers/models/model_test_util.hpp"
@@ -73,6 +74,33 @@ TEST(Lora, AllLinearAdaptsEveryProjectionOfEveryLayerWithPeftInitialValues) {
   ASSERT_TRUE(apply_lora(*again, lora({{"lora_rank", 4}, {"lora_alpha", 8}}), "m").ok());
   EXPECT_TRUE(at::equal(again->parameter_map().at("model.layers.0.self_attn.q_proj.lora_A.weight"),
                         m->parameter_map().at("model.layers.0.self_attn.q_proj.lora_A.weight")));
+}
+
+// On a MoE model (transformers 5's layout, which PEFT sees): the attention projections, and
+// Qwen2-MoE's shared expert with its gate, are linear layers and adapted; the stacked experts and
+// the router are parameters and stay frozen. Naming only the expert projections matches nothing
+// on Qwen3-MoE and is refused as PEFT refuses it.
+TEST(Lora, MoeModelsAdaptTheirLinearLayersOnly) {
+  std::map<std::string, std::set<std::string>> adapted;
+  for (const std::string type : {"qwen3_moe", "qwen2_moe"}) {
+    auto m = tiny_model(type);
+    ASSERT_TRUE(apply_lora(*m, lora({{"lora_rank", 2}, {"lora_alpha", 4}}), "m").ok());
+    for (const auto& item : m->named_parameters()) {
+      const std::string& name = item.key();
+      if (is_lora_parameter(name)) adapted[type].insert(name.substr(0, name.rfind(".lora_")));
+      if (name.find(".mlp.experts.") != std::string::npos || name.find(".mlp.gate.") != std::string::npos) {
+        EXPECT_FALSE(item.value().requires_grad()) << name;
+      }
+    }
+  }
+  const std::string l0 = "model.layers.0.";
+  EXPECT_EQ(adapted["qwen3_moe"], (std::set<std::string>{l0 + "self_attn.q_proj", l0 + "self_attn.k_proj",
+                                                          l0 + "self_attn.v_proj", l0 + "self_attn.o_proj",
+                                                          "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj",
+                                                          "model.layers.1.self_attn.v_proj", "model.layers.1.self_attn.o_proj"}));
+  EXPECT_EQ(adapted["qwen2_moe"].count(l0 + "mlp.shared_expert.down_proj"), 1u);
+  EXPECT_EQ(adapted["qwen2_moe"].count(l0 + "mlp.shared_expert_gate"), 1u);
+  EXPECT_NE(error_of({{"lora_rank", 2}, {"target_modules", {"gate_proj", "up_proj"}}}, "qwen3_moe"), "");
 }
 
 TEST(Lora, AdaptedModelEqualsTheMergedModelInValuesAndGradients) {

@@ -72,6 +72,12 @@ TEST(MoeConfig, ReadsTheFieldsTransformersAndReleasesWrite) {
   EXPECT_EQ(q2c->architecture, "Qwen2MoeForCausalLM");
   q2["qkv_bias"] = false;
   EXPECT_FALSE(parse_model_config(q2, "q2.json")->attention_bias);
+  // Qwen2MoeConfig has no num_local_experts alias: the key is kept, num_experts stays.
+  q2["num_local_experts"] = 3;
+  auto aliased = parse_model_config(q2, "q2.json");
+  ASSERT_TRUE(aliased.ok()) << aliased.status().to_string();
+  EXPECT_EQ(aliased->moe.num_experts, 6);
+  EXPECT_EQ(aliased->extra.at("num_local_experts"), 3);
 }
 
 TEST(MoeConfig, RefusesWhatItCannotRunNamingTheField) {
@@ -215,6 +221,15 @@ TEST(MoeCheckpoint, ReadsTransformers5FusedExpertsAndNamesAMissingOrExtraExpert)
   EXPECT_NE(no.status().message().find("tensor 'model.layers.0.mlp.experts.2.up_proj.weight' missing"),
             std::string::npos)
       << no.status().to_string();
+
+  TensorMap none = to_hf_checkpoint_tensors(params);  // a layer without any expert tensor
+  for (auto it = none.begin(); it != none.end();) {
+    it = it->first.rfind("model.layers.1.mlp.experts.", 0) == 0 ? none.erase(it) : std::next(it);
+  }
+  auto bare = load_causal_lm(write(none)->path());
+  ASSERT_FALSE(bare.ok());
+  EXPECT_NE(bare.status().message().find("tensor 'model.layers.1.mlp.experts.0."), std::string::npos)
+      << bare.status().to_string();
 
   TensorMap extra = to_hf_checkpoint_tensors(params);
   extra["model.layers.0.mlp.experts.4.up_proj.weight"] = at::zeros({16, 32});

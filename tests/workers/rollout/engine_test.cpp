@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 
+#include "proto/device.hpp"
 #include "tests/workers/rollout/rollout_test_util.hpp"
 #include "workers/models/decoder.hpp"
 #include "workers/rollout/internal/block_cache.hpp"
@@ -582,6 +583,50 @@ TEST(KVCacheEngine, OnCudaGraphDecodeEqualsEagerDecode) {
     }
     EXPECT_EQ(allocated(), before);  // the cache, the graphs and their pool are gone with the call
   }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// A MoE model's decode steps capture into CUDA graphs in bf16 on sm90/sm100, where the grouped
+// expert GEMM keeps its offsets on the device, and give eager decode's tokens (greedy); in fp32
+// (LibTorch's fallback reads the offsets on the host) enforce_eager=false is refused naming it.
+TEST(KVCacheEngine, OnCudaMoeGraphDecodeEqualsEagerDecodeInBf16) {
+#if TESSERA_WITH_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const at::Device cuda("cuda:0");
+  const models::ModelConfig c = models::testing::tiny_config("qwen3_moe", 2, false, testing::kVocab);
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 12; ++i) lengths.push_back(1 + (i * 5) % kP);
+  proto::DataProto prompts = testing::prompt_batch(lengths, kP, 15, nlohmann::json::array({7, 11, 13}));
+  RolloutConfig cfg = testing::test_config(/*response_length=*/16);
+  cfg.do_sample = false;
+  cfg.max_num_seqs = 16;
+  {
+    auto fp32 = models::CausalLM::create(c, models::ModelInit{at::kFloat, 21});
+    ASSERT_TRUE(fp32.ok());
+    (*fp32)->to(cuda);
+    RolloutConfig eager_off = cfg;
+    eager_off.enforce_eager = false;
+    auto refused = KVCacheEngine::create(*fp32, eager_off, EngineOptions{3});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("enforce_eager=false"), std::string::npos) << refused.status().to_string();
+  }
+  const int major = proto::cuda_compute_major(cuda);
+  if (major != 9 && major != 10) GTEST_SKIP() << "the grouped GEMM captures on sm90/sm100 only (this is sm" << major << "x)";
+  auto model = models::CausalLM::create(c, models::ModelInit{at::kBFloat16, 21});
+  ASSERT_TRUE(model.ok());
+  (*model)->to(cuda);
+  cfg.dtype = "bfloat16";
+  proto::DataProto want = testing::generate(*testing::make_engine(*model, cfg, 3), prompts);
+  cfg.enforce_eager = false;
+  auto graphs = testing::make_engine(*model, cfg, 3);
+  proto::DataProto got = testing::generate(*graphs, prompts);
+  const GenerationStats& s = graphs->last_stats();
+  std::printf("[moe graphs] captured %ld, replayed %ld of %ld steps\n", s.graphs_captured, s.graph_replays,
+              s.decode_steps);
+  EXPECT_TRUE(get(got, "responses").to(at::kCPU).equal(get(want, "responses").to(at::kCPU)));
+  EXPECT_GT(s.graph_replays, s.decode_steps / 2);
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif

@@ -389,7 +389,9 @@ void expect_rollout_forward_like_models(const std::shared_ptr<models::CausalLM>&
     }
     // Replicated: Qwen3's q_norm (head_dim) and o_proj's bias (hidden) stay whole.
     for (const char* whole : {"model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.o_proj.bias"}) {
-      if (tensors.count(whole) != 0) EXPECT_EQ(tensors.at(whole).sizes(), full->parameter_map().at(whole).sizes());
+      if (tensors.count(whole) != 0) {
+        EXPECT_EQ(tensors.at(whole).sizes(), full->parameter_map().at(whole).sizes());
+      }
     }
     auto model = models::CausalLM::from_parameters(*config, tensors);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
