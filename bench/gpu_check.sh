@@ -15,8 +15,9 @@
 # TESSERA_TEST_TIMEOUT_S (default 300) and TESSERA_BENCH_TIMEOUT_S (default 600) bound them;
 # TESSERA_GPU_VARIANTS adds GRPO runs with overrides (see below) beside the main one.
 # TESSERA_GPU_PARTS picks what runs, so that a short lease can split the work over calls:
-# any of `tests decode grpo variants 7b` (default: all but 7b; `7b` runs bench/gpu_7b.sh into
-# OUT_DIR/7b, about 15 GB of model written first).
+# any of `tests decode grpo variants 7b moe` (default: all but 7b and moe; `7b` runs
+# bench/gpu_7b.sh into OUT_DIR/7b, about 15 GB of model written first; `moe` the GRPO benchmark on
+# four layers of Qwen3-30B-A3B's shape into OUT_DIR/moe, HF beside it).
 # A kernel that fails its once-per-process self-check ends the run with one line naming the key
 # that turns it off ("set KEY=VALUE"). So that a short lease still brings figures back, a GRPO,
 # variant, 7B or decode run that fails that way is run again with those keys (up to three times,
@@ -157,6 +158,14 @@ if part 7b; then
     grep -h 'peak host memory' "$OUT/7b.log"; sed -n '/^| step /,$p' "$OUT/7b.log"
   else
     echo "7b: FAILED (see $OUT/7b.log)"; tail -5 "$OUT/7b.log"; status=1
+  fi
+fi
+if part moe; then
+  if TESSERA_BENCH_SHAPE=qwen3-moe run_with_fixes moe "$OUT/moe.log" keys bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" \
+       "$OUT/moe" "$STEPS"; then
+    sed -n '/^| step /,$p' "$OUT/moe.log"
+  else
+    echo "moe: FAILED (see $OUT/moe.log)"; tail -5 "$OUT/moe.log"; status=1
   fi
 fi
 trace="$OUT/bench/run/profile/step_$STEPS.pt.trace.json"

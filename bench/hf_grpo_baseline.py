@@ -31,12 +31,27 @@ def peak_flops():
     return 0.0, name
 
 
-def training_flops(cfg, tokens, seqlen):
-    # verl's FlopsCounter for qwen2/llama (workers/ppo/flops_counter.cpp does the same).
+def layer_params(cfg, i):
+    # The weights one token meets in layer i (workers/models/param_count.hpp): attention, and the
+    # dense MLP or, on a sparse layer of a MoE model, the router and the num_experts_per_tok experts.
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     q = cfg.num_attention_heads * head_dim
     kv = cfg.num_key_value_heads * head_dim
-    dense = (cfg.hidden_size * cfg.intermediate_size * 3 + cfg.hidden_size * (2 * q + 2 * kv)) * cfg.num_hidden_layers
+    attention = cfg.hidden_size * (2 * q + 2 * kv)
+    experts = getattr(cfg, "num_experts", 0) or 0
+    sparse = experts > 0 and i not in (getattr(cfg, "mlp_only_layers", None) or []) and \
+        (i + 1) % getattr(cfg, "decoder_sparse_step", 1) == 0
+    if not sparse:
+        return attention + cfg.hidden_size * cfg.intermediate_size * 3
+    shared = getattr(cfg, "shared_expert_intermediate_size", 0) or 0
+    return (attention + cfg.hidden_size * experts + 3 * cfg.hidden_size * cfg.moe_intermediate_size * cfg.num_experts_per_tok
+            + (3 * cfg.hidden_size * shared + cfg.hidden_size if shared else 0))
+
+
+def training_flops(cfg, tokens, seqlen):
+    # verl's FlopsCounter (workers/ppo/flops_counter.cpp does the same).
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dense = sum(layer_params(cfg, i) for i in range(cfg.num_hidden_layers))
     dense += cfg.vocab_size * cfg.hidden_size * 2
     attn = 12 * (seqlen * seqlen) * (tokens // seqlen) * head_dim * cfg.num_attention_heads * cfg.num_hidden_layers
     return 6 * dense * tokens + attn
