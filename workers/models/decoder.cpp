@@ -436,9 +436,15 @@ at::Tensor MLP::forward(const at::Tensor& x) const {
 // fallback loops over the groups (reading `ends` on the host). Both run under autograd.
 //   pairs      ids = top-k expert of each (token, choice), flattened; order = stable argsort(ids)
 //   rows       x repeated k times per token, permuted by order (its backward is a permutation
-//              and a sum over the k copies: deterministic, no atomics)
+//              and a sum over the k copies: deterministic, no atomics), placed at their expert
+//              group's rows (group_rows_by_expert)
 //   experts    down_e(silu(gate_e(r)) * up_e(r)) per row r of group e
 //   combine    rows back to (token, choice) order, times the routing weight, summed over choices
+// Each group starts on a multiple of kExpertGroupRows rows, the rest of its rows zero: the weight
+// gradients are grouped GEMMs along the rows, whose TMA loads need 16-byte aligned group starts
+// (bf16: 8 rows) or give silently wrong sums, as torchtitan pads them. The buffer has a fixed
+// size, n*k + E*(kExpertGroupRows - 1) rows, so the shapes stay static for graph capture; the
+// last group runs to its end (its extra rows are zero, their products zero and never read).
 // The routing weight multiplies in x's dtype, as HF does; the k products are summed by one
 // reduction (HF adds them one by one into a tensor of x's dtype), equal in fp32.
 // _grouped_mm needs 16-byte aligned rows and bases: hidden_size and moe_intermediate_size are
@@ -460,6 +466,24 @@ SparseMoeBlock::SparseMoeBlock(const ModelConfig& c, const at::TensorOptions& op
                                     std::make_shared<MLP>(c, options, c.moe.shared_expert_intermediate_size));
     shared_expert_gate = register_module("shared_expert_gate", std::make_shared<Linear>(H, 1, false, options));
   }
+}
+
+ExpertGroups group_rows_by_expert(const at::Tensor& sorted_ids, int64_t num_experts) {
+  const int64_t rows = sorted_ids.size(0), align = kExpertGroupRows;
+  const at::TensorOptions longs = sorted_ids.options().dtype(at::kLong);
+  const at::Tensor ends = at::searchsorted(sorted_ids, at::arange(num_experts, sorted_ids.options()), /*out_int32=*/false,
+                                           /*right=*/true);  // [E], into the sorted rows
+  const at::Tensor counts = at::diff(ends, 1, 0, at::zeros({1}, longs));
+  const at::Tensor padded = at::div(counts + (align - 1), align, "floor") * align;
+  ExpertGroups g;
+  g.capacity = rows + num_experts * (align - 1);
+  at::Tensor padded_ends = at::cumsum(padded, 0);
+  padded_ends = at::cat({padded_ends.narrow(0, 0, num_experts - 1), at::full({1}, g.capacity, longs)});
+  // Row p of expert e moves from its sorted place by (padded start - sorted start) of e.
+  const at::Tensor shift = (padded_ends - padded) - (ends - counts);
+  g.destination = at::arange(rows, longs) + shift.index_select(0, sorted_ids);
+  g.ends = padded_ends.to(at::kInt);
+  return g;
 }
 
 namespace {
@@ -495,14 +519,15 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x) const {
     // Note [MoE experts]
     const at::Tensor flat_ids = ids.reshape({-1});
     const at::Tensor order = at::argsort(flat_ids, /*stable=*/true, /*dim=*/0);
-    const at::Tensor ends = at::searchsorted(flat_ids.index_select(0, order), at::arange(E, flat_ids.options()),
-                                             /*out_int32=*/true, /*right=*/true);
-    const at::Tensor rows = flat.unsqueeze(1).expand({n, k, H}).reshape({n * k, H}).index_select(0, order);
-    const at::Tensor gate = grouped_linear(rows, gate_proj, ends), up = grouped_linear(rows, up_proj, ends);
+    const ExpertGroups groups = group_rows_by_expert(flat_ids.index_select(0, order), E);
+    const at::Tensor sorted = flat.unsqueeze(1).expand({n, k, H}).reshape({n * k, H}).index_select(0, order);
+    const at::Tensor rows = at::zeros({groups.capacity, H}, flat.options()).index_copy(0, groups.destination, sorted);
+    const at::Tensor gate = grouped_linear(rows, gate_proj, groups.ends), up = grouped_linear(rows, up_proj, groups.ends);
     const at::Tensor act = use_fused(fused_swiglu, gate) ? models::fused_swiglu(gate, up) : at::silu(gate) * up;
-    const at::Tensor y = grouped_linear(act, down_proj, ends);
+    const at::Tensor y = grouped_linear(act, down_proj, groups.ends);
+    // (token, choice) j sits at sorted place position[j], which sits at row destination[...].
     const at::Tensor position = at::empty_like(order).scatter_(0, order, at::arange(n * k, order.options()));
-    out = (y.index_select(0, position).view({n, k, H}) * weights.unsqueeze(-1)).sum(1);
+    out = (y.index_select(0, groups.destination.index_select(0, position)).view({n, k, H}) * weights.unsqueeze(-1)).sum(1);
   }
   if (shared_expert) out = out + at::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
   return out.view(x.sizes());

@@ -276,6 +276,23 @@ class SparseMoeBlock : public torch::nn::Module {
   bool norm_topk_prob_;
 };
 
+/// Rows of a MoE block's grouped GEMMs start each expert's group on a multiple of this.
+inline constexpr int64_t kExpertGroupRows = 8;
+
+/// Where the rows of a MoE block go (Note [MoE experts] in decoder.cpp), for `sorted_ids` [R]
+/// (int64, ascending, each in [0, num_experts)): row p of the sorted rows goes to row
+/// destination[p] of a buffer of `capacity` rows, in which expert e's group is rows
+/// [ends[e-1], ends[e]) (ends: int32 [E], the grouped GEMM's offsets). Every group but the last
+/// starts and ends on a multiple of kExpertGroupRows; the last ends at capacity =
+/// R + E * (kExpertGroupRows - 1).
+/// Computed on the ids' device without reading them on the host.
+struct ExpertGroups {
+  at::Tensor destination;  ///< int64 [R]
+  at::Tensor ends;         ///< int32 [E]
+  int64_t capacity = 0;
+};
+ExpertGroups group_rows_by_expert(const at::Tensor& sorted_ids, int64_t num_experts);
+
 /// One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); Gemma2 norms the attention and
 /// MLP outputs too (decoder.hpp's header). The steps are public so the rollout engine can put its
 /// tensor-parallel reductions between them.

@@ -162,6 +162,53 @@ TEST(SparseMoeBlock, EqualsAPerTokenFormulationInValuesAndGradients) {
   }
 }
 
+// On a GPU in bf16 (LibTorch's CUTLASS grouped GEMM on sm90/sm100, its fallback elsewhere) the
+// block's output and every gradient match the CPU's fp32 within bf16 rounding: groups of a few
+// rows each, at unaligned sorted offsets, so the weight-gradient GEMMs see the padded layout.
+TEST(SparseMoeBlock, OnCudaBf16ValuesAndGradientsMatchTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  ModelConfig c = testing::tiny_config("qwen2_moe");
+  auto cpu = CausalLM::create(c, ModelInit{at::kFloat, 5});
+  ASSERT_TRUE(cpu.ok());
+  testing::randomise(**cpu, 6);
+  TensorMap bf16;
+  for (const auto& [name, t] : (*cpu)->parameter_map()) bf16[name] = t.detach().to(at::Device("cuda:0"), at::kBFloat16);
+  auto gpu = CausalLM::from_parameters(c, bf16);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  for (auto& p : (*gpu)->parameters()) p.set_requires_grad(true);
+  const at::Tensor x = at::randn({3, 7, c.hidden_size}, at::detail::createCPUGenerator(7));
+  const at::Tensor g = at::randn({3, 7, c.hidden_size}, at::detail::createCPUGenerator(8));
+  std::vector<at::Tensor> grads[2];
+  at::Tensor outs[2];
+  for (int d = 0; d < 2; ++d) {
+    SparseMoeBlock& block = *(d == 0 ? *cpu : *gpu)->backbone().layers[0]->moe;
+    const at::Tensor xd = d == 0 ? x.clone() : x.to(at::Device("cuda:0"), at::kBFloat16);
+    xd.requires_grad_(true);
+    outs[d] = block.forward(xd);
+    std::vector<at::Tensor> params = block.parameters();
+    params.push_back(xd);
+    for (const at::Tensor& t : torch::autograd::grad({(outs[d] * g.to(outs[d].options())).sum()}, params)) {
+      grads[d].push_back(t.to(at::kCPU, at::kFloat));
+    }
+  }
+  auto relative = [](const at::Tensor& got, const at::Tensor& want) {
+    return (got - want).abs().max().item<double>() / (want.abs().max().item<double>() + 1e-12);
+  };
+  EXPECT_LT(relative(outs[1].to(at::kCPU, at::kFloat), outs[0].detach()), 3e-2);
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LT(relative(grads[1][i], grads[0][i]), 3e-2) << "gradient " << i;
+}
+
+// Expert groups start on multiples of 8 rows (the weight-gradient GEMMs' TMA alignment), an
+// empty group is empty, the last group runs to the buffer's fixed end.
+TEST(SparseMoeBlock, ExpertGroupsStartOnAlignedRowsInAFixedSizeBuffer) {
+  const at::Tensor ids = at::tensor({0, 0, 0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3}, at::kLong);
+  const ExpertGroups g = group_rows_by_expert(ids, 5);
+  EXPECT_EQ(g.capacity, 14 + 5 * 7);
+  EXPECT_TRUE(at::equal(g.ends, at::tensor({8, 8, 16, 32, 49}, at::kInt))) << g.ends;
+  EXPECT_TRUE(at::equal(g.destination, at::tensor({0, 1, 2, 8, 9, 16, 17, 18, 19, 20, 21, 22, 23, 24}, at::kLong)))
+      << g.destination;
+}
+
 TEST(SparseMoeBlock, ActiveParametersCountTheChosenExpertsOnly) {
   ModelConfig c = testing::tiny_config("qwen2_moe");
   const double attention = 32.0 * (32 + 2 * 32) + 32.0 * 32;
