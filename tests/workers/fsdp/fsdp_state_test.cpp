@@ -447,7 +447,9 @@ void expect_parked_activations_come_back(const c10::Device& device, int64_t n) {
     EXPECT_EQ(stash.resident(), 1u);
     for (int l = layers - 1; l >= 0; --l) {
       at::Tensor back = stash.take(static_cast<size_t>(l));
-      if (l == layers - 1) EXPECT_TRUE(back.is_same(last)) << "the last layer's input never left";
+      if (l == layers - 1) {
+        EXPECT_TRUE(back.is_same(last)) << "the last layer's input never left";
+      }
       if (l > 0) stash.prefetch(static_cast<size_t>(l - 1));
       at::Tensor sum = back.sum();  // read on the caller's stream after the upload
       at::Tensor scratch = at::full({n}, -1.0, back.options());
