@@ -296,7 +296,6 @@ namespace {
 // What verl offers and Tessera does not (yet): refused before anything else is checked.
 Status check_ppo_support(const nlohmann::json& cfg) {
   TESSERA_RETURN_IF_ERROR(check_refusals(cfg, {
-      {"data.sampler.class_path", "custom samplers are Python; Tessera's dataloader is verl's default (shuffle, seed)"},
       {"data.datagen.path", "dynamic data generation is Python and is not supported"},
       {"trainer.default_hdfs_dir", "HDFS is not supported; checkpoints go to trainer.default_local_dir"},
   }));

@@ -142,7 +142,7 @@ void RayPPOTrainer::announce() const {
   }
   r.train_rows = s.train_dataset->size();
   r.val_rows = s.val_dataset ? s.val_dataset->size() : -1;
-  r.steps_per_epoch = s.train_loader->size();
+  r.steps_per_epoch = s.batches_per_epoch();
   r.total_steps = total_training_steps_;
   r.resumed_step = global_steps_;
   print_run_summary(options_.console, r);
@@ -167,7 +167,11 @@ Status RayPPOTrainer::save_checkpoint() {
   TESSERA_RETURN_IF_ERROR(save(*actor_rollout_wg_, s.ckpt->actor_dir(step)));
   if (critic_wg_) TESSERA_RETURN_IF_ERROR(save(*critic_wg_, s.ckpt->critic_dir(step)));
   json trainer_state{{"global_step", step}, {"kl_coef", s.kl_ctrl ? s.kl_ctrl->value() : 0.0}};
-  TESSERA_RETURN_IF_ERROR(s.ckpt->write_driver_state(step, s.train_loader->state_dict(), trainer_state));
+  json data_state = s.train_loader->state_dict();
+  if (s.sampler) {
+    TESSERA_ASSIGN_OR_RETURN(data_state, s.sampler->state_dict());
+  }
+  TESSERA_RETURN_IF_ERROR(s.ckpt->write_driver_state(step, data_state, trainer_state));
   return s.ckpt->commit(step);
 }
 
@@ -185,6 +189,11 @@ Status RayPPOTrainer::load_checkpoint() {
   if (critic_wg_) TESSERA_RETURN_IF_ERROR(load(*critic_wg_, point->step_dir / "critic"));
   if (point->dataloader_state.is_null()) {
     std::fprintf(stderr, "warning: %s has no dataloader state; the data order restarts\n", point->step_dir.c_str());
+  } else if (static_cast<bool>(s.sampler) != point->dataloader_state.contains("sampler_state")) {
+    return make_error(ErrorCode::invalid_argument, "{}: its data order was taken {} data.sampler.class_path; resume with "
+                      "the data.sampler of that run", point->step_dir.string(), s.sampler ? "without" : "with");
+  } else if (s.sampler) {
+    TESSERA_RETURN_IF_ERROR(s.sampler->load_state_dict(point->dataloader_state));
   } else {
     TESSERA_RETURN_IF_ERROR(s.train_loader->load_state_dict(point->dataloader_state));
   }
@@ -215,8 +224,10 @@ Status RayPPOTrainer::fit_loop() {
   global_steps_ += 1;
   if (global_steps_ > total_training_steps_) return Status();  // resumed after the last step
   TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
-  for (int64_t epoch = s.train_loader->epoch(); epoch < total_epochs; ++epoch) {
-    while (std::optional<std::vector<int64_t>> indices = s.train_loader->next()) {
+  for (int64_t epoch = s.epoch(); epoch < total_epochs; ++epoch) {
+    while (true) {
+      TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, s.next_batch());
+      if (!indices) break;
       const bool is_last = global_steps_ >= total_training_steps_;
       TESSERA_ASSIGN_OR_RETURN(Metrics metrics, train_step(*indices, is_last));
       metrics["training/epoch"] = static_cast<double>(epoch);

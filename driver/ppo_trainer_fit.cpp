@@ -214,6 +214,10 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     TESSERA_RETURN_IF_ERROR(call_proto(*actor_rollout_wg_, "update_actor", batch, metrics, timing).status());
     ++weights_version_;
   }
+  // A curriculum sampler sees the step's batch before the next one is drawn, and before the
+  // checkpoint, which then holds its state after this update (verl updates it after saving, so
+  // a run resumed there misses the update).
+  if (s.sampler) TESSERA_RETURN_IF_ERROR(s.sampler->update(batch));
   if (s.val_dataset && s.test_freq > 0 && (is_last_step || global_steps_ % s.test_freq == 0)) {
     MarkedTimer t("testing", timing);
     TESSERA_ASSIGN_OR_RETURN(Metrics val, validate());

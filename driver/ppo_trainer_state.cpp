@@ -92,6 +92,9 @@ Status load_data(const json& cfg, State& s) {
   lo.seed = static_cast<uint64_t>(s.seed);
   TESSERA_ASSIGN_OR_RETURN(StatefulDataLoader loader, StatefulDataLoader::create(s.train_dataset->size(), lo));
   s.train_loader.emplace(std::move(loader));
+  if (config_find(cfg, "data.sampler.class_path") != nullptr && !config_find(cfg, "data.sampler.class_path")->is_null()) {
+    TESSERA_ASSIGN_OR_RETURN(s.sampler, PythonSampler::start(cfg, s.train_dataset->size(), lo.batch_size));
+  }
   TESSERA_ASSIGN_OR_RETURN(RewardManagerOptions ro, reward_manager_options(cfg));
   TESSERA_ASSIGN_OR_RETURN(PythonRewardOptions po, python_reward_options(cfg));
   if (!po.path.empty()) {  // verl's custom_reward_function: every data_source is scored by it
@@ -129,12 +132,12 @@ Status load_data(const json& cfg, State& s) {
 
 Status total_steps(const json& cfg, State& s) {
   TESSERA_ASSIGN_OR_RETURN(int64_t epochs, config_get<int64_t>(cfg, "trainer.total_epochs"));
-  s.total_training_steps = s.train_loader->size() * epochs;
+  s.total_training_steps = s.batches_per_epoch() * epochs;
   TESSERA_ASSIGN_OR_RETURN(auto fixed, config_get<std::optional<int64_t>>(cfg, "trainer.total_training_steps"));
   if (fixed) s.total_training_steps = *fixed;
   if (s.total_training_steps < 1) {
     return make_error(ErrorCode::invalid_argument, "trainer.total_training_steps: {} (dataloader of {} batches x {} epochs)",
-                      s.total_training_steps, s.train_loader->size(), epochs);
+                      s.total_training_steps, s.batches_per_epoch(), epochs);
   }
   return Status();
 }

@@ -17,13 +17,13 @@ Result<std::optional<Metrics>> RayPPOTrainer::step() {
   }
   if (global_steps_ >= total_training_steps_) return std::optional<Metrics>();
   TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
-  std::optional<std::vector<int64_t>> indices = s.train_loader->next();
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, s.next_batch());
   if (!indices) {  // the epoch is exhausted; next() moved the loader to the next one
-    if (s.train_loader->epoch() >= total_epochs) return std::optional<Metrics>();
-    indices = s.train_loader->next();
+    if (s.epoch() >= total_epochs) return std::optional<Metrics>();
+    TESSERA_ASSIGN_OR_RETURN(indices, s.next_batch());
     if (!indices) return std::optional<Metrics>();
   }
-  const int64_t epoch = s.train_loader->epoch();
+  const int64_t epoch = s.epoch();
   global_steps_ += 1;  // train_step() numbers the step it runs (uids, save_freq, test_freq)
   Result<Metrics> metrics = train_step(*indices, global_steps_ >= total_training_steps_);
   if (!metrics.ok()) {

@@ -16,6 +16,7 @@
 #include "driver/logger.hpp"
 #include "driver/ppo_trainer.hpp"
 #include "driver/profiler.hpp"
+#include "driver/python_sampler.hpp"
 #include "driver/reward.hpp"
 #include "workers/algos/kl.hpp"
 #include "workers/tokenizer/tokenizer.hpp"
@@ -23,10 +24,21 @@
 namespace tessera::driver {
 
 struct RayPPOTrainer::State {
+  /// The next batch's row indices from the sampler or the dataloader; nullopt at an epoch's end.
+  Result<std::optional<std::vector<int64_t>>> next_batch() {
+    if (sampler) return sampler->next();
+    return train_loader->next();
+  }
+  /// The epoch the next batch comes from, and the batches per epoch.
+  int64_t epoch() const { return sampler ? sampler->epoch() : train_loader->epoch(); }
+  int64_t batches_per_epoch() const { return sampler ? sampler->size() : train_loader->size(); }
+
   std::optional<tokenizer::Tokenizer> tokenizer;
   std::optional<RLHFDataset> train_dataset;
   std::optional<RLHFDataset> val_dataset;  ///< Unset when data.val_files is null / empty.
   std::optional<StatefulDataLoader> train_loader;
+  /// data.sampler.class_path: the user's sampler picks the batches instead of train_loader.
+  std::unique_ptr<PythonSampler> sampler;
   std::unique_ptr<NaiveRewardManager> reward_fn;
   std::unique_ptr<NaiveRewardManager> val_reward_fn;
   std::unique_ptr<algos::KLController> kl_ctrl;  ///< Only with algorithm.use_kl_in_reward.

@@ -310,7 +310,6 @@ TEST(Config, ResolvedYamlReadsBackToTheSameConfig) {
 
 TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
   for (const auto& [override_text, key] : std::vector<std::pair<std::string, std::string>>{
-           {"data.sampler.class_path=pkg.Sampler", "data.sampler.class_path"},
            {"data.datagen.path=gen.py", "data.datagen.path"},
            {"algorithm.pf_ppo.reweight_method=softmax", "algorithm.pf_ppo.reweight_method"},
            {"trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir"},

@@ -5,6 +5,7 @@
 // [1, max_response_length], GRPO advantages have zero mean per group.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -318,6 +319,171 @@ class MarkedPrompts(Dataset):
   auto rows = read_jsonl(dir.path() / "gen" / "1.jsonl");
   ASSERT_EQ(rows.size(), 8u);
   for (const auto& r : rows) EXPECT_NE(r["input"].get<std::string>().find("userx"), std::string::npos) << r.dump();
+}
+
+// data.sampler.class_path: a curriculum sampler (verl's AbstractCurriculumSampler) over verl's own
+// RLHFDataset of the parquet training files picks every batch (here the rows in reverse order),
+// and after each step sees that step's batch as a verl DataProto: the rows it drew, n samples
+// each, with the scores, advantages and the other columns verl's batch has. A run resumed from
+// step 2's checkpoint draws the batches the uninterrupted run drew next, and restores the
+// sampler's state_dict.
+TEST(TrainerRun, CurriculumSamplerPicksTheBatchesAndSeesEachStep) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl) is not set";
+  TempDir dir("sampler");
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  dir.write("py/ray/__init__.py", "ObjectRef = object\n");  // verl imports ray for DataProtoFuture only
+  dir.write("to_parquet.py", "import sys, pandas as pd\n"
+                             "df = pd.read_json(f'{sys.argv[1]}/rl_train.jsonl', lines=True)\n"
+                             "df.to_parquet(f'{sys.argv[1]}/rl_train.parquet')\n");
+  ASSERT_EQ(std::system(fmt::format("{} {}/to_parquet.py {}/data", py, d, d).c_str()), 0);
+  const auto module = dir.write("curriculum.py", R"PY(
+import json, os
+from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+
+class ReverseCurriculum(AbstractCurriculumSampler):
+    def __init__(self, data_source, data_config):
+        self.n, self.drawn, self.updates = len(data_source), [], 0
+        self.log = os.environ["TESSERA_TEST_SAMPLER_LOG"]
+    def __iter__(self):
+        for i in reversed(range(self.n)):
+            self.drawn.append(i)
+            yield i
+    def __len__(self):
+        return self.n
+    def update(self, batch):
+        self.updates += 1
+        with open(self.log, "a") as f:
+            f.write(json.dumps({"drawn": self.drawn, "updates": self.updates,
+                                "rows": [int(e["index"]) for e in batch.non_tensor_batch["extra_info"]],
+                                "uids": len(set(batch.non_tensor_batch["uid"])), "keys": sorted(batch.batch.keys()),
+                                "scores": batch.batch["token_level_scores"].shape[0]}) + "\n")
+        self.drawn = []
+    def state_dict(self):
+        return {"updates": self.updates}
+    def load_state_dict(self, state):
+        self.updates = state["updates"]
+)PY");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
+  testing::ScopedEnv python("TESSERA_DATA_PYTHON", py);
+  auto run = [&](const std::string& log, int steps, const std::string& local_dir) {
+    testing::ScopedEnv log_env("TESSERA_TEST_SAMPLER_LOG", log);
+    auto overrides = testing::tiny_ppo_overrides(dir.path(), "grpo", steps);
+    for (const std::string& o : std::vector<std::string>{
+             "data.train_files=" + d + "/data/rl_train.parquet", "data.sampler.class_path=" + module.string(),
+             "data.sampler.class_name=ReverseCurriculum", "trainer.save_freq=2", "trainer.default_local_dir=" + local_dir,
+             "trainer.resume_mode=auto"}) {
+      overrides.push_back(o);
+    }
+    return testing::fit_trainer(overrides);
+  };
+  ASSERT_NE(run(d + "/full.jsonl", 3, d + "/full"), nullptr);
+  const auto full = read_jsonl(dir.path() / "full.jsonl");
+  ASSERT_EQ(full.size(), 3u);
+  for (size_t step = 0; step < full.size(); ++step) {
+    const auto& u = full[step];
+    std::vector<int64_t> want;  // rows 63, 62, ... four per batch, each sampled n=2 times
+    for (int64_t i = 0; i < 4; ++i) want.push_back(63 - 4 * static_cast<int64_t>(step) - i);
+    std::vector<int64_t> rows = u["rows"].get<std::vector<int64_t>>(), twice;
+    for (int64_t r : want) twice.insert(twice.end(), {r, r});
+    std::sort(rows.begin(), rows.end());  // balance_batch reorders the batch's rows
+    std::sort(twice.begin(), twice.end());
+    EXPECT_EQ(u["drawn"], nlohmann::json(want)) << u.dump();
+    EXPECT_EQ(rows, twice) << u.dump();
+    EXPECT_EQ(u["uids"], 4);
+    EXPECT_EQ(u["scores"], 8);
+    for (const char* key : {"responses", "attention_mask", "old_log_probs", "token_level_scores", "advantages"}) {
+      EXPECT_NE(std::find(u["keys"].begin(), u["keys"].end(), key), u["keys"].end()) << key << ": " << u.dump();
+    }
+  }
+  // Steps 1-2, then a resumed run from step 2's checkpoint: its step 3 is the full run's.
+  ASSERT_NE(run(d + "/first.jsonl", 2, d + "/resumed"), nullptr);
+  ASSERT_NE(run(d + "/second.jsonl", 3, d + "/resumed"), nullptr);
+  const auto second = read_jsonl(dir.path() / "second.jsonl");
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0]["rows"], full[2]["rows"]) << second[0].dump();
+  EXPECT_EQ(second[0]["updates"], 3);  // the restored state_dict counted steps 1 and 2
+}
+
+// A sampler that is not verl's AbstractSampler, one that yields a row the training set does not
+// have, and one over a dataset other than the training set's are refused in one line naming
+// data.sampler.class_path: at start, or at the step that draws the row.
+TEST(TrainerRun, BadSamplersAreNamedInOneLine) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON (with verl) is not set";
+  TempDir dir("bad_sampler");
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  dir.write("py/ray/__init__.py", "ObjectRef = object\n");
+  dir.write("to_parquet.py", "import sys, pandas as pd\n"
+                             "df = pd.read_json(f'{sys.argv[1]}/rl_train.jsonl', lines=True)\n"
+                             "df.to_parquet(f'{sys.argv[1]}/rl_train.parquet')\n"
+                             "df[:40].to_parquet(f'{sys.argv[1]}/short.parquet')\n");
+  ASSERT_EQ(std::system(fmt::format("{} {}/to_parquet.py {}/data", py, d, d).c_str()), 0);
+  const auto module = dir.write("samplers.py", R"PY(
+from torch.utils.data import Sampler
+from verl.experimental.dataset.sampler import AbstractSampler
+class Plain(Sampler):
+    def __init__(self, data_source, data_config):
+        self.n = len(data_source)
+    def __iter__(self):
+        return iter(range(self.n))
+    def __len__(self):
+        return self.n
+class Beyond(AbstractSampler):
+    def __init__(self, data_source, data_config):
+        self.n = len(data_source)
+    def __iter__(self):
+        return iter(range(self.n, 2 * self.n))
+    def __len__(self):
+        return self.n
+)PY");
+  testing::ScopedEnv path("PYTHONPATH", (dir.path() / "py").string());
+  testing::ScopedEnv python("TESSERA_DATA_PYTHON", py);
+  // (data.val_files is null: the shrinking class is built once for the training set, then once
+  // for the sampler.)
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"Plain", "rl_train", "must subclass verl.experimental.dataset.sampler.AbstractSampler"},
+      {"Beyond", "rl_train", "the sampler yielded index 64 of a training set of 64 rows"},
+      {"Beyond", "short", "the dataset the sampler reads has 40 rows but the training set has 64"}};
+  for (const auto& [name, files, want] : cases) {
+    auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+    o.push_back("data.sampler.class_path=" + module.string());
+    o.push_back("data.sampler.class_name=" + name);
+    o.push_back("data.train_files=" + d + "/data/rl_train.parquet");
+    o.push_back("data.val_files=null");
+    o.push_back("trainer.val_before_train=false");
+    if (files == "short") {  // a class that reads fewer rows the second time it is built (the sampler's)
+      const auto other = dir.write("shrinking.py", R"PY(
+import os
+from verl.utils.dataset.rl_dataset import RLHFDataset
+class Shrinking(RLHFDataset):
+    def __init__(self, data_files, **kw):
+        marker = data_files + ".seen"
+        if os.path.exists(marker):
+            data_files = data_files.replace("rl_train", "short")
+        open(marker, "w").close()
+        super().__init__(data_files=data_files, **kw)
+)PY");
+      o.push_back("data.custom_cls.path=" + other.string());
+      o.push_back("data.custom_cls.name=Shrinking");
+    }
+    auto cfg = load_config(ConfigKind::ppo, "", o);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+    Status st;
+    auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr, {}});
+    if (!t.ok()) {
+      st = t.status();
+    } else {
+      st = (*t)->init_workers();
+      if (st.ok()) st = (*t)->fit();
+    }
+    ASSERT_FALSE(st.ok()) << name;
+    EXPECT_NE(st.message().find("data.sampler.class_path (" + name), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find(want), std::string::npos) << st.to_string();
+    EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.to_string();
+  }
 }
 
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {

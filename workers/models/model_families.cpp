@@ -265,7 +265,8 @@ Status validate_family_fields(const ModelConfig& c, const std::string& source) {
   return Status();
 }
 
-// Mistral's and Gemma2's own keys, always written (an absent one would mean HF's default, not ours).
+// Mistral's, Gemma2's and the MoE families' own keys, always written (an absent one would mean
+// HF's default, not ours).
 void write_family_fields(const ModelConfig& c, json& j) {
   auto optional = [](const auto& v) { return v ? json(*v) : json(nullptr); };
   if (c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe") {

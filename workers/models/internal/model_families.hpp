@@ -29,7 +29,7 @@ struct ModelTypeTraits {
   bool default_tie = false;                ///< tie_word_embeddings when absent.
   const char* activation_key = "hidden_act";
   const char* activation = "silu";         ///< The one activation implemented (and HF's default).
-  std::vector<const char*> own_fields;     ///< Further keys `specifics` models (not kept in `extra`).
+  std::vector<const char*> own_fields = {};  ///< Further keys `specifics` models (not kept in `extra`).
 };
 
 /// The row of `model_type`, or an error naming `source` and the known types.
