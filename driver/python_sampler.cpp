@@ -2,7 +2,9 @@
 #include "driver/python_sampler.hpp"
 
 #include <chrono>
-#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -19,17 +21,21 @@ using runtime::Clock;
 
 // The child: verl's create_rl_dataset and create_rl_sampler, then one request per line.
 constexpr const char* kSamplerScript = R"PY(
-import base64, pickle, traceback
+import base64, operator, pickle, traceback
 spec = json.loads(requests.readline())
+
+def one_line(e):
+    cause = f" (from {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+    return " ".join(f"{type(e).__name__}: {e}{cause}".split())
 
 def fatal(e):
     traceback.print_exc()  # to stderr: the user's own file's error, with its line
-    send({"fatal": f"{type(e).__name__}: {e}"})
+    send({"fatal": one_line(e)})
     sys.exit(1)
 
 try:
-    import numpy as np
     import torch
+    import numpy as np
     from omegaconf import OmegaConf
     from verl import DataProto
     from verl.experimental.dataset.sampler import AbstractCurriculumSampler, AbstractSampler
@@ -59,52 +65,68 @@ send({"dataset_size": len(dataset), "length": length, "stateful": stateful,
 DTYPES = {"int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8, "bool": torch.bool,
           "float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-def tensor(t):
-    raw = bytearray(bytes.fromhex(t["hex"]))
-    flat = torch.frombuffer(raw, dtype=DTYPES[t["dtype"]]) if raw else torch.empty(0, dtype=DTYPES[t["dtype"]])
-    return flat.reshape(t["shape"])
-
 def objects(values):
     out = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
         out[i] = v
     return out
 
-it = None
+def pickled(state):
+    return base64.b64encode(pickle.dumps(state)).decode()
+
+# `it` is the epoch's iterator; the sampler's state when it was taken (stateful samplers) lets a
+# resumed run take the same iterator again before the later state is restored.
+it, epoch_state, pending = None, None, None
 for line in requests:
     msg = json.loads(line)
     try:
         if msg["op"] == "epoch":
-            it = iter(sampler)
-            for _ in range(msg["skip"]):
-                next(it)
+            it = None
+            epoch_state = pickled(sampler.state_dict()) if stateful else None
+            fresh = iter(sampler)
+            for _ in range(msg["skip"]):  # a resumed epoch: the batches already taken
+                if next(fresh, None) is None:
+                    break
+            if pending is not None:
+                sampler.load_state_dict(pickle.loads(base64.b64decode(pending)))
+                pending = None
+            it = fresh
             send({"ok": True})
         elif msg["op"] == "draw":
+            if it is None:
+                raise RuntimeError("no epoch to draw from (an earlier call failed)")
             out = []
-            for _ in range(msg["n"]):
-                try:
-                    i = next(it)
-                except StopIteration:
+            for i in it:
+                out.append(operator.index(i))
+                if len(out) == msg["n"]:
                     break
-                if isinstance(i, bool) or not float(i).is_integer():
-                    raise TypeError(f"the sampler yielded {i!r}, not a row index")
-                out.append(int(i))
             send({"indices": out})
         elif msg["op"] == "update":
             b = msg["batch"]
-            batch = DataProto.from_dict(tensors={k: tensor(v) for k, v in b["tensors"].items()},
-                                        non_tensors={k: objects(v) for k, v in b["non_tensors"].items()},
+            with open(b["file"], "rb") as f:
+                raw = bytearray(f.read())
+            tensors = {}
+            for k, t in b["tensors"].items():
+                n = t["count"]
+                flat = torch.frombuffer(raw, dtype=DTYPES[t["dtype"]], count=n, offset=t["offset"]) if n else \
+                    torch.empty(0, dtype=DTYPES[t["dtype"]])
+                tensors[k] = flat.reshape(t["shape"])
+            batch = DataProto.from_dict(tensors=tensors, non_tensors={k: objects(v) for k, v in b["non_tensors"].items()},
                                         meta_info=b["meta_info"])
             sampler.update(batch=batch)
             send({"ok": True})
         elif msg["op"] == "state":
-            send({"state": base64.b64encode(pickle.dumps(sampler.state_dict())).decode() if stateful else None})
-        elif msg["op"] == "load":
-            sampler.load_state_dict(pickle.loads(base64.b64decode(msg["state"])))
+            send({"state": pickled(sampler.state_dict()) if stateful else None, "epoch_state": epoch_state})
+        elif msg["op"] == "load":  # the epoch's state now, the later one once its iterator is taken
+            if msg["epoch_state"] is not None:
+                sampler.load_state_dict(pickle.loads(base64.b64decode(msg["epoch_state"])))
+            pending = msg["state"]
             send({"ok": True})
     except Exception as e:
         traceback.print_exc()
-        send({"error": f"{type(e).__name__}: {e}"})
+        if msg["op"] in ("epoch", "draw"):
+            it = None
+        send({"error": one_line(e)})
 )PY";
 
 // verl's dtype names (torch's) for the tensors a batch carries.
@@ -123,19 +145,25 @@ Result<std::string> dtype_name(c10::ScalarType t) {
   return make_error(ErrorCode::unimplemented, "a batch tensor of dtype {} has no verl counterpart", c10::toString(t));
 }
 
-// A tensor's bytes as hex, with its dtype and shape (the child rebuilds it with torch.frombuffer).
-Result<json> tensor_json(const at::Tensor& t) {
-  TESSERA_ASSIGN_OR_RETURN(std::string dtype, dtype_name(t.scalar_type()));
-  const at::Tensor host = t.to(at::kCPU).contiguous();
-  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
-  const size_t n = host.numel() * host.element_size();
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    hex[2 * i] = kHex[bytes[i] >> 4];
-    hex[2 * i + 1] = kHex[bytes[i] & 15];
+// A batch's tensors for the child: their bytes one after another in `file` (the child reads it
+// once and views each with torch.frombuffer), each described by dtype, shape, offset and count.
+Result<json> write_tensors(const proto::DataProto& batch, const std::filesystem::path& file, const std::string& what) {
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  if (!out) return make_error(ErrorCode::io_error, "{}: cannot write '{}'", what, file.string());
+  json tensors = json::object();
+  int64_t offset = 0;
+  for (const auto& [key, t] : batch.batch()) {
+    Result<std::string> dtype = dtype_name(t.scalar_type());
+    if (!dtype.ok()) return dtype.status().with_context(fmt::format("{}: batch key '{}'", what, key));
+    const at::Tensor host = t.to(at::kCPU).contiguous();
+    const int64_t bytes = host.numel() * static_cast<int64_t>(host.element_size());
+    out.write(static_cast<const char*>(host.data_ptr()), bytes);
+    tensors[key] = {{"dtype", *dtype}, {"shape", host.sizes().vec()}, {"offset", offset}, {"count", host.numel()}};
+    offset += bytes;
   }
-  return json{{"dtype", dtype}, {"shape", host.sizes().vec()}, {"hex", std::move(hex)}};
+  out.close();
+  if (!out) return make_error(ErrorCode::io_error, "{}: cannot write '{}'", what, file.string());
+  return tensors;
 }
 
 }  // namespace
@@ -157,8 +185,8 @@ Result<std::unique_ptr<PythonSampler>> PythonSampler::start(const json& cfg, int
   for (const auto& f : paths) files.push_back(f.string());
   const json* configured = config_find(cfg, "data.train_files");
   if (configured != nullptr && configured->is_string()) files = files[0];
-  json data = cfg.at("data");
-  data["return_raw_chat"] = true;
+  // The data section as the user wrote it: verl's dataset and sampler both read it.
+  const json& data = cfg.at("data");
   TESSERA_ASSIGN_OR_RETURN(auto tokenizer, config_get<std::optional<std::string>>(cfg, "data.tokenizer"));
   TESSERA_ASSIGN_OR_RETURN(std::string model, config_get<std::string>(cfg, "actor_rollout_ref.model.path"));
   TESSERA_ASSIGN_OR_RETURN(bool trust, config_get_or<bool>(cfg, "data.trust_remote_code", false));
@@ -203,8 +231,19 @@ PythonSampler::~PythonSampler() {
   if (child_.pid > 0) runtime::finish_child(child_, std::chrono::seconds(5));
 }
 
-// One request and its answer (an empty request: only read, the child's first message).
+// One request and its answer (an empty request: only read, the child's first message). After a
+// call fails the sampler is broken: the child is gone and every later call gives that error.
 Result<json> PythonSampler::call(const json& request) {
+  if (!broken_.ok()) return broken_;
+  Result<json> answer = exchange(request);
+  if (!answer.ok()) {
+    broken_ = answer.status();
+    if (child_.pid > 0) runtime::kill_child(child_);
+  }
+  return answer;
+}
+
+Result<json> PythonSampler::exchange(const json& request) {
   if (!request.is_null()) {
     Status st = runtime::write_all(child_, request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
                                    Clock::now() + std::chrono::minutes(5));
@@ -233,7 +272,10 @@ Result<std::optional<std::vector<int64_t>>> PythonSampler::next() {
   }
   TESSERA_ASSIGN_OR_RETURN(json drawn, call({{"op", "draw"}, {"n", batch_size_}}));
   const json& indices = drawn.value("indices", json());
-  if (!indices.is_array() || static_cast<int64_t>(indices.size()) < batch_size_) {  // drop_last
+  if (!indices.is_array()) {
+    return make_error(ErrorCode::internal, "{}: the sampler process sent {}", what_, drawn.dump().substr(0, 120));
+  }
+  if (static_cast<int64_t>(indices.size()) < batch_size_) {  // drop_last
     ++epoch_;
     batch_index_ = 0;
     in_epoch_ = false;
@@ -253,16 +295,21 @@ Result<std::optional<std::vector<int64_t>>> PythonSampler::next() {
 
 Status PythonSampler::update(const proto::DataProto& batch) {
   if (!curriculum_) return Status();
-  json tensors = json::object(), non_tensors = json::object();
-  for (const auto& [key, t] : batch.batch()) {
-    Result<json> j = tensor_json(t);
-    if (!j.ok()) return j.status().with_context(fmt::format("{}: batch key '{}'", what_, key));
-    tensors[key] = std::move(*j);
-  }
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / fmt::format("tessera-sampler-{}-{}.bin", ::getpid(), child_.pid);
+  struct Remove {
+    const std::filesystem::path& file;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove(file, ec);
+    }
+  } remove{file};
+  TESSERA_ASSIGN_OR_RETURN(json tensors, write_tensors(batch, file, what_));
+  json non_tensors = json::object();
   for (const auto& [key, column] : batch.non_tensor_batch()) non_tensors[key] = column.to_json();
   const json request = {{"op", "update"},
-                        {"batch", {{"tensors", std::move(tensors)}, {"non_tensors", std::move(non_tensors)},
-                                   {"meta_info", batch.meta_info()}}}};
+                        {"batch", {{"file", file.string()}, {"tensors", std::move(tensors)},
+                                   {"non_tensors", std::move(non_tensors)}, {"meta_info", batch.meta_info()}}}};
   return call(request).status();
 }
 
@@ -270,27 +317,35 @@ Result<json> PythonSampler::state_dict() {
   TESSERA_ASSIGN_OR_RETURN(json state, call({{"op", "state"}}));
   return json{{"class", what_},
               {"epoch", epoch_},
-              {"batch_index", batch_index_},
-              {"sampler_state", state.value("state", json())}};
+              {"yielded", batch_index_ * batch_size_},
+              {"sampler_state", state.value("state", json())},
+              {"epoch_state", in_epoch_ ? state.value("epoch_state", json()) : json()}};
 }
 
 Status PythonSampler::load_state_dict(const json& state) {
-  const json& epoch = state.value("epoch", json()), &index = state.value("batch_index", json());
-  if (!epoch.is_number_integer() || !index.is_number_integer() || epoch.get<int64_t>() < 0 ||
-      index.get<int64_t>() < 0 || index.get<int64_t>() > size()) {
-    return make_error(ErrorCode::corrupt_data, "{}: the checkpoint's sampler position {} is not one of this run's",
-                      what_, state.dump().substr(0, 120));
+  const json& epoch = state.value("epoch", json()), &yielded = state.value("yielded", json());
+  if (state.value("class", json()) != what_) {
+    return make_error(ErrorCode::invalid_argument, "{}: the checkpoint's data order was drawn by {}; resume with that "
+                      "data.sampler.class_path and data.sampler.class_name", what_, state.value("class", json()).dump());
+  }
+  if (!epoch.is_number_integer() || !yielded.is_number_integer() || epoch.get<int64_t>() < 0 ||
+      yielded.get<int64_t>() < 0 || yielded.get<int64_t>() % batch_size_ != 0 ||
+      yielded.get<int64_t>() / batch_size_ > size()) {
+    return make_error(ErrorCode::corrupt_data,
+                      "{}: the checkpoint's sampler position (epoch {}, {} indices taken) is not one of this run's "
+                      "(data.train_batch_size {})", what_, epoch.dump(), yielded.dump(), batch_size_);
   }
   const json& saved = state.value("sampler_state", json());
   if (saved.is_string()) {
-    TESSERA_RETURN_IF_ERROR(call({{"op", "load"}, {"state", saved}}).status());
+    TESSERA_RETURN_IF_ERROR(call({{"op", "load"}, {"state", saved}, {"epoch_state", state.value("epoch_state", json())}})
+                                .status());
   } else if (stateful_) {
     spdlog::warn("{}: the checkpoint holds no sampler state; the sampler starts afresh", what_);
   }
   epoch_ = epoch.get<int64_t>();
-  batch_index_ = index.get<int64_t>();
+  batch_index_ = yielded.get<int64_t>() / batch_size_;
   in_epoch_ = false;
-  skip_ = batch_index_ * batch_size_;
+  skip_ = yielded.get<int64_t>();
   return Status();
 }
 

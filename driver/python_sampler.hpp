@@ -17,10 +17,13 @@
 // validation and checkpoint, so the checkpoint holds the sampler's state after it (verl updates
 // after saving: a run it resumes misses that step's update).
 //
-// Resume: the checkpoint holds the epoch, the batches taken in it and, when the sampler has
-// state_dict() / load_state_dict(), its state (pickled). A resumed run restores that state, then
-// skips the epoch's batches already taken (torchdata's StatefulDataLoader, which verl uses,
-// fast-forwards a custom sampler the same way).
+// Resume: the checkpoint holds the epoch, the indices taken in it and, when the sampler has
+// state_dict() / load_state_dict(), its state (pickled) twice: as it was when the epoch's
+// iterator was taken, and as it is now. A resumed run restores the first, takes the iterator and
+// skips the indices already taken (torchdata's StatefulDataLoader, which verl uses, fast-forwards
+// a custom sampler the same way), then restores the second: a sampler whose iteration depends on
+// its state (a seeded generator, an epoch counter) continues the interrupted epoch's order. The
+// class must be the one that drew the order.
 //
 // Thread-safety: none; the trainer's thread owns it.
 #pragma once
@@ -52,13 +55,14 @@ class PythonSampler {
   /// Batches per epoch: len(sampler) / batch_size.
   int64_t size() const { return length_ / batch_size_; }
   /// The next batch's row indices; nullopt when the epoch is over (the next call starts the next).
+  /// After a failed call every later one fails the same way.
   Result<std::optional<std::vector<int64_t>>> next();
   /// The epoch the next batch comes from (0-based) and how many batches of it were taken.
   int64_t epoch() const { return epoch_; }
   int64_t batch_index() const { return batch_index_; }
   /// A curriculum sampler's update(batch=...) with the step's batch; nothing for another sampler.
   Status update(const proto::DataProto& batch);
-  /// {"epoch", "batch_index", "sampler_state" (base64 pickle or null), "class"}.
+  /// {"class", "epoch", "yielded", "sampler_state", "epoch_state"} (states: base64 pickles or null).
   Result<nlohmann::json> state_dict();
   /// Restores a state_dict() (see the header comment).
   Status load_state_dict(const nlohmann::json& state);
@@ -66,6 +70,7 @@ class PythonSampler {
  private:
   PythonSampler() = default;
   Result<nlohmann::json> call(const nlohmann::json& request);
+  Result<nlohmann::json> exchange(const nlohmann::json& request);
 
   runtime::PythonChild child_;
   std::string what_;  ///< "data.sampler.class_path (Name from path)", for errors.
@@ -74,6 +79,7 @@ class PythonSampler {
   bool in_epoch_ = false;  ///< iter(sampler) was taken for epoch_.
   int64_t skip_ = 0;       ///< Indices the next iter(sampler) skips (a resumed epoch's).
   bool curriculum_ = false, stateful_ = false;
+  Status broken_;  ///< Set by the first failed call (the child is then gone).
 };
 
 }  // namespace tessera::driver
