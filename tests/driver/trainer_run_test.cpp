@@ -539,6 +539,36 @@ TEST(TrainerRun, LoraGrpoTakesTheReferenceFromTheActor) {
   EXPECT_TRUE(std::filesystem::exists(dir.path() / "run" / "global_step_2" / "actor" / "lora_adapter" / "adapter_model.safetensors"));
 }
 
+// critic.model.lora_rank (verl's critic under PEFT): adapters on every linear layer of the critic,
+// its score head included, the base frozen. Its first values are the base critic's (the adapters
+// start at B = 0, so they equal a run without LoRA), its adapters then train, and its checkpoint
+// holds them as PEFT saves them.
+TEST(TrainerRun, PpoWithACriticLoraTrainsItsAdapters) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (bool lora : {false, true}) {
+    TempDir dir(lora ? "critic_lora" : "critic_plain");
+    testing::make_tiny_run(dir.path());
+    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
+    o.push_back("trainer.save_freq=2");
+    if (lora) {
+      for (const char* s : {"critic.model.lora_rank=4", "critic.model.lora_alpha=8", "critic.optim.lr=5e-2"}) o.push_back(s);
+    }
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+    if (!lora) continue;
+    const auto adapter = dir.path() / "run" / "global_step_2" / "critic" / "lora_adapter";
+    ASSERT_TRUE(std::filesystem::exists(adapter / "adapter_model.safetensors"));
+    std::ifstream in(adapter / "adapter_config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    EXPECT_NE(config.dump().find("score"), std::string::npos) << config.dump();
+    const Metrics& second = runs.back()[2].second;
+    EXPECT_TRUE(std::isfinite(second.at("critic/vf_loss")));
+    EXPECT_NE(runs.back()[2].second.at("critic/values/mean"), runs.back()[1].second.at("critic/values/mean"));
+  }
+  EXPECT_NEAR(runs[1][1].second.at("critic/values/mean"), runs[0][1].second.at("critic/values/mean"), 1e-6);
+}
+
 // Two PPO runs (GAE, KL loss) that must train alike: every step's scores, losses and values, up to
 // float rounding.
 void expect_same_ppo_steps(const std::vector<std::pair<int64_t, Metrics>>& a,

@@ -87,6 +87,13 @@ std::vector<std::pair<std::string, std::shared_ptr<Linear>>> linear_modules(cons
 
 bool in_decoder_layer(const std::string& name) { return name.rfind("model.layers.", 0) == 0; }
 
+// Where adapters may go: the decoder layers, and a value model's head. PEFT's all-linear leaves out
+// a model's output embeddings (lm_head), but a TokenClassification model has none, and verl wraps
+// the critic as a CAUSAL_LM task: its `score` head is adapted too.
+bool adaptable(const PretrainedModel& model, const std::string& name) {
+  return in_decoder_layer(name) || (model.head_kind() == HeadKind::value && name == "score");
+}
+
 }  // namespace
 
 Result<LoraConfig> lora_config_from_json(const json& block, const std::string& path) {
@@ -127,12 +134,12 @@ Result<std::vector<std::string>> lora_target_modules(const PretrainedModel& mode
   std::vector<std::string> out;
   for (const auto& [name, linear] : linear_modules(model)) {
     linear_names.insert(name);
-    const bool wanted = config.target.all_linear ? in_decoder_layer(name) : target(name);
+    const bool wanted = config.target.all_linear ? adaptable(model, name) : target(name);
     if (!wanted || exclude(name)) continue;
-    if (!in_decoder_layer(name)) {
+    if (!adaptable(model, name)) {
       return make_error(ErrorCode::unimplemented,
-                        "{}.target_modules matches '{}': adapters outside the decoder layers are not supported "
-                        "(leave it out of the targets)",
+                        "{}.target_modules matches '{}': adapters outside the decoder layers (and a value model's "
+                        "score head) are not supported (leave it out of the targets)",
                         path, name);
     }
     out.push_back(name);

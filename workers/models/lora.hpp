@@ -16,10 +16,12 @@
 //
 // target_modules follows PEFT: a string is a regular expression that must match a module's whole
 // name; a list matches a module whose name is an entry or ends with "." + entry; "all-linear" is
-// every Linear of the decoder layers (PEFT's shorthand: every linear layer but the output head).
+// every Linear of the decoder layers (PEFT's shorthand: every linear layer but the output head),
+// and of a value model also its `score` head (PEFT's all-linear leaves out output embeddings, which
+// a TokenClassification model does not have, and verl wraps the critic as a CAUSAL_LM task).
 // exclude_modules removes matches the same way. A match that is not a Linear layer (a container
-// such as "mlp" included, as PEFT refuses it), or one outside the decoder layers (lm_head, score),
-// is refused, as is a target list that matches nothing. The regular expressions are ECMAScript's
+// such as "mlp" included, as PEFT refuses it), or one outside the decoder layers (lm_head, a value
+// model's score excepted), is refused, as is a target list that matches nothing. The regular expressions are ECMAScript's
 // (std::regex), which reads the patterns used to select modules as Python's re does; Python-only
 // syntax is refused as invalid rather than misread.
 #pragma once

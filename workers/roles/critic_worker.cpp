@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "workers/models/lora.hpp"
 #include "workers/models/model_io.hpp"
 #include "workers/ppo/flops_counter.hpp"
 
@@ -57,10 +58,6 @@ Status CriticWorker::init_model() {
   TESSERA_ASSIGN_OR_RETURN(config_, ppo::normalize_critic_config(parsed, ppo::DataParallelShape{context().world_size,
                                                                                       parsed.ulysses_sequence_parallel_size}));
   TESSERA_ASSIGN_OR_RETURN(model_, parse_model_section(c.value("model", json()), "critic.model"));
-  if (model_.lora.enabled()) {
-    return make_error(ErrorCode::unimplemented, "critic.model.lora_rank = {}: LoRA for the critic is not implemented "
-                      "(the actor's is: actor_rollout_ref.model.lora_rank)", model_.lora.rank);
-  }
   config_.use_remove_padding = model_.use_remove_padding;
   TESSERA_RETURN_IF_ERROR(check_activation_offload(model_, "critic.model"));
   const std::string backend = init_config_.value("comm_backend", default_comm_backend(context()));
@@ -73,8 +70,22 @@ Status CriticWorker::init_model() {
   load.dtype = dtype;
   load.score_seed = init_config_.value("seed", uint64_t{0});
   load.device = device();
+  // LoRA (verl's critic with lora_rank > 0): the frozen base in the compute dtype when that is
+  // narrower (FsdpOptions::frozen_units_in_param_dtype); the adapters' master weights in `dtype`.
+  bool base_in_param_dtype = false;
+  if (model_.lora.enabled()) {
+    TESSERA_ASSIGN_OR_RETURN(c10::ScalarType param_dtype, fsdp_param_dtype(model_.fsdp_config, fsdp_path));
+    base_in_param_dtype = c10::elementSize(param_dtype) < c10::elementSize(dtype);
+    if (base_in_param_dtype) load.dtype = param_dtype;
+  }
   TESSERA_ASSIGN_OR_RETURN(auto model, models::load_value_model(model_.path, load));
   model_config_ = model->config();
+  if (model_.lora.enabled()) {
+    models::LoraConfig lora = model_.lora;
+    lora.seed = init_config_.value("seed", uint64_t{0});  // lora_A's initial values follow the run's seed
+    lora.dtype = dtype;
+    TESSERA_RETURN_IF_ERROR(models::apply_lora(*model, lora, "critic.model"));
+  }
   FsdpBuildOptions b;
   b.fsdp_config = model_.fsdp_config;
   b.fsdp_config_path = fsdp_path;
@@ -86,6 +97,7 @@ Status CriticWorker::init_model() {
   b.offload_activations_key = model_.activation_offload_key;
   b.grad_clip = config_.grad_clip;
   b.fused_layers = model_.use_liger;
+  b.frozen_units_in_param_dtype = base_in_param_dtype;
   TESSERA_ASSIGN_OR_RETURN(module_, build_fsdp_module(model, world_, b));
   // Note [Ulysses sequence parallelism]
   TESSERA_ASSIGN_OR_RETURN(auto ulysses, ulysses_group(world_, config_.ulysses_sequence_parallel_size, model_config_,
@@ -142,7 +154,11 @@ Result<proto::DataProto> CriticWorker::update_critic(const proto::DataProto& dat
 
 Status CriticWorker::save_checkpoint(const SaveCheckpointArgs& args) {
   TESSERA_RETURN_IF_ERROR(require_init("save_checkpoint"));
-  return save_worker_checkpoint(module_->engine(), args, model_.path, model_config_, context().rank, rotation_);
+  CheckpointFiles adapter;
+  if (model_.lora.enabled()) {
+    TESSERA_ASSIGN_OR_RETURN(adapter, lora_adapter_files(*module_, model_.lora, "critic.model", model_.path, context().rank));
+  }
+  return save_worker_checkpoint(module_->engine(), args, model_.path, model_config_, context().rank, rotation_, adapter);
 }
 
 Status CriticWorker::load_checkpoint(const LoadCheckpointArgs& args) {

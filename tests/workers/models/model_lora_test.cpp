@@ -103,6 +103,21 @@ TEST(Lora, MoeModelsAdaptTheirLinearLayersOnly) {
   EXPECT_NE(error_of({{"lora_rank", 2}, {"target_modules", {"gate_proj", "up_proj"}}}, "qwen3_moe"), "");
 }
 
+// A value model (verl's critic, which it wraps as a CAUSAL_LM task): all-linear adapts the score
+// head too, as PEFT does on a TokenClassification model (it has no output embeddings to leave out).
+TEST(Lora, AllLinearOnAValueModelAdaptsTheScoreHead) {
+  auto critic = ValueModel::create(testing::tiny_config("qwen2"), ModelInit{at::kFloat, 3});
+  ASSERT_TRUE(critic.ok());
+  ASSERT_TRUE(apply_lora(**critic, lora({{"lora_rank", 2}}), "critic.model").ok());
+  const TensorMap params = (*critic)->parameter_map();
+  EXPECT_EQ(params.count("score.lora_A.weight"), 1u);
+  EXPECT_EQ(params.at("score.lora_B.weight").size(0), 1);
+  EXPECT_FALSE(params.at("score.weight").requires_grad());
+  auto lm = tiny_model();
+  ASSERT_TRUE(apply_lora(*lm, lora({{"lora_rank", 2}}), "m").ok());
+  EXPECT_EQ(lm->parameter_map().count("lm_head.lora_A.weight"), 0u);
+}
+
 TEST(Lora, AdaptedModelEqualsTheMergedModelInValuesAndGradients) {
   for (const std::string type : {"qwen2", "llama", "gemma2", "qwen2_moe"}) {
     SCOPED_TRACE(type);
