@@ -2,6 +2,8 @@
 #include "driver/data.hpp"
 #include "driver/model_paths.hpp"
 
+#include <map>
+#include <set>
 #include <tuple>
 
 #include <torch/torch.h>
@@ -37,6 +39,19 @@ Result<std::string> optional_string(const internal::Record& row, const char* key
   return it->get<std::string>();
 }
 
+}  // namespace
+
+bool is_row_column(const std::string& key) {
+  // What RLHFRow models, and what verl's __getitem__ sets over a column of the same name.
+  static const std::set<std::string> kOwn = {
+      "data_source", "ability", "reward_model", "extra_info", "agent_name", "input_ids", "attention_mask",
+      "position_ids", "raw_prompt", "raw_prompt_ids", "full_prompts", "index", "tools_kwargs", "interaction_kwargs",
+      "uid", "multi_modal_data", "multi_modal_inputs"};
+  return kOwn.count(key) == 0;
+}
+
+namespace {
+
 Result<RLHFRow> parse_row(const internal::Record& row, const std::string& where, const RLHFDatasetOptions& options) {
   RLHFRow r;
   r.source = where;
@@ -57,6 +72,10 @@ Result<RLHFRow> parse_row(const internal::Record& row, const std::string& where,
   auto extra = row.find("extra_info");
   r.extra_info = extra == row.end() ? nlohmann::json() : nlohmann::json(*extra);
   TESSERA_ASSIGN_OR_RETURN(r.agent_name, optional_string(row, "agent_name", where));
+  for (const auto& [key, value] : row.items()) {
+    if (key == options.prompt_key || !is_row_column(key)) continue;
+    r.columns[key] = nlohmann::json(value);
+  }
   return r;
 }
 
@@ -183,7 +202,23 @@ Result<RLHFDataset> RLHFDataset::load(const std::vector<std::filesystem::path>& 
       return Status();
     }));
   }
+  ds.find_columns();
   return ds;
+}
+
+void RLHFDataset::find_columns() {
+  std::map<std::string, bool> strings;
+  for (const RLHFRow& r : rows_) {
+    for (const auto& [key, value] : r.columns.items()) {
+      auto [it, fresh] = strings.emplace(key, value.is_string());
+      if (!fresh) it->second = it->second && value.is_string();
+    }
+  }
+  for (const auto& [key, all_strings] : strings) {
+    bool everywhere = all_strings;
+    for (const RLHFRow& r : rows_) everywhere = everywhere && r.columns.contains(key);
+    columns_.emplace_back(key, everywhere);
+  }
 }
 
 Result<RLHFDataset> RLHFDataset::from_rows(std::vector<RLHFRow> rows, const tokenizer::Tokenizer& tokenizer,
@@ -199,6 +234,7 @@ Result<RLHFDataset> RLHFDataset::from_rows(std::vector<RLHFRow> rows, const toke
     ds.has_agent_names_ |= !r.agent_name.empty();
   }
   ds.rows_ = std::move(rows);
+  ds.find_columns();
   return ds;
 }
 
@@ -256,6 +292,19 @@ Result<proto::DataProto> RLHFDataset::collate(const std::vector<int64_t>& indice
   cols.insert_or_assign("tools_kwargs", proto::Column::jsons(std::move(tools_kwargs)));
   cols.insert_or_assign("interaction_kwargs", proto::Column::jsons(std::move(interaction_kwargs)));
   if (!agent_names.empty()) cols.insert_or_assign("agent_name", proto::Column::strings(std::move(agent_names)));
+  for (const auto& [key, strings] : columns_) {
+    std::vector<nlohmann::json> values;
+    std::vector<std::string> texts;
+    for (int64_t k : indices) {
+      const nlohmann::json& c = row(k).columns;
+      if (strings) {
+        texts.push_back(c.at(key).get<std::string>());
+      } else {
+        values.push_back(c.contains(key) ? c.at(key) : nlohmann::json());
+      }
+    }
+    cols.insert_or_assign(key, strings ? proto::Column::strings(std::move(texts)) : proto::Column::jsons(std::move(values)));
+  }
   return proto::DataProto::from_dict(std::move(tensors), std::move(cols));
 }
 

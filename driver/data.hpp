@@ -107,9 +107,16 @@ struct RLHFRow {
   /// A custom dataset class's own values (data.custom_cls); null / unset: from extra_info.
   nlohmann::json tools_kwargs, interaction_kwargs;
   std::optional<int64_t> index;
+  /// The row's other fields (a column `difficulty`, a `task` named by data.reward_fn_key, ...):
+  /// batches carry them as columns of the same name, as verl's batch carries every dataset column.
+  nlohmann::json columns = nlohmann::json::object();
   std::vector<int32_t> prompt_ids;  ///< Rendered, tokenised and truncated (not padded).
   std::string source;           ///< "FILE:LINE" for messages.
 };
+
+/// Whether a dataset row's field `key` is one of its other columns (RLHFRow::columns): not a field
+/// RLHFRow models, nor one verl's __getitem__ sets itself (input_ids, index, uid, ...).
+bool is_row_column(const std::string& key);
 
 /// verl's RLHFDataset over parquet / JSONL files.
 class RLHFDataset {
@@ -142,6 +149,10 @@ class RLHFDataset {
   int32_t pad_id_ = 0;
   int64_t filtered_ = 0;
   bool has_agent_names_ = false;  ///< Some row names its agent loop: batches carry agent_name.
+  /// The rows' other fields (RLHFRow::columns), each with whether every row holds a string there
+  /// (a string column; else JSON, null where a row lacks it).
+  std::vector<std::pair<std::string, bool>> columns_;
+  void find_columns();
 };
 
 /// Options of SFTDataset (verl's SFT data.* keys).

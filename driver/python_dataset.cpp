@@ -72,7 +72,7 @@ def row_of(item):
     if item.get("multi_modal_data") or item.get("multi_modal_inputs"):
         raise ValueError("the item has multi_modal_data; Tessera's models are text-only")
     if spec["sft"]:
-        return {k: integers(item, k) for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")}, set()
+        return {k: integers(item, k) for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")}
     ids, mask = integers(item, "input_ids"), integers(item, "attention_mask")
     if len(ids) != len(mask):
         raise ValueError(f"input_ids has {len(ids)} tokens and attention_mask {len(mask)}")
@@ -83,13 +83,14 @@ def row_of(item):
                 "tools_kwargs", "interaction_kwargs"):
         if key in item:
             row[key] = item[key]
-    return encodable(row), {k for k in item if k not in READ and k != "raw_prompt_ids"}
+    # The item's other fields: verl's batch carries them as columns of the same name.
+    row["columns"] = {k: v for k, v in item.items() if k not in READ and k != "raw_prompt_ids"}
+    return encodable(row)
 
-unread, rows = set(), []
+rows = []
 for i in range(size):
     try:
-        row, extra = row_of(dataset[i])
-        unread.update(extra)
+        row = row_of(dataset[i])
     except Exception as e:
         row = {"error": f"{type(e).__name__}: {e}"}
     rows.append(row)
@@ -98,7 +99,7 @@ for i in range(size):
         rows = []
         if "error" in row:
             sys.exit(0)  # the parent stops at the first bad item
-send({"done": True, "unread": sorted(unread)})
+send({"done": True})
 )PY";
 
 // The child's error for an item, if it sent one (a row that is not a mapping is one too).
@@ -146,6 +147,10 @@ Result<RLHFRow> to_row(const json& item, const std::string& where, int64_t max_p
       return make_error(ErrorCode::corrupt_data, "{}: 'index' must be an integer, got {}", where, item["index"].dump());
     }
     r.index = item["index"].get<int64_t>();
+  }
+  const json columns = item.value("columns", json::object());
+  for (const auto& [key, value] : columns.items()) {
+    if (is_row_column(key)) r.columns[key] = value;
   }
   for (const auto& t : item.value("prompt_ids", json::array())) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
@@ -253,10 +258,7 @@ Status read_items(const json& cfg, const std::string& files_key, const PythonDat
     }
     for (const json& item : chunk["rows"]) TESSERA_RETURN_IF_ERROR(take(item, seen++));
   }
-  TESSERA_ASSIGN_OR_RETURN(json done, next(Clock::now() + std::chrono::minutes(1)));
-  if (const json& unread = done.value("unread", json::array()); !unread.empty()) {
-    spdlog::info("{}: item keys no step reads: {}", what, unread.dump());
-  }
+  TESSERA_RETURN_IF_ERROR(next(Clock::now() + std::chrono::minutes(1)).status());  // "done"
   runtime::finish_child(child, std::chrono::seconds(10));  // the class's atexit handlers run
   return Status();
 }

@@ -10,9 +10,10 @@
 // attention_mask (the class pads and truncates; raw_prompt_ids, when given, must be the same
 // tokens), and raw_prompt, data_source, ability, reward_model, extra_info, agent_name, index,
 // tools_kwargs and interaction_kwargs are taken as they are (the last three, when absent, from
-// extra_info, as verl's RLHFDataset sets them). An item with multi_modal_data, with a value that
-// is not an integer where ids are, or without the fields the trainer reads, stops the load at
-// that item, naming it; keys no step reads are reported in one log line. A class with
+// extra_info, as verl's RLHFDataset sets them); the item's other keys become columns of the batch
+// (RLHFRow::columns), as verl's batch carries them. An item with multi_modal_data, with a value
+// that is not an integer where ids are, or without the fields the trainer reads, stops the load
+// at that item, naming it. A class with
 // on_batch_end (verl calls it after every step) is refused: the items are read once.
 //
 // For SFT (verl's create_sft_dataset): cls(parquet_files=..., tokenizer=..., config=<the data

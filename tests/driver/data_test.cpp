@@ -80,6 +80,30 @@ TEST(RLHFDataset, TokenisesLeftPadsAndKeepsColumns) {
 
 // The multi-turn rollout's columns: extra_info.tools_kwargs and interaction_kwargs per row, and
 // agent_name (verl's agent loops) when the data has it, single_turn_agent for the rows without one.
+// A row's other fields reach the batch as columns of the same name, as verl's batch carries every
+// dataset column: one every row holds as a string is a string column (what data.reward_fn_key
+// reads), any other is JSON with null where a row lacks it; a field verl's __getitem__ sets itself
+// (index, input_ids, ...) is not taken from the row.
+TEST(RLHFDataset, OtherRowFieldsBecomeBatchColumns) {
+  TempDir dir("rl_columns");
+  json a = json::parse(rl_row("What is 2+3?", "5", 1)), b = json::parse(rl_row("What is 1+1?", "2", 2));
+  a["task"] = "tessera/arith", b["task"] = "tessera/arith";
+  a["difficulty"] = {{"level", 3}};
+  a["index"] = 99;  // verl's index comes from extra_info
+  auto file = dir.write("train.jsonl", a.dump() + "\n" + b.dump());
+  auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(40));
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  auto batch = ds->collate({1, 0});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_TRUE(batch->column("task").ok());
+  EXPECT_EQ(batch->column("task")->type(), proto::ColumnType::string);
+  EXPECT_EQ(batch->column("task")->str(1), "tessera/arith");
+  ASSERT_TRUE(batch->column("difficulty").ok());
+  EXPECT_TRUE(batch->column("difficulty")->json_value(0).is_null());
+  EXPECT_EQ(batch->column("difficulty")->json_value(1)["level"], 3);
+  EXPECT_EQ(batch->column("index")->i64(1), 1);
+}
+
 TEST(RLHFDataset, ToolsKwargsAndAgentNames) {
   TempDir dir("rl_tools");
   json tool_row = json::parse(rl_row("What is 2+3?", "5", 1));

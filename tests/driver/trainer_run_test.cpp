@@ -492,6 +492,27 @@ class Shrinking(RLHFDataset):
   }
 }
 
+// data.reward_fn_key naming a column of the dataset's own (here `task`, the scorer's name): the
+// batch carries the column, and the reward manager picks each row's scorer by it.
+TEST(TrainerRun, RewardFnKeyNamesADatasetColumn) {
+  TempDir dir("reward_fn_key");
+  testing::make_tiny_run(dir.path());
+  const auto train = dir.path() / "data" / "rl_train.jsonl";
+  std::vector<nlohmann::json> rows = read_jsonl(train);
+  std::ofstream out(train, std::ios::trunc);
+  for (auto& r : rows) {
+    r["task"] = r["data_source"];
+    r["data_source"] = "not-a-scorer";
+    out << r.dump() << "\n";
+  }
+  out.close();
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  for (const char* s : {"data.reward_fn_key=task", "trainer.val_before_train=false", "data.val_files=null"}) o.push_back(s);
+  auto t = testing::fit_trainer(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(std::isfinite(t->history().back().second.at("critic/score/mean")));
+}
+
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {
   TempDir dir("ppo");
   testing::make_tiny_run(dir.path());
