@@ -16,8 +16,9 @@
 # TESSERA_GPU_VARIANTS adds GRPO runs with overrides (see below) beside the main one.
 # TESSERA_GPU_PARTS picks what runs, so that a short lease can split the work over calls:
 # any of `tests decode grpo variants 7b moe` (default: all but 7b and moe; `7b` runs
-# bench/gpu_7b.sh into OUT_DIR/7b, about 15 GB of model written first; `moe` the GRPO benchmark on
-# four layers of Qwen3-30B-A3B's shape into OUT_DIR/moe, HF beside it).
+# bench/gpu_7b.sh into OUT_DIR/7b, about 15 GB of model written first; `moe` gpu_decode and the
+# GRPO benchmark on four layers of Qwen3-30B-A3B's shape, the latter into OUT_DIR/moe with HF
+# beside it).
 # A kernel that fails its once-per-process self-check ends the run with one line naming the key
 # that turns it off ("set KEY=VALUE"). So that a short lease still brings figures back, a GRPO,
 # variant, 7B or decode run that fails that way is run again with those keys (up to three times,
@@ -161,6 +162,11 @@ if part 7b; then
   fi
 fi
 if part moe; then
+  if [[ -x "$BIN/gpu_decode" ]]; then  # decode of Qwen3-30B-A3B's layers: grouped expert GEMMs in CUDA graphs
+    run_with_fixes "gpu_decode (qwen3-moe)" "$OUT/moe_decode.log" decode "$BIN/gpu_decode" --model qwen3-moe \
+      --tail-rows 0 --turn-tokens 0 --json "$OUT/moe_decode.json" && cat "$OUT/moe_decode.log" \
+      || { echo "gpu_decode (qwen3-moe): FAILED (see $OUT/moe_decode.log)"; tail -5 "$OUT/moe_decode.log"; status=1; }
+  fi
   if TESSERA_BENCH_SHAPE=qwen3-moe run_with_fixes moe "$OUT/moe.log" keys bash "$ROOT/bench/gpu_grpo.sh" "$BIN" "$TOK" \
        "$OUT/moe" "$STEPS"; then
     sed -n '/^| step /,$p' "$OUT/moe.log"

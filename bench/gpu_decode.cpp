@@ -2,12 +2,15 @@
 // limits of the same card measured in the same run.
 //
 //   gpu_decode [--device cuda] [--prompts 64] [--n 8] [--prompt-len 60] [--response 256]
-//              [--layers 24] [--json OUT] [--attention kernel] [--sampler fused] [--fused-layers true]
+//              [--model qwen2.5-0.5b] [--layers 24] [--json OUT] [--attention kernel] [--sampler fused]
+//              [--fused-layers true]
 //              [--split-decode-attention true] [--tail-rows 4] [--tail-prompt-len 3800] [--turn-tokens 64]
 //
 // Model: the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads over 2 KV heads, MLP 4864,
 // vocabulary 151936, tied embeddings), random init, bf16 on a GPU (fp32 on the CPU, for a smoke
-// run). Workload: `prompts` random prompts x n samples (interleaved, as the trainer repeats them),
+// run); `--model qwen3-moe`: layers of Qwen3-30B-A3B (hidden 2048, 32 heads over 4 KV heads of
+// 128, 128 experts of 768, 8 per token; 4 layers unless --layers says otherwise), whose experts run
+// as grouped GEMMs (Note [MoE experts]); a decode step of many rows reads every expert. Workload: `prompts` random prompts x n samples (interleaved, as the trainer repeats them),
 // `response` tokens each (ignore_eos, sampled at temperature 1), all in flight at once. Runs the
 // engine eagerly and with CUDA graphs (enforce_eager=false), each after one warm-up call, and
 // reports decode tokens/s (generated tokens over the decode steps' time), the step time, and
@@ -36,6 +39,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -52,7 +56,8 @@ using namespace tessera;
 
 struct Args {
   std::string device = "cuda";
-  int64_t prompts = 64, n = 8, prompt_len = 60, response = 256, layers = 24;
+  std::string model = "qwen2.5-0.5b";
+  int64_t prompts = 64, n = 8, prompt_len = 60, response = 256, layers = 0;  // layers 0: the model's
   std::string json;
   // The engine_kwargs.tessera keys of the runs (the tiled run sets its own attention).
   std::string attention = "kernel", sampler = "fused";
@@ -76,6 +81,27 @@ models::ModelConfig qwen25_05b(int64_t layers) {
   c.max_position_embeddings = 4096;
   c.tie_word_embeddings = true;
   c.attention_bias = true;
+  return c;
+}
+
+// Qwen3-30B-A3B's shape with `layers` layers.
+models::ModelConfig qwen3_30b_a3b(int64_t layers) {
+  models::ModelConfig c;
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.model_type = "qwen3_moe";
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.intermediate_size = 6144;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 4;
+  c.head_dim = 128;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  c.moe.num_experts = 128;
+  c.moe.num_experts_per_tok = 8;
+  c.moe.moe_intermediate_size = 768;
+  c.moe.norm_topk_prob = true;
   return c;
 }
 
@@ -194,7 +220,13 @@ Result<TurnsRun> run_turns(std::shared_ptr<models::CausalLM> model, const proto:
 int run(const Args& a) {
   const c10::Device device(a.device);
   const c10::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  const models::ModelConfig config = qwen25_05b(a.layers);
+  if (a.model != "qwen2.5-0.5b" && a.model != "qwen3-moe") {
+    std::fprintf(stderr, "gpu_decode: --model %s: expected qwen2.5-0.5b or qwen3-moe\n", a.model.c_str());
+    return 2;
+  }
+  const bool moe = a.model == "qwen3-moe";
+  const int64_t layers = a.layers > 0 ? a.layers : moe ? 4 : 24;
+  const models::ModelConfig config = moe ? qwen3_30b_a3b(layers) : qwen25_05b(layers);
   auto created = models::CausalLM::create(config, models::ModelInit{dtype, 1});
   if (!created.ok()) {
     std::fprintf(stderr, "gpu_decode: %s\n", created.status().to_string().c_str());
@@ -266,14 +298,20 @@ int run(const Args& a) {
   // What one decode step must move and compute (see the header).
   const int64_t h = config.hidden_size, kv = config.num_key_value_heads * config.head_dim;
   const double matmul_params = models::decoder_matmul_params(config) + static_cast<double>(h) * config.vocab_size;
+  // Weights read per step: a MoE layer's every expert some row picks (all of them, at these rows).
+  models::ModelConfig read = config;
+  read.moe.num_experts_per_tok = std::min<int64_t>(config.moe.num_experts, rows * config.moe.num_experts_per_tok);
+  const double read_params = models::decoder_matmul_params(read) + static_cast<double>(h) * config.vocab_size;
   const double element = static_cast<double>(c10::elementSize(dtype));
   const double context = static_cast<double>(a.prompt_len) + a.response / 2.0;
   const double kv_bytes = rows * context * config.num_hidden_layers * 2.0 * kv * element;
-  const double bytes = matmul_params * element + kv_bytes;
+  const double bytes = read_params * element + kv_bytes;
   const double flops = 2.0 * matmul_params * rows +
                        4.0 * rows * context * config.num_attention_heads * config.head_dim * config.num_hidden_layers;
   const double step_s = graphs->step_ms / 1e3;
   nlohmann::json out = {{"device", device.str()},
+                        {"model", a.model},
+                        {"layers", layers},
                         {"rows", rows},
                         {"eager_decode_tok_s", eager->decode_tok_s},
                         {"eager_step_ms", eager->step_ms},
@@ -345,7 +383,8 @@ int main(int argc, char** argv) {
   app.add_option("--n", a.n, "Samples per prompt");
   app.add_option("--prompt-len", a.prompt_len, "Prompt tokens");
   app.add_option("--response", a.response, "Response tokens");
-  app.add_option("--layers", a.layers, "Decoder layers (24: Qwen2.5-0.5B)");
+  app.add_option("--model", a.model, "qwen2.5-0.5b | qwen3-moe (layers of Qwen3-30B-A3B)");
+  app.add_option("--layers", a.layers, "Decoder layers (default: 24 for qwen2.5-0.5b, 4 for qwen3-moe)");
   app.add_option("--json", a.json, "Write the figures here");
   app.add_option("--attention", a.attention, "engine_kwargs.tessera.decode_attention of the eager and graph runs");
   app.add_option("--sampler", a.sampler, "engine_kwargs.tessera.sampler: fused | torch");

@@ -80,6 +80,29 @@ TEST(MoeConfig, ReadsTheFieldsTransformersAndReleasesWrite) {
   EXPECT_EQ(aliased->extra.at("num_local_experts"), 3);
 }
 
+// Qwen3-30B-A3B's config.json as released: 48 sparse layers of 128 experts, 8 per token; about
+// 3.3B weights per token ("A3B") of 30.5B.
+TEST(MoeConfig, ReadsQwen3_30B_A3B) {
+  const json released = json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  auto c = parse_model_config(released, "Qwen3-30B-A3B/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->moe.num_experts, 128);
+  EXPECT_EQ(c->head_dim, 128);
+  for (int64_t i = 0; i < 48; ++i) EXPECT_TRUE(c->layer_is_sparse(i)) << i;
+  const double active = decoder_matmul_params(*c) + 2.0 * 151936 * 2048;
+  EXPECT_GT(active, 3.2e9);
+  EXPECT_LT(active, 3.5e9);
+}
+
 TEST(MoeConfig, RefusesWhatItCannotRunNamingTheField) {
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"num_experts", 4}}, "'num_experts' = 4 but num_local_experts = 8"},
