@@ -55,7 +55,11 @@ Result<models::ModelConfig> tp_rank_config(const models::ModelConfig& config, in
   if (tp < 1) return make_error(ErrorCode::invalid_argument, "actor_rollout_ref.rollout.tensor_model_parallel_size={} must be >= 1", tp);
   if (config.num_attention_heads % tp != 0) return not_divisible("the model's num_attention_heads", config.num_attention_heads, tp);
   if (config.num_key_value_heads % tp != 0) return not_divisible("the model's num_key_value_heads", config.num_key_value_heads, tp);
-  if (config.intermediate_size % tp != 0) return not_divisible("the model's intermediate_size", config.intermediate_size, tp);
+  bool dense_layer = false;  // a MoE model's intermediate_size is only its dense layers'
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) dense_layer = dense_layer || !config.layer_is_sparse(i);
+  if (dense_layer && config.intermediate_size % tp != 0) {
+    return not_divisible("the model's intermediate_size", config.intermediate_size, tp);
+  }
   models::ModelConfig c = config;
   c.num_attention_heads /= tp;
   c.num_key_value_heads /= tp;

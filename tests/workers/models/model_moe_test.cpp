@@ -257,6 +257,15 @@ TEST(MoeCheckpoint, WritesPerExpertTensorsAndReadsThemBack) {
   for (const auto& [name, t] : (*lm)->parameter_map()) {
     EXPECT_TRUE(at::equal(t, (*back)->parameter_map().at(name))) << name;
   }
+  // A critic from the same checkpoint (Qwen3MoeForTokenClassification): the experts load, the
+  // value head is seeded.
+  LoadOptions seeded;
+  seeded.score_seed = 4;
+  auto critic = load_value_model(dir.path(), seeded);
+  ASSERT_TRUE(critic.ok()) << critic.status().to_string();
+  EXPECT_EQ((*critic)->config().architecture, "Qwen3MoeForTokenClassification");
+  EXPECT_TRUE(at::equal((*critic)->parameter_map().at("model.layers.1.mlp.experts.up_proj"),
+                        (*lm)->parameter_map().at("model.layers.1.mlp.experts.up_proj")));
 }
 
 TEST(MoeCheckpoint, ReadsTransformers5FusedExpertsAndNamesAMissingOrExtraExpert) {

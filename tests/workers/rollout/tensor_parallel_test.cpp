@@ -89,6 +89,15 @@ TEST(TpRankConfig, DividesHeadsAndWidthsAndNamesWhatDoesNotDivide) {
   auto odd = tp_rank_config(c, 2);
   ASSERT_FALSE(odd.ok());
   EXPECT_NE(odd.status().message().find("moe_intermediate_size = 24"), std::string::npos) << odd.status().to_string();
+  // Every layer sparse: intermediate_size (the dense MLP's) is nobody's and need not divide.
+  c.moe.moe_intermediate_size = 32;
+  c.num_hidden_layers = 2;
+  c.intermediate_size = 45;
+  EXPECT_TRUE(tp_rank_config(c, 2).ok());
+  c.moe.mlp_only_layers = {1};
+  auto dense = tp_rank_config(c, 2);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("intermediate_size = 45"), std::string::npos) << dense.status().to_string();
 }
 
 // For K shards of the unit's padded flat buffer, rank t's buffer assembled shard by shard (each
