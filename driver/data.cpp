@@ -2,9 +2,13 @@
 #include "driver/data.hpp"
 #include "driver/model_paths.hpp"
 
+#include <algorithm>
 #include <map>
+#include <mutex>
 #include <set>
 #include <tuple>
+
+#include <spdlog/spdlog.h>
 
 #include <torch/torch.h>
 
@@ -74,7 +78,19 @@ Result<RLHFRow> parse_row(const internal::Record& row, const std::string& where,
   TESSERA_ASSIGN_OR_RETURN(r.agent_name, optional_string(row, "agent_name", where));
   for (const auto& [key, value] : row.items()) {
     if (key == options.prompt_key || !is_row_column(key)) continue;
-    r.columns[key] = nlohmann::json(value);
+    const auto& media = options.media_keys;
+    if (std::find(media.begin(), media.end(), key) != media.end()) continue;  // text only: not read
+    nlohmann::json column(value);
+    try {
+      (void)column.dump();  // bytes that are not text (a binary parquet column) cannot travel
+    } catch (const nlohmann::json::exception&) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        spdlog::warn("{}: column '{}' holds bytes that are not UTF-8 text; batches leave it out", where, key);
+      });
+      continue;
+    }
+    r.columns[key] = std::move(column);
   }
   return r;
 }
@@ -154,6 +170,11 @@ Result<RLHFDatasetOptions> RLHFDatasetOptions::from_config(const nlohmann::json&
   TESSERA_ASSIGN_OR_RETURN(auto tmpl, config_get_or<std::optional<std::string>>(
                                           cfg, "actor_rollout_ref.model.custom_chat_template", std::nullopt));
   o.chat_template = tmpl.value_or("auto");
+  o.media_keys.clear();
+  for (const char* key : {"data.image_key", "data.video_key"}) {
+    TESSERA_ASSIGN_OR_RETURN(auto name, config_get_or<std::optional<std::string>>(cfg, key, std::nullopt));
+    if (name) o.media_keys.push_back(*name);
+  }
   if (const nlohmann::json* kwargs = config_find(cfg, "data.apply_chat_template_kwargs"); kwargs && !kwargs->is_null()) {
     if (!kwargs->is_object()) {
       return make_error(ErrorCode::invalid_argument, "data.apply_chat_template_kwargs must be a mapping, got {}",

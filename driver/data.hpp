@@ -90,6 +90,8 @@ struct RLHFDatasetOptions {
   bool filter_overlong_prompts = false;
   std::string chat_template = "auto";  ///< ChatTemplate::from_name: auto | chatml | plain | Jinja text
   nlohmann::json chat_template_variables = nlohmann::json::object();  ///< Extra Jinja variables.
+  /// data.image_key / data.video_key: media columns a text-only run does not read or carry.
+  std::vector<std::string> media_keys = {"images", "videos"};
 
   /// data.{prompt_key,max_prompt_length,truncation,filter_overlong_prompts,apply_chat_template_kwargs}
   /// and actor_rollout_ref.model.custom_chat_template (null -> auto) from a loaded PPO config.
@@ -115,7 +117,7 @@ struct RLHFRow {
 };
 
 /// Whether a dataset row's field `key` is one of its other columns (RLHFRow::columns): not a field
-/// RLHFRow models, nor one verl's __getitem__ sets itself (input_ids, index, uid, ...).
+/// RLHFRow models, nor one verl's __getitem__ or the trainer sets itself (input_ids, index, uid, ...).
 bool is_row_column(const std::string& key);
 
 /// verl's RLHFDataset over parquet / JSONL files.

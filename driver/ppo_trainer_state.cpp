@@ -100,22 +100,33 @@ Status load_data(const json& cfg, State& s) {
   if (!po.path.empty()) {  // verl's custom_reward_function: every data_source is scored by it
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<PythonRewardPool> pool, PythonRewardPool::start(po));
     ro.batch_scorer = [pool](const std::vector<ScoreRequest>& rows) { return pool->score(rows); };
-  } else if (!s.use_rm && ro.reward_fn_key == "data_source") {
-    // Every row's data_source needs a scorer, known before the first step: a native one, or
-    // verl's Python one (then verl's own code scores those rows), or the row is named here.
+  } else if (!s.use_rm) {
+    // Every row's data_source (the column data.reward_fn_key names) needs a scorer, known before
+    // the first step: a native one, or verl's Python one (then verl's own code scores those rows),
+    // or the row is named here.
     const ScorerRegistry builtins = ScorerRegistry::with_builtins();
+    const std::string& key = ro.reward_fn_key;
     std::string python_source;
     for (const std::optional<RLHFDataset>* ds : {&s.train_dataset, &s.val_dataset}) {
       if (!ds->has_value()) continue;
       for (int64_t i = 0; i < (**ds).size(); ++i) {
         const RLHFRow& row = (**ds).row(i);
-        if (builtins.find(row.data_source).ok()) continue;
-        if (is_verl_python_source(row.data_source)) {
-          python_source = row.data_source;
+        std::string source = key == "data_source" ? row.data_source : key == "ability" ? row.ability : std::string();
+        if (key != "data_source" && key != "ability") {
+          const json* v = row.columns.contains(key) ? &row.columns.at(key) : nullptr;
+          if (v == nullptr || !v->is_string()) {
+            return make_error(ErrorCode::invalid_argument, "{}: data.reward_fn_key = {}: the row's '{}' must be a "
+                              "string, got {}", row.source, key, key, v ? v->dump().substr(0, 60) : "nothing");
+          }
+          source = v->get<std::string>();
+        }
+        if (builtins.find(source).ok()) continue;
+        if (is_verl_python_source(source)) {
+          python_source = source;
           continue;
         }
         return make_error(ErrorCode::not_found, "{}: {}; or score it with custom_reward_function.path", row.source,
-                          builtins.find(row.data_source).status().message());
+                          builtins.find(source).status().message());
       }
     }
     if (!python_source.empty()) {

@@ -90,6 +90,7 @@ TEST(RLHFDataset, OtherRowFieldsBecomeBatchColumns) {
   a["task"] = "tessera/arith", b["task"] = "tessera/arith";
   a["difficulty"] = {{"level", 3}};
   a["index"] = 99;  // verl's index comes from extra_info
+  a["images"] = json::array({json::object({{"path", "x.png"}})});  // data.image_key: text only, not carried
   auto file = dir.write("train.jsonl", a.dump() + "\n" + b.dump());
   auto ds = RLHFDataset::load({file}, qwen3_tokenizer(), options(40));
   ASSERT_TRUE(ds.ok()) << ds.status().to_string();
@@ -102,6 +103,7 @@ TEST(RLHFDataset, OtherRowFieldsBecomeBatchColumns) {
   EXPECT_TRUE(batch->column("difficulty")->json_value(0).is_null());
   EXPECT_EQ(batch->column("difficulty")->json_value(1)["level"], 3);
   EXPECT_EQ(batch->column("index")->i64(1), 1);
+  EXPECT_FALSE(batch->column("images").ok());
 }
 
 TEST(RLHFDataset, ToolsKwargsAndAgentNames) {

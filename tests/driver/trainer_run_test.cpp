@@ -511,6 +511,15 @@ TEST(TrainerRun, RewardFnKeyNamesADatasetColumn) {
   auto t = testing::fit_trainer(o);
   ASSERT_NE(t, nullptr);
   EXPECT_TRUE(std::isfinite(t->history().back().second.at("critic/score/mean")));
+  // A key some row lacks is named at start, with the row.
+  o.push_back("data.reward_fn_key=difficulty");
+  auto cfg = load_config(ConfigKind::ppo, "", o);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto refused = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), {nullptr, nullptr, {}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("data.reward_fn_key = difficulty"), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("rl_train.jsonl:1"), std::string::npos) << refused.status().to_string();
 }
 
 TEST(TrainerRun, PpoWithCriticAndKlInReward) {
