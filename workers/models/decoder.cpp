@@ -527,7 +527,8 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x) const {
     const at::Tensor y = grouped_linear(act, down_proj, groups.ends);
     // (token, choice) j sits at sorted place position[j], which sits at row destination[...].
     const at::Tensor position = at::empty_like(order).scatter_(0, order, at::arange(n * k, order.options()));
-    out = (y.index_select(0, groups.destination.index_select(0, position)).view({n, k, H}) * weights.unsqueeze(-1)).sum(1);
+    const at::Tensor chosen = y.index_select(0, groups.destination.index_select(0, position)).view({n, k, H});
+    out = (chosen * weights.unsqueeze(-1)).sum(1);
   }
   if (shared_expert) out = out + at::sigmoid(shared_expert_gate->forward(flat)) * shared_expert->forward(flat);
   return out.view(x.sizes());
