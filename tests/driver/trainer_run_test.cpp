@@ -691,6 +691,27 @@ TEST(TrainerRun, MoeGrpoWithRolloutTpMatchesOneRankAndSavesAnHfModel) {
   testing::expect_same_history(runs[0], runs[1], 1e-4);
 }
 
+// A Qwen3-MoE actor, reference and critic (Qwen3MoeForTokenClassification), padding-free, with
+// Ulysses groups of 2 against plain data parallelism: the same run, step for step.
+TEST(TrainerRun, MoeRunsPackedWithUlyssesAsWithDataParallelism) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (int sp : {1, 2}) {
+    TempDir dir("moe_ulysses" + std::to_string(sp));
+    testing::make_tiny_run(dir.path(), "qwen3_moe");
+    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
+    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.model.use_remove_padding=true",
+                          "critic.model.use_remove_padding=true"}) {
+      o.push_back(k);
+    }
+    o.push_back("actor_rollout_ref.actor.ulysses_sequence_parallel_size=" + std::to_string(sp));
+    o.push_back("critic.ulysses_sequence_parallel_size=" + std::to_string(sp));
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+  }
+  expect_same_ppo_steps(runs[0], runs[1]);
+}
+
 // reward_model.launch_reward_fn_async: the reward scores beside the log-prob, reference and value
 // passes; the run is the synchronous one, step for step (PPO with a critic and KL in the reward,
 // whose penalty reads the scores after the join).
