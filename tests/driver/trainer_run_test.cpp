@@ -636,11 +636,12 @@ TEST(TrainerRun, PaddingFreeRunMatchesThePaddedRun) {
 // split each micro-batch's tokens) train as 2 data-parallel ranks do, step for step: the group
 // gathers both ranks' rows and runs them as the same micro-batches, and its summed gradient is
 // the data-parallel average.
-TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) {
+// Two padding-free PPO runs (GAE, KL loss) of the tiny `arch` model: Ulysses groups of 1, then 2.
+void expect_ulysses_equals_data_parallel(const std::string& arch) {
   std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
   for (int sp : {1, 2}) {
-    TempDir dir("ulysses" + std::to_string(sp));
-    testing::make_tiny_run(dir.path());
+    TempDir dir(arch + "_ulysses" + std::to_string(sp));
+    testing::make_tiny_run(dir.path(), arch);
     auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
     for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.model.use_remove_padding=true",
                           "critic.model.use_remove_padding=true"}) {
@@ -654,6 +655,8 @@ TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) {
   }
   expect_same_ppo_steps(runs[0], runs[1]);
 }
+
+TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) { expect_ulysses_equals_data_parallel("qwen2"); }
 
 // A Qwen3-MoE actor: FSDP trains the stacked experts and the router, the rollout's two TP ranks
 // each take a slice of every expert straight from the FSDP shards, and the run (greedy, so the
@@ -693,24 +696,7 @@ TEST(TrainerRun, MoeGrpoWithRolloutTpMatchesOneRankAndSavesAnHfModel) {
 
 // A Qwen3-MoE actor, reference and critic (Qwen3MoeForTokenClassification), padding-free, with
 // Ulysses groups of 2 against plain data parallelism: the same run, step for step.
-TEST(TrainerRun, MoeRunsPackedWithUlyssesAsWithDataParallelism) {
-  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
-  for (int sp : {1, 2}) {
-    TempDir dir("moe_ulysses" + std::to_string(sp));
-    testing::make_tiny_run(dir.path(), "qwen3_moe");
-    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
-    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.model.use_remove_padding=true",
-                          "critic.model.use_remove_padding=true"}) {
-      o.push_back(k);
-    }
-    o.push_back("actor_rollout_ref.actor.ulysses_sequence_parallel_size=" + std::to_string(sp));
-    o.push_back("critic.ulysses_sequence_parallel_size=" + std::to_string(sp));
-    auto t = testing::fit_trainer(o);
-    ASSERT_NE(t, nullptr);
-    runs.push_back(t->history());
-  }
-  expect_same_ppo_steps(runs[0], runs[1]);
-}
+TEST(TrainerRun, MoeRunsPackedWithUlyssesAsWithDataParallelism) { expect_ulysses_equals_data_parallel("qwen3_moe"); }
 
 // reward_model.launch_reward_fn_async: the reward scores beside the log-prob, reference and value
 // passes; the run is the synchronous one, step for step (PPO with a critic and KL in the reward,
