@@ -13,6 +13,8 @@
 #include "driver/python_tracker.hpp"
 #include "driver/tensorboard.hpp"
 #include "proto/atomic_file.hpp"
+#include "workers/models/config.hpp"
+#include "workers/models/param_count.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -244,6 +246,7 @@ std::vector<std::string> run_summary_lines(const RunSummary& s) {
   lines.push_back(fmt::format("{} on {}{}: {}", s.what, s.device,
                               s.agents > 0 ? fmt::format(" across {} agents", s.agents) : std::string(" in this process"),
                               groups));
+  if (!s.model.empty()) lines.push_back("model: " + s.model);
   lines.push_back(fmt::format("data: {} training rows, {}; {} steps per epoch x {} epochs -> {} steps", s.train_rows,
                               s.val_rows < 0 ? std::string("no validation set") : fmt::format("{} validation rows", s.val_rows),
                               s.steps_per_epoch, s.epochs, s.total_steps));
@@ -259,6 +262,19 @@ std::vector<std::string> run_summary_lines(const RunSummary& s) {
     lines.push_back("starting at step 1");
   }
   return lines;
+}
+
+std::string model_summary(const std::string& path, const nlohmann::json& override) {
+  auto c = models::load_model_config(path, override);
+  if (!c.ok()) return std::string();
+  auto billions = [](double n) { return n >= 1e9 ? fmt::format("{:.1f}B", n / 1e9) : fmt::format("{:.0f}M", n / 1e6); };
+  std::string text = fmt::format("{} at {}: {} layers, {} parameters", c->architecture, path, c->num_hidden_layers,
+                                 billions(models::model_params(*c, /*per_token=*/false)));
+  if (c->moe.num_experts > 0) {
+    text += fmt::format(", {} per token ({} of {} experts)", billions(models::model_params(*c, /*per_token=*/true)),
+                        c->moe.num_experts_per_tok, c->moe.num_experts);
+  }
+  return text;
 }
 
 RunSummary run_summary_from_config(const nlohmann::json& cfg) {

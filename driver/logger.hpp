@@ -181,7 +181,12 @@ struct RunSummary {
   std::string out_dir;                                 ///< trainer.default_local_dir
   int64_t save_freq = -1;
   int64_t resumed_step = 0;                            ///< 0: a fresh start
+  std::string model;                                   ///< What the model is (model_summary); empty: no line
 };
+
+/// "Qwen3MoeForCausalLM at PATH: 48 layers, 30.5B parameters, 3.3B per token (8 of 128 experts)",
+/// from config.json at `path` (with verl's override_config); empty when it cannot be read.
+std::string model_summary(const std::string& path, const nlohmann::json& override = nullptr);
 
 /// The start-up lines: what runs where, the data and step counts, the output directory, and
 /// one line saying whether the run starts, resumes after step N, or has nothing left to do.

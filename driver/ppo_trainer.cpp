@@ -145,6 +145,9 @@ void RayPPOTrainer::announce() const {
   r.steps_per_epoch = s.batches_per_epoch();
   r.total_steps = total_training_steps_;
   r.resumed_step = global_steps_;
+  auto path = config_get<std::string>(cfg_, "actor_rollout_ref.model.path");
+  const json* override = config_find(cfg_, "actor_rollout_ref.model.override_config");
+  if (path.ok()) r.model = model_summary(*path, override != nullptr ? *override : json());
   print_run_summary(options_.console, r);
 }
 

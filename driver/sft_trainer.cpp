@@ -149,6 +149,9 @@ void FSDPSFTTrainer::announce() const {
   r.steps_per_epoch = s.loader->size();
   r.total_steps = total_training_steps_;
   r.resumed_step = global_step_;
+  auto path = config_get<std::string>(cfg_, "model.partial_pretrain");
+  const nlohmann::json* override = config_find(cfg_, "model.override_config");
+  if (path.ok()) r.model = model_summary(*path, override != nullptr ? *override : nlohmann::json());
   print_run_summary(options_.console, r);
 }
 

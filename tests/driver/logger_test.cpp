@@ -518,6 +518,22 @@ TEST(Logger, RunSummarySaysWhatRunsAndWhereItStarts) {
   s.val_rows = -1;
   EXPECT_EQ(run_summary_lines(s)[0], "GRPO on cuda across 2 agents: actor_rollout_ref (8 ranks)");
   EXPECT_NE(run_summary_lines(s)[1].find("no validation set"), std::string::npos);
+  s.model = "Qwen2ForCausalLM at m: 24 layers, 494M parameters";
+  EXPECT_EQ(run_summary_lines(s)[1], "model: Qwen2ForCausalLM at m: 24 layers, 494M parameters");
+}
+
+// The model line from config.json: every weight, and for a MoE model the ones a token meets.
+TEST(Logger, ModelSummaryCountsParametersAndActiveExperts) {
+  testing::TempDir dir("model_summary");
+  const std::string moe = dir.write("moe/config.json", R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+      "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+      "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": true})")
+                              .parent_path()
+                              .string();
+  EXPECT_EQ(model_summary(moe), "Qwen3MoeForCausalLM at " + moe + ": 48 layers, 30.5B parameters, 3.4B per token "
+                                "(8 of 128 experts)");
+  EXPECT_EQ(model_summary(dir.path() / "missing"), "");
 }
 
 TEST(Logger, ConsoleLineHasKeyMetrics) {

@@ -115,6 +115,7 @@ TEST(TrainerRun, VerlStyleRunWithParquetAndPythonReward) {
   std::fclose(console);
   EXPECT_NE(out.find("tessera: GRPO on cpu in this process: global_pool/actor_rollout (2 ranks)"), std::string::npos) << out;
   EXPECT_NE(out.find("tessera: starting at step 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("tessera: model: Qwen2ForCausalLM at " + d + "/model: 2 layers, "), std::string::npos) << out;
   EXPECT_NE(out.find("[validation sample 3]"), std::string::npos) << out;
   EXPECT_EQ(out.find("[validation sample 4]"), std::string::npos) << out;
   EXPECT_NE(out.find("step:2 - "), std::string::npos) << out;  // the console backend, from a string

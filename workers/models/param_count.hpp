@@ -27,6 +27,17 @@ inline double layer_matmul_params(const ModelConfig& c, int64_t index = 0) {
   return attention + h * static_cast<double>(m.num_experts) + experts + shared;
 }
 
+/// Every weight of the model: embeddings, each layer's matrices (all experts of a MoE layer) and
+/// the LM head when it is not tied (norms and biases left out), or with `per_token` the ones one
+/// token meets (a MoE layer's num_experts_per_tok experts).
+inline double model_params(const ModelConfig& c, bool per_token) {
+  double total = static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size) * (c.tie_word_embeddings ? 1 : 2);
+  ModelConfig every = c;
+  if (!per_token) every.moe.num_experts_per_tok = c.moe.num_experts;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += layer_matmul_params(every, i);
+  return total;
+}
+
 /// layer_matmul_params summed over every layer.
 inline double decoder_matmul_params(const ModelConfig& c) {
   double total = 0;
