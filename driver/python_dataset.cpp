@@ -21,20 +21,11 @@ constexpr const char* kKey = "data.custom_cls";
 
 // The child: verl's create_rl_dataset, then every item as JSON, a chunk of rows per line.
 constexpr const char* kDatasetScript = R"PY(
-import collections.abc, traceback
+import collections.abc
 spec = json.loads(requests.readline())
 
-def fatal(e):
-    traceback.print_exc()  # to stderr: the user's own file's error, with its line
-    cause = f" (from {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
-    send({"fatal": f"{type(e).__name__}: {e}{cause}"})
-    sys.exit(1)
-
 try:
-    from omegaconf import OmegaConf
     from torch.utils.data import Dataset
-    from verl.utils import hf_tokenizer
-    from verl.utils.fs import copy_to_local
     from verl.utils.import_utils import load_extern_type
     cls = load_extern_type(spec["path"], spec["name"])
     if cls is None or (not spec["sft"] and not (isinstance(cls, type) and issubclass(cls, Dataset))):
@@ -43,13 +34,7 @@ try:
     if hasattr(cls, "on_batch_end"):
         raise TypeError(f"'{spec['name']}' defines on_batch_end, which verl calls after every step; Tessera reads "
                         "every item once, when the data loads")
-    tokenizer = hf_tokenizer(copy_to_local(spec["tokenizer"]), trust_remote_code=spec["trust_remote_code"])
-    config = OmegaConf.create(spec["config"])
-    files = spec["files"] if isinstance(spec["files"], str) else OmegaConf.create(spec["files"])  # as configured
-    if spec["sft"]:  # verl's create_sft_dataset
-        dataset = cls(parquet_files=files, tokenizer=tokenizer, config=config)
-    else:  # verl's create_rl_dataset
-        dataset = cls(data_files=files, tokenizer=tokenizer, processor=None, config=config)
+    dataset = verl_dataset(spec, cls)
     size = len(dataset)
 except BaseException as e:
     fatal(e)
@@ -101,6 +86,43 @@ for i in range(size):
             sys.exit(0)  # the parent stops at the first bad item
 send({"done": True})
 )PY";
+
+}  // namespace
+
+const char* const kVerlDatasets = R"PY(
+import traceback
+
+def one_line(e):
+    cause = f" (from {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+    return " ".join(f"{type(e).__name__}: {e}{cause}".split())
+
+def fatal(e):
+    traceback.print_exc()  # to stderr: the user's own file's error, with its line
+    send({"fatal": one_line(e)})
+    sys.exit(1)
+
+def verl_dataset(spec, cls):
+    from omegaconf import OmegaConf
+    from verl.utils import hf_tokenizer
+    from verl.utils.fs import copy_to_local
+    tokenizer = hf_tokenizer(copy_to_local(spec["tokenizer"]), trust_remote_code=spec["trust_remote_code"])
+    config = OmegaConf.create(spec["config"])
+    files = spec["files"] if isinstance(spec["files"], str) else OmegaConf.create(spec["files"])  # as configured
+    if spec.get("sft"):  # verl's create_sft_dataset
+        return cls(parquet_files=files, tokenizer=tokenizer, config=config)
+    return cls(data_files=files, tokenizer=tokenizer, processor=None, config=config)  # create_rl_dataset
+)PY";
+
+Result<json> configured_data_files(const json& cfg, const std::string& files_key) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::filesystem::path> paths, data_files(cfg, files_key));
+  json files = json::array();
+  for (const auto& f : paths) files.push_back(f.string());
+  const json* configured = config_find(cfg, files_key);
+  if (configured != nullptr && configured->is_string()) return files[0];  // verl passes a single path as it is
+  return files;
+}
+
+namespace {
 
 // The child's error for an item, if it sent one (a row that is not a mapping is one too).
 Status item_error(const json& item, const std::string& where) {
@@ -209,13 +231,9 @@ namespace {
 // every item, as the child converted it (an RL row or SFT columns), to `take`, a chunk at a time.
 Status read_items(const json& cfg, const std::string& files_key, const PythonDatasetOptions& options,
                   const std::string& what, const std::function<Status(const json& item, int64_t index)>& take) {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::filesystem::path> paths, data_files(cfg, files_key));
-  json files = json::array();
-  for (const auto& f : paths) files.push_back(f.string());
-  const json* configured = config_find(cfg, files_key);
-  if (configured != nullptr && configured->is_string()) files = files[0];  // verl passes a single path as it is
+  TESSERA_ASSIGN_OR_RETURN(json files, configured_data_files(cfg, files_key));
   const std::string python = options.python.empty() ? runtime::python_from_env("TESSERA_DATA_PYTHON") : options.python;
-  TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild child, runtime::spawn_python(python, kDatasetScript, {}, kKey));
+  TESSERA_ASSIGN_OR_RETURN(runtime::PythonChild child, runtime::spawn_python(python, std::string(kVerlDatasets) + kDatasetScript, {}, kKey));
   struct Reap {
     runtime::PythonChild& child;
     ~Reap() {

@@ -51,6 +51,18 @@ struct PythonDatasetOptions {
   static Result<PythonDatasetOptions> from_sft_config(const nlohmann::json& cfg);
 };
 
+/// Python for the children that build verl datasets (this one, python_sampler.hpp), after
+/// runtime::kJsonAnswers: one_line(e) (an exception and its cause on one line), fatal(e) (its
+/// traceback to stderr, {"fatal": one_line(e)} to the parent, exit), and verl_dataset(spec, cls):
+/// verl's create_rl_dataset with `cls` (create_sft_dataset when spec["sft"]): verl's hf_tokenizer
+/// of spec["tokenizer"] (spec["trust_remote_code"]), the data section spec["config"] as an
+/// OmegaConf config, the files spec["files"] as configured.
+extern const char* const kVerlDatasets;
+
+/// The files `files_key` names, as verl hands them to a dataset class: a path as it is (a string),
+/// a list as a list.
+Result<nlohmann::json> configured_data_files(const nlohmann::json& cfg, const std::string& files_key);
+
 /// Builds the class over the files that `files_key` (data.train_files or data.val_files) of `cfg`
 /// names, passed as configured (a path, or a list of them), and reads every item (see the header
 /// comment). Errors name data.custom_cls, the class, the files key and the item.

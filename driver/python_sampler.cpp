@@ -12,6 +12,7 @@
 
 #include "driver/config.hpp"
 #include "driver/data.hpp"
+#include "driver/python_dataset.hpp"
 
 namespace tessera::driver {
 namespace {
@@ -24,34 +25,20 @@ constexpr const char* kSamplerScript = R"PY(
 import base64, operator, pickle, traceback
 spec = json.loads(requests.readline())
 
-def one_line(e):
-    cause = f" (from {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
-    return " ".join(f"{type(e).__name__}: {e}{cause}".split())
-
-def fatal(e):
-    traceback.print_exc()  # to stderr: the user's own file's error, with its line
-    send({"fatal": one_line(e)})
-    sys.exit(1)
-
 try:
     import torch
     import numpy as np
     from omegaconf import OmegaConf
     from verl import DataProto
     from verl.experimental.dataset.sampler import AbstractCurriculumSampler, AbstractSampler
-    from verl.utils import hf_tokenizer
-    from verl.utils.fs import copy_to_local
     from verl.utils.import_utils import load_extern_type
-    tokenizer = hf_tokenizer(copy_to_local(spec["tokenizer"]), trust_remote_code=spec["trust_remote_code"])
-    config = OmegaConf.create(spec["config"])
-    files = spec["files"] if isinstance(spec["files"], str) else OmegaConf.create(spec["files"])  # as configured
     if spec["dataset_path"]:  # data.custom_cls
         dataset_cls = load_extern_type(spec["dataset_path"], spec["dataset_name"])
     else:
         from verl.utils.dataset.rl_dataset import RLHFDataset as dataset_cls
-    dataset = dataset_cls(data_files=files, tokenizer=tokenizer, processor=None, config=config)
+    dataset = verl_dataset(spec, dataset_cls)
     cls = load_extern_type(spec["path"], spec["name"])
-    sampler = cls(data_source=dataset, data_config=config)
+    sampler = cls(data_source=dataset, data_config=OmegaConf.create(spec["config"]))
     if not isinstance(sampler, AbstractSampler):
         raise TypeError(f"'{spec['name']}' from '{spec['path']}' must subclass "
                         "verl.experimental.dataset.sampler.AbstractSampler")
@@ -155,6 +142,8 @@ Result<json> write_tensors(const proto::DataProto& batch, const std::filesystem:
   for (const auto& [key, t] : batch.batch()) {
     Result<std::string> dtype = dtype_name(t.scalar_type());
     if (!dtype.ok()) return dtype.status().with_context(fmt::format("{}: batch key '{}'", what, key));
+    // The driver's batch is on the host already (Note [Crossing the worker boundary]); this only
+    // makes a strided tensor contiguous for the file.
     const at::Tensor host = t.to(at::kCPU).contiguous();
     const int64_t bytes = host.numel() * static_cast<int64_t>(host.element_size());
     out.write(static_cast<const char*>(host.data_ptr()), bytes);
@@ -180,11 +169,7 @@ Result<std::unique_ptr<PythonSampler>> PythonSampler::start(const json& cfg, int
   s->dataset_size_ = dataset_size;
   s->batch_size_ = batch_size;
   // The dataset the sampler reads, built as verl's create_rl_dataset builds it.
-  TESSERA_ASSIGN_OR_RETURN(std::vector<std::filesystem::path> paths, data_files(cfg, "data.train_files"));
-  json files = json::array();
-  for (const auto& f : paths) files.push_back(f.string());
-  const json* configured = config_find(cfg, "data.train_files");
-  if (configured != nullptr && configured->is_string()) files = files[0];
+  TESSERA_ASSIGN_OR_RETURN(json files, configured_data_files(cfg, "data.train_files"));
   // The data section as the user wrote it: verl's dataset and sampler both read it.
   const json& data = cfg.at("data");
   TESSERA_ASSIGN_OR_RETURN(auto tokenizer, config_get<std::optional<std::string>>(cfg, "data.tokenizer"));
@@ -203,7 +188,7 @@ Result<std::unique_ptr<PythonSampler>> PythonSampler::start(const json& cfg, int
                      {"dataset_path", dataset_path.value_or("")},
                      {"dataset_name", dataset_name.value_or("")}};
   TESSERA_ASSIGN_OR_RETURN(s->child_, runtime::spawn_python(runtime::python_from_env("TESSERA_DATA_PYTHON"),
-                                                            kSamplerScript, {}, s->what_));
+                                                            std::string(kVerlDatasets) + kSamplerScript, {}, s->what_));
   TESSERA_RETURN_IF_ERROR(runtime::write_all(s->child_, spec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
                                              Clock::now() + std::chrono::minutes(1)));
   // Building the dataset tokenizes it (verl sets no limit).

@@ -162,12 +162,12 @@ Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c
   return read_layer_types(j, source, c);
 }
 
-#define TESSERA_MOE_FIELDS \
-  "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", \
-      "mlp_only_layers"
-const std::vector<const char*> kMoeFields = {TESSERA_MOE_FIELDS, "num_local_experts"};
-const std::vector<const char*> kQwen2MoeFields = {TESSERA_MOE_FIELDS, "shared_expert_intermediate_size", "qkv_bias"};
-#undef TESSERA_MOE_FIELDS
+const std::vector<const char*> kMoeFields = {"num_experts", "num_local_experts", "num_experts_per_tok",
+                                             "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                             "mlp_only_layers"};
+const std::vector<const char*> kQwen2MoeFields = {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                                  "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                                                  "shared_expert_intermediate_size", "qkv_bias"};
 
 const std::vector<ModelTypeTraits>& model_types() {
   static const std::vector<ModelTypeTraits> table = {
