@@ -85,8 +85,12 @@ print(f"Tessera step / HF composed step: {last['timing_s/step'] / hf['composed_s
 if hf.get("matmul_flops_per_s"):  # the card's floors: each phase's matmul FLOPs at its measured bf16 rate
     rate = hf["matmul_flops_per_s"]
     fwd, upd = hf["forward_flops"] / rate, hf["update_flops"] / rate
+    # An on-policy step skips old_log_prob (trainer.skip_on_policy_old_log_prob): the reference's
+    # forward is then the log-prob pass to compare.
+    phase = "old_log_prob" if "timing_s/old_log_prob" in last else "ref"
+    lp = last[f"timing_s/{phase}"]
     print(f"Floors at the measured bf16 matmul rate ({rate / 1e12:.0f} TFLOP/s): log-prob forward {fwd:.2f} s "
-          f"(Tessera {last['timing_s/old_log_prob']:.2f} s, {fwd / last['timing_s/old_log_prob']:.0%} of the rate; "
+          f"(Tessera {phase} {lp:.2f} s, {fwd / lp:.0%} of the rate; "
           f"HF / 3 = {hf['log_prob_s'] / 3:.2f} s), update {upd:.2f} s without recompute "
           f"(Tessera {last['timing_s/update_actor']:.2f} s, {upd / last['timing_s/update_actor']:.0%})")
 PY

@@ -247,6 +247,7 @@ std::vector<std::string> run_summary_lines(const RunSummary& s) {
                               s.agents > 0 ? fmt::format(" across {} agents", s.agents) : std::string(" in this process"),
                               groups));
   if (!s.model.empty()) lines.push_back("model: " + s.model);
+  lines.insert(lines.end(), s.notes.begin(), s.notes.end());
   lines.push_back(fmt::format("data: {} training rows, {}; {} steps per epoch x {} epochs -> {} steps", s.train_rows,
                               s.val_rows < 0 ? std::string("no validation set") : fmt::format("{} validation rows", s.val_rows),
                               s.steps_per_epoch, s.epochs, s.total_steps));

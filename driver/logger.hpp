@@ -182,6 +182,7 @@ struct RunSummary {
   int64_t save_freq = -1;
   int64_t resumed_step = 0;                            ///< 0: a fresh start
   std::string model;                                   ///< What the model is (model_summary); empty: no line
+  std::vector<std::string> notes;                      ///< Lines after the model's: what the run does differently
 };
 
 /// "Qwen3MoeForCausalLM at PATH: 48 layers, 30.5B parameters, 3.3B per token (8 of 128 experts)",

@@ -148,6 +148,10 @@ void RayPPOTrainer::announce() const {
   auto path = config_get<std::string>(cfg_, "actor_rollout_ref.model.path");
   const json* override = config_find(cfg_, "actor_rollout_ref.model.override_config");
   if (path.ok()) r.model = model_summary(*path, override != nullptr ? *override : json());
+  if (s.skip_old_log_prob) {
+    r.notes.push_back("old_log_prob: from the update's own forward (on-policy: one mini-batch, one epoch); "
+                      "trainer.skip_on_policy_old_log_prob=false runs the pass");
+  }
   print_run_summary(options_.console, r);
 }
 

@@ -162,7 +162,10 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
       TESSERA_RETURN_IF_ERROR(add_scores(s, batch, (*s.reward_fn)(batch)));
     }
   }
-  {
+  // Note [On-policy old log-probs] (workers/ppo/dp_actor.hpp): an on-policy update takes them from
+  // its own forward. A step the actor does not update in (critic warm-up) keeps the pass for
+  // actor/entropy.
+  if (!s.skip_old_log_prob || batch.size() != s.train_batch_rows || s.critic_warmup > global_steps_) {
     MarkedTimer t("old_log_prob", timing);
     TESSERA_ASSIGN_OR_RETURN(proto::DataProto old, call_proto(*actor_rollout_wg_, "compute_log_prob", batch, metrics, timing));
     if (old.tensor("entropys").ok()) {

@@ -49,6 +49,15 @@ Status read_flags(const json& cfg, State& s) {
   s.ref_in_actor = s.use_ref && lora_rank > 0;
   TESSERA_ASSIGN_OR_RETURN(s.multi_turn, config_get<bool>(cfg, "actor_rollout_ref.rollout.multi_turn.enable"));
   TESSERA_ASSIGN_OR_RETURN(s.reward_async, config_get<bool>(cfg, "reward_model.launch_reward_fn_async"));
+  TESSERA_ASSIGN_OR_RETURN(bool skip, config_get<bool>(cfg, "trainer.skip_on_policy_old_log_prob"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t epochs, config_get<int64_t>(cfg, "actor_rollout_ref.actor.ppo_epochs"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t mini, config_get<int64_t>(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size"));
+  TESSERA_ASSIGN_OR_RETURN(int64_t train_batch, config_get<int64_t>(cfg, "data.train_batch_size"));
+  // A curriculum sampler's update reads verl's batch, old_log_probs included.
+  const json* sampler = config_find(cfg, "data.sampler.class_path");
+  const bool has_sampler = sampler != nullptr && !sampler->is_null();
+  s.skip_old_log_prob = skip && !s.use_kl_in_reward && !has_sampler && epochs == 1 && mini == train_batch;
+  s.train_batch_rows = train_batch * s.n;
   if (s.adv_estimator == "remax" && s.n != 1) {
     return make_error(ErrorCode::unimplemented,
                       "algorithm.adv_estimator=remax with actor_rollout_ref.rollout.n={}: only n=1 is supported "

@@ -57,6 +57,12 @@ struct RayPPOTrainer::State {
   /// reward_model.launch_reward_fn_async: the reward function scores while the log-prob, reference
   /// and value passes run, and is waited for before the advantages (verl's Ray task).
   bool reward_async = false;
+  /// trainer.skip_on_policy_old_log_prob, where it applies (no KL in the reward, no curriculum
+  /// sampler, actor.ppo_epochs 1, ppo_mini_batch_size == data.train_batch_size): a step whose batch
+  /// holds train_batch_rows rows
+  /// skips the old_log_prob pass (Note [On-policy old log-probs] in workers/ppo/dp_actor.hpp).
+  bool skip_old_log_prob = false;
+  int64_t train_batch_rows = 0;  ///< data.train_batch_size x rollout.n.
   int64_t seed = 1, n = 1, total_training_steps = 0, critic_warmup = 0, test_freq = -1, save_freq = -1;
   int64_t world_size = 1;
   std::string adv_estimator, kl_penalty, loss_agg_mode;

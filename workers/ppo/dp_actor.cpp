@@ -160,12 +160,18 @@ Result<double> read_temperature(const proto::DataProto& data) {
 }
 
 // The loss of one micro-batch and its metrics, from the policy's logits (verl's update_policy body).
+// `on_policy`: old_log_probs are this forward's own (Note [On-policy old log-probs]).
 Result<MicroLoss> micro_batch_loss(const ActorConfig& config, const algos::PolicyLossFn& loss_fn,
                                    const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& logits,
-                                   double temperature) {
-  const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy;
+                                   double temperature, bool on_policy) {
+  const bool calculate_entropy = config.entropy_coeff != 0 || config.calculate_entropy || on_policy;
   TESSERA_ASSIGN_OR_RETURN(auto out, response_log_probs(logits, seq.responses, temperature, calculate_entropy));
-  TESSERA_ASSIGN_OR_RETURN(at::Tensor old_log_prob, mb.tensor("old_log_probs"));
+  at::Tensor old_log_prob;
+  if (on_policy) {
+    old_log_prob = out.log_probs.detach();
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(old_log_prob, mb.tensor("old_log_probs"));
+  }
   TESSERA_ASSIGN_OR_RETURN(at::Tensor advantages, mb.tensor("advantages"));
   TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, read_response_mask(mb, seq));
   const std::string& mode = config.loss_agg_mode;
@@ -292,12 +298,23 @@ Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto&
   TESSERA_RETURN_IF_ERROR(check_text_only(data));
   if (data.size() == 0) return make_error(ErrorCode::invalid_argument, "update_policy: empty batch");
   TESSERA_ASSIGN_OR_RETURN(double temperature, read_temperature(data));
-  std::vector<std::string> response_keys = {"old_log_probs", "advantages"};
+  // Note [On-policy old log-probs]: a batch without them is trained on this forward's own.
+  const bool on_policy = !data.batch().contains("old_log_probs");
+  std::vector<std::string> response_keys = {"advantages"};
+  if (!on_policy) response_keys.insert(response_keys.begin(), "old_log_probs");
   if (config_.use_kl_loss) response_keys.emplace_back("ref_log_prob");
   TESSERA_ASSIGN_OR_RETURN(auto selected, select_update_inputs(data, response_keys));
   // Note [Ulysses sequence parallelism]: the group's rows.
   if (sequence_parallel_) {
     TESSERA_ASSIGN_OR_RETURN(selected, sequence_parallel_->gather_rows(selected));
+  }
+  const int64_t mini_batches = (selected.size() + config_.ppo_mini_batch_size - 1) / config_.ppo_mini_batch_size;
+  if (on_policy && (config_.ppo_epochs != 1 || mini_batches != 1)) {
+    return make_error(ErrorCode::invalid_argument,
+                      "update_policy: the batch has no old_log_probs and the update is not on-policy ({} mini-batches "
+                      "of actor.ppo_mini_batch_size = {} rows per rank, actor.ppo_epochs = {}): run compute_log_prob "
+                      "first",
+                      mini_batches, config_.ppo_mini_batch_size, config_.ppo_epochs);
   }
   TESSERA_ASSIGN_OR_RETURN(at::Tensor responses, selected.tensor("responses"));
   TESSERA_RETURN_IF_ERROR(
@@ -306,7 +323,7 @@ Result<Metrics> DataParallelPPOActor::update_policy_impl(const proto::DataProto&
   schedule.sequence_parallel = sequence_parallel_;
   return run_ppo_update(*module_, selected, schedule, sync_,
                         [&](const proto::DataProto& mb, const SequenceBatch& seq, const ResponseHead& logits) {
-                          return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature);
+                          return micro_batch_loss(config_, loss_fn_, mb, seq, logits, temperature, on_policy);
                         });
 }
 

@@ -22,6 +22,18 @@
 //  * Loss = pg_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl_penalty(logp, ref)).
 //    A non-finite gradient norm skips the step (gradients zeroed); the norm is still reported.
 //
+// Note [On-policy old log-probs]
+// An update of one mini-batch and one epoch is on-policy: its single forward runs on the weights
+// that old_log_probs would be computed with, so verl's dp_actor (after v0.5.0) takes
+// old_log_prob = log_prob.detach() there (the ratio is exactly 1; the gradient is that of the
+// recomputed path, without its recompute noise). Given a batch without old_log_probs, Tessera's
+// actor does the same, and the trainer skips the old_log_prob pass over the whole batch (a
+// forward of every token, which verl still runs: verl issue #3996) under
+// trainer.skip_on_policy_old_log_prob. The entropy that pass reported is then computed by the
+// update (actor/entropy, one value per micro-batch, as with entropy_coeff != 0). A batch with
+// old_log_probs is trained as in v0.5.0; one without them whose update is not on-policy is an
+// error naming actor.ppo_epochs and ppo_mini_batch_size.
+//
 // Thread contract: one thread drives one actor and its module; the actor holds no other state
 // across calls (the optimizer state lives in the module).
 #pragma once
@@ -240,8 +252,9 @@ class DataParallelPPOActor {
   Result<LogProbOutput> compute_log_prob(const proto::DataProto& data, bool calculate_entropy);
 
   /// One PPO update over `data` (verl's update_policy). Reads keys responses, input_ids,
-  /// attention_mask, position_ids, old_log_probs, advantages, response_mask (else
-  /// attention_mask[:, -R:]), ref_log_prob (with use_kl_loss), and meta_info.temperature.
+  /// attention_mask, position_ids, old_log_probs (optional on-policy: Note [On-policy old
+  /// log-probs]), advantages, response_mask (else attention_mask[:, -R:]), ref_log_prob (with
+  /// use_kl_loss), and meta_info.temperature.
   /// Returns verl's metric lists: actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl,
   /// actor/pg_clipfrac_lower (per micro-batch), actor/entropy (when computed), actor/kl_loss and
   /// actor/kl_coef (with use_kl_loss), actor/grad_norm (per mini-batch), actor/lr (once).

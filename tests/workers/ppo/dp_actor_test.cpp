@@ -279,5 +279,69 @@ TEST(DpActorUpdate, FrozenModuleAndBadConfigAreErrors) {
   EXPECT_FALSE(DataParallelPPOActor::create(fixed_config(8, 4), nullptr).ok());
 }
 
+// Note [On-policy old log-probs]: an on-policy batch without old_log_probs trains on the update's
+// own log-probs, detached. Twins take the same SGD step (the clip and KL terms on) whether the
+// batch holds the old_log_probs compute_log_prob made or none; the one without reports the
+// entropy of each micro-batch that the skipped pass would have given.
+TEST(DpActorUpdate, OnPolicyWithoutOldLogProbsEqualsTheRecomputedPass) {
+  ActorConfig c = fixed_config(8, 4);
+  c.use_kl_loss = true;
+  c.grad_clip = 1e9;
+  LocalOptimizerOptions sgd;
+  sgd.optimizer = "sgd";
+  sgd.lr = 1.0;
+  sgd.weight_decay = 0.0;
+  auto ma = testing::tiny_policy(14), mb = testing::tiny_policy(14);
+  const auto before = testing::snapshot(*ma);
+  auto recomputed = unwrap(DataParallelPPOActor::create(c, local(ma, sgd)));
+  auto own = unwrap(DataParallelPPOActor::create(c, local(mb, sgd)));
+  auto data = update_batch(*recomputed, kPromptLens, kResponseLens, 14);
+  ASSERT_TRUE(data.set_tensor("ref_log_prob", *data.tensor("old_log_probs") + 0.1).ok());
+  auto entropys = log_probs(*recomputed, data, forward_meta(1.0, 4, false), true).entropys;
+  proto::DataProto without = data;
+  ASSERT_TRUE(without.pop(std::vector<std::string>{"old_log_probs"}).ok());
+  ASSERT_FALSE(without.tensor("old_log_probs").ok());
+
+  Metrics a = unwrap(recomputed->update_policy(data));
+  Metrics b = unwrap(own->update_policy(without));
+  EXPECT_GT(testing::max_param_diff(testing::snapshot(*ma), before), 1e-3);
+  EXPECT_LT(testing::max_param_diff(testing::snapshot(*ma), testing::snapshot(*mb)), 1e-6);
+  for (const char* name : {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm"}) {
+    ASSERT_EQ(a[name].size(), b[name].size()) << name;
+    for (size_t i = 0; i < a[name].size(); ++i) EXPECT_NEAR(a[name][i], b[name][i], 1e-6) << name << " " << i;
+  }
+  ASSERT_EQ(b["actor/ppo_kl"].size(), 2u);
+  for (double kl : b["actor/ppo_kl"]) EXPECT_EQ(kl, 0.0);  // the ratio is exactly 1
+  EXPECT_EQ(a.count("actor/entropy"), 0u);                   // entropy_coeff 0: not computed
+  ASSERT_EQ(b["actor/entropy"].size(), 2u);                  // one per micro-batch of 4 rows
+  at::Tensor mask = data.tensor("response_mask")->to(at::kDouble);
+  at::Tensor e = entropys.to(at::kDouble) * mask;
+  for (int64_t i = 0; i < 2; ++i) {
+    const double token_mean = (e.narrow(0, 4 * i, 4).sum() / mask.narrow(0, 4 * i, 4).sum()).item<double>();
+    EXPECT_NEAR(b["actor/entropy"][static_cast<size_t>(i)], token_mean, 1e-5) << i;
+  }
+}
+
+TEST(DpActorUpdate, WithoutOldLogProbsAnUpdateThatIsNotOnPolicyIsAnError) {
+  ActorConfig two_minis = fixed_config(4, 2), two_epochs = fixed_config(8, 4);
+  two_epochs.ppo_epochs = 2;
+  for (const ActorConfig& c : {two_minis, two_epochs}) {
+    auto model = testing::tiny_policy(15);
+    auto actor = unwrap(DataParallelPPOActor::create(c, local(model)));
+    auto data = update_batch(*actor, kPromptLens, kResponseLens, 15);
+    ASSERT_TRUE(data.pop(std::vector<std::string>{"old_log_probs"}).ok());
+    const auto before = testing::snapshot(*model);
+    auto r = actor->update_policy(data);
+    ASSERT_FALSE(r.ok());
+    const std::string& msg = r.status().message();
+    EXPECT_NE(msg.find("no old_log_probs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("{} mini-batches of actor.ppo_mini_batch_size = {} rows per rank, actor.ppo_epochs "
+                                   "= {}", 8 / c.ppo_mini_batch_size, c.ppo_mini_batch_size, c.ppo_epochs)),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(testing::max_param_diff(before, testing::snapshot(*model)), 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::ppo
