@@ -14,9 +14,9 @@ void add_model_commands(CLI::App& app) {
   auto opts = std::make_shared<models::InitModelOptions>();
   auto vocab = std::make_shared<int64_t>(0);
   CLI::App* cmd = app.add_subcommand("init-model", "Write a small randomly initialised HF model directory");
-  cmd->add_option("--arch", opts->arch, "Model family: llama | qwen2 | qwen3 | qwen2_moe | qwen3_moe | mistral | gemma2")
+  cmd->add_option("--arch", opts->arch, "Model family: llama | qwen2 | qwen3 | qwen2_moe | qwen3_moe | mistral | gemma2 | gemma3_text")
       ->required()
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "gemma2"}));
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "gemma2", "gemma3_text"}));
   cmd->add_option("--hidden", opts->hidden, "hidden_size")->required();
   cmd->add_option("--layers", opts->layers, "num_hidden_layers")->required();
   cmd->add_option("--heads", opts->heads, "num_attention_heads")->required();

@@ -49,7 +49,7 @@ TEST(TrainerRun, GrpoThreeSteps) {
   for (int64_t step = 1; step <= 3; ++step) {
     const Metrics& m = h[static_cast<size_t>(step)].second;
     EXPECT_EQ(h[static_cast<size_t>(step)].first, step);
-    expect_step_metrics(m, {"timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv",
+    expect_step_metrics(m, {"timing_s/gen", "timing_s/reward", "actor/entropy", "timing_s/adv",
                             "timing_s/update_actor", "timing_s/step", "actor/pg_loss", "actor/grad_norm",
                             "critic/score/mean", "critic/advantages/mean", "response_length/mean",
                             "prompt_length/mean", "global_seqlen/balanced_max", "perf/throughput",
@@ -695,9 +695,78 @@ TEST(TrainerRun, MoeGrpoWithRolloutTpMatchesOneRankAndSavesAnHfModel) {
   testing::expect_same_history(runs[0], runs[1], 1e-4);
 }
 
+// A Gemma-3 actor and reference (sliding windows that bite the prompts, q/k norms, RoPE per layer
+// type): GRPO with rollout TP 2 equals TP 1 step for step (greedy), and the HF model saved beside
+// the checkpoint loads back as Gemma3ForCausalLM.
+TEST(TrainerRun, Gemma3GrpoWithRolloutTpMatchesOneRank) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (int tp : {1, 2}) {
+    TempDir dir("gemma3_tp" + std::to_string(tp));
+    testing::make_tiny_run(dir.path(), "gemma3_text");
+    auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.do_sample=false",
+                          "trainer.save_freq=2",
+                          "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"}) {
+      o.push_back(k);
+    }
+    o.push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp));
+    auto t = testing::fit_trainer(o);
+    ASSERT_NE(t, nullptr);
+    runs.push_back(t->history());
+    for (auto& [step, m] : runs.back()) {  // per engine: the TP engine runs both ranks' rows
+      for (auto it = m.begin(); it != m.end();) it = it->first.rfind("rollout/", 0) == 0 ? m.erase(it) : std::next(it);
+    }
+    auto model = models::load_causal_lm((dir.path() / "run" / "global_step_2" / "actor" / "huggingface").string());
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    EXPECT_EQ((*model)->config().architecture, "Gemma3ForCausalLM");
+    EXPECT_TRUE((*model)->config().layer_local_rope(0));
+  }
+  testing::expect_same_history(runs[0], runs[1], 1e-4);
+}
+
 // A Qwen3-MoE actor, reference and critic (Qwen3MoeForTokenClassification), padding-free, with
 // Ulysses groups of 2 against plain data parallelism: the same run, step for step.
 TEST(TrainerRun, MoeRunsPackedWithUlyssesAsWithDataParallelism) { expect_ulysses_equals_data_parallel("qwen3_moe"); }
+
+// Note [On-policy old log-probs] (workers/ppo/dp_actor.hpp): the tiny runs are on-policy (one
+// mini-batch, one epoch), so by default a step skips the old_log_prob pass and the update takes
+// its own log-probs; it trains as the run that makes the pass
+// (trainer.skip_on_policy_old_log_prob=false), step for step, and still reports actor/entropy.
+TEST(TrainerRun, OnPolicyStepsSkipTheOldLogProbPassAndTrainAlike) {
+  std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
+  for (bool skip : {false, true}) {
+    TempDir dir(skip ? "old_lp_skipped" : "old_lp_pass");
+    testing::make_tiny_run(dir.path());
+    auto o = testing::tiny_ppo_overrides(dir.path(), "gae", 2);
+    o.push_back("actor_rollout_ref.actor.use_kl_loss=true");
+    o.push_back(std::string("trainer.skip_on_policy_old_log_prob=") + (skip ? "true" : "false"));
+    std::FILE* console = std::tmpfile();
+    auto t = testing::fit_trainer(o, console);
+    ASSERT_NE(t, nullptr);
+    std::rewind(console);
+    std::string out;
+    for (int c; (c = std::fgetc(console)) != EOF;) out += static_cast<char>(c);
+    std::fclose(console);
+    EXPECT_EQ(out.find("tessera: old_log_prob: from the update's own forward") != std::string::npos, skip) << out;
+    runs.push_back(t->history());
+    for (size_t i = 1; i < runs.back().size(); ++i) {
+      const Metrics& m = runs.back()[i].second;
+      EXPECT_EQ(m.count("timing_s/old_log_prob"), skip ? 0u : 1u) << "step " << i;
+      ASSERT_EQ(m.count("actor/entropy"), 1u) << "step " << i;
+      EXPECT_GT(m.at("actor/entropy"), 0.0);
+      if (skip) {
+        EXPECT_EQ(m.at("actor/ppo_kl"), 0.0);  // the ratio is exactly 1
+      }
+    }
+  }
+  expect_same_ppo_steps(runs[0], runs[1]);
+  // The skipped pass's entropy is the whole batch's token mean; the update's, the mean of its
+  // micro-batches' (one per rank here, of unequal token counts): close, not equal.
+  for (size_t i = 1; i < runs[0].size(); ++i) {
+    const double pass = runs[0][i].second.at("actor/entropy"), update = runs[1][i].second.at("actor/entropy");
+    EXPECT_NEAR(update, pass, 0.1 * pass) << "step " << i;
+  }
+}
 
 // reward_model.launch_reward_fn_async: the reward scores beside the log-prob, reference and value
 // passes; the run is the synchronous one, step for step (PPO with a critic and KL in the reward,

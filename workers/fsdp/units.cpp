@@ -27,7 +27,7 @@ bool matches_layer_class(const std::string& class_name, const std::vector<std::s
     if (w == short_name || w == class_name) return true;
     bool hf_decoder = w == "LlamaDecoderLayer" || w == "Qwen2DecoderLayer" || w == "Qwen3DecoderLayer" ||
                       w == "Qwen2MoeDecoderLayer" || w == "Qwen3MoeDecoderLayer" || w == "MistralDecoderLayer" ||
-                      w == "Gemma2DecoderLayer";
+                      w == "Gemma2DecoderLayer" || w == "Gemma3DecoderLayer";
     if (hf_decoder && short_name == "DecoderLayer") return true;
   }
   return false;

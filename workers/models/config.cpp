@@ -171,7 +171,7 @@ bool ModelConfig::layer_is_sparse(int64_t index) const {
 bool ModelConfig::layer_slides(int64_t index) const {
   if (!sliding_window) return false;
   if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(index)) == "sliding_attention";
-  return model_type != "gemma2" || index % 2 == 0;  // Gemma2Config: (i + 1) % 2 slides
+  return model_type != "gemma2" || index % 2 == 0;  // Gemma2Config: (i + 1) % 2 slides (gemma3: layer_types)
 }
 
 Result<ModelConfig> load_model_config(const std::string& path, const json& override, const std::string& override_key) {
@@ -205,9 +205,9 @@ json model_config_to_json(const ModelConfig& c) {
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
-  // Qwen3's head_dim defaults to 128 and Gemma2's to 256, not hidden_size / num_attention_heads:
+  // Qwen3's head_dim defaults to 128 and the Gemmas' to 256, not hidden_size / num_attention_heads:
   // always written there.
-  const bool own_head_dim = c.model_type == "qwen3" || c.model_type == "gemma2";
+  const bool own_head_dim = c.model_type == "qwen3" || c.gemma_norms();
   if (own_head_dim || c.head_dim != c.hidden_size / c.num_attention_heads) j["head_dim"] = c.head_dim;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
@@ -220,7 +220,7 @@ json model_config_to_json(const ModelConfig& c) {
   }
   j["initializer_range"] = c.initializer_range;
   j["torch_dtype"] = c.torch_dtype;
-  j[c.model_type == "gemma2" ? "hidden_activation" : "hidden_act"] = c.hidden_act;
+  j[c.gemma_norms() ? "hidden_activation" : "hidden_act"] = c.hidden_act;
   write_family_fields(c, j);
   j["bos_token_id"] = c.bos_token_id ? json(*c.bos_token_id) : json(nullptr);
   j["pad_token_id"] = c.pad_token_id ? json(*c.pad_token_id) : json(nullptr);
@@ -239,7 +239,13 @@ Status save_model_config(const ModelConfig& config, const std::string& dir) {
 
 Result<std::string> architecture_name(const std::string& model_type, HeadKind head) {
   TESSERA_ASSIGN_OR_RETURN(const ModelTypeTraits* t, find_model_type(model_type, "architecture_name"));
-  return std::string(head == HeadKind::causal_lm ? t->causal_arch : t->value_arch);
+  if (head == HeadKind::causal_lm) return std::string(t->causal_arch);
+  if (*t->value_arch == '\0') {
+    return make_error(ErrorCode::unimplemented,
+                      "model_type '{}' has no value model in transformers (a critic or reward model of this family "
+                      "is not supported)", model_type);
+  }
+  return std::string(t->value_arch);
 }
 
 Result<std::string> torch_dtype_name(c10::ScalarType dtype) {

@@ -1,4 +1,4 @@
-// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Mistral/Gemma2 model, read and
+// config.hpp: the HF `config.json` of a decoder-only Llama/Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Mistral/Gemma2/Gemma3 model, read and
 // written with HF's own field names.
 //
 // Contract: parse_model_config() accepts exactly what Tessera's decoder implements. A field whose
@@ -9,14 +9,18 @@
 // Gemma2's sliding_window is honoured (Note [Sliding window] in decoder.cpp). Fields that do not change the maths (transformers_version, use_cache,
 // initializer_range, ...) are kept verbatim in `extra` so a load/save round trip preserves them.
 // Defaults for absent fields follow HF's LlamaConfig / Qwen2Config / Qwen3Config / MistralConfig /
-// Gemma2Config (transformers 5.24): e.g. an absent sliding_window is 4096 for mistral and gemma2, an
-// absent final_logit_softcapping is 30 for gemma2, and gemma2's embeddings are tied by default.
+// Gemma2Config / Gemma3TextConfig (transformers 5.24): e.g. an absent sliding_window is 4096 for mistral and
+// the Gemmas, an absent final_logit_softcapping is 30 for gemma2 (none for gemma3_text), and the Gemmas'
+// embeddings are tied by default.
 //
 // RoPE: transformers < 5 writes `rope_theta` and `rope_scaling` ({"rope_type" or "type", ...});
 // transformers >= 5 writes `rope_parameters` ({"rope_type", "rope_theta", ...}). Both are read, as
 // transformers 5 reads them (a non-empty rope_scaling wins over rope_parameters; a rope_theta
 // inside the dict wins over the top-level one). Both are written back in the older form
-// (`rope_theta` + `rope_scaling`), which every transformers version reads.
+// (`rope_theta` + `rope_scaling`), which every transformers version reads. Gemma3's RoPE is per layer
+// type: rope_parameters {"full_attention": {...}, "sliding_attention": {...}} (transformers 5), or
+// rope_theta + rope_scaling for the full layers and rope_local_base_freq for the sliding ones; the
+// sliding layers' RoPE is the default type (rope_local_theta).
 //
 // Thread-safety: plain values; free functions are re-entrant.
 #pragma once
@@ -88,7 +92,7 @@ struct MoeConfig {
 /// The hyper-parameters of one decoder model, named as in HF's config.json.
 struct ModelConfig {
   std::string architecture;   ///< architectures[0], e.g. "Qwen2ForCausalLM".
-  std::string model_type;     ///< "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral" or "gemma2".
+  std::string model_type;     ///< "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "gemma2" or "gemma3_text".
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -99,6 +103,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;         ///< Written as `rope_scaling` (null when default).
+  /// gemma3_text: the sliding layers' RoPE base (rope_local_base_freq; default RoPE, no scaling);
+  /// its full layers take rope_theta and rope_scaling. Unset elsewhere: every layer takes those.
+  std::optional<double> rope_local_theta;
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
   bool attention_bias = false;      ///< q/k/v biases (llama, qwen3: and o_proj); always true for qwen2.
@@ -108,30 +115,39 @@ struct ModelConfig {
   bool eos_is_list = false;
   std::optional<int64_t> pad_token_id;
   std::string torch_dtype = "float32";
-  std::string hidden_act = "silu";  ///< gemma2: HF's `hidden_activation` ("gelu_pytorch_tanh").
+  std::string hidden_act = "silu";  ///< gemma2, gemma3_text: HF's `hidden_activation` ("gelu_pytorch_tanh").
   /// mistral, gemma2: keys more than this many visible keys back are hidden (unset: no window).
   std::optional<int64_t> sliding_window;
-  /// gemma2: "sliding_attention" / "full_attention" per layer. Empty: HF's default (gemma2: even
-  /// layer indices slide; mistral: every layer slides when sliding_window is set).
+  /// gemma2, gemma3_text: "sliding_attention" / "full_attention" per layer. Empty: HF's default
+  /// (gemma2: even layer indices slide; mistral: every layer slides when sliding_window is set;
+  /// gemma3_text fills it from sliding_window_pattern, every 6th layer full by default).
   std::vector<std::string> layer_types;
-  double query_pre_attn_scalar = 0.0;            ///< gemma2: attention scale is this^-0.5 (0: head_dim).
-  std::optional<double> attn_logit_softcapping;  ///< gemma2: scores -> tanh(scores / c) * c.
-  std::optional<double> final_logit_softcapping; ///< gemma2: logits -> tanh(logits / c) * c.
+  double query_pre_attn_scalar = 0.0;            ///< the Gemmas: attention scale is this^-0.5 (0: head_dim).
+  std::optional<double> attn_logit_softcapping;  ///< gemma2 (gemma3_text: off by default): scores -> tanh(scores / c) * c.
+  std::optional<double> final_logit_softcapping; ///< gemma2 (gemma3_text: off by default): logits -> tanh(logits / c) * c.
   MoeConfig moe;                                 ///< qwen3_moe, qwen2_moe.
   nlohmann::json extra = nlohmann::json::object();  ///< Unmodelled fields, kept verbatim.
 
   /// num_attention_heads / num_key_value_heads.
   int64_t num_kv_groups() const { return num_attention_heads / num_key_value_heads; }
-  /// Qwen3: RMSNorm over head_dim on each query and key head (self_attn.q_norm / k_norm), before RoPE.
-  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  /// Qwen3, Gemma3: RMSNorm over head_dim on each query and key head (self_attn.q_norm / k_norm),
+  /// before RoPE (Gemma3's scale by 1 + weight, as its other norms).
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text"; }
   /// HF's o_proj carries a bias when attention_bias is set (Llama, Qwen3), never in Qwen2 (and
   /// Qwen2-MoE, whose qkv_bias is read into attention_bias).
   bool o_proj_bias() const { return attention_bias && model_type != "qwen2" && model_type != "qwen2_moe"; }
   /// Whether layer `index` has a sparse MoE block (MoeConfig) instead of the dense MLP.
   bool layer_is_sparse(int64_t index) const;
-  /// Gemma2: RMSNorm scales by (1 + weight); four norms per layer (the attention and MLP outputs are
-  /// normed before their residual add); embeddings scaled by sqrt(hidden_size) in their dtype.
-  bool gemma_norms() const { return model_type == "gemma2"; }
+  /// Gemma2, Gemma3: RMSNorm scales by (1 + weight); four norms per layer (the attention and MLP
+  /// outputs are normed before their residual add); embeddings scaled by sqrt(hidden_size) in their
+  /// dtype.
+  bool gemma_norms() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
+  /// Whether layer `index` rotates by rope_local_theta (a "sliding_attention" layer of Gemma3, with
+  /// or without a window).
+  bool layer_local_rope(int64_t index) const {
+    return rope_local_theta.has_value() && index < static_cast<int64_t>(layer_types.size()) &&
+           layer_types[static_cast<size_t>(index)] == "sliding_attention";
+  }
   /// Whether layer `index` attends through the sliding window (see sliding_window, layer_types).
   bool layer_slides(int64_t index) const;
   /// The pre-training context llama3 and yarn scale from: rope_scaling's

@@ -71,12 +71,45 @@ Status read_yarn(const json& v, const std::string& source, const std::string& ke
   return Status();
 }
 
+// Gemma3's per-layer-type rope_parameters: the sliding layers' entry, default RoPE with its
+// rope_theta (rope_local_theta); other keys than these two types are refused.
+Status read_local_rope(const json& v, const std::string& source, const std::string& key, ModelConfig& c) {
+  for (const auto& [name, value] : v.items()) {
+    if (name != "full_attention" && name != "sliding_attention") {
+      return field_error(source, key, "holds '" + name + "'; gemma3_text's RoPE is per layer type (full_attention, "
+                                      "sliding_attention)");
+    }
+  }
+  if (!v.contains("sliding_attention") || v.at("sliding_attention").is_null()) return Status();
+  const json& local = v.at("sliding_attention");
+  const std::string local_key = key + ".sliding_attention";
+  if (!local.is_object()) return field_error(source, local_key, "must be an object, got " + local.dump());
+  for (const char* name : {"rope_type", "type"}) {
+    if (local.contains(name) && !local.at(name).is_null() && local.at(name) != "default") {
+      return field_error(source, local_key, "has " + std::string(name) + " " + local.at(name).dump() +
+                                                "; the sliding layers' RoPE is the default type only");
+    }
+  }
+  double theta = *c.rope_local_theta;
+  TESSERA_RETURN_IF_ERROR(rope_number(local, source, local_key, "default", "rope_theta", /*required=*/false, theta));
+  if (!(theta > 0.0)) return field_error(source, local_key, "rope_theta must be positive");
+  c.rope_local_theta = theta;
+  return Status();
+}
+
 }  // namespace
 
 // RoPE, as transformers 5 reads it (see config.hpp): the dict is rope_scaling when non-empty, else
 // rope_parameters; its rope_theta wins over the top-level one. Unimplemented types are refused
 // naming the key and the type. Needs max_position_embeddings (llama3's default original length).
 Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
+  // Gemma3TextConfig: rope_theta (1e6) for the full layers, rope_local_base_freq (1e4) for the sliding ones.
+  if (c.model_type == "gemma3_text") {
+    c.rope_theta = 1e6;
+    double local = 10000.0;
+    TESSERA_RETURN_IF_ERROR(read_double(j, source, "rope_local_base_freq", local));
+    c.rope_local_theta = local;
+  }
   TESSERA_RETURN_IF_ERROR(read_double(j, source, "rope_theta", c.rope_theta));
   TESSERA_RETURN_IF_ERROR(check_partial_rotary(j, source, ""));
   std::string key;
@@ -88,7 +121,15 @@ Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
     break;
   }
   if (key.empty()) return Status();
-  const json& v = j.at(key);
+  const json* dict = &j.at(key);
+  if (c.rope_local_theta && (dict->contains("full_attention") || dict->contains("sliding_attention"))) {
+    TESSERA_RETURN_IF_ERROR(read_local_rope(*dict, source, key, c));
+    if (!dict->contains("full_attention") || dict->at("full_attention").is_null()) return Status();
+    key += ".full_attention";
+    dict = &dict->at("full_attention");
+    if (!dict->is_object()) return field_error(source, key, "must be an object, got " + dict->dump());
+  }
+  const json& v = *dict;
   for (const auto& [name, value] : v.items()) {
     if (value.is_object()) {
       return field_error(source, key, "holds per-layer-type RoPE parameters ('" + name + "'), which are not supported");

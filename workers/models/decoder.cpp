@@ -176,11 +176,21 @@ RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfi
   at::Tensor inv_freq = rotary_inv_freq(position_ids, config, max_position);           // [D/2]
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
-  if (config.rope_scaling.rope_type == "yarn") {  // HF scales cos and sin in fp32 before the cast
-    const double scale = rotary_attention_factor(config);
-    return {(emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)};
+  RotaryTables tables;
+  // HF scales yarn's cos and sin in fp32 before the cast.
+  const double scale = config.rope_scaling.rope_type == "yarn" ? rotary_attention_factor(config) : 1.0;
+  tables.cos = (scale == 1.0 ? emb.cos() : emb.cos() * scale).to(dtype);
+  tables.sin = (scale == 1.0 ? emb.sin() : emb.sin() * scale).to(dtype);
+  if (config.rope_local_theta) {  // Gemma3's sliding layers: default RoPE on their own base
+    at::Tensor exponent = at::arange(0, config.head_dim, 2, position_ids.options().dtype(at::kLong)).to(at::kFloat) /
+                          static_cast<double>(config.head_dim);
+    at::Tensor local_inv_freq = at::pow(*config.rope_local_theta, exponent).reciprocal();  // [D/2]
+    at::Tensor local = position_ids.to(at::kFloat).unsqueeze(-1) * local_inv_freq;
+    at::Tensor local_emb = at::cat({local, local}, -1).unsqueeze(1);
+    tables.local_cos = local_emb.cos().to(dtype);
+    tables.local_sin = local_emb.sin().to(dtype);
   }
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return tables;
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
@@ -244,6 +254,7 @@ Attention::Attention(const ModelConfig& c, const at::TensorOptions& options, int
       scaling_(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
       softcap_(c.attn_logit_softcapping) {
   if (c.layer_slides(layer_index)) window_ = *c.sliding_window;
+  local_rope_ = c.layer_local_rope(layer_index);
   // HF Gemma2: config.query_pre_attn_scalar**-0.5 (Python's pow).
   if (c.query_pre_attn_scalar > 0.0) scaling_ = std::pow(c.query_pre_attn_scalar, -0.5);
   plain_scores_ = !softcap_ && c.query_pre_attn_scalar <= 0.0;
@@ -252,8 +263,8 @@ Attention::Attention(const ModelConfig& c, const at::TensorOptions& options, int
   v_proj = register_module("v_proj", std::make_shared<Linear>(c.hidden_size, num_kv_heads_ * head_dim_, c.attention_bias, options));
   o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads_ * head_dim_, c.hidden_size, c.o_proj_bias(), options));
   if (c.qk_norm()) {
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, c.rms_norm_eps, options));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, c.rms_norm_eps, options));
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, c.rms_norm_eps, options, c.gemma_norms()));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, c.rms_norm_eps, options, c.gemma_norms()));
   }
 }
 
@@ -263,10 +274,14 @@ std::pair<at::Tensor, at::Tensor> Attention::queries_and_keys(const at::Tensor& 
   at::Tensor k = split_heads(k_proj->forward(x), num_kv_heads_, head_dim_);
   if (q_norm) q = q_norm->forward(q);
   if (k_norm) k = k_norm->forward(k);
-  if (use_fused(fused_rotary, q) && q.scalar_type() == rope.cos.scalar_type()) {
-    return {models::fused_rotary(q, rope.cos, rope.sin), models::fused_rotary(k, rope.cos, rope.sin)};
+  const at::Tensor& cos = local_rope_ ? rope.local_cos : rope.cos;
+  const at::Tensor& sin = local_rope_ ? rope.local_sin : rope.sin;
+  TORCH_CHECK(cos.defined(), "Attention: no local RoPE tables for a Gemma3 sliding layer (make_rotary_tables)");
+  if (use_fused(fused_rotary, q) && q.scalar_type() == cos.scalar_type()) {
+    return {models::fused_rotary(q, cos, sin), models::fused_rotary(k, cos, sin)};
   }
-  return {apply_rotary(q, rope), apply_rotary(k, rope)};
+  const RotaryTables tables{cos, sin, {}, {}};
+  return {apply_rotary(q, tables), apply_rotary(k, tables)};
 }
 
 at::Tensor Attention::values(const at::Tensor& x) const {

@@ -1,8 +1,8 @@
 // decoder.hpp: the decoder-only transformer shared by Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
-// Mistral and Gemma2, as torch::nn modules whose parameters carry HF's names (q_proj.weight,
+// Mistral, Gemma2 and Gemma3, as torch::nn modules whose parameters carry HF's names (q_proj.weight,
 // input_layernorm.weight, ...).
 //
-// The maths follows HF's modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma2 (transformers 5.24):
+// The maths follows HF's modeling_llama / _qwen2 / _qwen3 / _mistral / _gemma2 / _gemma3 (transformers 5.24):
 //   RMSNorm     y = weight * (x_f32 * rsqrt(mean(x_f32^2) + eps)).to(x.dtype)
 //               Gemma2: y = (x_f32 * rsqrt(mean(x_f32^2) + eps) * (1 + weight_f32)).to(x.dtype)
 //   RoPE        inv_freq = 1 / theta^(arange(0, D, 2) / D), rescaled per config.rope_scaling
@@ -25,6 +25,8 @@
 //   Gemma2      embeddings * sqrt(hidden_size) (a 0-dim fp32 tensor cast to the embedding's dtype),
 //               logits tanh(l / c) * c (final_logit_softcapping) in the compute dtype
 //   Mistral     Llama's maths with a sliding window
+//   Gemma3      Gemma2's (no softcaps by default) with Qwen3's q_norm / k_norm in Gemma's (1 + weight)
+//               form, and the sliding layers' RoPE on its own base (rope_local_theta, default type)
 // Masking: query t (cache column past + t) sees key column s iff s <= past + t and the key's
 // attention-mask bit is 1; a sliding layer (Mistral, Gemma2's even layers) further hides keys more
 // than sliding_window visible keys back (Note [Sliding window] in decoder.cpp). A query that would
@@ -93,10 +95,14 @@ class RMSNorm : public torch::nn::Module {
   bool fused = false;  ///< On a GPU: one fused kernel (model.use_liger; Note [Fused layers]).
 };
 
-/// cos/sin tables for one batch of position ids, [B, 1, T, head_dim] in the compute dtype.
+/// cos/sin tables for one batch of position ids, [B, 1, T, head_dim] in the compute dtype; Gemma3's
+/// sliding layers rotate by their own base (ModelConfig::rope_local_theta): local_cos/local_sin,
+/// undefined elsewhere.
 struct RotaryTables {
   at::Tensor cos;
   at::Tensor sin;
+  at::Tensor local_cos;
+  at::Tensor local_sin;
 };
 
 /// HF's inverse frequencies [head_dim / 2] (fp32, on position_ids' device) for one forward call
@@ -114,7 +120,7 @@ double rotary_attention_factor(const ModelConfig& config);
 
 /// HF rotary embedding for `position_ids` [B, T] (computed in fp32, scaled by
 /// rotary_attention_factor, cast to `dtype`), with the config's head_dim, rope_theta and
-/// rope_scaling (rotary_inv_freq).
+/// rope_scaling (rotary_inv_freq); with rope_local_theta also the sliding layers' tables.
 RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype,
                                 const at::Tensor& max_position = at::Tensor());
 
@@ -233,6 +239,7 @@ class Attention : public torch::nn::Module {
   std::optional<double> softcap_;
   int64_t window_ = 0;
   bool plain_scores_ = true;
+  bool local_rope_ = false;  ///< RotaryTables::local_cos/local_sin (ModelConfig::layer_local_rope).
 };
 
 /// HF LlamaMLP (SwiGLU): down_proj(silu(gate_proj(x)) * up_proj(x)); Gemma2MLP (GeGLU) with

@@ -212,7 +212,7 @@ double fused_error(c10::Device device, c10::ScalarType dtype) {
     at::Tensor x = x0.detach().clone().requires_grad_(true);
     at::Tensor gate = gate0.detach().clone().requires_grad_(true), up = up0.detach().clone().requires_grad_(true);
     at::Tensor n_in = gate0.detach().clone().requires_grad_(true);
-    at::Tensor r = fused ? fused_rotary(x, cos, sin) : apply_rotary(x, RotaryTables{cos, sin});
+    at::Tensor r = fused ? fused_rotary(x, cos, sin) : apply_rotary(x, RotaryTables{cos, sin, {}, {}});
     at::Tensor m = fused ? fused_swiglu(gate, up) : at::silu(gate) * up;
     // The fused RMSNorm as RMSNorm::forward runs it (calling forward with `fused` set would
     // re-enter this check).

@@ -50,11 +50,12 @@ Status stage_tokenizer(const InitModelOptions& o, const fs::path& dir) {
 
 int64_t default_intermediate(int64_t hidden) { return ((8 * hidden / 3) + 63) / 64 * 64; }
 
-// Mistral's window, and Gemma2's fixed choices (init_model.hpp).
+// Mistral's window, and the Gemmas' fixed choices (init_model.hpp).
 Status set_family_defaults(const InitModelOptions& o, ModelConfig& c) {
   if (o.sliding_window < 0) return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window must not be negative");
-  if (o.sliding_window > 0 && o.arch != "mistral" && o.arch != "gemma2") {
-    return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window is for --arch mistral or gemma2");
+  const bool gemma = o.arch == "gemma2" || o.arch == "gemma3_text";
+  if (o.sliding_window > 0 && o.arch != "mistral" && !gemma) {
+    return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window is for --arch mistral, gemma2 or gemma3_text");
   }
   if (o.sliding_window > 0) c.sliding_window = o.sliding_window;
   const bool moe = o.arch == "qwen3_moe" || o.arch == "qwen2_moe";
@@ -76,12 +77,20 @@ Status set_family_defaults(const InitModelOptions& o, ModelConfig& c) {
           o.shared_expert_intermediate > 0 ? o.shared_expert_intermediate : 4 * m.moe_intermediate_size;
     }
   }
-  if (o.arch != "gemma2") return Status();
+  if (!gemma) return Status();
   c.hidden_act = "gelu_pytorch_tanh";
   c.tie_word_embeddings = true;
   c.query_pre_attn_scalar = static_cast<double>(c.head_dim);
-  c.attn_logit_softcapping = 50.0;
-  c.final_logit_softcapping = 30.0;
+  if (o.arch == "gemma2") {
+    c.attn_logit_softcapping = 50.0;
+    c.final_logit_softcapping = 30.0;
+    return Status();
+  }
+  // Gemma3TextConfig: no softcaps, every 6th layer full, the sliding layers' RoPE base 10000.
+  c.rope_local_theta = 10000.0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    c.layer_types.emplace_back((i + 1) % 6 != 0 ? "sliding_attention" : "full_attention");
+  }
   return Status();
 }
 

@@ -1,11 +1,13 @@
 // init_model.hpp: `tessera init-model` as a library function. It writes a complete HF model
 // directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) for a small,
-// randomly initialised Llama, Qwen2, Qwen3, Mistral or Gemma2, seeded and deterministic: the same
+// randomly initialised Llama, Qwen2, Qwen3, Mistral, Gemma2 or Gemma3, seeded and deterministic: the same
 // options give the same bytes. Initialisation is HF's _init_weights (normal(0, initializer_range =
 // 0.02) for matrices and the embedding, with the pad row zeroed; norms, Qwen3's q_norm/k_norm
 // included, 1 (Gemma2's 0, as they scale by 1 + weight); biases 0). Gemma2 gets HF Gemma2Config's
 // other defaults: tied embeddings, query_pre_attn_scalar = head_dim, softcaps 50 (attention) and
-// 30 (logits), sliding on even layers.
+// 30 (logits), sliding on even layers; Gemma3 Gemma3TextConfig's: tied embeddings,
+// query_pre_attn_scalar = head_dim, no softcaps, every 6th layer full, the sliding layers' RoPE
+// base 10000.
 //
 // The directory is staged in `<out>.tmp-<pid>-<n>` and renamed into place, so `out` either does
 // not exist or is complete. An existing non-empty `out` is refused.
@@ -22,7 +24,7 @@ namespace tessera::models {
 
 /// The knobs of `tessera init-model`.
 struct InitModelOptions {
-  /// HF model_type: "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral" or "gemma2".
+  /// HF model_type: "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "gemma2" or "gemma3_text".
   std::string arch = "llama";
   int64_t hidden = 0;                 ///< hidden_size.
   int64_t layers = 0;                 ///< num_hidden_layers.

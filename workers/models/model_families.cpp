@@ -118,8 +118,8 @@ Status mistral_specifics(const json& j, const std::string& source, ModelConfig& 
   return read_sliding_window(j, source, c);
 }
 
-// A softcap: a positive number, or null (off); `fallback` when absent.
-Status read_softcap(const json& j, const std::string& source, const char* field, double fallback,
+// A softcap: a positive number, or null (off); `fallback` when absent (nullopt: off).
+Status read_softcap(const json& j, const std::string& source, const char* field, std::optional<double> fallback,
                     std::optional<double>& out) {
   out = fallback;
   if (!j.contains(field)) return Status();
@@ -162,6 +162,31 @@ Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c
   return read_layer_types(j, source, c);
 }
 
+// Gemma3TextConfig: Gemma2's attention (scale, window) without softcaps by default, q_norm/k_norm
+// (ModelConfig::qk_norm), and layer types from sliding_window_pattern when not listed (every
+// pattern-th layer full). Its RoPE (two bases) is read by read_rope.
+Status gemma3_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(require_false(j, source, "use_bidirectional_attention", "causal attention only"));
+  TESSERA_RETURN_IF_ERROR(read_bool(j, source, "attention_bias", c.attention_bias));
+  c.query_pre_attn_scalar = 256.0;
+  TESSERA_RETURN_IF_ERROR(read_double(j, source, "query_pre_attn_scalar", c.query_pre_attn_scalar));
+  if (!(c.query_pre_attn_scalar > 0.0)) return field_error(source, "query_pre_attn_scalar", "must be positive");
+  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "attn_logit_softcapping", std::nullopt, c.attn_logit_softcapping));
+  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "final_logit_softcapping", std::nullopt, c.final_logit_softcapping));
+  TESSERA_RETURN_IF_ERROR(read_sliding_window(j, source, c));
+  TESSERA_RETURN_IF_ERROR(read_layer_types(j, source, c));
+  if (!c.layer_types.empty()) return Status();
+  int64_t pattern = 6;
+  for (const char* key : {"_sliding_window_pattern", "sliding_window_pattern"}) {
+    TESSERA_RETURN_IF_ERROR(read_int(j, source, key, pattern));
+    if (pattern <= 0) return field_error(source, key, "must be positive");
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    c.layer_types.emplace_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+  }
+  return Status();
+}
+
 const std::vector<const char*> kMoeFields = {"num_experts", "num_local_experts", "num_experts_per_tok",
                                              "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
                                              "mlp_only_layers"};
@@ -184,6 +209,11 @@ const std::vector<ModelTypeTraits>& model_types() {
        /*default_tie=*/true, "hidden_activation", "gelu_pytorch_tanh",
        {"sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
         "final_logit_softcapping"}},
+      // No Gemma3ForTokenClassification in transformers: no value model (a critic or reward model).
+      {"gemma3_text", "Gemma3ForCausalLM", "", 131072, 256, gemma3_specifics,
+       /*default_tie=*/true, "hidden_activation", "gelu_pytorch_tanh",
+       {"sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
+        "final_logit_softcapping", "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"}},
   };
   return table;
 }
@@ -242,19 +272,19 @@ Status validate_moe_fields(const ModelConfig& c, const std::string& source) {
 
 // The Mistral/Gemma2 fields the decoder reads: only on the families that have them, in range.
 Status validate_family_fields(const ModelConfig& c, const std::string& source) {
-  const bool gemma = c.model_type == "gemma2";
+  const bool gemma = c.gemma_norms();
   if (c.hidden_act != (gemma ? "gelu_pytorch_tanh" : "silu")) {
     return field_error(source, gemma ? "hidden_activation" : "hidden_act", "= '" + c.hidden_act + "' is not supported");
   }
   if (c.sliding_window && (*c.sliding_window <= 0 || (!gemma && c.model_type != "mistral"))) {
-    return field_error(source, "sliding_window", "is honoured for mistral and gemma2 only, and must be positive");
+    return field_error(source, "sliding_window", "is honoured for mistral and the Gemmas only, and must be positive");
   }
   if (!c.layer_types.empty() && (!gemma || static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)) {
-    return field_error(source, "layer_types", "is gemma2's, with one entry per layer");
+    return field_error(source, "layer_types", "is the Gemmas', with one entry per layer");
   }
   const bool gemma_fields = c.query_pre_attn_scalar != 0.0 || c.attn_logit_softcapping || c.final_logit_softcapping;
   if (gemma_fields && !gemma) {
-    return field_error(source, "query_pre_attn_scalar", "and the logit softcaps are gemma2's fields");
+    return field_error(source, "query_pre_attn_scalar", "and the logit softcaps are the Gemmas' fields");
   }
   if (c.query_pre_attn_scalar < 0.0) return field_error(source, "query_pre_attn_scalar", "must be positive");
   TESSERA_RETURN_IF_ERROR(validate_moe_fields(c, source));
@@ -282,8 +312,9 @@ void write_family_fields(const ModelConfig& c, json& j) {
       j["qkv_bias"] = c.attention_bias;
     }
   }
-  if (c.model_type == "mistral" || c.model_type == "gemma2") j["sliding_window"] = optional(c.sliding_window);
-  if (c.model_type != "gemma2") return;
+  if (c.model_type == "mistral" || c.gemma_norms()) j["sliding_window"] = optional(c.sliding_window);
+  if (!c.gemma_norms()) return;
+  if (c.rope_local_theta) j["rope_local_base_freq"] = *c.rope_local_theta;
   std::vector<std::string> types = c.layer_types;
   for (int64_t i = static_cast<int64_t>(types.size()); i < c.num_hidden_layers; ++i) {
     types.push_back(c.layer_slides(i) || (!c.sliding_window && i % 2 == 0) ? "sliding_attention" : "full_attention");

@@ -1,5 +1,5 @@
 // weight_loader.cpp: the architecture table and the HF decoder loader (Llama, Qwen2, Qwen3,
-// Qwen2-MoE, Qwen3-MoE, Mistral, Gemma2).
+// Qwen2-MoE, Qwen3-MoE, Mistral, Gemma2, Gemma3).
 #include "workers/models/weight_loader.hpp"
 
 #include <regex>
@@ -143,6 +143,7 @@ void register_builtins(WeightLoaderRegistry& r) {
       {"Qwen3ForCausalLM", HeadKind::causal_lm},
       {"MistralForCausalLM", HeadKind::causal_lm},
       {"Gemma2ForCausalLM", HeadKind::causal_lm},
+      {"Gemma3ForCausalLM", HeadKind::causal_lm},
       {"Qwen2MoeForCausalLM", HeadKind::causal_lm},
       {"Qwen3MoeForCausalLM", HeadKind::causal_lm},
       {"Qwen2MoeForTokenClassification", HeadKind::value},

@@ -156,6 +156,36 @@ TEST(InitModel, Gemma2WithHfDefaults) {
   expect_export_stable(tmp / "g", tmp / "g2");
 }
 
+TEST(InitModel, Gemma3WithHfDefaults) {
+  TempDir tmp;
+  InitModelOptions o = small("gemma3_text", tmp / "g");
+  o.head_dim = 16;
+  o.layers = 7;
+  o.sliding_window = 4;
+  o.rope_theta = 1e6;
+  ASSERT_TRUE(init_model(o).ok());
+  auto raw = nlohmann::json::parse(std::ifstream(tmp / "g/config.json"));
+  EXPECT_EQ(raw["architectures"][0], "Gemma3ForCausalLM");
+  EXPECT_EQ(raw["model_type"], "gemma3_text");
+  EXPECT_EQ(raw["tie_word_embeddings"], true);
+  EXPECT_EQ(raw["query_pre_attn_scalar"], 16.0);
+  EXPECT_TRUE(raw["attn_logit_softcapping"].is_null());
+  EXPECT_TRUE(raw["final_logit_softcapping"].is_null());
+  EXPECT_EQ(raw["rope_theta"], 1e6);
+  EXPECT_EQ(raw["rope_local_base_freq"], 10000.0);
+  nlohmann::json types = nlohmann::json::array();
+  for (int i = 0; i < 7; ++i) types.push_back(i == 5 ? "full_attention" : "sliding_attention");
+  EXPECT_EQ(raw["layer_types"], types);
+  auto model = load_causal_lm(tmp / "g");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  TensorMap p = (*model)->parameter_map();
+  for (const char* n : {"self_attn.q_norm", "self_attn.k_norm", "pre_feedforward_layernorm"}) {
+    ASSERT_EQ(p.count(std::string("model.layers.0.") + n + ".weight"), 1u) << n;
+    EXPECT_EQ(p.at(std::string("model.layers.0.") + n + ".weight").abs().max().item<double>(), 0.0) << n;  // 1 + 0
+  }
+  expect_export_stable(tmp / "g", tmp / "g2");
+}
+
 TEST(InitModel, RoundTripIsBitwiseIdenticalWithIdenticalLogits) {
   TempDir tmp;
   ASSERT_TRUE(init_model(small("llama", tmp / "a")).ok());

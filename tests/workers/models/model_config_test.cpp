@@ -466,6 +466,77 @@ TEST(ModelConfig, Gemma2DefaultsFollowHf) {
   expect_round_trip(*off);
 }
 
+// gemma-3-1b-it's config.json as released (transformers 4.50): legacy RoPE keys (rope_theta for
+// the full layers, rope_local_base_freq for the sliding ones) and sliding_window_pattern.
+json gemma3_1b_json() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+    "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+    "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})");
+}
+
+TEST(ModelConfig, Gemma3AsReleasedParsesAndRoundTrips) {
+  auto c = parse_model_config(gemma3_1b_json(), "g3/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->architecture, "Gemma3ForCausalLM");
+  EXPECT_TRUE(c->gemma_norms());
+  EXPECT_TRUE(c->qk_norm());
+  EXPECT_TRUE(c->tie_word_embeddings);  // Gemma3TextConfig's default
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_local_theta, 10000.0);
+  EXPECT_EQ(c->rope_scaling.rope_type, "default");
+  EXPECT_EQ(c->sliding_window, 512);
+  EXPECT_FALSE(c->attn_logit_softcapping.has_value());
+  EXPECT_FALSE(c->final_logit_softcapping.has_value());
+  ASSERT_EQ(c->layer_types.size(), 26u);
+  for (int64_t i = 0; i < 26; ++i) {  // every 6th layer full
+    const bool full = (i + 1) % 6 == 0;
+    EXPECT_EQ(c->layer_slides(i), !full) << i;
+    EXPECT_EQ(c->layer_local_rope(i), !full) << i;
+  }
+  EXPECT_EQ(c->extra.count("sliding_window_pattern"), 0u);  // modelled: written as layer_types
+  EXPECT_EQ(c->extra["cache_implementation"], "hybrid");
+  json out = model_config_to_json(*c);
+  EXPECT_EQ(out["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(out["rope_theta"], 1e6);
+  EXPECT_EQ(out["layer_types"].size(), 26u);
+  EXPECT_EQ(out["hidden_activation"], "gelu_pytorch_tanh");
+  expect_round_trip(*c);
+  // No Gemma3ForTokenClassification in transformers: no critic or reward model of this family.
+  auto value = architecture_name("gemma3_text", HeadKind::value);
+  ASSERT_FALSE(value.ok());
+  EXPECT_NE(value.status().message().find("no value model"), std::string::npos) << value.status().message();
+}
+
+// As transformers 5 writes it: RoPE per layer type; the sliding layers' must be the default type.
+TEST(ModelConfig, Gemma3RopePerLayerType) {
+  json j = gemma3_1b_json();
+  for (const char* k : {"rope_theta", "rope_local_base_freq", "rope_scaling", "sliding_window_pattern"}) j.erase(k);
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 5e5}}},
+                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 2e4}}}};
+  auto c = parse_model_config(j, "g3/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->rope_theta, 5e5);
+  EXPECT_EQ(c->rope_scaling.rope_type, "linear");
+  EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  EXPECT_EQ(c->rope_local_theta, 2e4);
+  EXPECT_FALSE(c->layer_local_rope(1));
+  expect_round_trip(*c);
+  j["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  auto bad = parse_model_config(j, "g3/config.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("g3/config.json: field 'rope_parameters.sliding_attention'"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 struct FamilyRefusal {
   std::string name;
   bool gemma;   // patch gemma2_json(), else mistral_json()

@@ -24,6 +24,10 @@
 //                  query_pre_attn_scalar 24, attn/final logit softcaps 2 and 3 (small, so tanh
 //                  bends), GeGLU, four (1 + w) norms per layer, scaled and tied embeddings; HF has
 //                  no sdpa for it, so its bf16 logits come from eager attention
+//   gemma3_text    Gemma3ForCausalLM: 3 layers (sliding, full, sliding; window 4), q_norm/k_norm in
+//                  the (1 + w) form, the full layer's RoPE on base 1e6 with linear scaling 2, the
+//                  sliding layers' on base 1e4 (rope_parameters per layer type, as transformers 5
+//                  writes it), query_pre_attn_scalar 24, no softcaps
 // Each case also records HF's greedy generate() (6 new tokens, fp32, eager, no EOS stop), which
 // Tessera's KV-cache loop must reproduce token for token.
 // Tessera loads each directory in the same dtype, on every device this process has (the CPU, and
@@ -74,6 +78,14 @@ def build(out, case):
                      final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
         attn_bf16 = "eager"
+    elif case == "gemma3_text":
+        from transformers import Gemma3TextConfig as Config, Gemma3ForCausalLM as Model
+        cfg = Config(**dict(common, num_hidden_layers=3), head_dim=32, max_position_embeddings=256,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=4,
+                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                     query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
     elif case == "qwen2":
         from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
         cfg = Config(max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False, **common)
@@ -168,7 +180,7 @@ for case in sys.argv[2:]:
 
 const std::vector<std::string> kCases = {"qwen2",      "qwen3",   "llama_llama3", "llama_linear",
                                          "llama_dynamic", "mistral", "gemma2",       "llama_yarn",
-                                         "qwen2_yarn", "qwen3_moe", "qwen2_moe"};
+                                         "qwen2_yarn", "qwen3_moe", "qwen2_moe", "gemma3_text"};
 
 at::Tensor from_json(const nlohmann::json& j, at::ScalarType dtype) {
   std::vector<int64_t> shape;
