@@ -22,7 +22,7 @@ void add_model_commands(CLI::App& app) {
   cmd->add_option("--heads", opts->heads, "num_attention_heads")->required();
   cmd->add_option("--kv-heads", opts->kv_heads, "num_key_value_heads (default: --heads)");
   cmd->add_option("--head-dim", opts->head_dim, "head_dim (default: --hidden / --heads)");
-  cmd->add_option("--sliding-window", opts->sliding_window, "mistral, gemma2: sliding_window (default: none)");
+  cmd->add_option("--sliding-window", opts->sliding_window, "mistral, gemma2, gemma3_text: sliding_window (default: none for mistral, 4096 for the Gemmas)");
   cmd->add_option("--intermediate", opts->intermediate, "intermediate_size (default: 8/3 hidden, rounded to 64)");
   cmd->add_option("--experts", opts->experts, "qwen3_moe, qwen2_moe: num_experts (default: HF's, 128 and 60)");
   cmd->add_option("--experts-per-tok", opts->experts_per_tok, "MoE: num_experts_per_tok (default: HF's, 8 and 4)");

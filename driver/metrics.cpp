@@ -160,7 +160,8 @@ MarkedTimer::MarkedTimer(std::string name, TimingRaw& timing_raw)
     : name_(std::move(name)), timing_raw_(timing_raw), start_(std::chrono::steady_clock::now()) {}
 
 MarkedTimer::~MarkedTimer() {
-  timing_raw_[name_] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  // verl's _timer adds: a phase entered twice in a step (dynamic sampling's gen) counts both.
+  timing_raw_[name_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
 }  // namespace tessera::driver

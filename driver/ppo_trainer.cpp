@@ -230,23 +230,30 @@ Status RayPPOTrainer::fit_loop() {
   if (options_.progress) s.bar = std::make_unique<ProgressBar>(total_training_steps_, options_.progress);
   global_steps_ += 1;
   if (global_steps_ > total_training_steps_) return Status();  // resumed after the last step
-  TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
-  for (int64_t epoch = s.epoch(); epoch < total_epochs; ++epoch) {
-    while (true) {
-      TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, s.next_batch());
-      if (!indices) break;
-      const bool is_last = global_steps_ >= total_training_steps_;
-      TESSERA_ASSIGN_OR_RETURN(Metrics metrics, train_step(*indices, is_last));
-      metrics["training/epoch"] = static_cast<double>(epoch);
-      TESSERA_RETURN_IF_ERROR(log_step(global_steps_, metrics));
-      if (s.bar) s.bar->update(global_steps_, metrics);
-      if (options_.after_step) TESSERA_RETURN_IF_ERROR(options_.after_step(global_steps_, metrics));
-      if (is_last) {
-        if (s.bar) s.bar->finish();
-        return Status();
-      }
-      global_steps_ += 1;
+  // Epochs follow the loader (dynamic sampling may draw into the next one within a step).
+  while (true) {
+    TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, next_training_batch());
+    if (!indices) break;
+    const int64_t epoch = s.epoch();
+    const bool is_last = global_steps_ >= total_training_steps_;
+    TESSERA_ASSIGN_OR_RETURN(std::optional<Metrics> stepped, train_step(*indices, is_last));
+    if (!stepped) break;  // dynamic sampling ran out of data
+    Metrics& metrics = *stepped;
+    metrics["training/epoch"] = static_cast<double>(epoch);
+    TESSERA_RETURN_IF_ERROR(log_step(global_steps_, metrics));
+    if (s.bar) s.bar->update(global_steps_, metrics);
+    if (options_.after_step) TESSERA_RETURN_IF_ERROR(options_.after_step(global_steps_, metrics));
+    if (is_last) {
+      if (s.bar) s.bar->finish();
+      return Status();
     }
+    global_steps_ += 1;
+  }
+  // The data ran out before total_training_steps (dynamic sampling's steps take several batches):
+  // as verl's DAPO trainer, the last trained step is saved.
+  global_steps_ -= 1;
+  if (s.save_freq > 0 && global_steps_ > 0 && global_steps_ % s.save_freq != 0) {
+    TESSERA_RETURN_IF_ERROR(save_checkpoint());
   }
   if (s.bar) s.bar->finish();
   return Status();

@@ -12,11 +12,17 @@
 // fit() (§7.2), per batch of data.train_batch_size prompts:
 //   pop generation keys -> repeat n (interleave) -> gen (+gen_max for remax) -> uid ->
 //   repeat + union -> response_mask -> balance_batch -> reward (rm scores, then the rule reward
-//   manager) -> old_log_prob (actor/entropy) -> ref -> values -> adv (KL in reward, then
+//   manager) -> old_log_prob (actor/entropy; skipped on-policy, Note [On-policy old log-probs]
+//   in workers/ppo/dp_actor.hpp) -> ref -> values -> adv (KL in reward, then
 //   compute_advantage) -> update_critic -> update_actor (after critic_warmup) -> validation every
 //   test_freq -> checkpoint every save_freq -> metrics, loggers, progress bar.
 // Rollout uids are deterministic ("<global_step>-<row>") instead of verl's uuid4: they only
 // group samples, and determinism makes resumed runs comparable.
+// With algorithm.filter_groups (DAPO's dynamic sampling) the data loader yields batches of
+// data.gen_batch_size prompts, each scored right after generation; prompts whose n samples all
+// have the same metric value are dropped, and generation goes on (into the next epoch if need
+// be) until data.train_batch_size prompts are kept, then the step trains on them as above
+// (balance_batch after the filter). train/num_gen_batches counts the batches a step took.
 //
 // Checkpoints follow verl's layout through CheckpointManager; the driver state (trainer_state.json)
 // records global_step and the KL controller's coefficient, data.json the dataloader position. On
@@ -104,7 +110,21 @@ class RayPPOTrainer {
  private:
   RayPPOTrainer() = default;
   Status start_workers(const runtime::WorkerTypeRegistry& registry);
-  Result<Metrics> train_step(const std::vector<int64_t>& indices, bool is_last_step);
+  // One step from the batch of `indices`; nullopt when dynamic sampling (algorithm.filter_groups)
+  // ran out of data before the batch was full (verl ends the run there, untrained).
+  Result<std::optional<Metrics>> train_step(const std::vector<int64_t>& indices, bool is_last_step);
+  // The next batch of prompt indices, into the next epoch at an epoch's end; nullopt after the
+  // last epoch (trainer.total_epochs).
+  Result<std::optional<std::vector<int64_t>>> next_training_batch();
+  // Collates `indices`, generates (gen, gen_max for remax), sets uids and unions the rollout
+  // into the repeated batch with its response_mask. `gen_index` > 0 (dynamic sampling's further
+  // generation batches) keeps the uids apart.
+  Result<proto::DataProto> rollout_batch(const std::vector<int64_t>& indices, int64_t gen_index, Metrics& metrics,
+                                         TimingRaw& timing);
+  // DAPO's dynamic sampling (verl's recipe/dapo): scores `first`, keeps the prompts whose samples
+  // differ in algorithm.filter_groups.metric, and generates further batches until
+  // data.train_batch_size prompts are kept; their first train_batch_size x n rows, scored.
+  Result<std::optional<proto::DataProto>> dynamic_sampling(proto::DataProto first, Metrics& metrics, TimingRaw& timing);
   Status fit_loop();  // fit() less the loggers' finish
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);

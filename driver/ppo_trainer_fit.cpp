@@ -1,7 +1,10 @@
 // ppo_trainer_fit.cpp: one fit() step in verl v0.5.0's order, and _validate (see ppo_trainer.hpp).
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <future>
+#include <map>
+#include <set>
 
 #include "driver/config.hpp"
 #include "driver/generations.hpp"
@@ -107,13 +110,9 @@ Status remax_baselines(const std::function<Result<proto::DataProto>(const proto:
 
 }  // namespace
 
-Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, bool is_last_step) {
+Result<proto::DataProto> RayPPOTrainer::rollout_batch(const std::vector<int64_t>& indices, int64_t gen_index,
+                                                      Metrics& metrics, TimingRaw& timing) {
   State& s = *state_;
-  Metrics metrics;
-  TimingRaw timing;
-  std::future<Result<RewardOutput>> reward;  // reward_model.launch_reward_fn_async's scoring
-  if (s.profiler) TESSERA_RETURN_IF_ERROR(s.profiler->begin(global_steps_));
-  std::optional<MarkedTimer> step_timer(std::in_place, "step", timing);
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, s.train_dataset->collate(indices));
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen_batch, pop_generation_keys(batch));
   TESSERA_ASSIGN_OR_RETURN(gen_batch, gen_batch.repeat(s.n, /*interleave=*/true));
@@ -130,7 +129,13 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     auto gen = [this](const proto::DataProto& in, Metrics& m, TimingRaw& t) { return generate(in, m, t); };
     TESSERA_RETURN_IF_ERROR(remax_baselines(gen, s, gen_batch, batch, metrics, timing));
   }
-  TESSERA_RETURN_IF_ERROR(batch.set_column("uid", proto::Column::strings(step_uids(global_steps_, batch.size()))));
+  // A step's further generation batches (dynamic sampling) number their prompts apart.
+  const int64_t step_id = global_steps_;
+  std::vector<std::string> uids = step_uids(step_id, batch.size());
+  if (gen_index > 0) {
+    for (std::string& uid : uids) uid.insert(uid.find('-'), fmt::format(".{}", gen_index));
+  }
+  TESSERA_RETURN_IF_ERROR(batch.set_column("uid", proto::Column::strings(uids)));
   TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.n, /*interleave=*/true));
   if (gen_out.tensor("old_log_probs").ok()) {  // recomputed below, as verl v0.5.0 does
     TESSERA_RETURN_IF_ERROR(gen_out.pop(std::vector<std::string>{"old_log_probs"}).status());
@@ -140,6 +145,135 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
     TESSERA_ASSIGN_OR_RETURN(at::Tensor response_mask, compute_response_mask(batch));
     TESSERA_RETURN_IF_ERROR(batch.set_tensor("response_mask", response_mask));
   }
+  return batch;
+}
+
+Result<std::optional<std::vector<int64_t>>> RayPPOTrainer::next_training_batch() {
+  State& s = *state_;
+  TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
+  for (int tries = 0; tries < 2 && s.epoch() < total_epochs; ++tries) {
+    TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, s.next_batch());
+    if (indices) return indices;  // else the epoch ended, and next_batch() moved to the next one
+  }
+  return std::optional<std::vector<int64_t>>();
+}
+
+namespace {
+
+// The value per row that DAPO's filter compares within a prompt's group: a reward extra-info
+// column (numbers or booleans), or seq_reward / seq_final_reward, the summed token scores / rewards.
+Result<std::vector<double>> filter_values(const proto::DataProto& batch, const std::string& metric) {
+  if (metric == "seq_reward" || metric == "seq_final_reward") {
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor t,
+                             batch.tensor(metric == "seq_reward" ? "token_level_scores" : "token_level_rewards"));
+    return to_doubles(t.sum(-1));
+  }
+  auto column = batch.column(metric);
+  if (!column.ok()) {
+    return make_error(ErrorCode::invalid_argument,
+                      "algorithm.filter_groups.metric = '{}' is not a reward extra-info key of this run's reward "
+                      "manager (nor seq_reward / seq_final_reward)", metric);
+  }
+  std::vector<double> values;
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    const json v = column->row_json(i);
+    if (!v.is_number() && !v.is_boolean()) {
+      return make_error(ErrorCode::invalid_argument,
+                        "algorithm.filter_groups.metric = '{}': row {} holds {}, not a number", metric, i, v.dump());
+    }
+    values.push_back(v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>());
+  }
+  return values;
+}
+
+// verl's filter: the rows of the prompts (uids) whose values have a non-zero population standard
+// deviation, or a single sample; and how many such prompts there are.
+Result<std::pair<std::vector<int64_t>, int64_t>> varied_groups(const proto::DataProto& batch,
+                                                               const std::vector<double>& values) {
+  TESSERA_ASSIGN_OR_RETURN(proto::Column uid_column, batch.column("uid"));
+  std::vector<std::string> uids;
+  std::map<std::string, std::vector<double>> groups;
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    uids.push_back(uid_column.row_json(i).get<std::string>());
+    groups[uids.back()].push_back(values[static_cast<size_t>(i)]);
+  }
+  std::set<std::string> kept;
+  for (const auto& [uid, v] : groups) {
+    double mean = 0, var = 0;
+    for (double x : v) mean += x / static_cast<double>(v.size());
+    for (double x : v) var += (x - mean) * (x - mean);
+    if (var > 0 || v.size() == 1) kept.insert(uid);
+  }
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    if (kept.count(uids[static_cast<size_t>(i)])) rows.push_back(i);
+  }
+  return std::make_pair(std::move(rows), static_cast<int64_t>(kept.size()));
+}
+
+}  // namespace
+
+Result<std::optional<proto::DataProto>> RayPPOTrainer::dynamic_sampling(proto::DataProto first, Metrics& metrics,
+                                                                         TimingRaw& timing) {
+  State& s = *state_;
+  std::vector<proto::DataProto> kept;
+  int64_t prompts = 0, gen_batches = 0;
+  proto::DataProto batch = std::move(first);
+  while (true) {
+    ++gen_batches;
+    {
+      MarkedTimer t("reward", timing);
+      if (rm_wg_) {
+        TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
+        TESSERA_RETURN_IF_ERROR(union_output(batch, rm));
+      }
+      TESSERA_RETURN_IF_ERROR(add_scores(s, batch, (*s.reward_fn)(batch)));
+      TESSERA_ASSIGN_OR_RETURN(at::Tensor scores, batch.tensor("token_level_scores"));
+      TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_rewards", scores));  // no KL in the reward here
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<double> values, filter_values(batch, s.filter_metric));
+    TESSERA_ASSIGN_OR_RETURN(auto groups, varied_groups(batch, values));
+    prompts += groups.second;
+    if (!groups.first.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(proto::DataProto rows, batch.index(groups.first));
+      kept.push_back(std::move(rows));
+    }
+    if (prompts >= s.train_batch_size) break;
+    if (s.max_num_gen_batches > 0 && gen_batches >= s.max_num_gen_batches) {
+      return make_error(ErrorCode::resource_exhausted,
+                        "dynamic sampling kept {} of data.train_batch_size = {} prompts in "
+                        "algorithm.filter_groups.max_num_gen_batches = {} generation batches: the data may be too "
+                        "hard (or too easy) for the model; raise it, or 0 for no limit",
+                        prompts, s.train_batch_size, s.max_num_gen_batches);
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> next, next_training_batch());
+    if (!next) {
+      spdlog::info("dynamic sampling: the data ran out with {} of data.train_batch_size = {} prompts kept after {} "
+                   "generation batches; that batch is not trained on (as in verl)",
+                   prompts, s.train_batch_size, gen_batches);
+      return std::optional<proto::DataProto>();
+    }
+    TESSERA_ASSIGN_OR_RETURN(batch, rollout_batch(*next, gen_batches, metrics, timing));
+  }
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto all, proto::DataProto::concat(kept));
+  metrics["train/num_gen_batches"] = static_cast<double>(gen_batches);
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto trimmed, all.slice(0, s.train_batch_rows));
+  return std::optional<proto::DataProto>(std::move(trimmed));
+}
+
+Result<std::optional<Metrics>> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, bool is_last_step) {
+  State& s = *state_;
+  Metrics metrics;
+  TimingRaw timing;
+  std::future<Result<RewardOutput>> reward;  // reward_model.launch_reward_fn_async's scoring
+  if (s.profiler) TESSERA_RETURN_IF_ERROR(s.profiler->begin(global_steps_));
+  std::optional<MarkedTimer> step_timer(std::in_place, "step", timing);
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, rollout_batch(indices, 0, metrics, timing));
+  if (s.filter_groups) {  // scored per generation batch, then filtered and joined
+    TESSERA_ASSIGN_OR_RETURN(std::optional<proto::DataProto> kept, dynamic_sampling(std::move(batch), metrics, timing));
+    if (!kept) return std::optional<Metrics>();
+    batch = std::move(*kept);
+  }
   if (s.balance) TESSERA_RETURN_IF_ERROR(balance_batch(batch, actor_rollout_wg_->world_size(), metrics));
   {
     TESSERA_ASSIGN_OR_RETURN(at::Tensor mask, batch.tensor("attention_mask"));
@@ -148,7 +282,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
         std::vector<int64_t>(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
   }
   batch.meta_info()["temperature"] = s.temperature;
-  {
+  if (!s.filter_groups) {
     MarkedTimer t("reward", timing);
     if (rm_wg_) {
       TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
@@ -244,7 +378,7 @@ Result<Metrics> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, b
   TESSERA_ASSIGN_OR_RETURN(Metrics timing_m, compute_timing_metrics(batch, timing));
   TESSERA_ASSIGN_OR_RETURN(Metrics perf, compute_throughout_metrics(batch, timing, s.world_size));
   for (const Metrics* m : {&data, &timing_m, &perf}) metrics.insert(m->begin(), m->end());
-  return metrics;
+  return std::optional<Metrics>(std::move(metrics));
 }
 
 Result<Metrics> RayPPOTrainer::validate() {

@@ -58,6 +58,13 @@ Status read_flags(const json& cfg, State& s) {
   const bool has_sampler = sampler != nullptr && !sampler->is_null();
   s.skip_old_log_prob = skip && !s.use_kl_in_reward && !has_sampler && epochs == 1 && mini == train_batch;
   s.train_batch_rows = train_batch * s.n;
+  s.train_batch_size = train_batch;
+  TESSERA_ASSIGN_OR_RETURN(s.filter_groups, config_get<bool>(cfg, "algorithm.filter_groups.enable"));
+  if (s.filter_groups) {
+    TESSERA_ASSIGN_OR_RETURN(s.filter_metric, config_get<std::string>(cfg, "algorithm.filter_groups.metric"));
+    TESSERA_ASSIGN_OR_RETURN(s.max_num_gen_batches,
+                             config_get<int64_t>(cfg, "algorithm.filter_groups.max_num_gen_batches"));
+  }
   if (s.adv_estimator == "remax" && s.n != 1) {
     return make_error(ErrorCode::unimplemented,
                       "algorithm.adv_estimator=remax with actor_rollout_ref.rollout.n={}: only n=1 is supported "
@@ -95,7 +102,8 @@ Status load_data(const json& cfg, State& s) {
     TESSERA_RETURN_IF_ERROR(load_train_and_val(cfg, tok, opts, s.train_dataset, s.val_dataset));
   }
   DataLoaderOptions lo;
-  TESSERA_ASSIGN_OR_RETURN(lo.batch_size, config_get<int64_t>(cfg, "data.train_batch_size"));
+  // verl's _create_dataloader: data.gen_batch_size prompts a batch (DAPO's recipe sets it).
+  TESSERA_ASSIGN_OR_RETURN(lo.batch_size, config_get<int64_t>(cfg, "data.gen_batch_size"));
   TESSERA_ASSIGN_OR_RETURN(lo.shuffle, config_get<bool>(cfg, "data.shuffle"));
   lo.drop_last = true;
   lo.seed = static_cast<uint64_t>(s.seed);

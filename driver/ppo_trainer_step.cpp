@@ -16,24 +16,21 @@ Result<std::optional<Metrics>> RayPPOTrainer::step() {
     stepping_ = true;
   }
   if (global_steps_ >= total_training_steps_) return std::optional<Metrics>();
-  TESSERA_ASSIGN_OR_RETURN(int64_t total_epochs, config_get<int64_t>(cfg_, "trainer.total_epochs"));
-  TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, s.next_batch());
-  if (!indices) {  // the epoch is exhausted; next() moved the loader to the next one
-    if (s.epoch() >= total_epochs) return std::optional<Metrics>();
-    TESSERA_ASSIGN_OR_RETURN(indices, s.next_batch());
-    if (!indices) return std::optional<Metrics>();
-  }
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, next_training_batch());
+  if (!indices) return std::optional<Metrics>();
   const int64_t epoch = s.epoch();
   global_steps_ += 1;  // train_step() numbers the step it runs (uids, save_freq, test_freq)
-  Result<Metrics> metrics = train_step(*indices, global_steps_ >= total_training_steps_);
-  if (!metrics.ok()) {
+  Result<std::optional<Metrics>> metrics = train_step(*indices, global_steps_ >= total_training_steps_);
+  if (!metrics.ok() || !*metrics) {
     global_steps_ -= 1;
-    return metrics.status();
+    if (!metrics.ok()) return metrics.status();
+    return std::optional<Metrics>();  // dynamic sampling ran out of data
   }
-  (*metrics)["training/epoch"] = static_cast<double>(epoch);
-  TESSERA_RETURN_IF_ERROR(log_step(global_steps_, *metrics));
+  Metrics& m = **metrics;
+  m["training/epoch"] = static_cast<double>(epoch);
+  TESSERA_RETURN_IF_ERROR(log_step(global_steps_, m));
   if (global_steps_ >= total_training_steps_ && s.tracking) s.tracking->finish(true);  // the last step
-  return std::optional<Metrics>(std::move(*metrics));
+  return std::optional<Metrics>(std::move(m));
 }
 
 std::vector<std::pair<std::string, dispatch::WorkerGroup*>> RayPPOTrainer::worker_groups() const {

@@ -63,6 +63,12 @@ struct RayPPOTrainer::State {
   /// skips the old_log_prob pass (Note [On-policy old log-probs] in workers/ppo/dp_actor.hpp).
   bool skip_old_log_prob = false;
   int64_t train_batch_rows = 0;  ///< data.train_batch_size x rollout.n.
+  int64_t train_batch_size = 0;  ///< data.train_batch_size (prompts).
+  /// algorithm.filter_groups (DAPO's dynamic sampling): enable, metric (a reward extra-info
+  /// column, or seq_reward / seq_final_reward), max_num_gen_batches (<= 0: no limit).
+  bool filter_groups = false;
+  std::string filter_metric;
+  int64_t max_num_gen_batches = 0;
   int64_t seed = 1, n = 1, total_training_steps = 0, critic_warmup = 0, test_freq = -1, save_freq = -1;
   int64_t world_size = 1;
   std::string adv_estimator, kl_penalty, loss_agg_mode;

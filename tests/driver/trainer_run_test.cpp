@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include "driver/plot.hpp"
 #include "driver/ppo_trainer.hpp"
@@ -765,6 +767,101 @@ TEST(TrainerRun, OnPolicyStepsSkipTheOldLogProbPassAndTrainAlike) {
   for (size_t i = 1; i < runs[0].size(); ++i) {
     const double pass = runs[0][i].second.at("actor/entropy"), update = runs[1][i].second.at("actor/entropy");
     EXPECT_NEAR(update, pass, 0.1 * pass) << "step " << i;
+  }
+}
+
+// DAPO's dynamic sampling (algorithm.filter_groups, data.gen_batch_size): a step trains only on
+// prompts whose samples scored differently, train_batch_size of them from as many generation
+// batches as it takes. The reward (the response length's parity) varies within some groups and
+// not others; every trained group in the rollout dumps has two different scores.
+TEST(TrainerRun, DynamicSamplingTrainsOnlyPromptsWhoseSamplesDiffer) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON is not set";
+  TempDir dir("dapo");
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                         "    return {'score': float(len(solution_str) % 2), 'idx': extra_info['index']}\n");
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 3);
+  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", std::string("data.gen_batch_size=6"),
+                               std::string("algorithm.filter_groups.enable=true"),
+                               std::string("algorithm.filter_groups.metric=score"),
+                               "trainer.rollout_data_dir=" + d + "/rollouts", std::string("trainer.val_before_train=false"),
+                               std::string("trainer.test_freq=-1")}) {
+    o.push_back(k);
+  }
+  auto t = testing::fit_trainer(o);
+  ASSERT_NE(t, nullptr);
+  const auto& h = t->history();
+  ASSERT_EQ(h.size(), 3u);
+  int64_t gen_batches = 0;
+  for (const auto& [step, m] : h) {
+    ASSERT_EQ(m.count("train/num_gen_batches"), 1u) << step;
+    gen_batches += static_cast<int64_t>(m.at("train/num_gen_batches"));
+    const auto rows = read_jsonl(dir.path() / "rollouts" / fmt::format("{}.jsonl", step));
+    ASSERT_EQ(rows.size(), 8u) << step;  // train_batch_size 4 x n 2
+    std::map<int64_t, std::set<double>> scores;
+    for (const auto& r : rows) scores[r["idx"].get<int64_t>()].insert(r["score"].get<double>());
+    for (const auto& [idx, values] : scores) EXPECT_EQ(values.size(), 2u) << "step " << step << " prompt " << idx;
+  }
+  EXPECT_GE(gen_batches, 3);
+}
+
+// A reward that never varies within a group: max_num_gen_batches stops the run in one line; with
+// no limit the data runs out, and the run ends untrained, as verl's.
+TEST(TrainerRun, DynamicSamplingThatKeepsNothingStopsOrRunsOutOfData) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON is not set";
+  TempDir dir("dapo_flat");
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                         "    return {'score': 1.0, 'acc': True}\n");
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", std::string("data.gen_batch_size=16"),
+                               std::string("algorithm.filter_groups.enable=true"),
+                               std::string("algorithm.filter_groups.metric=acc"),
+                               std::string("trainer.val_before_train=false"), std::string("trainer.test_freq=-1")}) {
+    o.push_back(k);
+  }
+  auto limited = o;
+  limited.push_back("algorithm.filter_groups.max_num_gen_batches=2");
+  auto cfg = load_config(ConfigKind::ppo, "", limited);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  PpoTrainerOptions options;
+  options.progress = nullptr;
+  auto t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), options);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_TRUE((*t)->init_workers().ok());
+  Status st = (*t)->fit();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("dynamic sampling kept 0 of data.train_batch_size = 4 prompts in "
+                              "algorithm.filter_groups.max_num_gen_batches = 2 generation batches"),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(st.message().find('\n'), std::string::npos);
+  auto ran_out = testing::fit_trainer(o);  // 64 prompts in 4 batches of 16, none kept
+  ASSERT_NE(ran_out, nullptr);
+  EXPECT_TRUE(ran_out->history().empty());
+  o.push_back("algorithm.filter_groups.metric=no_such_key");
+  cfg = load_config(ConfigKind::ppo, "", o);
+  ASSERT_TRUE(cfg.ok());
+  t = RayPPOTrainer::create(std::move(*cfg), testing::trainer_registry(), options);
+  ASSERT_TRUE(t.ok() && (*t)->init_workers().ok());
+  st = (*t)->fit();
+  EXPECT_NE(st.message().find("algorithm.filter_groups.metric = 'no_such_key' is not a reward extra-info key"),
+            std::string::npos)
+      << st.message();
+  // Refused before starting: no metric; KL in the reward (it would need every batch's log-probs).
+  for (const auto& [patch, want] : std::vector<std::pair<std::string, std::string>>{
+           {"algorithm.filter_groups.metric=null", "needs algorithm.filter_groups.metric"},
+           {"algorithm.use_kl_in_reward=true", "with algorithm.use_kl_in_reward=true is not supported"}}) {
+    auto bad = o;
+    bad.push_back(patch);
+    auto c = load_config(ConfigKind::ppo, "", bad);
+    Status why = c.ok() ? RayPPOTrainer::create(std::move(*c), testing::trainer_registry(), options).status() : c.status();
+    ASSERT_FALSE(why.ok()) << patch;
+    EXPECT_NE(why.message().find(want), std::string::npos) << why.message();
   }
 }
 

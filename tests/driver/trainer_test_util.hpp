@@ -34,14 +34,15 @@ inline const runtime::WorkerTypeRegistry& trainer_registry() {
 
 /// A tiny Qwen2 (hidden 32, 2 layers) with the demo's character tokenizer in dir/model, and the
 /// demo datasets (small) in dir/data. `arch` qwen3_moe / qwen2_moe: 4 experts of width 16, top 2;
-/// gemma3_text: 6 layers, windows of 8 on the first five.
+/// gemma3_text: 6 layers, windows of 8 on the first five, RoPE bases 1e4 and 1e6.
 inline void make_tiny_run(const std::filesystem::path& dir, const std::string& arch = "qwen2") {
   models::InitModelOptions o;
   o.arch = arch, o.hidden = 32, o.layers = 2, o.heads = 4, o.kv_heads = 2, o.seed = 7, o.max_position = 64;
   if (arch == "qwen3_moe" || arch == "qwen2_moe") {
     o.experts = 4, o.experts_per_tok = 2, o.moe_intermediate = 16, o.norm_topk_prob = arch == "qwen3_moe";
   }
-  if (arch == "gemma3_text") o.layers = 6, o.sliding_window = 8;  // five sliding layers, the sixth full
+  // gemma3_text: five sliding layers (RoPE base 1e4), the sixth full (base 1e6, as Gemma-3 ships).
+  if (arch == "gemma3_text") o.layers = 6, o.sliding_window = 8, o.rope_theta = 1e6;
   o.tokenizer = std::string("chars:") + kDemoAlphabet;
   o.out = (dir / "model").string();
   ASSERT_TRUE(models::init_model(o).ok());

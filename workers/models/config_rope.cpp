@@ -122,7 +122,12 @@ Status read_rope(const json& j, const std::string& source, ModelConfig& c) {
   }
   if (key.empty()) return Status();
   const json* dict = &j.at(key);
-  if (c.rope_local_theta && (dict->contains("full_attention") || dict->contains("sliding_attention"))) {
+  const auto per_layer_type = [](const json& d) { return d.contains("full_attention") || d.contains("sliding_attention"); };
+  if (c.rope_local_theta && key == "rope_scaling" && j.contains("rope_parameters") && j.at("rope_parameters").is_object() &&
+      per_layer_type(j.at("rope_parameters"))) {
+    return field_error(source, "rope_scaling", "and per-layer-type rope_parameters are both set; keep one");
+  }
+  if (c.rope_local_theta && per_layer_type(*dict)) {
     TESSERA_RETURN_IF_ERROR(read_local_rope(*dict, source, key, c));
     if (!dict->contains("full_attention") || dict->at("full_attention").is_null()) return Status();
     key += ".full_attention";

@@ -58,6 +58,9 @@ Status set_family_defaults(const InitModelOptions& o, ModelConfig& c) {
     return make_error(ErrorCode::invalid_argument, "init-model: --sliding-window is for --arch mistral, gemma2 or gemma3_text");
   }
   if (o.sliding_window > 0) c.sliding_window = o.sliding_window;
+  // The Gemmas' layer types name sliding layers; HF's default window (4096) when none is given
+  // (transformers cannot run sliding layers without one).
+  if (gemma && !c.sliding_window) c.sliding_window = 4096;
   const bool moe = o.arch == "qwen3_moe" || o.arch == "qwen2_moe";
   if (!moe && (o.experts != 0 || o.experts_per_tok != 0 || o.moe_intermediate != 0 || o.norm_topk_prob)) {
     return make_error(ErrorCode::invalid_argument, "init-model: --experts and the MoE options are for --arch qwen3_moe or qwen2_moe");

@@ -39,8 +39,9 @@ struct InitModelOptions {
   std::string out;                    ///< The directory to create.
   std::optional<int64_t> vocab_size;  ///< Default: the tokenizer's; must not be smaller.
   int64_t max_position = 2048;        ///< max_position_embeddings (and model_max_length).
-  bool tie_word_embeddings = false;   ///< Always true for gemma2.
-  /// mistral, gemma2: sliding_window (0: none, written as null).
+  bool tie_word_embeddings = false;   ///< Always true for the Gemmas.
+  /// mistral, gemma2, gemma3_text: sliding_window (0: none, written as null, for mistral; HF's
+  /// 4096 for the Gemmas).
   int64_t sliding_window = 0;
   std::string dtype = "float32";      ///< torch_dtype of the written weights.
   /// qwen3_moe, qwen2_moe: num_experts, num_experts_per_tok, moe_intermediate_size (0: HF's class

@@ -176,11 +176,11 @@ Status gemma3_specifics(const json& j, const std::string& source, ModelConfig& c
   TESSERA_RETURN_IF_ERROR(read_sliding_window(j, source, c));
   TESSERA_RETURN_IF_ERROR(read_layer_types(j, source, c));
   if (!c.layer_types.empty()) return Status();
+  // transformers derives the types from sliding_window_pattern only (the _sliding_window_pattern it
+  // writes beside layer_types is not read back).
   int64_t pattern = 6;
-  for (const char* key : {"_sliding_window_pattern", "sliding_window_pattern"}) {
-    TESSERA_RETURN_IF_ERROR(read_int(j, source, key, pattern));
-    if (pattern <= 0) return field_error(source, key, "must be positive");
-  }
+  TESSERA_RETURN_IF_ERROR(read_int(j, source, "sliding_window_pattern", pattern));
+  if (pattern <= 0) return field_error(source, "sliding_window_pattern", "must be positive");
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     c.layer_types.emplace_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
   }
@@ -287,6 +287,16 @@ Status validate_family_fields(const ModelConfig& c, const std::string& source) {
     return field_error(source, "query_pre_attn_scalar", "and the logit softcaps are the Gemmas' fields");
   }
   if (c.query_pre_attn_scalar < 0.0) return field_error(source, "query_pre_attn_scalar", "must be positive");
+  if (c.model_type == "gemma3_text") {
+    if (static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers) {
+      return field_error(source, "layer_types", "must list every layer of gemma3_text");
+    }
+    if (!c.rope_local_theta || !(*c.rope_local_theta > 0.0)) {
+      return field_error(source, "rope_local_base_freq", "must be positive for gemma3_text");
+    }
+  } else if (c.rope_local_theta) {
+    return field_error(source, "rope_local_base_freq", "is gemma3_text's field");
+  }
   TESSERA_RETURN_IF_ERROR(validate_moe_fields(c, source));
   for (const auto& [name, cap] : {std::pair{"attn_logit_softcapping", c.attn_logit_softcapping},
                                   std::pair{"final_logit_softcapping", c.final_logit_softcapping}}) {

@@ -1,6 +1,8 @@
 // flops_counter.cpp: see flops_counter.hpp.
 #include "workers/ppo/flops_counter.hpp"
 
+#include <algorithm>
+
 #include "proto/device.hpp"
 #include "workers/models/param_count.hpp"
 
@@ -16,8 +18,19 @@ double training_flops(const models::ModelConfig& c, const std::vector<int64_t>& 
     tokens += static_cast<double>(s);
     square_sum += static_cast<double>(s) * static_cast<double>(s);
   }
-  const double attention = 12 * square_sum * head_dim * static_cast<double>(c.num_attention_heads) *
-                           static_cast<double>(c.num_hidden_layers);
+  double layer_square_sums = square_sum * static_cast<double>(c.num_hidden_layers);
+  // verl's _estimate_gemma3_flops: a sliding layer's token sees at most the window (verl counts
+  // every other family's windows as full attention).
+  if (c.model_type == "gemma3_text" && c.sliding_window) {
+    layer_square_sums = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      for (int64_t s : seqlens) {
+        const int64_t seen = c.layer_slides(i) ? std::min(s, *c.sliding_window) : s;
+        layer_square_sums += static_cast<double>(s) * static_cast<double>(seen);
+      }
+    }
+  }
+  const double attention = 12 * layer_square_sums * head_dim * static_cast<double>(c.num_attention_heads);
   return 6 * dense * tokens + attention;
 }
 

@@ -24,7 +24,7 @@ at::Tensor lm_loss(CausalLM& model, const testing::Batch& b) {
 // tied embeddings) and the MoE families (router, grouped expert GEMMs, shared expert) have finite
 // gradients on every parameter, and SGD lowers the loss.
 TEST(ModelAutograd, SgdStepsLowerTheLmLoss) {
-  for (const char* type : {"qwen2", "mistral", "gemma2", "qwen3_moe", "qwen2_moe"}) {
+  for (const char* type : {"qwen2", "mistral", "gemma2", "gemma3_text", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     auto model = CausalLM::create(testing::tiny_config(type, 2), ModelInit{at::kFloat, 3});
     ASSERT_TRUE(model.ok()) << model.status().to_string();

@@ -79,7 +79,8 @@ TEST_P(KVCacheEquivalence, StepwiseEqualsFullForward) {
 INSTANTIATE_TEST_SUITE_P(Families, KVCacheEquivalence,
                          ::testing::Values(Case{"qwen2", 2}, Case{"llama", 4}, Case{"llama", 1}, Case{"qwen3", 2},
                                            Case{"llama", 2, "linear"}, Case{"llama", 2, "llama3"},
-                                           Case{"mistral", 2}, Case{"gemma2", 2}, Case{"gemma2", 1}),
+                                           Case{"mistral", 2}, Case{"gemma2", 2}, Case{"gemma2", 1},
+                                           Case{"gemma3_text", 2}),
                          [](const auto& info) {
                            const Case& c = info.param;
                            return c.type + "_kv" + std::to_string(c.kv_heads) + (c.rope == "default" ? "" : "_" + c.rope);

@@ -119,7 +119,7 @@ TEST(Lora, AllLinearOnAValueModelAdaptsTheScoreHead) {
 }
 
 TEST(Lora, AdaptedModelEqualsTheMergedModelInValuesAndGradients) {
-  for (const std::string type : {"qwen2", "llama", "gemma2", "qwen2_moe"}) {
+  for (const std::string type : {"qwen2", "llama", "gemma2", "gemma3_text", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     auto m = tiny_model(type);
     ASSERT_TRUE(apply_lora(*m, lora({{"lora_rank", 3}, {"lora_alpha", 6}}), "m").ok());

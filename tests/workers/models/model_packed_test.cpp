@@ -61,13 +61,18 @@ void expect_packed_equals_padded(Model& model, const testing::Batch& b, double t
 }
 
 TEST(ModelPacked, PackedForwardEqualsPaddedOnTheRealTokens) {
-  for (const char* type : {"qwen2", "mistral", "gemma2", "qwen3_moe", "qwen2_moe"}) {
+  for (const char* type : {"qwen2", "mistral", "gemma2", "gemma3_text", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     auto lm = CausalLM::create(testing::tiny_config(type, 2), ModelInit{at::kFloat, 7});
     ASSERT_TRUE(lm.ok()) << lm.status().to_string();
     testing::Batch b = testing::left_padded_batch({8, 5, 1, 7}, 8, 64, 11);
     expect_packed_equals_padded(**lm, b);
     auto critic = ValueModel::create(testing::tiny_config(type, 2), ModelInit{at::kFloat, 8});
+    if (std::string(type) == "gemma3_text") {  // transformers has no Gemma3ForTokenClassification
+      ASSERT_FALSE(critic.ok());
+      EXPECT_NE(critic.status().message().find("no value model"), std::string::npos) << critic.status().message();
+      continue;
+    }
     ASSERT_TRUE(critic.ok()) << critic.status().to_string();
     expect_packed_equals_padded(**critic, b);
   }

@@ -14,7 +14,8 @@ namespace tessera::models::testing {
 /// HF Gemma2's shape (GeGLU, tied embeddings, window 3 on even layers) with small softcaps (5 on
 /// the scores, 10 on the logits) and query_pre_attn_scalar 6, so each of them shows. qwen3_moe: 4
 /// experts of width 16, top 2 renormalised; qwen2_moe: 4 experts, top 2 as they come, a shared
-/// expert of width 24, q/k/v biases.
+/// expert of width 24, q/k/v biases. gemma3_text: Gemma2's shape without softcaps, q/k norms, a
+/// sliding layer (window 3, RoPE base 1e4) then a full one (base 1e6).
 inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads = 4, bool tied = false,
                                int64_t vocab = 64) {
   ModelConfig c;
@@ -38,13 +39,20 @@ inline ModelConfig tiny_config(const std::string& model_type, int64_t kv_heads =
   }
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
-  if (model_type == "mistral" || model_type == "gemma2") c.sliding_window = 3;
-  if (model_type == "gemma2") {
+  if (model_type == "mistral" || model_type == "gemma2" || model_type == "gemma3_text") c.sliding_window = 3;
+  if (model_type == "gemma2" || model_type == "gemma3_text") {
     c.hidden_act = "gelu_pytorch_tanh";
     c.tie_word_embeddings = true;
     c.query_pre_attn_scalar = 6.0;
+  }
+  if (model_type == "gemma2") {
     c.attn_logit_softcapping = 5.0;
     c.final_logit_softcapping = 10.0;
+  }
+  if (model_type == "gemma3_text") {  // RoPE bases far apart, so a swapped table shows
+    c.layer_types = {"sliding_attention", "full_attention"};
+    c.rope_theta = 1e6;
+    c.rope_local_theta = 1e4;
   }
   return c;
 }

@@ -28,6 +28,18 @@ TEST(FlopsCounter, MatchesVerlsEstimateTermByTerm) {
   EXPECT_DOUBLE_EQ(training_flops(small_qwen2(), {}), 0.0);
 }
 
+// verl's _estimate_gemma3_flops: a sliding layer's tokens attend to at most the window.
+TEST(FlopsCounter, Gemma3SlidingLayersCountTheWindow) {
+  models::ModelConfig c = small_qwen2();
+  c.model_type = "gemma3_text";
+  c.sliding_window = 4;
+  c.layer_types = {"sliding_attention", "full_attention"};
+  // Attention: layer 0 (window 4) 3*3 + 5*4 = 29, layer 1 9 + 25 = 34: 12 * 63 * 16 * 4 = 48384.
+  EXPECT_DOUBLE_EQ(training_flops(c, {3, 5}), 3563520.0 + 48384.0);
+  c.model_type = "gemma2";  // verl counts Gemma-2's windows as full attention
+  EXPECT_DOUBLE_EQ(training_flops(c, {3, 5}), 3563520.0 + 52224.0);
+}
+
 TEST(FlopsCounter, MfuIsZeroWhereThePeakOrTheTokensAreUnknown) {
   const nlohmann::json meta{{"global_token_num", {3, 5}}};
   const c10::Device cpu(c10::DeviceType::CPU);

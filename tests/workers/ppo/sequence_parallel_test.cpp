@@ -106,6 +106,7 @@ TEST(Ulysses, KeyValueHeadsFewerThanTheGroupAreRepeated) {
 TEST(Ulysses, SlidingWindowsAndSoftcappedScores) {
   SCOPED_TRACE("gemma2: alternating windows of 3, score and logit softcaps");
   expect_split_equals_unsplit(models::testing::tiny_config("gemma2", 2, false, kVocab), 2);
+  expect_split_equals_unsplit(models::testing::tiny_config("gemma3_text", 2, false, kVocab), 2);
   SCOPED_TRACE("mistral: a window of 3 on every layer");
   expect_split_equals_unsplit(models::testing::tiny_config("mistral", 4, false, kVocab), 4);
 }

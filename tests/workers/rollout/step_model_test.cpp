@@ -421,7 +421,7 @@ TEST(TensorParallelSeam, Qwen3WithBiasesAndDynamicRopeSplitsLikeOne) {
 // softcaps, scale and sandwich norms (applied after the TP reduction); the MoE families' experts
 // split per expert, with the router and Qwen2-MoE's shared-expert gate whole.
 TEST(TensorParallelSeam, MistralGemma2AndMoeSplitLikeOne) {
-  for (const char* type : {"mistral", "gemma2", "qwen3_moe", "qwen2_moe"}) {
+  for (const char* type : {"mistral", "gemma2", "gemma3_text", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(type);
     models::ModelConfig c = models::testing::tiny_config(type, /*kv_heads=*/2, /*tied=*/false, testing::kVocab);
     auto model = models::CausalLM::create(c, models::ModelInit{at::kFloat, 43});
