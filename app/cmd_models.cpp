@@ -36,7 +36,7 @@ void add_model_commands(CLI::App& app) {
   cmd->add_option("--vocab-size", *vocab, "vocab_size (default: the tokenizer's; may only pad it up)");
   cmd->add_option("--max-position", opts->max_position, "max_position_embeddings")->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "float32 | bfloat16 | float16")->capture_default_str();
-  cmd->add_option("--rope-theta", opts->rope_theta, "rope_theta")->capture_default_str();
+  cmd->add_option("--rope-theta", opts->rope_theta, "rope_theta (default: 1e6 for gemma3_text, 10000 otherwise)");
   cmd->add_flag("--tie-word-embeddings", opts->tie_word_embeddings, "Share embed_tokens with the LM head");
   cmd->callback([opts, vocab] {
     if (*vocab > 0) opts->vocab_size = *vocab;

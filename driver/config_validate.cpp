@@ -316,9 +316,13 @@ Status check_ppo_support(const nlohmann::json& cfg) {
 }
 
 // data.gen_batch_size and DAPO's algorithm.filter_groups (verl's recipe/dapo).
-Status check_dynamic_sampling(const nlohmann::json& cfg) {
+Status check_dynamic_sampling(const nlohmann::json& cfg, int64_t n, int64_t n_gpus) {
   TESSERA_ASSIGN_OR_RETURN(int64_t gen, config_get<int64_t>(cfg, "data.gen_batch_size"));
   if (gen < 1) return invalid(fmt::format("data.gen_batch_size = {} must be >= 1", gen));
+  if ((gen * n) % n_gpus != 0) {
+    return invalid(fmt::format("data.gen_batch_size * actor_rollout_ref.rollout.n = {} * {} = {} must be divisible by "
+                               "trainer.nnodes * trainer.n_gpus_per_node = {}", gen, n, gen * n, n_gpus));
+  }
   TESSERA_ASSIGN_OR_RETURN(bool enable, config_get<bool>(cfg, "algorithm.filter_groups.enable"));
   if (!enable) return Status();
   TESSERA_ASSIGN_OR_RETURN(auto metric, config_get<std::optional<std::string>>(cfg, "algorithm.filter_groups.metric"));
@@ -362,7 +366,7 @@ Status validate_ppo_config(const nlohmann::json& cfg) {
     return invalid(fmt::format("data.train_batch_size * actor_rollout_ref.rollout.n = {} * {} = {} must be divisible "
                                "by trainer.nnodes * trainer.n_gpus_per_node = {}", tbs, n, tbs * n, n_gpus));
   }
-  TESSERA_RETURN_IF_ERROR(check_dynamic_sampling(cfg));
+  TESSERA_RETURN_IF_ERROR(check_dynamic_sampling(cfg, n, n_gpus));
   TESSERA_RETURN_IF_ERROR(check_micro_batch_settings(cfg));
   TESSERA_ASSIGN_OR_RETURN(bool actor_dyn, config_get<bool>(cfg, "actor_rollout_ref.actor.use_dynamic_bsz"));
   if (!actor_dyn) TESSERA_RETURN_IF_ERROR(check_mini_micro(cfg, "actor_rollout_ref.actor", tbs, n_gpus));

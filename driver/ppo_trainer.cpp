@@ -231,15 +231,15 @@ Status RayPPOTrainer::fit_loop() {
   global_steps_ += 1;
   if (global_steps_ > total_training_steps_) return Status();  // resumed after the last step
   // Epochs follow the loader (dynamic sampling may draw into the next one within a step).
+  const int64_t first_step = global_steps_;
   while (true) {
     TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, next_training_batch());
     if (!indices) break;
-    const int64_t epoch = s.epoch();
     const bool is_last = global_steps_ >= total_training_steps_;
     TESSERA_ASSIGN_OR_RETURN(std::optional<Metrics> stepped, train_step(*indices, is_last));
     if (!stepped) break;  // dynamic sampling ran out of data
     Metrics& metrics = *stepped;
-    metrics["training/epoch"] = static_cast<double>(epoch);
+    metrics["training/epoch"] = static_cast<double>(s.epoch());  // of the step's last batch, as verl's
     TESSERA_RETURN_IF_ERROR(log_step(global_steps_, metrics));
     if (s.bar) s.bar->update(global_steps_, metrics);
     if (options_.after_step) TESSERA_RETURN_IF_ERROR(options_.after_step(global_steps_, metrics));
@@ -249,10 +249,11 @@ Status RayPPOTrainer::fit_loop() {
     }
     global_steps_ += 1;
   }
-  // The data ran out before total_training_steps (dynamic sampling's steps take several batches):
-  // as verl's DAPO trainer, the last trained step is saved.
+  // Dynamic sampling ran out of data before total_training_steps (its steps take several
+  // batches): as verl's DAPO trainer, the last step trained here is saved (with save_freq > 0;
+  // verl saves regardless, under the next step's number).
   global_steps_ -= 1;
-  if (s.save_freq > 0 && global_steps_ > 0 && global_steps_ % s.save_freq != 0) {
+  if (s.filter_groups && s.save_freq > 0 && global_steps_ >= first_step && global_steps_ % s.save_freq != 0) {
     TESSERA_RETURN_IF_ERROR(save_checkpoint());
   }
   if (s.bar) s.bar->finish();

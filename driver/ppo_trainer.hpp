@@ -9,7 +9,7 @@
 // actor.use_kl_loss), "rm" (reward_model.enable). Each role's WorkerGroup is a role view of the
 // colocated group. init_model order: critic, ref, rm, actor_rollout last (verl).
 //
-// fit() (§7.2), per batch of data.train_batch_size prompts:
+// fit() (§7.2), per batch of data.train_batch_size prompts (data.gen_batch_size, the loader's):
 //   pop generation keys -> repeat n (interleave) -> gen (+gen_max for remax) -> uid ->
 //   repeat + union -> response_mask -> balance_batch -> reward (rm scores, then the rule reward
 //   manager) -> old_log_prob (actor/entropy; skipped on-policy, Note [On-policy old log-probs]
@@ -79,7 +79,8 @@ class RayPPOTrainer {
   /// One step of fit()'s loop, driven from outside (the REPL): the first call resumes like fit()
   /// (without the validation before training); each call takes the next batch (rolling over
   /// epochs), trains, logs and returns the step's metrics. nullopt once trainer.total_epochs or
-  /// total_training_steps are done. A failed step leaves global_steps() unchanged.
+  /// total_training_steps are done, or when dynamic sampling runs out of data. A failed step
+  /// leaves global_steps() unchanged.
   Result<std::optional<Metrics>> step();
   /// verl's _save_checkpoint at the current global step (workers' shards, dataloader position,
   /// driver state, then the atomic latest marker).

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <future>
 #include <map>
 #include <set>
@@ -117,6 +118,7 @@ Result<proto::DataProto> RayPPOTrainer::rollout_batch(const std::vector<int64_t>
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto gen_batch, pop_generation_keys(batch));
   TESSERA_ASSIGN_OR_RETURN(gen_batch, gen_batch.repeat(s.n, /*interleave=*/true));
   gen_batch.meta_info()["global_steps"] = global_steps_;
+  if (gen_index > 0) gen_batch.meta_info()["gen_batch"] = gen_index;  // seeds apart from the step's first
   // The trainer recomputes old_log_probs itself below (verl v0.5.0's order), so the seed worker's
   // recompute inside generate_sequences would be a wasted forward pass over the whole batch.
   gen_batch.meta_info()["recompute_log_prob"] = false;
@@ -130,8 +132,7 @@ Result<proto::DataProto> RayPPOTrainer::rollout_batch(const std::vector<int64_t>
     TESSERA_RETURN_IF_ERROR(remax_baselines(gen, s, gen_batch, batch, metrics, timing));
   }
   // A step's further generation batches (dynamic sampling) number their prompts apart.
-  const int64_t step_id = global_steps_;
-  std::vector<std::string> uids = step_uids(step_id, batch.size());
+  std::vector<std::string> uids = step_uids(global_steps_, batch.size());
   if (gen_index > 0) {
     for (std::string& uid : uids) uid.insert(uid.find('-'), fmt::format(".{}", gen_index));
   }
@@ -186,8 +187,9 @@ Result<std::vector<double>> filter_values(const proto::DataProto& batch, const s
   return values;
 }
 
-// verl's filter: the rows of the prompts (uids) whose values have a non-zero population standard
-// deviation, or a single sample; and how many such prompts there are.
+// verl's filter: the rows of the prompts (uids) whose values differ (np.std > 0 in verl, here
+// without its rounding: a group of equal fractional scores can get a std of 1e-17 there), or
+// with a single sample; and how many such prompts there are.
 Result<std::pair<std::vector<int64_t>, int64_t>> varied_groups(const proto::DataProto& batch,
                                                                const std::vector<double>& values) {
   TESSERA_ASSIGN_OR_RETURN(proto::Column uid_column, batch.column("uid"));
@@ -199,10 +201,8 @@ Result<std::pair<std::vector<int64_t>, int64_t>> varied_groups(const proto::Data
   }
   std::set<std::string> kept;
   for (const auto& [uid, v] : groups) {
-    double mean = 0, var = 0;
-    for (double x : v) mean += x / static_cast<double>(v.size());
-    for (double x : v) var += (x - mean) * (x - mean);
-    if (var > 0 || v.size() == 1) kept.insert(uid);
+    const bool differ = std::any_of(v.begin(), v.end(), [&](double x) { return x != v.front(); });
+    if (differ || v.size() == 1) kept.insert(uid);
   }
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < batch.size(); ++i) {
@@ -271,7 +271,10 @@ Result<std::optional<Metrics>> RayPPOTrainer::train_step(const std::vector<int64
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto batch, rollout_batch(indices, 0, metrics, timing));
   if (s.filter_groups) {  // scored per generation batch, then filtered and joined
     TESSERA_ASSIGN_OR_RETURN(std::optional<proto::DataProto> kept, dynamic_sampling(std::move(batch), metrics, timing));
-    if (!kept) return std::optional<Metrics>();
+    if (!kept) {  // out of data: no step; a trace begun for it is ended, unwritten
+      if (s.profiler) (void)s.profiler->end(global_steps_);
+      return std::optional<Metrics>();
+    }
     batch = std::move(*kept);
   }
   if (s.balance) TESSERA_RETURN_IF_ERROR(balance_batch(batch, actor_rollout_wg_->world_size(), metrics));

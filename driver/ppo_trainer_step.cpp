@@ -18,7 +18,6 @@ Result<std::optional<Metrics>> RayPPOTrainer::step() {
   if (global_steps_ >= total_training_steps_) return std::optional<Metrics>();
   TESSERA_ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> indices, next_training_batch());
   if (!indices) return std::optional<Metrics>();
-  const int64_t epoch = s.epoch();
   global_steps_ += 1;  // train_step() numbers the step it runs (uids, save_freq, test_freq)
   Result<std::optional<Metrics>> metrics = train_step(*indices, global_steps_ >= total_training_steps_);
   if (!metrics.ok() || !*metrics) {
@@ -27,7 +26,7 @@ Result<std::optional<Metrics>> RayPPOTrainer::step() {
     return std::optional<Metrics>();  // dynamic sampling ran out of data
   }
   Metrics& m = **metrics;
-  m["training/epoch"] = static_cast<double>(epoch);
+  m["training/epoch"] = static_cast<double>(s.epoch());  // of the step's last batch, as verl's
   TESSERA_RETURN_IF_ERROR(log_step(global_steps_, m));
   if (global_steps_ >= total_training_steps_ && s.tracking) s.tracking->finish(true);  // the last step
   return std::optional<Metrics>(std::move(m));

@@ -190,6 +190,7 @@ Result<std::vector<ScoreResult>> PythonRewardPool::score(const std::vector<Score
       } else if (r.contains("dict") && r["dict"].is_object() && r["dict"].contains("score") &&
                  r["dict"]["score"].is_number()) {
         results[i].score = r["dict"]["score"].get<double>();
+        results[i].dict = true;
         for (const auto& [key, value] : r["dict"].items()) {
           if (key != "score") results[i].extra[key] = value;
         }

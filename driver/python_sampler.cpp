@@ -204,7 +204,7 @@ Result<std::unique_ptr<PythonSampler>> PythonSampler::start(const json& cfg, int
   }
   s->length_ = length.get<int64_t>();
   if (s->size() < 1) {
-    return make_error(ErrorCode::invalid_argument, "{}: len(sampler) = {} is less than one batch of {} (data.train_batch_size)",
+    return make_error(ErrorCode::invalid_argument, "{}: len(sampler) = {} is less than one batch of {} (data.gen_batch_size)",
                       s->what_, s->length_, batch_size);
   }
   s->curriculum_ = ready.value("curriculum", false);
@@ -318,7 +318,7 @@ Status PythonSampler::load_state_dict(const json& state) {
       yielded.get<int64_t>() / batch_size_ > size()) {
     return make_error(ErrorCode::corrupt_data,
                       "{}: the checkpoint's sampler position (epoch {}, {} indices taken) is not one of this run's "
-                      "(data.train_batch_size {})", what_, epoch.dump(), yielded.dump(), batch_size_);
+                      "(data.gen_batch_size {})", what_, epoch.dump(), yielded.dump(), batch_size_);
   }
   const json& saved = state.value("sampler_state", json());
   if (saved.is_string()) {

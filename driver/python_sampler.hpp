@@ -8,8 +8,8 @@
 // data section>), and checks that it subclasses AbstractSampler. The dataset must have as many
 // rows as Tessera's training set (the same files, filters and order), or the run stops naming the
 // key. Each epoch iterates the sampler afresh (iter(sampler)); a batch is the next
-// data.train_batch_size indices, and an epoch ends when fewer are left (verl's drop_last), so an
-// epoch has len(sampler) / train_batch_size batches. After every training step, a sampler that
+// data.gen_batch_size indices (data.train_batch_size unless DAPO's recipe sets it), and an epoch
+// ends when fewer are left (verl's drop_last), so an epoch has len(sampler) / that many batches. After every training step, a sampler that
 // subclasses AbstractCurriculumSampler gets the step's whole batch as a verl DataProto
 // (sampler.update(batch=...)): every tensor and non-tensor column of the batch the trainer
 // updated the actor with (its rows in the order balance_batch left them), and its meta_info, as

@@ -61,6 +61,8 @@ struct ScoreInput {
 struct ScoreResult {
   double score = 0.0;
   nlohmann::json extra = nlohmann::json::object();  ///< verl's dict keys other than "score".
+  /// The scorer answered verl's dict form: "score" is then an extra info too, even alone.
+  bool dict = false;
 };
 
 /// A scoring function. Errors (e.g. a ground truth of the wrong type) name the sample's fields.

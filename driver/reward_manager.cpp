@@ -28,6 +28,28 @@ Result<RewardManagerOptions> reward_manager_options(const nlohmann::json& cfg) {
                       "reward_model.reward_manager = '{}' is not one of: naive, batch, prime, dapo", o.kind);
   }
   const nlohmann::json* kwargs = config_find(cfg, "reward_model.reward_kwargs");
+  // verl's DAPO recipe: reward_model.overlong_buffer, with max_resp_len = data.max_response_length.
+  TESSERA_ASSIGN_OR_RETURN(bool recipe_overlong, config_get_or<bool>(cfg, "reward_model.overlong_buffer.enable", false));
+  if (recipe_overlong) {
+    const std::string b = "reward_model.overlong_buffer";
+    if (o.kind != "dapo") {
+      return make_error(ErrorCode::invalid_argument, "{}.enable=true needs reward_model.reward_manager=dapo (it is '{}')",
+                        b, o.kind);
+    }
+    if (kwargs != nullptr && kwargs->is_object() && kwargs->contains("overlong_buffer_cfg")) {
+      return make_error(ErrorCode::invalid_argument, "{} and reward_model.reward_kwargs.overlong_buffer_cfg are both set; "
+                        "keep one", b);
+    }
+    o.overlong.enable = true;
+    TESSERA_ASSIGN_OR_RETURN(o.overlong.len, config_get<int64_t>(cfg, b + ".len"));
+    TESSERA_ASSIGN_OR_RETURN(o.overlong.penalty_factor, config_get<double>(cfg, b + ".penalty_factor"));
+    TESSERA_ASSIGN_OR_RETURN(o.overlong.log, config_get<bool>(cfg, b + ".log"));
+    TESSERA_ASSIGN_OR_RETURN(o.max_resp_len, config_get<int64_t>(cfg, "data.max_response_length"));
+    if (o.overlong.len <= 0 || o.overlong.len > o.max_resp_len) {
+      return make_error(ErrorCode::invalid_argument, "{}.len = {} must lie in (0, data.max_response_length = {}]", b,
+                        o.overlong.len, o.max_resp_len);
+    }
+  }
   if (kwargs == nullptr || kwargs->is_null()) return o;
   const std::string k = "reward_model.reward_kwargs";
   for (const auto& [name, value] : kwargs->items()) {
@@ -37,7 +59,7 @@ Result<RewardManagerOptions> reward_manager_options(const nlohmann::json& cfg) {
     }
   }
   TESSERA_ASSIGN_OR_RETURN(auto max_len, config_get_or<std::optional<int64_t>>(cfg, k + ".max_resp_len", std::nullopt));
-  o.max_resp_len = max_len.value_or(0);
+  o.max_resp_len = max_len.value_or(o.max_resp_len);
   if (kwargs->contains("overlong_buffer_cfg")) {
     if (o.kind != "dapo") {
       return make_error(ErrorCode::invalid_argument, "{}.overlong_buffer_cfg needs reward_model.reward_manager=dapo "
@@ -140,7 +162,7 @@ Result<RewardOutput> NaiveRewardManager::operator()(const proto::DataProto& data
       const ScoreRequest& q = requests[static_cast<size_t>(i)];
       const ScoreResult& score = scores[static_cast<size_t>(i)];
       const int64_t valid_resp = resp_lens.data_ptr<int64_t>()[i];
-      if (!score.extra.empty()) {
+      if (score.dict || !score.extra.empty()) {  // verl: every key of a dict answer, "score" included
         out.reward_extra_info["score"].push_back(score.score);
         for (const auto& [k, v] : score.extra.items()) out.reward_extra_info[k].push_back(v);
       } else if (dapo) {

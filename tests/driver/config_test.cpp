@@ -10,6 +10,7 @@
 #include "driver/config.hpp"
 #include "driver/model_paths.hpp"
 #include "driver/ppo_trainer.hpp"
+#include "driver/reward.hpp"
 #include "driver/runtime_config.hpp"
 #include "tests/driver/driver_test_util.hpp"
 
@@ -308,6 +309,44 @@ TEST(Config, ResolvedYamlReadsBackToTheSameConfig) {
   EXPECT_TRUE((*back)["extra"]["f"].is_number_float());
 }
 
+// verl's DAPO recipe writes the overlong penalty as reward_model.overlong_buffer (max_resp_len
+// from data.max_response_length); newer scripts as reward_kwargs.overlong_buffer_cfg. Both read
+// the same.
+TEST(Config, DapoRecipeOverlongBufferEqualsTheRewardKwargsForm) {
+  auto recipe = valid_overrides();
+  for (const char* o : {"reward_model.reward_manager=dapo", "data.max_response_length=16",
+                        "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4",
+                        "reward_model.overlong_buffer.penalty_factor=0.5", "reward_model.overlong_buffer.log=true"}) {
+    recipe.push_back(o);
+  }
+  auto kwargs = valid_overrides();
+  for (const char* o : {"reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=16",
+                        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+                        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+                        "+reward_model.reward_kwargs.overlong_buffer_cfg.log=true"}) {
+    kwargs.push_back(o);
+  }
+  auto a = reward_manager_options(load_ok(recipe));
+  auto b = reward_manager_options(load_ok(kwargs));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  for (const RewardManagerOptions* o : {&*a, &*b}) {
+    EXPECT_TRUE(o->overlong.enable);
+    EXPECT_EQ(o->overlong.len, 4);
+    EXPECT_EQ(o->overlong.penalty_factor, 0.5);
+    EXPECT_TRUE(o->overlong.log);
+    EXPECT_EQ(o->max_resp_len, 16);
+  }
+  recipe.push_back("reward_model.overlong_buffer.len=32");
+  auto too_long = reward_manager_options(load_ok(recipe));
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("reward_model.overlong_buffer.len = 32 must lie in (0, "
+                                             "data.max_response_length = 16]"),
+            std::string::npos)
+      << too_long.status().message();
+}
+
 TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
   for (const auto& [override_text, key] : std::vector<std::pair<std::string, std::string>>{
            {"data.datagen.path=gen.py", "data.datagen.path"},
@@ -315,6 +354,8 @@ TEST(Config, WhatTesseraDoesNotSupportIsRefusedNamingTheKey) {
            {"trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir"},
            {"reward_model.reward_manager=fancy", "reward_model.reward_manager"},
            {"+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs"},
+           {"reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.enable=true needs "
+                                                        "reward_model.reward_manager=dapo"},
            {"critic.strategy=megatron", "critic.strategy"},
            {"reward_model.strategy=megatron", "reward_model.strategy"},
            {"algorithm.kl_penalty=full", "algorithm.kl_penalty"},

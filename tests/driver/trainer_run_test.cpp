@@ -661,6 +661,28 @@ void expect_ulysses_equals_data_parallel(const std::string& arch) {
 
 TEST(TrainerRun, SequenceParallelRunMatchesTheDataParallelRun) { expect_ulysses_equals_data_parallel("qwen2"); }
 
+// A greedy GRPO run (KL loss, 2 steps, the actor saved with its HF model at step 2) of the tiny
+// `arch` model with rollout TP `tp`: its history without the per-engine rollout/ counters (the TP
+// engine runs both data-parallel ranks' rows), and the HF directory saved.
+std::vector<std::pair<int64_t, Metrics>> greedy_run_with_rollout_tp(const TempDir& dir, const std::string& arch,
+                                                                     int tp) {
+  testing::make_tiny_run(dir.path(), arch);
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
+  for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.do_sample=false",
+                        "trainer.save_freq=2",
+                        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"}) {
+    o.push_back(k);
+  }
+  o.push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp));
+  auto t = testing::fit_trainer(o);
+  if (t == nullptr) return {};
+  auto history = t->history();
+  for (auto& [step, m] : history) {
+    for (auto it = m.begin(); it != m.end();) it = it->first.rfind("rollout/", 0) == 0 ? m.erase(it) : std::next(it);
+  }
+  return history;
+}
+
 // A Qwen3-MoE actor: FSDP trains the stacked experts and the router, the rollout's two TP ranks
 // each take a slice of every expert straight from the FSDP shards, and the run (greedy, so the
 // tokens do not depend on how rows meet the sampler's streams) equals the one with single-rank
@@ -670,21 +692,8 @@ TEST(TrainerRun, MoeGrpoWithRolloutTpMatchesOneRankAndSavesAnHfModel) {
   std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
   for (int tp : {1, 2}) {
     TempDir dir("moe_tp" + std::to_string(tp));
-    testing::make_tiny_run(dir.path(), "qwen3_moe");
-    auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
-    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.do_sample=false",
-                          "trainer.save_freq=2",
-                          "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"}) {
-      o.push_back(k);
-    }
-    o.push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp));
-    auto t = testing::fit_trainer(o);
-    ASSERT_NE(t, nullptr);
-    runs.push_back(t->history());
-    // The rollout/ counters are per engine, and the TP engine runs both data-parallel ranks' rows.
-    for (auto& [step, m] : runs.back()) {
-      for (auto it = m.begin(); it != m.end();) it = it->first.rfind("rollout/", 0) == 0 ? m.erase(it) : std::next(it);
-    }
+    runs.push_back(greedy_run_with_rollout_tp(dir, "qwen3_moe", tp));
+    ASSERT_FALSE(runs.back().empty());
     const std::filesystem::path hf = dir.path() / "run" / "global_step_2" / "actor" / "huggingface";
     auto files = models::read_safetensors_checkpoint(hf.string());
     ASSERT_TRUE(files.ok()) << files.status().to_string();
@@ -704,20 +713,8 @@ TEST(TrainerRun, Gemma3GrpoWithRolloutTpMatchesOneRank) {
   std::vector<std::vector<std::pair<int64_t, Metrics>>> runs;
   for (int tp : {1, 2}) {
     TempDir dir("gemma3_tp" + std::to_string(tp));
-    testing::make_tiny_run(dir.path(), "gemma3_text");
-    auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
-    for (const char* k : {"actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.do_sample=false",
-                          "trainer.save_freq=2",
-                          "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"}) {
-      o.push_back(k);
-    }
-    o.push_back("actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp));
-    auto t = testing::fit_trainer(o);
-    ASSERT_NE(t, nullptr);
-    runs.push_back(t->history());
-    for (auto& [step, m] : runs.back()) {  // per engine: the TP engine runs both ranks' rows
-      for (auto it = m.begin(); it != m.end();) it = it->first.rfind("rollout/", 0) == 0 ? m.erase(it) : std::next(it);
-    }
+    runs.push_back(greedy_run_with_rollout_tp(dir, "gemma3_text", tp));
+    ASSERT_FALSE(runs.back().empty());
     auto model = models::load_causal_lm((dir.path() / "run" / "global_step_2" / "actor" / "huggingface").string());
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     EXPECT_EQ((*model)->config().architecture, "Gemma3ForCausalLM");
@@ -804,7 +801,36 @@ TEST(TrainerRun, DynamicSamplingTrainsOnlyPromptsWhoseSamplesDiffer) {
     for (const auto& r : rows) scores[r["idx"].get<int64_t>()].insert(r["score"].get<double>());
     for (const auto& [idx, values] : scores) EXPECT_EQ(values.size(), 2u) << "step " << step << " prompt " << idx;
   }
-  EXPECT_GE(gen_batches, 3);
+  EXPECT_GT(gen_batches, 3);  // some step needed a second generation batch
+}
+
+// Steps that take several generation batches run out of data before total_training_steps (the
+// loader's batch count): the run ends there, and its last trained step is saved.
+TEST(TrainerRun, DynamicSamplingThatRunsOutOfDataSavesTheLastStep) {
+  const std::string py = testing::tessera_python();
+  if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON is not set";
+  TempDir dir("dapo_end");
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                         "    return {'score': float(len(solution_str) % 2)}\n");
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
+  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", std::string("data.gen_batch_size=4"),
+                               std::string("algorithm.filter_groups.enable=true"),
+                               std::string("algorithm.filter_groups.metric=score"),
+                               std::string("trainer.total_training_steps=null"), std::string("trainer.save_freq=100"),
+                               std::string("trainer.val_before_train=false"), std::string("trainer.test_freq=-1")}) {
+    o.push_back(k);
+  }
+  auto t = testing::fit_trainer(o);  // 16 loader batches; each step needs more than one
+  ASSERT_NE(t, nullptr);
+  const auto& h = t->history();
+  ASSERT_FALSE(h.empty());
+  const int64_t last = h.back().first;
+  EXPECT_LT(last, 16);
+  EXPECT_EQ(t->global_steps(), last);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "run" / fmt::format("global_step_{}", last)));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "run" / fmt::format("global_step_{}", last - 1)));
 }
 
 // A reward that never varies within a group: max_num_gen_batches stops the run in one line; with
@@ -840,9 +866,12 @@ TEST(TrainerRun, DynamicSamplingThatKeepsNothingStopsOrRunsOutOfData) {
             std::string::npos)
       << st.message();
   EXPECT_EQ(st.message().find('\n'), std::string::npos);
+  o.push_back("trainer.save_freq=1");
   auto ran_out = testing::fit_trainer(o);  // 64 prompts in 4 batches of 16, none kept
   ASSERT_NE(ran_out, nullptr);
   EXPECT_TRUE(ran_out->history().empty());
+  EXPECT_EQ(ran_out->global_steps(), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "run" / "global_step_1"));  // nothing trained, nothing saved
   o.push_back("algorithm.filter_groups.metric=no_such_key");
   cfg = load_config(ConfigKind::ppo, "", o);
   ASSERT_TRUE(cfg.ok());

@@ -42,7 +42,7 @@ inline void make_tiny_run(const std::filesystem::path& dir, const std::string& a
     o.experts = 4, o.experts_per_tok = 2, o.moe_intermediate = 16, o.norm_topk_prob = arch == "qwen3_moe";
   }
   // gemma3_text: five sliding layers (RoPE base 1e4), the sixth full (base 1e6, as Gemma-3 ships).
-  if (arch == "gemma3_text") o.layers = 6, o.sliding_window = 8, o.rope_theta = 1e6;
+  if (arch == "gemma3_text") o.layers = 6, o.sliding_window = 8;  // full layers: init-model's 1e6
   o.tokenizer = std::string("chars:") + kDemoAlphabet;
   o.out = (dir / "model").string();
   ASSERT_TRUE(models::init_model(o).ok());

@@ -4,7 +4,7 @@
 //     wrap_policy.transformer_layer_cls_to_wrap becomes a unit; the remaining parameters form the
 //     "root" unit. A listed name matches the C++ class name's last component, and HF's names
 //     LlamaDecoderLayer / Qwen2DecoderLayer / Qwen3DecoderLayer / Qwen2MoeDecoderLayer /
-//     Qwen3MoeDecoderLayer / MistralDecoderLayer / Gemma2DecoderLayer also match Tessera's
+//     Qwen3MoeDecoderLayer / MistralDecoderLayer / Gemma2DecoderLayer / Gemma3DecoderLayer also match Tessera's
 //     DecoderLayer.
 //     With an empty list the model's "no split" class is used: any class whose name ends with
 //     "DecoderLayer".

@@ -116,7 +116,7 @@ struct ModelConfig {
   std::optional<int64_t> pad_token_id;
   std::string torch_dtype = "float32";
   std::string hidden_act = "silu";  ///< gemma2, gemma3_text: HF's `hidden_activation` ("gelu_pytorch_tanh").
-  /// mistral, gemma2: keys more than this many visible keys back are hidden (unset: no window).
+  /// mistral, the Gemmas: keys more than this many visible keys back are hidden (unset: no window).
   std::optional<int64_t> sliding_window;
   /// gemma2, gemma3_text: "sliding_attention" / "full_attention" per layer. Empty: HF's default
   /// (gemma2: even layer indices slide; mistral: every layer slides when sliding_window is set;

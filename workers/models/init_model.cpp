@@ -119,7 +119,7 @@ Result<ModelConfig> make_config(const InitModelOptions& o, const tokenizer::Toke
   c.tie_word_embeddings = o.tie_word_embeddings;
   c.attention_bias = o.arch == "qwen2" || o.arch == "qwen2_moe";
   TESSERA_RETURN_IF_ERROR(set_family_defaults(o, c));
-  c.rope_theta = o.rope_theta;
+  c.rope_theta = o.rope_theta.value_or(o.arch == "gemma3_text" ? 1e6 : 10000.0);
   c.rms_norm_eps = o.rms_norm_eps;
   if (auto id = tok.bos_token_id()) c.bos_token_id = *id;
   if (auto id = tok.eos_token_id()) c.eos_token_ids = {*id};

@@ -52,7 +52,8 @@ struct InitModelOptions {
   int64_t moe_intermediate = 0;
   int64_t shared_expert_intermediate = 0;
   bool norm_topk_prob = false;
-  double rope_theta = 10000.0;
+  /// rope_theta; unset: 1e6 for gemma3_text (its full layers, as Gemma3TextConfig), 1e4 otherwise.
+  std::optional<double> rope_theta;
   double rms_norm_eps = 1e-6;
 };
 

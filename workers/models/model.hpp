@@ -94,7 +94,8 @@ class PretrainedModel : public torch::nn::Module {
   std::shared_ptr<DecoderBackbone> backbone_;
 };
 
-/// HF LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / MistralForCausalLM / Gemma2ForCausalLM.
+/// HF LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / MistralForCausalLM / Gemma2ForCausalLM /
+/// Gemma3ForCausalLM (and the MoE families').
 class CausalLM : public PretrainedModel {
  public:
   /// Validates `config` and builds the model. config.architecture is set to the *ForCausalLM name.
@@ -120,8 +121,8 @@ class CausalLM : public PretrainedModel {
   /// The output projection [vocab, hidden]: lm_head.weight, or the embedding when tied.
   const at::Tensor& lm_head_weight() const;
 
-  /// Logits [..., vocab] (fp32) of final-norm hidden states: the projection, then Gemma2's
-  /// final_logit_softcapping in the compute dtype.
+  /// Logits [..., vocab] (fp32) of final-norm hidden states: the projection, then the Gemmas'
+  /// final_logit_softcapping (when set) in the compute dtype.
   at::Tensor logits(const at::Tensor& hidden) const;
   /// The same logits in the compute dtype (logits() is their fp32 copy).
   at::Tensor compute_dtype_logits(const at::Tensor& hidden) const;
@@ -130,7 +131,8 @@ class CausalLM : public PretrainedModel {
   std::shared_ptr<Linear> lm_head_;  ///< Null when tie_word_embeddings.
 };
 
-/// HF Llama/Qwen2/Qwen3/Mistral/Gemma2ForTokenClassification with num_labels=1: a scalar
+/// HF Llama/Qwen2/Qwen3/Mistral/Gemma2ForTokenClassification with num_labels=1 (transformers has no
+/// Gemma3 one: refused for gemma3_text): a scalar
 /// `score` head ([1, hidden] weight, optional [1] bias) on every position. Dropout is 0.
 class ValueModel : public PretrainedModel {
  public:
@@ -154,7 +156,7 @@ class ValueModel : public PretrainedModel {
 
 /// HF _init_weights for the named parameters of `model` (all when `names` is empty), seeded:
 /// normal(0, initializer_range) for matrices and embeddings (pad_token_id row zeroed), 1 for norms
-/// (0 for Gemma2's, which scale by 1 + weight),
+/// (0 for the Gemmas', which scale by 1 + weight),
 /// 0 for biases. Deterministic for a given seed and parameter order.
 Status initialize_weights(PretrainedModel& model, uint64_t seed, const std::vector<std::string>& names = {});
 

@@ -149,32 +149,31 @@ Status read_layer_types(const json& j, const std::string& source, ModelConfig& c
   return Status();
 }
 
-// Gemma2: HF Gemma2Config's defaults for every key that changes the maths.
-Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c) {
+// The Gemmas' attention keys: causal only, attention_bias, query_pre_attn_scalar (256), the
+// softcaps (HF's defaults given: Gemma2's 50 and 30, Gemma3's none), sliding_window, layer_types.
+Status read_gemma_attention(const json& j, const std::string& source, std::optional<double> attn_cap,
+                            std::optional<double> final_cap, ModelConfig& c) {
   TESSERA_RETURN_IF_ERROR(require_false(j, source, "use_bidirectional_attention", "causal attention only"));
   TESSERA_RETURN_IF_ERROR(read_bool(j, source, "attention_bias", c.attention_bias));
   c.query_pre_attn_scalar = 256.0;
   TESSERA_RETURN_IF_ERROR(read_double(j, source, "query_pre_attn_scalar", c.query_pre_attn_scalar));
   if (!(c.query_pre_attn_scalar > 0.0)) return field_error(source, "query_pre_attn_scalar", "must be positive");
-  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "attn_logit_softcapping", 50.0, c.attn_logit_softcapping));
-  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "final_logit_softcapping", 30.0, c.final_logit_softcapping));
+  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "attn_logit_softcapping", attn_cap, c.attn_logit_softcapping));
+  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "final_logit_softcapping", final_cap, c.final_logit_softcapping));
   TESSERA_RETURN_IF_ERROR(read_sliding_window(j, source, c));
   return read_layer_types(j, source, c);
+}
+
+// Gemma2: HF Gemma2Config's defaults for every key that changes the maths.
+Status gemma2_specifics(const json& j, const std::string& source, ModelConfig& c) {
+  return read_gemma_attention(j, source, 50.0, 30.0, c);
 }
 
 // Gemma3TextConfig: Gemma2's attention (scale, window) without softcaps by default, q_norm/k_norm
 // (ModelConfig::qk_norm), and layer types from sliding_window_pattern when not listed (every
 // pattern-th layer full). Its RoPE (two bases) is read by read_rope.
 Status gemma3_specifics(const json& j, const std::string& source, ModelConfig& c) {
-  TESSERA_RETURN_IF_ERROR(require_false(j, source, "use_bidirectional_attention", "causal attention only"));
-  TESSERA_RETURN_IF_ERROR(read_bool(j, source, "attention_bias", c.attention_bias));
-  c.query_pre_attn_scalar = 256.0;
-  TESSERA_RETURN_IF_ERROR(read_double(j, source, "query_pre_attn_scalar", c.query_pre_attn_scalar));
-  if (!(c.query_pre_attn_scalar > 0.0)) return field_error(source, "query_pre_attn_scalar", "must be positive");
-  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "attn_logit_softcapping", std::nullopt, c.attn_logit_softcapping));
-  TESSERA_RETURN_IF_ERROR(read_softcap(j, source, "final_logit_softcapping", std::nullopt, c.final_logit_softcapping));
-  TESSERA_RETURN_IF_ERROR(read_sliding_window(j, source, c));
-  TESSERA_RETURN_IF_ERROR(read_layer_types(j, source, c));
+  TESSERA_RETURN_IF_ERROR(read_gemma_attention(j, source, std::nullopt, std::nullopt, c));
   if (!c.layer_types.empty()) return Status();
   // transformers derives the types from sliding_window_pattern only (the _sliding_window_pattern it
   // writes beside layer_types is not read back).

@@ -13,7 +13,8 @@
 namespace tessera::ppo {
 
 /// FLOPs of one forward + backward over sequences of `seqlens` tokens (verl's estimate: 6 x dense
-/// parameters x tokens, plus 12 x sum(seqlen^2) x head_dim x heads x layers for attention).
+/// parameters x tokens, plus 12 x sum(seqlen^2) x head_dim x heads x layers for attention; for
+/// gemma3_text, as verl's _estimate_gemma3_flops, a sliding layer counts seqlen x min(seqlen, window)).
 double training_flops(const models::ModelConfig& config, const std::vector<int64_t>& seqlens);
 
 /// verl's perf/mfu/actor: training_flops(meta_info.global_token_num) x ppo_epochs over `seconds`,

@@ -115,8 +115,9 @@ Result<proto::DataProto> switch_chat_template(const proto::DataProto& data, cons
 Result<RewardModelConfig> parse_reward_model_config(const json& j, int64_t world_size) {
   RewardModelConfig c;
   ppo::ConfigReader r(j, "reward_model");
+  // The driver's keys (the reward manager's, and where the reward function runs).
   for (const char* k : {"_target_", "enable", "strategy", "reward_manager", "launch_reward_fn_async",
-                        "sandbox_fusion", "profiler", "reward_kwargs"}) {
+                        "sandbox_fusion", "profiler", "reward_kwargs", "overlong_buffer"}) {
     r.skip(k);
   }
   r.field("max_length", c.max_length);

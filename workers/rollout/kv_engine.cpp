@@ -168,16 +168,20 @@ Status KVCacheEngine::check_prompts(const std::vector<std::vector<int64_t>>& pro
 }
 
 // A call whose meta_info carries the trainer's `global_steps` is seeded from (engine seed, step,
-// validate): a run resumed from a checkpoint then draws exactly the samples an uninterrupted run
-// draws at that step, with no generator state in the checkpoint. Other calls draw their seed
-// from the engine's generator.
+// validate, and dynamic sampling's `gen_batch` when > 0): a run resumed from a checkpoint then
+// draws exactly the samples an uninterrupted run draws at that step, with no generator state in
+// the checkpoint, and a step's further generation batches draw afresh. Other calls draw their
+// seed from the engine's generator.
 uint64_t KVCacheEngine::call_seed(const nlohmann::json& meta) {
   auto* gen = at::check_generator<at::CPUGeneratorImpl>(generator_);
   auto step = meta.find("global_steps");
   if (step == meta.end() || !step->is_number_integer()) return gen->random64();
   auto validate = meta.find("validate");
   const bool is_val = validate != meta.end() && validate->is_boolean() && validate->get<bool>();
-  return row_seed(row_seed(gen->current_seed(), step->get<int64_t>()), is_val ? 1 : 0);
+  const uint64_t seed = row_seed(row_seed(gen->current_seed(), step->get<int64_t>()), is_val ? 1 : 0);
+  auto gen_batch = meta.find("gen_batch");
+  if (gen_batch == meta.end() || !gen_batch->is_number_integer() || gen_batch->get<int64_t>() <= 0) return seed;
+  return row_seed(seed, 1 + gen_batch->get<int64_t>());
 }
 
 Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& requests,

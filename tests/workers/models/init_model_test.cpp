@@ -161,8 +161,7 @@ TEST(InitModel, Gemma3WithHfDefaults) {
   InitModelOptions o = small("gemma3_text", tmp / "g");
   o.head_dim = 16;
   o.layers = 7;
-  o.sliding_window = 4;
-  o.rope_theta = 1e6;
+  o.sliding_window = 4;  // rope_theta unset: Gemma3TextConfig's 1e6
   ASSERT_TRUE(init_model(o).ok());
   auto raw = nlohmann::json::parse(std::ifstream(tmp / "g/config.json"));
   EXPECT_EQ(raw["architectures"][0], "Gemma3ForCausalLM");

@@ -36,7 +36,7 @@ TEST(FlopsCounter, Gemma3SlidingLayersCountTheWindow) {
   c.layer_types = {"sliding_attention", "full_attention"};
   // Attention: layer 0 (window 4) 3*3 + 5*4 = 29, layer 1 9 + 25 = 34: 12 * 63 * 16 * 4 = 48384.
   EXPECT_DOUBLE_EQ(training_flops(c, {3, 5}), 3563520.0 + 48384.0);
-  c.model_type = "gemma2";  // verl counts Gemma-2's windows as full attention
+  c.model_type = "gemma2";  // verl has no Gemma-2 estimate (MFU 0); Tessera counts its windows as full attention
   EXPECT_DOUBLE_EQ(training_flops(c, {3, 5}), 3563520.0 + 52224.0);
 }
 
