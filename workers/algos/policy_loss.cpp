@@ -70,12 +70,43 @@ at::Tensor flat_selection(const at::Tensor& like, const at::Tensor& flat_positio
   return sel.view(like.sizes());
 }
 
+// GSPO (arXiv 2507.18071; verl's compute_policy_loss_gspo, after v0.5.0): one importance ratio per
+// sequence, the geometric mean of its tokens' ratios, s_i = exp(mean_t(logp - old)), carried by
+// each token as s_i,t = sg[s_i] * p_t / sg[p_t] (so its gradient is s_i's times the token's
+// log-prob gradient), clamped in log space at 10, PPO-clipped with ε_low / ε_high; aggregated
+// seq-mean-token-mean whatever loss_agg_mode says, as verl does. pg_clipfrac_lower is 0.
+Result<PolicyLossOutput> compute_policy_loss_gspo(const at::Tensor& old_log_prob, const at::Tensor& log_prob,
+                                                  const at::Tensor& advantages, const at::Tensor& response_mask,
+                                                  const std::string& /*loss_agg_mode*/, const PolicyLossConfig& config) {
+  constexpr const char* fn = "compute_policy_loss_gspo";
+  TESSERA_RETURN_IF_ERROR(check_inputs(fn, old_log_prob, log_prob, advantages, response_mask));
+  const double low = config.clip_ratio_low.value_or(config.clip_ratio);
+  const double high = config.clip_ratio_high.value_or(config.clip_ratio);
+  return internal::guarded(fn, [&]() -> Result<PolicyLossOutput> {
+    const at::Tensor mask = as_value_mask(response_mask, log_prob);
+    const at::Tensor negative_approx_kl = log_prob - old_log_prob;
+    const at::Tensor lengths = mask.sum(-1).clamp_min(1);
+    const at::Tensor seq_kl = (negative_approx_kl * mask).sum(-1) / lengths;
+    const at::Tensor log_ratio =
+        at::clamp_max(log_prob - log_prob.detach() + seq_kl.detach().unsqueeze(-1), 10.0);
+    const at::Tensor ratio = at::exp(log_ratio);
+    const at::Tensor pg_losses1 = -advantages * ratio;
+    const at::Tensor pg_losses2 = -advantages * at::clamp(ratio, 1.0 - low, 1.0 + high);
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor pg_loss,
+                             internal::agg_loss(at::maximum(pg_losses1, pg_losses2), mask, "seq-mean-token-mean"));
+    const at::Tensor pg_clipfrac = masked_mean(at::gt(pg_losses2, pg_losses1).to(log_prob.scalar_type()), mask, kAll);
+    const at::Tensor ppo_kl = masked_mean(-negative_approx_kl, mask, kAll);
+    return PolicyLossOutput{pg_loss, pg_clipfrac, ppo_kl, zero_like_scalar(log_prob)};
+  });
+}
+
 internal::Registry<PolicyLossFn>& registry() {
   static internal::Registry<PolicyLossFn> r("policy loss", "actor.policy_loss.loss_mode",
                                             {{"vanilla", &compute_policy_loss_vanilla},
                                              {"gpg", &compute_policy_loss_gpg},
                                              {"clip_cov", &compute_policy_loss_clip_cov},
-                                             {"kl_cov", &compute_policy_loss_kl_cov}});
+                                             {"kl_cov", &compute_policy_loss_kl_cov},
+                                             {"gspo", &compute_policy_loss_gspo}});
   return r;
 }
 

@@ -1,7 +1,8 @@
 // policy_loss.hpp: PPO policy losses of verl's core_algos.py (v0.5.0), in a registry looked up by
 // `actor.policy_loss.loss_mode` (verl's register_policy_loss / get_policy_loss_fn).
 //
-// Built in: vanilla (PPO clip with clip-higher and dual-clip), gpg, clip_cov, kl_cov. Users may
+// Built in: vanilla (PPO clip with clip-higher and dual-clip), gpg, clip_cov, kl_cov, and gspo
+// (sequence-level ratios, from verl after v0.5.0). Users may
 // register more by name. All outputs are 0-dim tensors; pg_loss is differentiable w.r.t. log_prob.
 // The registry is process-wide and guarded by a mutex, so lookups and registrations may come from
 // any thread; the loss functions themselves are pure (clip_cov draws from LibTorch's global RNG).

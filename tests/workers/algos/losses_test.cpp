@@ -125,12 +125,70 @@ TEST(ComputeRewards, SubtractsScaledKl) {
 }
 
 TEST(PolicyLossRegistry, KnownAndUnknownModes) {
-  for (const char* name : {"vanilla", "gpg", "clip_cov", "kl_cov"}) EXPECT_TRUE(get_policy_loss_fn(name).ok()) << name;
-  auto gspo = get_policy_loss_fn("gspo");
-  ASSERT_FALSE(gspo.ok());
-  EXPECT_EQ(gspo.status().code(), ErrorCode::not_found);
-  EXPECT_NE(gspo.status().message().find("gspo"), std::string::npos);
-  EXPECT_NE(gspo.status().message().find("vanilla"), std::string::npos);
+  for (const char* name : {"vanilla", "gpg", "clip_cov", "kl_cov", "gspo"}) {
+    EXPECT_TRUE(get_policy_loss_fn(name).ok()) << name;
+  }
+  auto unknown = get_policy_loss_fn("sapo");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), ErrorCode::not_found);
+  EXPECT_NE(unknown.status().message().find("sapo"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("vanilla"), std::string::npos);
+}
+
+// GSPO worked out per sequence: s_i = exp(mean of the masked log-ratios), each token's loss
+// max(-A s_i, -A clip(s_i, 1 - 0.2, 1 + 0.28)), the mean over sequences of their token means; the
+// gradient of an unclipped token is -A s_i / (rows x tokens of its row), of a clipped one 0.
+TEST(GspoPolicyLoss, SequenceRatiosValuesAndGradientsByHand) {
+  PolicyLossConfig config;
+  config.clip_ratio_low = 0.2;
+  config.clip_ratio_high = 0.28;
+  torch::manual_seed(3);
+  const torch::Tensor old = torch::randn({3, 4}, kF64) * 0.3;
+  torch::Tensor lp0 = old + torch::randn({3, 4}, kF64) * 0.1;
+  lp0[2] = old[2] + 0.5;  // the last row's ratio e^0.5 lies above 1.28: its A > 0 tokens clip
+  torch::Tensor lp = lp0.clone().requires_grad_(true);
+  const torch::Tensor adv = torch::tensor({{0.5, -1.0, 2.0, 7.0}, {-0.3, 1.5, 9.0, 9.0}, {1.0, -1.0, 0.5, -2.0}}, kF64);
+  const torch::Tensor mask = torch::tensor({{1.0, 1.0, 1.0, 0.0}, {1.0, 1.0, 0.0, 0.0}, {1.0, 1.0, 1.0, 1.0}}, kF64);
+  auto out = (*get_policy_loss_fn("gspo"))(old, lp, adv, mask, "token-mean", config);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  out->pg_loss.backward();
+  double loss = 0, clipped = 0, tokens = 0, kl = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    double log_s = 0, n = 0;
+    for (int64_t t = 0; t < 4; ++t) {
+      if (mask[i][t].item<double>() == 0) continue;
+      log_s += (lp0[i][t] - old[i][t]).item<double>();
+      n += 1;
+    }
+    const double s = std::exp(log_s / n), c = std::min(std::max(s, 0.8), 1.28);
+    double row = 0;
+    for (int64_t t = 0; t < 4; ++t) {
+      const double g = lp.grad()[i][t].item<double>();
+      if (mask[i][t].item<double>() == 0) {
+        EXPECT_EQ(g, 0.0);
+        continue;
+      }
+      const double a = adv[i][t].item<double>();
+      const bool clip = -a * c > -a * s;
+      row += std::max(-a * s, -a * c);
+      clipped += clip ? 1 : 0;
+      tokens += 1;
+      kl += (old[i][t] - lp0[i][t]).item<double>();
+      EXPECT_NEAR(g, clip ? 0.0 : -a * s / (3 * n), 1e-12) << i << "," << t;
+    }
+    loss += row / n / 3;
+  }
+  EXPECT_NEAR(out->pg_loss.item<double>(), loss, 1e-12);
+  EXPECT_EQ(clipped, 2.0);  // the last row's two positive advantages
+  EXPECT_NEAR(out->pg_clipfrac.item<double>(), clipped / (tokens + 1e-8), 1e-12);  // verl's masked_mean
+  EXPECT_NEAR(out->ppo_kl.item<double>(), kl / (tokens + 1e-8), 1e-12);
+  EXPECT_EQ(out->pg_clipfrac_lower.item<double>(), 0.0);
+  // On-policy (old = log_prob): every ratio is 1, the loss minus the mean of the rows' mean advantages.
+  auto same = (*get_policy_loss_fn("gspo"))(lp0, lp0, adv, mask, "token-mean", config);
+  ASSERT_TRUE(same.ok());
+  const double want = -((adv * mask).sum(-1) / mask.sum(-1)).mean().item<double>();
+  EXPECT_NEAR(same->pg_loss.item<double>(), want, 1e-12);
+  EXPECT_EQ(same->pg_clipfrac.item<double>(), 0.0);
 }
 
 TEST(VanillaPolicyLoss, OnPolicyIsMinusMeanAdvantage) {
