@@ -767,6 +767,24 @@ TEST(TrainerRun, OnPolicyStepsSkipTheOldLogProbPassAndTrainAlike) {
   }
 }
 
+// A tiny GRPO run with DAPO's dynamic sampling: a Python reward answering `reward_dict` (an
+// expression of solution_str and extra_info), the filter on `metric`, data.gen_batch_size `gen`,
+// no validation.
+std::vector<std::string> dapo_overrides(const TempDir& dir, const std::string& reward_dict, const std::string& metric,
+                                        int gen, int steps) {
+  testing::make_tiny_run(dir.path());
+  const std::string d = dir.path().string();
+  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                         "    return " + reward_dict + "\n");
+  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", steps);
+  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", "data.gen_batch_size=" + std::to_string(gen),
+                               std::string("algorithm.filter_groups.enable=true"), "algorithm.filter_groups.metric=" + metric,
+                               std::string("trainer.val_before_train=false"), std::string("trainer.test_freq=-1")}) {
+    o.push_back(k);
+  }
+  return o;
+}
+
 // DAPO's dynamic sampling (algorithm.filter_groups, data.gen_batch_size): a step trains only on
 // prompts whose samples scored differently, train_batch_size of them from as many generation
 // batches as it takes. The reward (the response length's parity) varies within some groups and
@@ -775,18 +793,8 @@ TEST(TrainerRun, DynamicSamplingTrainsOnlyPromptsWhoseSamplesDiffer) {
   const std::string py = testing::tessera_python();
   if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON is not set";
   TempDir dir("dapo");
-  testing::make_tiny_run(dir.path());
-  const std::string d = dir.path().string();
-  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                         "    return {'score': float(len(solution_str) % 2), 'idx': extra_info['index']}\n");
-  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 3);
-  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", std::string("data.gen_batch_size=6"),
-                               std::string("algorithm.filter_groups.enable=true"),
-                               std::string("algorithm.filter_groups.metric=score"),
-                               "trainer.rollout_data_dir=" + d + "/rollouts", std::string("trainer.val_before_train=false"),
-                               std::string("trainer.test_freq=-1")}) {
-    o.push_back(k);
-  }
+  auto o = dapo_overrides(dir, "{'score': float(len(solution_str) % 2), 'idx': extra_info['index']}", "score", 6, 3);
+  o.push_back("trainer.rollout_data_dir=" + dir.path().string() + "/rollouts");
   auto t = testing::fit_trainer(o);
   ASSERT_NE(t, nullptr);
   const auto& h = t->history();
@@ -810,18 +818,9 @@ TEST(TrainerRun, DynamicSamplingThatRunsOutOfDataSavesTheLastStep) {
   const std::string py = testing::tessera_python();
   if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON is not set";
   TempDir dir("dapo_end");
-  testing::make_tiny_run(dir.path());
-  const std::string d = dir.path().string();
-  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                         "    return {'score': float(len(solution_str) % 2)}\n");
-  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 1);
-  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", std::string("data.gen_batch_size=4"),
-                               std::string("algorithm.filter_groups.enable=true"),
-                               std::string("algorithm.filter_groups.metric=score"),
-                               std::string("trainer.total_training_steps=null"), std::string("trainer.save_freq=100"),
-                               std::string("trainer.val_before_train=false"), std::string("trainer.test_freq=-1")}) {
-    o.push_back(k);
-  }
+  auto o = dapo_overrides(dir, "{'score': float(len(solution_str) % 2)}", "score", 4, 1);
+  o.push_back("trainer.total_training_steps=null");
+  o.push_back("trainer.save_freq=100");
   auto t = testing::fit_trainer(o);  // 16 loader batches; each step needs more than one
   ASSERT_NE(t, nullptr);
   const auto& h = t->history();
@@ -839,17 +838,7 @@ TEST(TrainerRun, DynamicSamplingThatKeepsNothingStopsOrRunsOutOfData) {
   const std::string py = testing::tessera_python();
   if (py.empty()) GTEST_SKIP() << "TESSERA_PYTHON is not set";
   TempDir dir("dapo_flat");
-  testing::make_tiny_run(dir.path());
-  const std::string d = dir.path().string();
-  dir.write("reward.py", "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                         "    return {'score': 1.0, 'acc': True}\n");
-  auto o = testing::tiny_ppo_overrides(dir.path(), "grpo", 2);
-  for (const std::string& k : {"custom_reward_function.path=" + d + "/reward.py", std::string("data.gen_batch_size=16"),
-                               std::string("algorithm.filter_groups.enable=true"),
-                               std::string("algorithm.filter_groups.metric=acc"),
-                               std::string("trainer.val_before_train=false"), std::string("trainer.test_freq=-1")}) {
-    o.push_back(k);
-  }
+  auto o = dapo_overrides(dir, "{'score': 1.0, 'acc': True}", "acc", 16, 2);
   auto limited = o;
   limited.push_back("algorithm.filter_groups.max_num_gen_batches=2");
   auto cfg = load_config(ConfigKind::ppo, "", limited);
