@@ -119,8 +119,9 @@ Result<proto::DataProto> RayPPOTrainer::rollout_batch(const std::vector<int64_t>
   TESSERA_ASSIGN_OR_RETURN(gen_batch, gen_batch.repeat(s.n, /*interleave=*/true));
   gen_batch.meta_info()["global_steps"] = global_steps_;
   if (gen_index > 0) gen_batch.meta_info()["gen_batch"] = gen_index;  // seeds apart from the step's first
-  // The trainer recomputes old_log_probs itself below (verl v0.5.0's order), so the seed worker's
-  // recompute inside generate_sequences would be a wasted forward pass over the whole batch.
+  // The trainer computes old_log_probs itself after the reward (verl v0.5.0's order; an on-policy
+  // step none at all), so the seed worker's recompute inside generate_sequences would be a
+  // wasted forward pass over the whole batch.
   gen_batch.meta_info()["recompute_log_prob"] = false;
   proto::DataProto gen_out;
   {
@@ -138,7 +139,7 @@ Result<proto::DataProto> RayPPOTrainer::rollout_batch(const std::vector<int64_t>
   }
   TESSERA_RETURN_IF_ERROR(batch.set_column("uid", proto::Column::strings(uids)));
   TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.n, /*interleave=*/true));
-  if (gen_out.tensor("old_log_probs").ok()) {  // recomputed below, as verl v0.5.0 does
+  if (gen_out.tensor("old_log_probs").ok()) {  // computed after the reward, as verl v0.5.0 does
     TESSERA_RETURN_IF_ERROR(gen_out.pop(std::vector<std::string>{"old_log_probs"}).status());
   }
   TESSERA_RETURN_IF_ERROR(union_output(batch, gen_out));
