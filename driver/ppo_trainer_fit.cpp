@@ -179,6 +179,10 @@ Result<std::vector<double>> filter_values(const proto::DataProto& batch, const s
   std::vector<double> values;
   for (int64_t i = 0; i < batch.size(); ++i) {
     const json v = column->row_json(i);
+    if (v.is_null()) {  // a row custom_reward_function.on_error=zero scored 0
+      values.push_back(0.0);
+      continue;
+    }
     if (!v.is_number() && !v.is_boolean()) {
       return make_error(ErrorCode::invalid_argument,
                         "algorithm.filter_groups.metric = '{}': row {} holds {}, not a number", metric, i, v.dump());

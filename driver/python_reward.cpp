@@ -206,6 +206,7 @@ Result<std::vector<ScoreResult>> PythonRewardPool::score(const std::vector<Score
         }
         std::fprintf(stderr, "warning: %s; scored 0 (custom_reward_function.on_error=zero)\n", msg.c_str());
         results[i].score = 0.0;
+        results[i].failed = true;
       }
     }
   }

@@ -63,6 +63,9 @@ struct ScoreResult {
   nlohmann::json extra = nlohmann::json::object();  ///< verl's dict keys other than "score".
   /// The scorer answered verl's dict form: "score" is then an extra info too, even alone.
   bool dict = false;
+  /// The scorer raised and the row scored 0 (custom_reward_function.on_error=zero): its extra
+  /// infos are the other rows' keys, "score" 0 and null for the rest.
+  bool failed = false;
 };
 
 /// A scoring function. Errors (e.g. a ground truth of the wrong type) name the sample's fields.

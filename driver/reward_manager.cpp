@@ -1,6 +1,7 @@
 // NaiveRewardManager (driver/reward.hpp), after verl/workers/reward_manager/naive.py.
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include <torch/torch.h>
 
@@ -36,9 +37,11 @@ Result<RewardManagerOptions> reward_manager_options(const nlohmann::json& cfg) {
       return make_error(ErrorCode::invalid_argument, "{}.enable=true needs reward_model.reward_manager=dapo (it is '{}')",
                         b, o.kind);
     }
-    if (kwargs != nullptr && kwargs->is_object() && kwargs->contains("overlong_buffer_cfg")) {
-      return make_error(ErrorCode::invalid_argument, "{} and reward_model.reward_kwargs.overlong_buffer_cfg are both set; "
-                        "keep one", b);
+    for (const char* key : {"overlong_buffer_cfg", "max_resp_len"}) {
+      if (kwargs != nullptr && kwargs->is_object() && kwargs->contains(key)) {
+        return make_error(ErrorCode::invalid_argument, "{} (with data.max_response_length) and "
+                          "reward_model.reward_kwargs.{} are both set; keep one", b, key);
+      }
     }
     o.overlong.enable = true;
     TESSERA_ASSIGN_OR_RETURN(o.overlong.len, config_get<int64_t>(cfg, b + ".len"));
@@ -157,12 +160,23 @@ Result<RewardOutput> NaiveRewardManager::operator()(const proto::DataProto& data
         for (size_t k = 0; k < more.size(); ++k) scores[fallback_rows[k]] = std::move(more[k]);
       }
     }
+    // The extra-info keys the scored rows answered; a row that failed (on_error=zero) gets them too.
+    std::set<std::string> extra_keys;
+    bool extras = false;
+    for (const ScoreResult& r : scores) {
+      if (r.failed) continue;
+      extras |= r.dict || !r.extra.empty();
+      for (const auto& [key, value] : r.extra.items()) extra_keys.insert(key);
+    }
     std::map<std::string, int64_t> printed;
     for (int64_t i = 0; i < b; ++i) {
       const ScoreRequest& q = requests[static_cast<size_t>(i)];
       const ScoreResult& score = scores[static_cast<size_t>(i)];
       const int64_t valid_resp = resp_lens.data_ptr<int64_t>()[i];
-      if (score.dict || !score.extra.empty()) {  // verl: every key of a dict answer, "score" included
+      if (score.failed && extras) {
+        out.reward_extra_info["score"].push_back(score.score);
+        for (const std::string& key : extra_keys) out.reward_extra_info[key].push_back(nullptr);
+      } else if (score.dict || !score.extra.empty()) {  // verl: every key of a dict answer, "score" included
         out.reward_extra_info["score"].push_back(score.score);
         for (const auto& [k, v] : score.extra.items()) out.reward_extra_info[k].push_back(v);
       } else if (dapo) {

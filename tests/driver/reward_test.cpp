@@ -143,6 +143,26 @@ TEST(NaiveRewardManager, ExtraInfoAndErrors) {
   EXPECT_TRUE(torch::equal(rm->reward_tensor, torch::ones({1, 8})));
 }
 
+// A dict answer's keys, "score" included, are extra infos (verl's naive manager); a row whose
+// custom scorer raised under on_error=zero takes the same keys ("score" 0, null for the rest), so
+// the columns stay one entry per row.
+TEST(NaiveRewardManager, DictAnswersAndRowsScoredZeroKeepTheColumnsAligned) {
+  RewardManagerOptions o;
+  o.batch_scorer = [](const std::vector<ScoreRequest>& rows) -> Result<std::vector<ScoreResult>> {
+    std::vector<ScoreResult> out(rows.size());
+    out[0].score = 1.0;
+    out[0].dict = true;
+    out[0].extra = {{"acc", true}};
+    out[1].failed = true;  // raised; scored 0
+    return out;
+  };
+  NaiveRewardManager manager(testing::qwen3_tokenizer(), ScorerRegistry::with_builtins(), o);
+  auto out = manager(scored_batch({"#### 12", "#### 5"}, {"gsm8k", "gsm8k"}, {"12", "5"}));
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->reward_extra_info["score"], (std::vector<json>{1.0, 0.0}));
+  EXPECT_EQ(out->reward_extra_info["acc"], (std::vector<json>{true, nullptr}));
+}
+
 // verl's DAPORewardManager: reward = score + min(-(len - (max_resp_len - buffer)) / buffer * factor, 0),
 // with acc / overlong_reward / overlong as extra infos.
 TEST(NaiveRewardManager, DapoOverlongBuffer) {
