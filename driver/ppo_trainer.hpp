@@ -126,6 +126,8 @@ class RayPPOTrainer {
   // differ in algorithm.filter_groups.metric, and generates further batches until
   // data.train_batch_size prompts are kept; their first train_batch_size x n rows, scored.
   Result<std::optional<proto::DataProto>> dynamic_sampling(proto::DataProto first, Metrics& metrics, TimingRaw& timing);
+  // The reward model's rm_scores unioned into `batch` (nothing without reward_model.enable).
+  Status add_rm_scores(proto::DataProto& batch, Metrics& metrics, TimingRaw& timing);
   Status fit_loop();  // fit() less the loggers' finish
   Status load_checkpoint();
   Status log_step(int64_t step, const Metrics& metrics);

@@ -56,9 +56,11 @@ Status union_output(proto::DataProto& batch, proto::DataProto part) {
   return batch.union_(part);
 }
 
-std::vector<std::string> step_uids(int64_t step, int64_t rows) {
+// "<step>-<row>"; a step's further generation batches (dynamic sampling) "<step>.<k>-<row>".
+std::vector<std::string> step_uids(int64_t step, int64_t gen_index, int64_t rows) {
+  const std::string prefix = gen_index > 0 ? fmt::format("{}.{}", step, gen_index) : std::to_string(step);
   std::vector<std::string> uids;
-  for (int64_t i = 0; i < rows; ++i) uids.push_back(fmt::format("{}-{}", step, i));
+  for (int64_t i = 0; i < rows; ++i) uids.push_back(fmt::format("{}-{}", prefix, i));
   return uids;
 }
 
@@ -132,12 +134,8 @@ Result<proto::DataProto> RayPPOTrainer::rollout_batch(const std::vector<int64_t>
     auto gen = [this](const proto::DataProto& in, Metrics& m, TimingRaw& t) { return generate(in, m, t); };
     TESSERA_RETURN_IF_ERROR(remax_baselines(gen, s, gen_batch, batch, metrics, timing));
   }
-  // A step's further generation batches (dynamic sampling) number their prompts apart.
-  std::vector<std::string> uids = step_uids(global_steps_, batch.size());
-  if (gen_index > 0) {
-    for (std::string& uid : uids) uid.insert(uid.find('-'), fmt::format(".{}", gen_index));
-  }
-  TESSERA_RETURN_IF_ERROR(batch.set_column("uid", proto::Column::strings(uids)));
+  TESSERA_RETURN_IF_ERROR(
+      batch.set_column("uid", proto::Column::strings(step_uids(global_steps_, gen_index, batch.size()))));
   TESSERA_ASSIGN_OR_RETURN(batch, batch.repeat(s.n, /*interleave=*/true));
   if (gen_out.tensor("old_log_probs").ok()) {  // computed after the reward, as verl v0.5.0 does
     TESSERA_RETURN_IF_ERROR(gen_out.pop(std::vector<std::string>{"old_log_probs"}).status());
@@ -163,11 +161,11 @@ Result<std::optional<std::vector<int64_t>>> RayPPOTrainer::next_training_batch()
 namespace {
 
 // The value per row that DAPO's filter compares within a prompt's group: a reward extra-info
-// column (numbers or booleans), or seq_reward / seq_final_reward, the summed token scores / rewards.
+// column (numbers or booleans), or seq_reward / seq_final_reward, the summed token scores /
+// rewards (the same here: KL in the reward is refused with the filter).
 Result<std::vector<double>> filter_values(const proto::DataProto& batch, const std::string& metric) {
   if (metric == "seq_reward" || metric == "seq_final_reward") {
-    TESSERA_ASSIGN_OR_RETURN(at::Tensor t,
-                             batch.tensor(metric == "seq_reward" ? "token_level_scores" : "token_level_rewards"));
+    TESSERA_ASSIGN_OR_RETURN(at::Tensor t, batch.tensor("token_level_scores"));
     return to_doubles(t.sum(-1));
   }
   auto column = batch.column(metric);
@@ -228,13 +226,8 @@ Result<std::optional<proto::DataProto>> RayPPOTrainer::dynamic_sampling(proto::D
     ++gen_batches;
     {
       MarkedTimer t("reward", timing);
-      if (rm_wg_) {
-        TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
-        TESSERA_RETURN_IF_ERROR(union_output(batch, rm));
-      }
+      TESSERA_RETURN_IF_ERROR(add_rm_scores(batch, metrics, timing));
       TESSERA_RETURN_IF_ERROR(add_scores(s, batch, (*s.reward_fn)(batch)));
-      TESSERA_ASSIGN_OR_RETURN(at::Tensor scores, batch.tensor("token_level_scores"));
-      TESSERA_RETURN_IF_ERROR(batch.set_tensor("token_level_rewards", scores));  // no KL in the reward here
     }
     TESSERA_ASSIGN_OR_RETURN(std::vector<double> values, filter_values(batch, s.filter_metric));
     TESSERA_ASSIGN_OR_RETURN(auto groups, varied_groups(batch, values));
@@ -266,6 +259,12 @@ Result<std::optional<proto::DataProto>> RayPPOTrainer::dynamic_sampling(proto::D
   return std::optional<proto::DataProto>(std::move(trimmed));
 }
 
+Status RayPPOTrainer::add_rm_scores(proto::DataProto& batch, Metrics& metrics, TimingRaw& timing) {
+  if (!rm_wg_) return Status();
+  TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
+  return union_output(batch, rm);
+}
+
 Result<std::optional<Metrics>> RayPPOTrainer::train_step(const std::vector<int64_t>& indices, bool is_last_step) {
   State& s = *state_;
   Metrics metrics;
@@ -292,10 +291,7 @@ Result<std::optional<Metrics>> RayPPOTrainer::train_step(const std::vector<int64
   batch.meta_info()["temperature"] = s.temperature;
   if (!s.filter_groups) {
     MarkedTimer t("reward", timing);
-    if (rm_wg_) {
-      TESSERA_ASSIGN_OR_RETURN(proto::DataProto rm, call_proto(*rm_wg_, "compute_rm_score", batch, metrics, timing));
-      TESSERA_RETURN_IF_ERROR(union_output(batch, rm));
-    }
+    TESSERA_RETURN_IF_ERROR(add_rm_scores(batch, metrics, timing));
     if (s.reward_async) {
       // The reward function reads its own copy of the batch (the tensors are shared, not written)
       // on a thread of its own while the workers compute; add_scores waits for it before "adv".

@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -148,9 +149,27 @@ at::Tensor dynamic_inv_freq(const at::Tensor& position_ids, const at::Tensor& ex
 
 }  // namespace
 
+namespace {
+
+// HF's arange(0, D, 2) / D in fp32, on `device`.
+at::Tensor rope_exponent(const ModelConfig& c, const c10::Device& device) {
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
+  return at::arange(0, c.head_dim, 2, long_opts).to(at::kFloat) / static_cast<double>(c.head_dim);
+}
+
+// cos and sin [B, 1, T, D] of `position_ids` under `inv_freq`, times `scale` in fp32, cast to `dtype`.
+std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& position_ids, const at::Tensor& inv_freq, double scale,
+                                          c10::ScalarType dtype) {
+  at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
+  if (scale == 1.0) return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return {(emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)};
+}
+
+}  // namespace
+
 at::Tensor rotary_inv_freq(const at::Tensor& position_ids, const ModelConfig& c, const at::Tensor& max_position) {
-  auto long_opts = at::TensorOptions().dtype(at::kLong).device(position_ids.device());
-  at::Tensor exponent = at::arange(0, c.head_dim, 2, long_opts).to(at::kFloat) / static_cast<double>(c.head_dim);
+  at::Tensor exponent = rope_exponent(c, position_ids.device());
   const std::string& type = c.rope_scaling.rope_type;
   if (type == "dynamic") return dynamic_inv_freq(position_ids, exponent, c, max_position);
   at::Tensor inv_freq = at::pow(c.rope_theta, exponent).reciprocal();                   // [D/2]
@@ -173,22 +192,14 @@ double rotary_attention_factor(const ModelConfig& c) {
 
 RotaryTables make_rotary_tables(const at::Tensor& position_ids, const ModelConfig& config, c10::ScalarType dtype,
                                 const at::Tensor& max_position) {
-  at::Tensor inv_freq = rotary_inv_freq(position_ids, config, max_position);           // [D/2]
-  at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;             // [B, T, D/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                           // [B, 1, T, D]
   RotaryTables tables;
   // HF scales yarn's cos and sin in fp32 before the cast.
   const double scale = config.rope_scaling.rope_type == "yarn" ? rotary_attention_factor(config) : 1.0;
-  tables.cos = (scale == 1.0 ? emb.cos() : emb.cos() * scale).to(dtype);
-  tables.sin = (scale == 1.0 ? emb.sin() : emb.sin() * scale).to(dtype);
+  std::tie(tables.cos, tables.sin) =
+      cos_sin(position_ids, rotary_inv_freq(position_ids, config, max_position), scale, dtype);
   if (config.rope_local_theta) {  // Gemma3's sliding layers: default RoPE on their own base
-    at::Tensor exponent = at::arange(0, config.head_dim, 2, position_ids.options().dtype(at::kLong)).to(at::kFloat) /
-                          static_cast<double>(config.head_dim);
-    at::Tensor local_inv_freq = at::pow(*config.rope_local_theta, exponent).reciprocal();  // [D/2]
-    at::Tensor local = position_ids.to(at::kFloat).unsqueeze(-1) * local_inv_freq;
-    at::Tensor local_emb = at::cat({local, local}, -1).unsqueeze(1);
-    tables.local_cos = local_emb.cos().to(dtype);
-    tables.local_sin = local_emb.sin().to(dtype);
+    at::Tensor local_inv_freq = at::pow(*config.rope_local_theta, rope_exponent(config, position_ids.device())).reciprocal();
+    std::tie(tables.local_cos, tables.local_sin) = cos_sin(position_ids, local_inv_freq, 1.0, dtype);
   }
   return tables;
 }
