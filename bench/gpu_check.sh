@@ -56,7 +56,7 @@ done
 # The keys a failed kernel self-check names in log $1 ("set KEY=VALUE" with the value that turns the
 # kernel off; model.use_liger is the actor's).
 fixes_named_in() {
-  grep -oE '(actor_rollout_ref\.rollout\.engine_kwargs\.tessera\.[a-z_]+=(false|torch|gather)|model\.use_liger=false)' "$1" \
+  grep -oE '(actor_rollout_ref\.rollout\.engine_kwargs\.tessera\.[a-z_]+=(false|torch|gather|heads)|model\.use_liger=false)' "$1" \
     | sed 's/^model\.use_liger/actor_rollout_ref.model.use_liger/' | sort -u
 }
 read -r -a FIXES <<< "${TESSERA_GPU_OVERRIDES-}"

@@ -2,7 +2,7 @@
 // limits of the same card measured in the same run.
 //
 //   gpu_decode [--device cuda] [--prompts 64] [--n 8] [--prompt-len 60] [--response 256]
-//              [--model qwen2.5-0.5b] [--layers 24] [--json OUT] [--attention kernel] [--sampler fused]
+//              [--model qwen2.5-0.5b] [--layers 24] [--json OUT] [--attention heads] [--sampler fused]
 //              [--fused-layers true]
 //              [--split-decode-attention true] [--tail-rows 4] [--tail-prompt-len 3800] [--turn-tokens 64]
 //
@@ -15,8 +15,9 @@
 // engine eagerly and with CUDA graphs (enforce_eager=false), each after one warm-up call, and
 // reports decode tokens/s (generated tokens over the decode steps' time), the step time, and
 // generate tokens/s (over the whole call, as HF's `generate` figure in bench/hf_grpo_baseline.py).
-// On a GPU the graph run is repeated with the tiled attention kernel
-// (engine_kwargs.tessera.decode_attention=tiled), so both kernels are compared in one run; a
+// The eager and graph runs use the heads attention kernel (engine_kwargs.tessera.decode_attention
+// =heads); on a GPU the graph run is repeated with the tiled kernel (=tiled, what the default
+// `kernel` picks where it runs), so both kernels are compared in one run; a
 // failure of that run is reported beside the other figures rather than ending the benchmark.
 //
 // The tail: `tail-rows` prompts of `tail-prompt-len` tokens (n = 1), `response` tokens each, with
@@ -60,7 +61,7 @@ struct Args {
   int64_t prompts = 64, n = 8, prompt_len = 60, response = 256, layers = 0;  // layers 0: the model's
   std::string json;
   // The engine_kwargs.tessera keys of the runs (the tiled run sets its own attention).
-  std::string attention = "kernel", sampler = "fused";
+  std::string attention = "heads", sampler = "fused";
   bool fused_layers = true, split = true;
   int64_t tail_rows = 4, tail_prompt_len = 3800;
   int64_t turn_tokens = 64;

@@ -8,9 +8,10 @@ For each worker method (the named spans Tessera records: generate_sequences, com
 update_actor, ...) it prints the span's wall time, how long the GPU was busy with the kernels that
 method launched (the union of their intervals), the kernels that took longest, and the CUDA
 runtime calls made (launches, copies, synchronisations: many launches and little busy time
-means the phase is launch-bound). Kernels launched outside a span (autograd's backward thread,
-for one) are listed under "(outside a method)". Reads the Chrome trace that LibTorch's profiler
-writes; needs only the standard library.
+means the phase is launch-bound). A call on a thread with no span of its own at that moment
+(autograd's backward thread, for one) is charged to the method whose span holds it in time on
+another thread, when exactly one does; the rest are listed under "(outside a method)". Reads the
+Chrome trace that LibTorch's profiler writes; needs only the standard library.
 """
 import argparse
 import bisect
@@ -49,16 +50,23 @@ def main():
         by_thread[s["tid"]].append(s)
     starts = {tid: [s["ts"] for s in ss] for tid, ss in by_thread.items()}
 
-    def method_of(e):
+    def on_own_thread(e):
         ss = by_thread.get(e["tid"])
         if not ss:
-            return "(outside a method)"
+            return None
         i = bisect.bisect_right(starts[e["tid"]], e["ts"]) - 1
         while i >= 0:
             if ss[i]["ts"] <= e["ts"] <= ss[i]["ts"] + ss[i]["dur"]:
                 return ss[i]["name"]
             i -= 1
-        return "(outside a method)"
+        return None
+
+    def method_of(e):
+        own = on_own_thread(e)
+        if own is not None:
+            return own
+        holders = {s["name"] for s in spans if s["ts"] <= e["ts"] <= s["ts"] + s["dur"]}
+        return holders.pop() if len(holders) == 1 else "(outside a method)"
 
     calls = collections.defaultdict(collections.Counter)
     method_by_correlation = {}

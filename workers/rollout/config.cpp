@@ -420,9 +420,10 @@ Status validate_rollout_config(const RolloutConfig& c) {
     return make_error(ErrorCode::invalid_argument, "{}engine_kwargs.tessera.max_kv_blocks={} must be >= 0", kPrefix,
                       c.max_kv_blocks);
   }
-  if (c.decode_attention != "kernel" && c.decode_attention != "tiled" && c.decode_attention != "gather") {
+  if (c.decode_attention != "kernel" && c.decode_attention != "heads" && c.decode_attention != "tiled" &&
+      c.decode_attention != "gather") {
     return make_error(ErrorCode::invalid_argument,
-                      "{}engine_kwargs.tessera.decode_attention='{}': expected kernel|tiled|gather", kPrefix,
+                      "{}engine_kwargs.tessera.decode_attention='{}': expected kernel|heads|tiled|gather", kPrefix,
                       c.decode_attention);
   }
   if (c.sampler != "fused" && c.sampler != "torch") {

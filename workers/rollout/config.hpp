@@ -18,7 +18,7 @@
 // Tessera's own engine knobs live under `engine_kwargs.tessera` (verl keeps engine-specific
 // arguments under engine_kwargs.<engine>): `batching: continuous|static`, `placement:
 // colocated|split`, `split_devices_per_node` (workers/rollout/split_weights.hpp), `kv_block_size`
-// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|tiled|gather`,
+// (tokens per block of the paged KV cache, paged_kv.hpp), `decode_attention: kernel|heads|tiled|gather`,
 // `split_decode_attention`, `max_kv_blocks`, `sampler: fused|torch` (sampling.hpp), `fused_layers`,
 // `tool_timeout_s` (multi-turn tool calls).
 //
@@ -132,10 +132,13 @@ struct RolloutConfig {
   int64_t split_devices_per_node = 0;
   /// Tokens per block of the paged KV cache (vLLM's block_size; Note [Paged KV cache]).
   int64_t kv_block_size = 16;
-  /// How decode steps read the paged cache: "kernel" (the paged attention kernel where there is
-  /// one), "tiled" (on a CUDA device, the tiled kernel: one block per row and KV head, the KV read
-  /// once for the whole group; an error elsewhere) or "gather" (copy each row's blocks out and run
-  /// the models' attention).
+  /// How decode steps read the paged cache: "kernel" (a paged attention kernel where there is one:
+  /// on a CUDA device the tiled one where it takes the model's heads and a KV group has more than
+  /// 4 query heads, else the heads one; the CPU kernel in fp32), "heads" (on a CUDA device the heads
+  /// kernel: one block per row, KV head and up to four query heads; as kernel elsewhere), "tiled" (on a CUDA
+  /// device, the tiled kernel: one block per row and KV head, the KV read once for the whole
+  /// group; an error elsewhere) or "gather" (copy each row's blocks out and run the models'
+  /// attention).
   std::string decode_attention = "kernel";
   /// On a CUDA device, whether a decode step whose rows alone leave most of the GPU idle (the few
   /// long rows at the end of a rollout) cuts each row's context into parts attended by blocks of

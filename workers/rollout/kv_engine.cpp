@@ -199,6 +199,7 @@ Result<std::vector<GeneratedRow>> KVCacheEngine::run(const TokenRequests& reques
   options.block_size = config_.kv_block_size;
   options.kernel_attention = config_.decode_attention != "gather";
   options.tiled_attention = config_.decode_attention == "tiled";
+  options.prefer_tiled_attention = config_.decode_attention == "kernel";
   options.split_attention = config_.split_decode_attention;
   options.fused_layers = config_.fused_layers;
   TESSERA_ASSIGN_OR_RETURN(options.max_kv_blocks, kv_block_cap(config_, *model_, options.max_kv_blocks_key));

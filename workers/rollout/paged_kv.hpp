@@ -41,7 +41,8 @@ struct PagedKV {
   /// (engine_kwargs.tessera.decode_attention=gather).
   bool use_kernel = true;
   /// On a CUDA device, the tiled kernel rather than the heads kernel
-  /// (engine_kwargs.tessera.decode_attention=tiled; cuda/paged_attention.hpp).
+  /// (engine_kwargs.tessera.decode_attention=tiled, or =kernel where the tiled kernel runs;
+  /// cuda/paged_attention.hpp).
   bool tiled = false;
   /// On a CUDA device, few rows with long contexts are cut into parts (Note [Split decode
   /// attention]; engine_kwargs.tessera.split_decode_attention).

@@ -245,18 +245,22 @@ TEST(UlyssesWorkers, RewardModelScoresEqualThePaddedScores) {
 }
 
 // On a GPU the packed bf16 forward is one varlen flash-attention call (Note [Packed sequences]):
-// split over a group of 2 (two threads sharing the device, in-process exchanges of device
-// tensors), with the padding segment among its offsets, it gives the unsplit log-probs and, summed
-// over the group, its gradients, to bf16 precision. Skipped without a GPU.
+// split over a group of 2 (two threads, in-process exchanges of device tensors), with the padding
+// segment among its offsets, it gives the unsplit log-probs and, summed over the group, its
+// gradients, to bf16 precision. The gradients need a GPU per rank: autograd runs every CUDA node
+// of a device on one thread of its own, so two ranks sharing a GPU in one process cannot run their
+// backward exchanges together (the first rank's all-to-all would wait, on that thread, for the
+// second's, queued behind it); a worker has a GPU of its own, as here with two. On one GPU the
+// ranks share it for the forward only. Skipped without a GPU.
 TEST(OnDevice, UlyssesSplitFlashForwardEqualsTheUnsplitOneInBf16) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
-  const c10::Device cuda(c10::kCUDA, 0);
+  const bool gpu_per_rank = torch::cuda::device_count() >= 2;
   const proto::DataProto batch = make_rollout({3, 5, 2, 4, 5}, {4, 2, 6, 3, 6}, 5, 6, 23, kVocab);  // 45 tokens
   struct Pass {
     at::Tensor log_probs;
     std::vector<at::Tensor> grads;
   };
-  auto pass = [&](std::shared_ptr<const ppo::UlyssesGroup> group) {
+  auto pass = [&](std::shared_ptr<const ppo::UlyssesGroup> group, const c10::Device& cuda, bool backward) {
     models::LoadOptions o;
     o.dtype = at::kBFloat16;
     o.device = cuda;
@@ -273,12 +277,14 @@ TEST(OnDevice, UlyssesSplitFlashForwardEqualsTheUnsplitOneInBf16) {
     auto lp = ppo::response_log_probs(*head, seq->responses, 1.0, false);
     EXPECT_TRUE(lp.ok()) << lp.status().to_string();
     const at::Tensor mask = d.tensor("response_mask")->to(at::kFloat);
-    (lp->log_probs * mask).sum().backward();
     Pass p{(lp->log_probs.detach() * mask).cpu(), {}};
-    for (const auto& param : (*model)->parameters()) p.grads.push_back(param.grad().to(at::kFloat).cpu());
+    if (backward) {
+      (lp->log_probs * mask).sum().backward();
+      for (const auto& param : (*model)->parameters()) p.grads.push_back(param.grad().to(at::kFloat).cpu());
+    }
     return p;
   };
-  const Pass want = pass(nullptr);
+  const Pass want = pass(nullptr, c10::Device(c10::kCUDA, 0), gpu_per_rank);
   std::vector<Pass> got(2);
   const uint16_t port = next_port();
   run_ranks(2, [&](int r) {
@@ -287,7 +293,7 @@ TEST(OnDevice, UlyssesSplitFlashForwardEqualsTheUnsplitOneInBf16) {
     ASSERT_TRUE(comm.ok()) << comm.status().to_string();
     auto group = ppo::UlyssesGroup::create(*comm);
     ASSERT_TRUE(group.ok());
-    got[r] = pass(*group);
+    got[r] = pass(*group, c10::Device(c10::kCUDA, gpu_per_rank ? r : 0), gpu_per_rank);
   });
   for (int r = 0; r < 2; ++r) EXPECT_LT(max_diff(got[r].log_probs, want.log_probs), 2e-2) << "rank " << r;
   for (size_t i = 0; i < want.grads.size(); ++i) {

@@ -716,21 +716,36 @@ TEST(KVCacheEngine, OnCudaFusedLayersAndBf16SamplingMatchTheOpChains) {
 }
 
 // engine_kwargs.tessera.decode_attention=tiled decodes what the heads kernel decodes (greedy,
-// fp32: the same tokens; the two kernels sum in different orders).
+// fp32: the same tokens; the two kernels sum in different orders), with KV groups of 2 and of 8
+// query heads; the default (kernel) is the heads kernel for the first, where a block of it serves
+// a whole group, and the tiled kernel for the second, to the bit.
 TEST(KVCacheEngine, OnCudaTiledDecodeAttentionMatchesTheHeadsKernel) {
 #if TESSERA_WITH_CUDA
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
-  auto model = testing::tiny_model(19);
-  model->to(at::Device("cuda:0"));
-  proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 20, 95);
-  RolloutConfig cfg = testing::test_config(/*response_length=*/24);
-  cfg.do_sample = false;
-  cfg.calculate_log_probs = true;
-  proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
-  cfg.decode_attention = "tiled";
-  proto::DataProto got = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
-  EXPECT_TRUE(get(got, "responses").to(at::kCPU).equal(get(want, "responses").to(at::kCPU)));
-  EXPECT_LT((get(got, "rollout_log_probs") - get(want, "rollout_log_probs")).abs().max().item<double>(), 1e-4);
+  for (int64_t heads : {4, 16}) {  // over 2 KV heads
+    SCOPED_TRACE("query heads " + std::to_string(heads));
+    models::ModelConfig config = testing::tiny_config();
+    config.num_attention_heads = heads;
+    auto created = models::CausalLM::create(config, models::ModelInit{at::kFloat, 19});
+    ASSERT_TRUE(created.ok()) << created.status().to_string();
+    std::shared_ptr<models::CausalLM> model = *created;
+    model->to(at::Device("cuda:0"));
+    proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 20, 95);
+    RolloutConfig cfg = testing::test_config(/*response_length=*/24);
+    cfg.do_sample = false;
+    cfg.calculate_log_probs = true;
+    auto run = [&](const char* attention) {
+      cfg.decode_attention = attention;
+      proto::DataProto out = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+      return std::make_pair(get(out, "responses").to(at::kCPU), get(out, "rollout_log_probs").to(at::kCPU));
+    };
+    const auto want = run("heads");
+    const auto got = run("tiled");
+    EXPECT_TRUE(got.first.equal(want.first));
+    EXPECT_LT((got.second - want.second).abs().max().item<double>(), 1e-4);
+    const auto chosen = run("kernel");
+    EXPECT_TRUE(chosen.second.equal(heads > 4 * config.num_key_value_heads ? got.second : want.second));
+  }
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
@@ -751,7 +766,7 @@ TEST(KVCacheEngine, OnCudaSplitDecodeAttentionMatchesWholeRows) {
   model->to(at::Device("cuda:0"));
   const int64_t P = 300;
   proto::DataProto prompts = testing::prompt_batch({300, 250, 280}, P, 24, 95);
-  for (const char* attention : {"kernel", "tiled"}) {
+  for (const char* attention : {"heads", "tiled"}) {
     for (bool eager : {false, true}) {
       RolloutConfig cfg = testing::test_config(/*response_length=*/600);
       cfg.prompt_length = P;
@@ -791,7 +806,7 @@ TEST(KVCacheEngine, TiledDecodeAttentionOffCudaIsAnErrorNamingTheKey) {
   cfg.decode_attention = "fast";
   const Status bad = validate_rollout_config(cfg);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.message().find("expected kernel|tiled|gather"), std::string::npos) << bad.to_string();
+  EXPECT_NE(bad.message().find("expected kernel|heads|tiled|gather"), std::string::npos) << bad.to_string();
 }
 
 // engine_kwargs.tessera.fused_layers reaches every norm, attention and MLP of the engine's model;

@@ -621,7 +621,9 @@ TEST_F(MultiTurn, TensorParallelPeersShareRankZerosTools) {
     auto scored = (*sync)->generate(
         sync_engine, batch(messages, {json{{"calc_gsm8k_reward", {{"create_kwargs", {{"ground_truth", "72"}}}}}}}));
     EXPECT_TRUE(scored.ok()) << scored.status().to_string();
-    if (scored.ok()) EXPECT_EQ(scored->column("reward_scores")->json_value(0)["calc_gsm8k_reward"], 1.0) << rank;
+    if (scored.ok()) {
+      EXPECT_EQ(scored->column("reward_scores")->json_value(0)["calc_gsm8k_reward"], 1.0) << rank;
+    }
   });
   EXPECT_EQ(responses[0], responses[1]);
   // Two calls, each run once (an instance created and released per call), not once per peer.

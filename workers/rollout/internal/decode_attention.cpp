@@ -193,6 +193,7 @@ constexpr const char* kTiledKernel = "rollout: the tiled paged decode-attention 
 constexpr const char* kPagedSplit = "rollout: the paged decode-attention CUDA kernel, split into parts,";
 constexpr const char* kTiledSplit = "rollout: the tiled paged decode-attention CUDA kernel, split into parts,";
 constexpr const char* kPagedFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=gather";
+constexpr const char* kTiledFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.decode_attention=heads";
 constexpr const char* kSplitFix = "set actor_rollout_ref.rollout.engine_kwargs.tessera.split_decode_attention=false";
 
 // The kernel against torch_paged_attention on a small random problem (Note [Kernel self-check]),
@@ -221,7 +222,7 @@ Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype
   if (worst <= tolerance) return Status();
   const char* what = splits > 1 ? (tiled ? kTiledSplit : kPagedSplit) : (tiled ? kTiledKernel : kPagedKernel);
   return make_error(ErrorCode::internal, "{} disagrees with torch on {} in {} (max diff {:.3g}); {}", what,
-                    device.str(), c10::toString(dtype), worst, splits > 1 ? kSplitFix : kPagedFix);
+                    device.str(), c10::toString(dtype), worst, splits > 1 ? kSplitFix : (tiled ? kTiledFix : kPagedFix));
 }
 
 }  // namespace
@@ -229,7 +230,7 @@ Status compare_paged_kernel_with_torch(c10::Device device, c10::ScalarType dtype
 Status check_paged_decode_attention_cuda(c10::Device device, c10::ScalarType dtype, bool tiled, bool split) {
   static proto::cuda::CheckOnce heads_verdicts, tiled_verdicts, heads_split_verdicts, tiled_split_verdicts;
   TESSERA_RETURN_IF_ERROR((tiled ? tiled_verdicts : heads_verdicts)
-                              .get(device, dtype, tiled ? kTiledKernel : kPagedKernel, kPagedFix,
+                              .get(device, dtype, tiled ? kTiledKernel : kPagedKernel, tiled ? kTiledFix : kPagedFix,
                                    [&] { return compare_paged_kernel_with_torch(device, dtype, tiled, 1); }));
   if (!split) return Status();
   return (tiled ? tiled_split_verdicts : heads_split_verdicts)

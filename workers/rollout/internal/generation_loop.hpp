@@ -48,8 +48,11 @@ struct LoopOptions {
   bool chunked_prefill = true;        ///< enable_chunked_prefill: split a prefill over the budget.
   int64_t response_length = 1;
   int64_t block_size = 16;            ///< Tokens per KV block (Note [Paged KV cache]).
-  bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel or tiled).
-  bool tiled_attention = false;       ///< PagedKV::tiled (decode_attention=tiled).
+  bool kernel_attention = true;       ///< PagedKV::use_kernel (decode_attention=kernel, heads or tiled).
+  bool tiled_attention = false;       ///< PagedKV::tiled (decode_attention=tiled: an error where it cannot run).
+  /// decode_attention=kernel: PagedKV::tiled where the tiled kernel runs and a KV group has more
+  /// than 4 query heads (run_generation). Off here: a LoopOptions built by hand runs the heads kernel.
+  bool prefer_tiled_attention = false;
   bool split_attention = true;        ///< PagedKV::split (split_decode_attention).
   bool fused_layers = false;          ///< The model runs the fused layer ops (engine_kwargs.tessera.fused_layers).
   int64_t max_kv_blocks = 0;          ///< Caps the KV cache (0: every slot at its longest).
