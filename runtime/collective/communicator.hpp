@@ -125,7 +125,8 @@ class Communicator {
 
   /// output = op over ranks of input[rank*n, (rank+1)*n), n = output.numel().
   /// REQUIRES: both contiguous, same dtype and device, input.numel() == size() * output.numel();
-  /// avg needs a floating dtype. Half/bfloat16 are accumulated in fp32.
+  /// avg needs a floating dtype. Half/bfloat16 are accumulated in fp32 by the gloo and in-process
+  /// backends, in their own dtype by NCCL (as PyTorch's NCCL process groups do).
   Status reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
                         const CollectiveOptions& opts = {});
 

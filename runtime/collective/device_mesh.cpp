@@ -40,7 +40,23 @@ Result<DeviceMesh> DeviceMesh::for_fsdp(std::shared_ptr<Communicator> world, int
                                         const CollectiveOptions& opts) {
   if (!world) return make_error(ErrorCode::invalid_argument, "device mesh: world is null");
   int n = world->size();
-  if (fsdp_size < 0 || fsdp_size >= n) return create(std::move(world), {"fsdp"}, {n}, opts);
+  if (fsdp_size < 0 || fsdp_size >= n) {
+    // The shard group is the whole world: its group is the world's communicator itself rather than
+    // a second one over the same ranks in the same order (on GPUs every NCCL communicator holds
+    // device buffers and a proxy thread; each FSDP module of a worker would add one). A worker's
+    // calls on it come one at a time, as on the world. Sharing it, a failed FSDP collective marks
+    // the world broken too, and the world's own calls queue behind FSDP's (one stream on a GPU).
+    DeviceMesh mesh;
+    mesh.dim_names_ = {"fsdp"};
+    mesh.shape_ = {n};
+    mesh.coords_ = {world->rank()};
+    std::vector<int> members(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+    mesh.members_ = {std::move(members)};
+    mesh.groups_ = {world};
+    mesh.world_ = std::move(world);
+    return mesh;
+  }
   if (fsdp_size == 0) {
     return make_error(ErrorCode::invalid_argument,
                       "device mesh (ddp, fsdp): fsdp_size 0 is invalid (use -1 for the whole "

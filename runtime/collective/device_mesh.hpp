@@ -18,7 +18,8 @@ namespace tessera::collective {
 /// A named arrangement of the world's ranks with one sub-communicator per dimension.
 class DeviceMesh {
  public:
-  /// verl's create_device_mesh: fsdp_size < 0 or >= world size gives the 1-D mesh ("fsdp",);
+  /// verl's create_device_mesh: fsdp_size < 0 or >= world size gives the 1-D mesh ("fsdp",), whose
+  /// group is `world` itself (no second communicator; `opts` only shape the sub-groups of a 2-D mesh);
   /// 0 < fsdp_size < world size gives the 2-D mesh ("ddp","fsdp") = (world/fsdp_size, fsdp_size).
   /// Errors: fsdp_size == 0, or a world size that fsdp_size does not divide (names both sizes).
   static Result<DeviceMesh> for_fsdp(std::shared_ptr<Communicator> world, int fsdp_size,

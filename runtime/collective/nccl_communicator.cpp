@@ -24,8 +24,23 @@
 //   NCCL error, aborts the communicator; the next call reports it, naming the operation. (It
 //   waits only until NCCL has put the call on the stream: Note [Non-blocking enqueue].)
 // * Host tensors (small control values: a flag, a count, the norm of a CPU run) are staged
-//   through device scratch buffers (H2D, collective, D2H on the communicator's stream) and waited
-//   for, bounded, before the call returns, as the host reads them next.
+//   through page-locked host buffers and device scratch buffers (H2D, collective, D2H on the
+//   communicator's stream) and waited for, bounded, before the call returns, as the host reads
+//   them next. Every copy involves page-locked memory only, so none of them makes the host wait
+//   for the stream (a copy to or from pageable memory may: behind a collective that a dead peer
+//   never completes, that wait would have no end).
+// * One thread at a time queues work on the communicator (NcclComm::use), and the watchdog's
+//   abort takes the same lock, so a communicator is never freed under a call that is queueing. A
+//   staged call holds its buffers (staging_mu_) for the whole call but the communicator only
+//   while it queues: its bounded wait leaves the watchdog free to abort. Lock order: staging,
+//   use, then the watchdog's state. No buffer is freed before teardown (NcclComm::scratch).
+// * Teardown destroys a communicator whose calls all finished and whose ncclCommFinalize (a
+//   collective among the node's ranks) completes within a few seconds; one that failed, never
+//   finished initialising, or does not drain or finalise in time is aborted instead (destroying
+//   it would wait, forever if a peer died). Its stream is left to the process: the caching
+//   allocator may still record events on it for tensors freed later.
+// * Sums of half and bfloat16 tensors accumulate in their own dtype, as NCCL and PyTorch's NCCL
+//   process groups (FSDP's reduce_dtype) do.
 // * all_to_all_v is one ncclGroupStart/End of sends and receives (do_all_to_all_v).
 #ifdef TESSERA_WITH_CUDA
 
@@ -37,6 +52,7 @@
 #include <nccl.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -117,11 +133,40 @@ class NcclComm {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     cudaSetDevice(device_);
+    if (comm_ && !aborted_) {
+      // Destroy only a communicator whose calls finished and whose finalisation (a collective
+      // among the node's ranks, non-blocking here) completes in time; abort any other (Note
+      // [NCCL backend]).
+      const auto deadline = Clock::now() + kTeardownWait;
+      if (ready_ && drained(deadline) && finalized(deadline)) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+      aborted_ = true;
+    }
     for (auto& call : in_flight_) cudaEventDestroy(call.done);
     for (void* p : scratch_) if (p) cudaFree(p);
-    if (comm_ && !aborted_) ncclCommDestroy(comm_);  // abort() already released an aborted one
-    if (stream_) cudaStreamDestroy(stream_);
+    for (void* p : retired_device_) cudaFree(p);
+    for (void* p : pinned_) if (p) cudaFreeHost(p);
+    for (void* p : retired_host_) cudaFreeHost(p);
+    // stream_ is not destroyed: tensors recorded on it (torch_stream) may be freed after this,
+    // and the caching allocator then records an event on it.
   }
+
+  /// Initialisation finished (init_comm); before that, teardown aborts.
+  void mark_ready() { ready_ = true; }
+
+  /// Aborts the communicator for `why` (a failed NCCL call: NCCL requires the abort) and returns
+  /// the failure it records.
+  Status fail(Status why) {
+    abort(std::move(why));
+    return failure();
+  }
+
+  /// Held while a thread queues work on the communicator; abort() takes it too (Note [NCCL
+  /// backend]). Recursive: a call that times out while queueing aborts under it.
+  std::unique_lock<std::recursive_mutex> use() { return std::unique_lock<std::recursive_mutex>(use_mu_); }
 
   int device() const { return device_; }
   ncclComm_t comm() const { return comm_; }
@@ -133,15 +178,33 @@ class NcclComm {
   }
 
   /// Device buffer `slot` (0 or 1) of at least `bytes`, reused across calls.
+  /// A grown buffer's predecessor is kept until teardown rather than freed: cudaFree and
+  /// cudaFreeHost wait for the whole device, which a collective hung on a dead peer never lets
+  /// finish. Sizes double from 64 KiB, so what is kept is at most what is in use.
   Result<void*> scratch(int slot, size_t bytes) {
     if (scratch_bytes_[slot] < bytes) {
-      if (scratch_[slot]) TESSERA_GPU_CHECK(cudaFree(scratch_[slot]));
-      scratch_[slot] = nullptr;
-      scratch_bytes_[slot] = 0;
-      TESSERA_GPU_CHECK(cudaMalloc(&scratch_[slot], bytes));
-      scratch_bytes_[slot] = bytes;
+      const size_t size = grown(scratch_bytes_[slot], bytes);
+      void* p = nullptr;
+      TESSERA_GPU_CHECK(cudaMalloc(&p, size));
+      if (scratch_[slot]) retired_device_.push_back(scratch_[slot]);
+      scratch_[slot] = p;
+      scratch_bytes_[slot] = size;
     }
     return scratch_[slot];
+  }
+
+  /// Page-locked host buffer `slot` (0 or 1) of at least `bytes`, reused across calls (the host
+  /// side of a staged call; each such call waits for its copies before the next one starts).
+  Result<void*> pinned(int slot, size_t bytes) {
+    if (pinned_bytes_[slot] < bytes) {
+      const size_t size = grown(pinned_bytes_[slot], bytes);
+      void* p = nullptr;
+      TESSERA_GPU_CHECK(cudaHostAlloc(&p, size, cudaHostAllocDefault));
+      if (pinned_[slot]) retired_host_.push_back(pinned_[slot]);
+      pinned_[slot] = p;
+      pinned_bytes_[slot] = size;
+    }
+    return pinned_[slot];
   }
 
   /// The failure the watchdog saw (a timed-out call, an asynchronous NCCL error), or OK.
@@ -189,10 +252,13 @@ class NcclComm {
     for (;;) {
       ncclResult_t async = ncclSuccess;
       TESSERA_RETURN_IF_ERROR(async_state(async));
-      TESSERA_GPU_CHECK(async);
+      if (async != ncclSuccess && async != ncclInProgress) {  // NCCL requires an abort after one
+        abort(gpu_status(async, "NCCL (asynchronous error)").with_context(who));
+        return failure();
+      }
       cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess && async == ncclSuccess) return Status();
-      if (q != cudaErrorNotReady) TESSERA_GPU_CHECK(q);
+      if (q != cudaSuccess && q != cudaErrorNotReady) return fail(gpu_status(q, "cudaStreamQuery").with_context(who));
       if (Clock::now() >= deadline) {
         abort(make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted)", who, timeout.count()));
         return failure();
@@ -217,8 +283,10 @@ class NcclComm {
     return gpu_status(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
   }
 
-  // Records the first failure and aborts the communicator (once).
+  // Records the first failure and aborts the communicator (once), never while another thread
+  // queues work on it (use()).
   void abort(Status why) {
+    std::lock_guard<std::recursive_mutex> using_it(use_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.ok()) failure_ = std::move(why);
     if (!aborted_) {
@@ -262,11 +330,63 @@ class NcclComm {
     }
   }
 
+  // How long teardown waits for calls still in flight before it aborts instead of destroying.
+  static constexpr std::chrono::seconds kTeardownWait{5};
+
+  // Whether every call in flight and the stream finish by `deadline` (teardown, watchdog stopped).
+  bool drained(Clock::time_point deadline) {
+    for (;;) {
+      bool done = true;
+      for (cudaError_t q : queries()) {
+        if (q != cudaSuccess && q != cudaErrorNotReady) return false;  // a sticky error: nothing will finish
+        done = done && q == cudaSuccess;
+      }
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+        return false;
+      }
+      if (done && async == ncclSuccess) return true;
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // The stream's state, then each call's in flight.
+  std::vector<cudaError_t> queries() const {
+    std::vector<cudaError_t> out{cudaStreamQuery(stream_)};
+    for (const auto& call : in_flight_) out.push_back(cudaEventQuery(call.done));
+    return out;
+  }
+
+  // Starts ncclCommFinalize and polls it until it completes (true) or fails or passes `deadline`.
+  bool finalized(Clock::time_point deadline) {
+    const ncclResult_t started = ncclCommFinalize(comm_);
+    if (started != ncclSuccess && started != ncclInProgress) return false;
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return false;
+      if (state == ncclSuccess) return true;
+      if (state != ncclInProgress || Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
   int device_;
   ncclComm_t comm_;
   cudaStream_t stream_;
   void* scratch_[2] = {nullptr, nullptr};
   size_t scratch_bytes_[2] = {0, 0};
+  void* pinned_[2] = {nullptr, nullptr};
+  size_t pinned_bytes_[2] = {0, 0};
+  std::vector<void*> retired_device_, retired_host_;  // grown out of; freed at teardown (scratch())
+
+  static size_t grown(size_t have, size_t need) {
+    size_t size = std::max<size_t>(2 * have, size_t{64} << 10);
+    while (size < need) size *= 2;
+    return size;
+  }
+  bool ready_ = false;
+  std::recursive_mutex use_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<InFlight> in_flight_;
@@ -293,7 +413,10 @@ Result<std::unique_ptr<NcclComm>> init_comm(int device, const ncclUniqueId& id, 
   for (;;) {
     ncclResult_t state = ncclInProgress;
     TESSERA_GPU_CHECK(ncclCommGetAsyncError(comm, &state));
-    if (state == ncclSuccess) return owned;
+    if (state == ncclSuccess) {
+      owned->mark_ready();
+      return owned;
+    }
     TESSERA_GPU_CHECK(state);
     if (Clock::now() >= deadline) {
       return make_error(ErrorCode::timeout, "ncclCommInitRankConfig did not finish within {} ms",
@@ -413,10 +536,24 @@ class NcclCommunicator final : public Communicator {
         return Communicator::do_all_to_all_v(send, recv, t);
       }
     }
+    // Every piece checked before the group starts: a group cut short would leave the peers
+    // waiting for the pieces never queued.
+    const auto device = static_cast<c10::DeviceIndex>(comm_->device());
+    for (const auto* pieces : {&send, &recv}) {
+      for (const at::Tensor& x : *pieces) {
+        if (x.numel() == 0) continue;
+        if (x.device().index() != device || !x.is_contiguous()) {
+          return make_error(ErrorCode::invalid_argument,
+                            "all_to_all_v: a piece on {} ({}contiguous) but the communicator is on cuda:{} and "
+                            "sends contiguous pieces", x.device().str(), x.is_contiguous() ? "" : "not ", device);
+        }
+        TESSERA_RETURN_IF_ERROR(nccl_dtype(x.scalar_type()).status());
+      }
+    }
+    auto using_it = comm_->use();
     TESSERA_RETURN_IF_ERROR(comm_->failure());
     const auto deadline = Clock::now() + t;
     TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
-    const auto device = static_cast<c10::DeviceIndex>(comm_->device());
     cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device).stream();
     TESSERA_RETURN_IF_ERROR(order_after(caller, comm_->stream()));
     TESSERA_GPU_CHECK(ncclGroupStart());
@@ -436,7 +573,9 @@ class NcclCommunicator final : public Communicator {
                          : dt.status();
       }
     }
-    TESSERA_GPU_CHECK(ncclGroupEnd());
+    if (Status ended = gpu_status(ncclGroupEnd(), "ncclGroupEnd"); !ended.ok()) {
+      return comm_->fail(ended.with_context(peer_text(-1)));  // a group half queued: the peers would wait
+    }
     TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(-1)));  // Note [Non-blocking enqueue]
     TESSERA_RETURN_IF_ERROR(queued);
     std::vector<at::Tensor> used(send);
@@ -457,14 +596,20 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // `t` on the device: itself when it is a CUDA tensor, else device scratch `slot`, filled (with
+  // `copy_in`) from `t` through page-locked buffer `slot` (Note [NCCL on device tensors]).
   Result<DeviceView> to_device(const at::Tensor& t, int slot, bool copy_in) {
     if (!t.defined()) return DeviceView{};
     if (t.device().is_cuda()) return DeviceView{t.data_ptr(), false};
+    if (!t.is_contiguous()) {
+      return make_error(ErrorCode::invalid_argument, "host tensor of shape [{}] is not contiguous", fmt::join(t.sizes(), ", "));
+    }
     size_t bytes = t.numel() * t.element_size();
     TESSERA_ASSIGN_OR_RETURN(void* p, comm_->scratch(slot, bytes));
-    if (copy_in) {
-      TESSERA_GPU_CHECK(cudaMemcpyAsync(p, t.data_ptr(), bytes, cudaMemcpyHostToDevice,
-                                        comm_->stream()));
+    if (copy_in && bytes > 0) {
+      TESSERA_ASSIGN_OR_RETURN(void* host, comm_->pinned(slot, bytes));
+      std::memcpy(host, t.data_ptr(), bytes);
+      TESSERA_GPU_CHECK(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, comm_->stream()));
     }
     return DeviceView{p, true};
   }
@@ -502,24 +647,44 @@ class NcclCommunicator final : public Communicator {
   template <class Op>
   Status run(const at::Tensor& in, const at::Tensor& out, std::chrono::milliseconds t, int peer,
              Op op, PendingCollective* pending = nullptr) {
-    TESSERA_RETURN_IF_ERROR(comm_->failure());
-    auto deadline = Clock::now() + t;
-    TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
     const bool on_device = (!in.defined() || in.is_cuda()) && (!out.defined() || out.is_cuda());
-    if (on_device) return run_in_place(in, out, t, deadline, peer, op, pending);
-    bool in_place = in.defined() && out.defined() && in.data_ptr() == out.data_ptr();
-    TESSERA_ASSIGN_OR_RETURN(DeviceView src, to_device(in, 0, /*copy_in=*/true));
-    DeviceView dst = src;
-    if (!in_place) {
-      TESSERA_ASSIGN_OR_RETURN(dst, to_device(out, 1, /*copy_in=*/false));
+    const auto deadline = Clock::now() + t;
+    if (on_device) {
+      auto using_it = comm_->use();
+      TESSERA_RETURN_IF_ERROR(comm_->failure());
+      TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
+      return run_in_place(in, out, t, deadline, peer, op, pending);
     }
-    TESSERA_RETURN_IF_ERROR(op(src.ptr, dst.ptr));
-    TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(peer)));  // Note [Non-blocking enqueue]
-    if (dst.staged) {
-      TESSERA_GPU_CHECK(cudaMemcpyAsync(out.data_ptr(), dst.ptr, out.numel() * out.element_size(),
-                                        cudaMemcpyDeviceToHost, comm_->stream()));
+    // Staged: the buffers are held for the whole call (staging_mu_), the communicator only while
+    // the call is queued (use()), so that the watchdog may abort during the bounded wait.
+    std::lock_guard<std::mutex> staging(staging_mu_);
+    // The same buffer both ways (all_reduce, broadcast): one staged copy. An all-gather whose
+    // input is the start of its output is not that: its output needs a buffer of its own size.
+    const bool in_place = in.defined() && out.defined() && in.data_ptr() == out.data_ptr() && in.numel() == out.numel();
+    const size_t out_bytes = out.defined() && !out.is_cuda() ? out.numel() * out.element_size() : 0;
+    void* landing = nullptr;
+    {
+      auto using_it = comm_->use();
+      TESSERA_RETURN_IF_ERROR(comm_->failure());
+      TESSERA_GPU_CHECK(cudaSetDevice(comm_->device()));
+      // Every buffer before the collective is queued: growing one afterwards would wait for it.
+      TESSERA_ASSIGN_OR_RETURN(DeviceView src, to_device(in, 0, /*copy_in=*/true));
+      DeviceView dst = src;
+      if (!in_place) {
+        TESSERA_ASSIGN_OR_RETURN(dst, to_device(out, 1, /*copy_in=*/false));
+      }
+      if (out_bytes > 0) {
+        TESSERA_ASSIGN_OR_RETURN(landing, comm_->pinned(1, out_bytes));
+      }
+      TESSERA_RETURN_IF_ERROR(op(src.ptr, dst.ptr));
+      TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(peer)));  // Note [Non-blocking enqueue]
+      if (out_bytes > 0) {
+        TESSERA_GPU_CHECK(cudaMemcpyAsync(landing, dst.ptr, out_bytes, cudaMemcpyDeviceToHost, comm_->stream()));
+      }
     }
-    return comm_->wait(deadline, t, peer_text(peer));
+    TESSERA_RETURN_IF_ERROR(comm_->wait(deadline, t, peer_text(peer)));
+    if (out_bytes > 0) std::memcpy(out.data_ptr(), landing, out_bytes);
+    return Status();
   }
 
   template <class Op>
@@ -599,6 +764,7 @@ class NcclCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string prefix_;
   std::unique_ptr<NcclComm> comm_;
+  std::mutex staging_mu_;  // the staging buffers, for a whole staged call (run())
   int subgroup_seq_ = 0;
 };
 

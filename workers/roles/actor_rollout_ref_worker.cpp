@@ -8,7 +8,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "runtime/collective/device_mesh.hpp"
 #include "workers/fsdp/checkpoint.hpp"
 #include "workers/models/lora.hpp"
 #include "workers/models/model_io.hpp"
@@ -159,10 +158,11 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
     const uint64_t dp_rank = static_cast<uint64_t>(context().rank / tp);
     rollout::ShardingManagerOptions o;
     if (tp > 1) {
-      const int world = world_->size();
-      TESSERA_ASSIGN_OR_RETURN(auto mesh, collective::DeviceMesh::create(world_, {"dp", "infer_tp"},
-                                                                         {world / static_cast<int>(tp), static_cast<int>(tp)}));
-      TESSERA_ASSIGN_OR_RETURN(rollout_tp_, mesh.group("infer_tp"));
+      // The infer_tp dimension of verl's (dp, infer_tp) mesh: consecutive ranks. Its dp groups are
+      // never used, so they are not built (each would be one more NCCL communicator per GPU).
+      std::vector<int> members(static_cast<size_t>(tp));
+      for (int64_t i = 0; i < tp; ++i) members[static_cast<size_t>(i)] = static_cast<int>(dp_rank * tp + i);
+      TESSERA_ASSIGN_OR_RETURN(rollout_tp_, world_->new_subgroup(members, "infer_tp"));
       o.tp_group = rollout_tp_;
     }
     o.config = config_.rollout;

@@ -170,7 +170,13 @@ at::Tensor TpUnitPlan::pack(const at::Tensor& shard, int64_t s0) const {
 
 Result<proto::DataProto> all_gather_data_proto(collective::Communicator& tp_group, const proto::DataProto& data,
                                                std::vector<int64_t>& offsets) {
-  TESSERA_ASSIGN_OR_RETURN(proto::EncodedFrame frame, proto::encode(data));
+  // The rows travel as a frame of host memory; a worker on a GPU holds them on its device, where
+  // the gathered batch goes back.
+  const auto ids = data.tensor("input_ids");
+  const c10::Device device = ids.ok() ? ids->device() : c10::Device(c10::kCPU);
+  proto::DataProto host = data;
+  TESSERA_RETURN_IF_ERROR(host.to(c10::Device(c10::kCPU)));
+  TESSERA_ASSIGN_OR_RETURN(proto::EncodedFrame frame, proto::encode(host));
   at::Tensor bytes = at::empty({static_cast<int64_t>(frame.size())}, at::kByte);
   frame.flatten_into(bytes.data_ptr<uint8_t>());
   auto all = collective::all_gather_bytes(tp_group, bytes);
@@ -179,7 +185,7 @@ Result<proto::DataProto> all_gather_data_proto(collective::Communicator& tp_grou
   offsets.assign(1, 0);
   for (int r = 0; r < tp_group.size(); ++r) {
     const at::Tensor& b = (*all)[static_cast<size_t>(r)];
-    proto::DataProto part = data;
+    proto::DataProto part = host;
     if (r != tp_group.rank()) {
       auto decoded = proto::decode_copy(b.data_ptr<uint8_t>(), static_cast<size_t>(b.numel()));
       if (!decoded.ok()) return decoded.status().with_context(fmt::format("prompts from TP rank {}", r));
@@ -191,6 +197,7 @@ Result<proto::DataProto> all_gather_data_proto(collective::Communicator& tp_grou
   }
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto gathered, proto::DataProto::concat(parts));
   gathered.meta_info() = data.meta_info();
+  if (!device.is_cpu()) TESSERA_RETURN_IF_ERROR(gathered.to(device));
   return gathered;
 }
 

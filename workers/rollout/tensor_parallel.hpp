@@ -88,7 +88,8 @@ class TpUnitPlan {
 };
 
 /// verl's all_gather_data_proto over the rollout TP group: every peer ends with the rows of all
-/// peers, in TP rank order, and meta_info of its own input. Sets `offsets` to each peer's first row
+/// peers, in TP rank order, and meta_info of its own input, on the device of its input_ids (the
+/// rows cross as host frames). Sets `offsets` to each peer's first row
 /// (size() + 1 entries, the last is the total), for re-chunking the output. Collective.
 Result<proto::DataProto> all_gather_data_proto(collective::Communicator& tp_group, const proto::DataProto& data,
                                                std::vector<int64_t>& offsets);

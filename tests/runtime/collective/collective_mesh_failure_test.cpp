@@ -62,6 +62,8 @@ TEST(DeviceMesh, OneDimensionalWhenFsdpSizeCoversTheWorld) {
       ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
       EXPECT_EQ(mesh->dim_names(), std::vector<std::string>{"fsdp"});
       EXPECT_EQ(mesh->group(0)->size(), 2);
+      EXPECT_EQ(mesh->group(0), handle);  // the world itself: no second communicator over its ranks
+      EXPECT_EQ(mesh->group_members(0), (std::vector<int>{0, 1}));
       EXPECT_EQ(mesh->coordinate(0), rank);
     }
   });

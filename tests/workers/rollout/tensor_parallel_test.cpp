@@ -171,5 +171,24 @@ TEST(AllGatherDataProto, EveryPeerGetsAllRowsInRankOrderWithOffsets) {
   });
 }
 
+// A worker on a GPU holds its prompts on its device: they cross as host frames and the gathered
+// batch is back on the device (the frame codec takes host tensors only).
+TEST(AllGatherDataProto, OnCudaRowsOnTheDeviceComeBackOnIt) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
+  const c10::Device cuda("cuda:0");
+  collective::testing::with_world("inproc", 2, [&](int rank, collective::Communicator& comm) {
+    const int64_t rows = rank == 0 ? 3 : 2;
+    at::Tensor ids = at::arange(rows * 4, at::kLong).view({rows, 4}) + rank * 100;
+    auto data = proto::DataProto::from_dict(proto::TensorDict{{"input_ids", ids.to(cuda)}}, {}, nlohmann::json::object());
+    ASSERT_TRUE(data.ok()) << data.status().to_string();
+    std::vector<int64_t> offsets;
+    auto all = all_gather_data_proto(comm, *data, offsets);
+    ASSERT_TRUE(all.ok()) << all.status().to_string();
+    EXPECT_EQ(all->tensor("input_ids")->device(), cuda);
+    at::Tensor want = at::cat({at::arange(12, at::kLong).view({3, 4}), at::arange(8, at::kLong).view({2, 4}) + 100});
+    EXPECT_TRUE(at::equal(all->tensor("input_ids")->cpu(), want));
+  });
+}
+
 }  // namespace
 }  // namespace tessera::rollout
