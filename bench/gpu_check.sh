@@ -13,6 +13,7 @@
 # bench.log, and step_<STEPS>.summary.txt (the trace itself stays in OUT_DIR/bench/run/profile:
 # it is about 1 GB for this workload). Exit status: non-zero when a test or the benchmark failed.
 # TESSERA_TEST_TIMEOUT_S (default 300) and TESSERA_BENCH_TIMEOUT_S (default 600) bound them;
+# TESSERA_PROFILE_7B=1 traces the 7B run's second step (OUT_DIR/7b.summary.txt);
 # TESSERA_GPU_VARIANTS adds GRPO runs with overrides (see below) beside the main one.
 # TESSERA_GPU_PARTS picks what runs, so that a short lease can split the work over calls:
 # any of `tests decode grpo variants 7b moe` (default: all but 7b and moe; `7b` runs
@@ -155,8 +156,16 @@ part variants && for variant in ${TESSERA_GPU_VARIANTS-$TUNED}; do
   fi
 done
 if part 7b; then
-  if run_with_fixes 7b "$OUT/7b.log" keys bash "$ROOT/bench/gpu_7b.sh" "$BIN" "$TOK" "$OUT/7b" 2; then
+  # TESSERA_PROFILE_7B=1 profiles the second step and summarises its trace (the step's figures then
+  # carry the profiler's overhead; the first step's do not, but include the warm-up).
+  profile_7b=()
+  [[ ${TESSERA_PROFILE_7B:-0} == 1 ]] && profile_7b=("trainer.profile_steps=[2]")
+  if run_with_fixes 7b "$OUT/7b.log" keys bash "$ROOT/bench/gpu_7b.sh" "$BIN" "$TOK" "$OUT/7b" 2 "${profile_7b[@]+"${profile_7b[@]}"}"; then
     grep -h 'peak host memory' "$OUT/7b.log"; sed -n '/^| step /,$p' "$OUT/7b.log"
+    trace_7b="$OUT/7b/run/profile/step_2.pt.trace.json"
+    if [[ -f "$trace_7b" ]]; then
+      python3 "$ROOT/bench/trace_summary.py" "$trace_7b" > "$OUT/7b.summary.txt" && head -60 "$OUT/7b.summary.txt"
+    fi
   else
     echo "7b: FAILED (see $OUT/7b.log)"; tail -5 "$OUT/7b.log"; status=1
   fi
