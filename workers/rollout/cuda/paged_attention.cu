@@ -6,9 +6,9 @@
 // head vector is split into chunks of kVec elements (16 bytes for 16-bit types), one per lane, and
 // the L lanes that hold one position (L = head_dim / kVec rounded up to a power of two) form a
 // token slot: a warp holds 32 / L slots, the block kThreads / L. Each slot walks every
-// (kThreads / L)-th position of the row, two at a time (both positions' loads are issued before
-// either is used), keeping per query head an online softmax (running max, sum, and weighted value
-// chunk) in fp32; a position's score is the L lanes' partial dot products summed by shuffles. At
+// (kThreads / L)-th position of the row, the next position's loads in flight while one is computed
+// (Note [Decode loads in flight]), keeping per query head an online softmax (running max, sum, and
+// weighted value chunk) in fp32; a position's score is the L lanes' partial dot products summed by shuffles. At
 // the end the slots of a warp merge by shuffles, the warps through shared memory, and the block
 // writes its heads.
 //
@@ -44,23 +44,67 @@ constexpr unsigned kFullMask = 0xffffffffu;
 using proto::cuda::from_float;
 using proto::cuda::to_float;
 
-// Elements [d0, d0 + kVec) of p as floats; past `dim` reads as 0. `aligned`: dim % kVec == 0
-// and p + d0 is 16-byte aligned, so the chunk is whole and moves in 16-byte loads.
+// Elements [d0, d0 + kVec) of p as floats, one element at a time; past `dim` reads as 0 (the
+// plain walk, for chunks that cannot move in 16-byte loads).
 template <class T>
-__device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, bool aligned, float (&out)[kVec]) {
+__device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, float (&out)[kVec]) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) out[i] = d0 + i < dim ? to_float(p[d0 + i]) : 0.f;
+}
+
+// One lane's kVec elements of a position's key or value, as stored (16 bytes in 16-bit types):
+// the tiled kernel stages them, and the heads kernel's pipeline holds them until they are used.
+template <class T>
+struct alignas(16) Chunk {
+  T e[kVec];
+};
+
+template <class T>
+__device__ __forceinline__ Chunk<T> zero_chunk() {
+  Chunk<T> c;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) c.e[i] = from_float<T>(0.f);
+  return c;
+}
+
+// Elements [d0, d0 + kVec) of p as stored; past `dim` as 0. `aligned`: dim % kVec == 0 and
+// p + d0 is 16-byte aligned, so the chunk moves in 16-byte loads.
+template <class T>
+__device__ __forceinline__ Chunk<T> load_raw(const T* p, int64_t d0, int64_t dim, bool aligned) {
+  Chunk<T> c;
   if (aligned) {
-    constexpr int kLoads = kVec * static_cast<int>(sizeof(T)) / 16;
-    uint4 raw[kLoads];
+    constexpr int kLoads = static_cast<int>(sizeof(Chunk<T>)) / 16;
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) raw[i] = reinterpret_cast<const uint4*>(p + d0)[i];
-    const T* e = reinterpret_cast<const T*>(raw);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = to_float(e[i]);
+    for (int i = 0; i < kLoads; ++i) reinterpret_cast<uint4*>(&c)[i] = reinterpret_cast<const uint4*>(p + d0)[i];
   } else {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = d0 + i < dim ? to_float(p[d0 + i]) : 0.f;
+    for (int i = 0; i < kVec; ++i) c.e[i] = d0 + i < dim ? p[d0 + i] : from_float<T>(0.f);
   }
+  return c;
 }
+
+// A Chunk held in 16-byte words, as the heads kernel's pipeline keeps it: ptxas allocates these
+// words better than the elements (at 128 registers the 4-head bf16 variant spills 36 bytes
+// rather than 78).
+template <class T>
+struct PackedChunk {
+  static constexpr int kWords = static_cast<int>(sizeof(Chunk<T>)) / 16;
+  uint4 w[kWords];
+};
+
+// This lane's chunk at p + d0, 16-byte aligned.
+template <class T>
+__device__ __forceinline__ void load_packed(const T* p, PackedChunk<T>& out) {
+#pragma unroll
+  for (int i = 0; i < PackedChunk<T>::kWords; ++i) out.w[i] = reinterpret_cast<const uint4*>(p)[i];
+}
+
+// Element i of a chunk, as a float.
+template <class T>
+__device__ __forceinline__ float element(const PackedChunk<T>& c, int i) {
+  return to_float(reinterpret_cast<const T*>(c.w)[i]);
+}
+__device__ __forceinline__ float element(const float (&c)[kVec], int i) { return c[i]; }
 
 // The first position a row of `len` positions attends to.
 __device__ __forceinline__ int64_t first_attended(const PagedDecodeArgs& a, int64_t len) {
@@ -122,33 +166,90 @@ struct Partial {
 
 // Folds position (k, v) into `st` for every head: score = q . k (q carries the scale), reduced
 // over the slot's L lanes. `valid` false: the lanes still shuffle (the whole warp must) but the
-// state is unchanged.
-template <int G>
-__device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec], const float (&k)[kVec],
-                                       const float (&v)[kVec], bool valid, int L, float softcap) {
+// state is unchanged. The chunks are floats or as loaded (PackedChunk), each element converted where
+// it is used, one at a time (which keeps the registers of the heads kernel's pipeline).
+template <int G, class Chunk>
+__device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec], const Chunk& k, const Chunk& v,
+                                       bool valid, int L, float softcap) {
   float score[G];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float dot = 0.f;
+  for (int g = 0; g < G; ++g) score[g] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) dot += q[g][i] * k[i];
-    score[g] = dot;
+  for (int i = 0; i < kVec; ++i) {
+    const float ki = element(k, i);
+#pragma unroll
+    for (int g = 0; g < G; ++g) score[g] += q[g][i] * ki;
   }
   for (int offset = L / 2; offset > 0; offset /= 2) {
 #pragma unroll
     for (int g = 0; g < G; ++g) score[g] += __shfl_xor_sync(kFullMask, score[g], offset);
   }
   if (!valid) return;
+  float keep[G], p[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     float s = score[g];
     if (softcap > 0.f) s = tanhf(s / softcap) * softcap;
     const float m_new = fmaxf(st.m[g], s);
-    const float keep = __expf(st.m[g] - m_new), p = __expf(s - m_new);  // keep = 0 at m = -inf
-    st.l[g] = st.l[g] * keep + p;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) st.acc[g][i] = st.acc[g][i] * keep + p * v[i];
+    keep[g] = __expf(st.m[g] - m_new);  // 0 at m = -inf
+    p[g] = __expf(s - m_new);
+    st.l[g] = st.l[g] * keep[g] + p[g];
     st.m[g] = m_new;
+  }
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const float vi = element(v, i);
+#pragma unroll
+    for (int g = 0; g < G; ++g) st.acc[g][i] = st.acc[g][i] * keep[g] + p[g] * vi;
+  }
+}
+
+// Note [Decode loads in flight]
+// The heads kernel's walk is latency-bound unless loads overlap: a position's key and value wait
+// for its block-table entry (two dependent memory trips), and loads whose results are used right
+// away leave a position's key and value (two 16-byte loads per lane) in flight, about half of what
+// the device needs to reach its bandwidth. So each slot's walk is a pipeline over its positions,
+// two buffers deep: a buffer's key and value (kept as loaded, 16 bytes a lane, converted where
+// they are used) are refilled with the position two ahead as soon as it has been attended to, so
+// the next position's loads are in flight while one is computed (four 16-byte loads per lane at
+// most), and the table entry of that position is read before the computation that hides it. No
+// condition sits between a load and its use: a slot past the end of the row (or of its part)
+// reads the last position again and drops the result. Positions fit 32 bits, so the table lookup
+// divides in 32 bits. Each position's arithmetic is attend()'s. Rows whose chunks cannot move in
+// 16-byte loads (head sizes no multiple of kVec, unaligned pools or strides) keep the plain walk.
+// At 128 registers the 4-head variant spills 36 bytes in 16-bit types (ptxas, sm_90).
+template <class T, int G>
+__device__ __forceinline__ void walk_row(const PagedDecodeArgs& a, const RowView<T>& view, const float (&q)[G][kVec],
+                                         Partial<G>& st, int slot, int slots, int64_t d0, bool active, int L) {
+  if (view.begin >= view.end) return;
+  // Positions, cache rows and the walk's counters in 32 bits (a row's context and the pool's
+  // tokens stay far below 2^31); addresses in 64.
+  const int begin = static_cast<int>(view.begin), end = static_cast<int>(view.end), step = 2 * slots;
+  const unsigned block_size = static_cast<unsigned>(a.block_size);
+  // The cache row of this slot's position s, clamped into the row's positions.
+  auto cache_row = [&](int s) -> unsigned {
+    const unsigned p = static_cast<unsigned>(min(s, end - 1));
+    return static_cast<unsigned>(view.table[static_cast<int64_t>(p / block_size) * a.table_entry_stride]) * block_size +
+           p % block_size;
+  };
+  auto load = [&](unsigned row, PackedChunk<T>& k, PackedChunk<T>& v) {
+    if (!active) return;  // a lane past the head's end: its chunks stay 0
+    const int64_t at = static_cast<int64_t>(row) * view.token_stride + d0;
+    load_packed(view.keys + at, k);
+    load_packed(view.values + at, v);
+  };
+  PackedChunk<T> ka{}, va{}, kb{}, vb{};  // zeros; buffer a: the slot's even positions, b: its odd ones
+  load(cache_row(begin + slot), ka, va);
+  load(cache_row(begin + slot + slots), kb, vb);
+  for (int base = begin; base < end; base += step) {
+    const int sa = base + slot, sb = sa + slots;
+    // Refills past the row's end (the last iteration) read its last position again: no branch.
+    const unsigned next_a = cache_row(sa + step);
+    attend<G>(st, q, ka, va, sa < end, L, a.softcap);
+    load(next_a, ka, va);
+    const unsigned next_b = cache_row(sb + step);
+    attend<G>(st, q, kb, vb, sb < end, L, a.softcap);
+    load(next_b, kb, vb);
   }
 }
 
@@ -195,23 +296,27 @@ __global__ void __launch_bounds__(kThreads, 4) paged_decode_kernel(PagedDecodeAr
     for (int i = 0; i < kVec; ++i) st.acc[g][i] = 0.f;
   }
   // Every thread runs the same iterations (the shuffles need the whole warp); a slot past the
-  // row's end loads nothing and changes nothing.
-  for (int64_t base = view.begin; base < view.end; base += 2 * slots) {
-    const int64_t s0 = base + slot, s1 = s0 + slots;
-    const bool valid0 = s0 < view.end, valid1 = s1 < view.end;
-    float k0[kVec] = {}, v0[kVec] = {}, k1[kVec] = {}, v1[kVec] = {};
-    if (valid0 && active) {
-      const int64_t row = view.table[(s0 / a.block_size) * a.table_entry_stride] * a.block_size + s0 % a.block_size;
-      load_chunk(view.keys + row * view.token_stride, d0, D, view.aligned, k0);
-      load_chunk(view.values + row * view.token_stride, d0, D, view.aligned, v0);
+  // row's end changes nothing (Note [Decode loads in flight]).
+  if (view.aligned) {
+    walk_row<T, G>(a, view, q, st, slot, slots, d0, active, L);
+  } else {  // head sizes that are no multiple of kVec, or unaligned pools: element loads, no pipeline
+    for (int64_t base = view.begin; base < view.end; base += 2 * slots) {
+      const int64_t s0 = base + slot, s1 = s0 + slots;
+      const bool valid0 = s0 < view.end, valid1 = s1 < view.end;
+      float k0[kVec] = {}, v0[kVec] = {}, k1[kVec] = {}, v1[kVec] = {};
+      if (valid0 && active) {
+        const int64_t row = view.table[(s0 / a.block_size) * a.table_entry_stride] * a.block_size + s0 % a.block_size;
+        load_chunk(view.keys + row * view.token_stride, d0, D, k0);
+        load_chunk(view.values + row * view.token_stride, d0, D, v0);
+      }
+      if (valid1 && active) {
+        const int64_t row = view.table[(s1 / a.block_size) * a.table_entry_stride] * a.block_size + s1 % a.block_size;
+        load_chunk(view.keys + row * view.token_stride, d0, D, k1);
+        load_chunk(view.values + row * view.token_stride, d0, D, v1);
+      }
+      attend(st, q, k0, v0, valid0, L, a.softcap);
+      attend(st, q, k1, v1, valid1, L, a.softcap);
     }
-    if (valid1 && active) {
-      const int64_t row = view.table[(s1 / a.block_size) * a.table_entry_stride] * a.block_size + s1 % a.block_size;
-      load_chunk(view.keys + row * view.token_stride, d0, D, view.aligned, k1);
-      load_chunk(view.values + row * view.token_stride, d0, D, view.aligned, v1);
-    }
-    attend(st, q, k0, v0, valid0, L, a.softcap);
-    attend(st, q, k1, v1, valid1, L, a.softcap);
   }
 
   // Merge the slots of each warp (lanes L, 2L, ... apart hold the same chunk of other slots).
@@ -318,34 +423,6 @@ constexpr int kTileChunks = 512;  ///< 8-element chunks of keys (and of values) 
 constexpr int kChunksPerThread = kTileChunks / kThreads;
 constexpr int kTableCache = 128;  ///< Block-table entries a block keeps in shared memory.
 static_assert(kTileChunks % kThreads == 0, "every thread stages the same number of chunks");
-
-template <class T>
-struct alignas(16) Chunk {
-  T e[kVec];
-};
-
-// Elements [d0, d0 + kVec) of p as stored; past `dim` as 0. `aligned` as for load_chunk.
-template <class T>
-__device__ __forceinline__ Chunk<T> load_raw(const T* p, int64_t d0, int64_t dim, bool aligned) {
-  Chunk<T> c;
-  if (aligned) {
-    constexpr int kLoads = static_cast<int>(sizeof(Chunk<T>)) / 16;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) reinterpret_cast<uint4*>(&c)[i] = reinterpret_cast<const uint4*>(p + d0)[i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) c.e[i] = d0 + i < dim ? p[d0 + i] : from_float<T>(0.f);
-  }
-  return c;
-}
-
-template <class T>
-__device__ __forceinline__ Chunk<T> zero_chunk() {
-  Chunk<T> c;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) c.e[i] = from_float<T>(0.f);
-  return c;
-}
 
 // kLanesLog2: log2 of the lanes per position, a template argument so that the shuffle reduction
 // and the tile's index arithmetic unroll.
