@@ -1,4 +1,5 @@
 // Per-step metrics (driver/metrics.hpp), after verl/trainer/ppo/metric_utils.py.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -154,6 +155,49 @@ Status merge_worker_metrics(const nlohmann::json& worker_metrics, Metrics& out) 
     out[k] = reduce_metrics({{k, values}})[k];
   }
   return Status();
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void fold_generation_metrics(const Metrics& more, const TimingRaw& more_timing, int64_t folded, Metrics& metrics,
+                             TimingRaw& timing) {
+  const auto average = [folded](double mine, double other) {
+    return (mine * static_cast<double>(folded) + other) / static_cast<double>(folded + 1);
+  };
+  for (const auto& [key, value] : more) {
+    auto it = metrics.find(key);
+    if (it == metrics.end() || key.rfind("rollout/", 0) != 0) {
+      metrics[key] = value;
+    } else if (key == "rollout/kv_cache_gb") {
+      it->second = std::max(it->second, value);
+    } else if (ends_with(key, "_mean")) {
+      it->second = average(it->second, value);
+    } else {
+      it->second += value;
+    }
+  }
+  // Phases add up; the agent loops' per-row statistics combine as what they are (their slowest
+  // row is the latest batch's).
+  for (const auto& [key, value] : more_timing) {
+    auto it = timing.find(key);
+    if (it == timing.end() || key.rfind("agent_loop/slowest/", 0) == 0) {
+      timing[key] = value;
+    } else if (ends_with(key, "/min")) {
+      it->second = std::min(it->second, value);
+    } else if (ends_with(key, "/max")) {
+      it->second = std::max(it->second, value);
+    } else if (ends_with(key, "/mean")) {
+      it->second = average(it->second, value);
+    } else {
+      it->second += value;
+    }
+  }
 }
 
 MarkedTimer::MarkedTimer(std::string name, TimingRaw& timing_raw)

@@ -61,8 +61,16 @@ Metrics reduce_metrics(const std::map<std::string, std::vector<double>>& metrics
 /// averaging lists. Non-numeric values are an error naming the key.
 Status merge_worker_metrics(const nlohmann::json& worker_metrics, Metrics& out);
 
-/// Measures one section into timing_raw[name] on destruction (verl's _timer / marked_timer;
-/// an existing entry is overwritten, as v0.5.0 does).
+/// Folds the metrics and timings of a step's further generation batch (dynamic sampling) into the
+/// step's, `folded` batches being in them already: the rollout's counters (rollout/*) add up,
+/// rollout/kv_cache_gb is the largest, its per-row means (rollout/*_mean) average over the
+/// batches; timings add up (the agent loops' per-row min, max and mean combine as such, their
+/// slowest row is the latest batch's); any other metric is the latest batch's.
+void fold_generation_metrics(const Metrics& more, const TimingRaw& more_timing, int64_t folded, Metrics& metrics,
+                             TimingRaw& timing);
+
+/// Measures one section into timing_raw[name] on destruction (verl's _timer / marked_timer),
+/// adding to an existing entry: a section entered twice in a step counts both.
 class MarkedTimer {
  public:
   MarkedTimer(std::string name, TimingRaw& timing_raw);

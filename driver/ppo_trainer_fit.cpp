@@ -251,7 +251,10 @@ Result<std::optional<proto::DataProto>> RayPPOTrainer::dynamic_sampling(proto::D
                    prompts, s.train_batch_size, gen_batches);
       return std::optional<proto::DataProto>();
     }
-    TESSERA_ASSIGN_OR_RETURN(batch, rollout_batch(*next, gen_batches, metrics, timing));
+    Metrics more;
+    TimingRaw more_timing;
+    TESSERA_ASSIGN_OR_RETURN(batch, rollout_batch(*next, gen_batches, more, more_timing));
+    fold_generation_metrics(more, more_timing, gen_batches, metrics, timing);
   }
   TESSERA_ASSIGN_OR_RETURN(proto::DataProto all, proto::DataProto::concat(kept));
   metrics["train/num_gen_batches"] = static_cast<double>(gen_batches);

@@ -95,6 +95,31 @@ TEST(Metrics, ReduceAndWorkerMetrics) {
   EXPECT_NE(bad.message().find("actor/x"), std::string::npos);
 }
 
+// Dynamic sampling's further generation batches: counters add, the cache size is the largest,
+// per-row means average over the batches, other metrics are the latest; phases add, the agent
+// loops' min/max/mean combine as such.
+TEST(Metrics, GenerationBatchesFoldIntoTheStep) {
+  Metrics metrics{{"rollout/prefill_tokens", 100}, {"rollout/kv_cache_gb", 2}, {"rollout/tool_calls_mean", 1},
+                  {"actor/lr", 1e-6}};
+  TimingRaw timing{{"gen", 3}, {"agent_loop/generate_sequences/max", 5}, {"agent_loop/generate_sequences/min", 1},
+                   {"agent_loop/generate_sequences/mean", 2}};
+  // Two batches are in already; the third brings:
+  fold_generation_metrics({{"rollout/prefill_tokens", 50}, {"rollout/kv_cache_gb", 1.5},
+                           {"rollout/tool_calls_mean", 4}, {"actor/lr", 2e-6}, {"rollout/preemptions", 3}},
+                          {{"gen", 2}, {"agent_loop/generate_sequences/max", 4}, {"agent_loop/generate_sequences/min", 0.5},
+                           {"agent_loop/generate_sequences/mean", 5}},
+                          /*folded=*/2, metrics, timing);
+  EXPECT_DOUBLE_EQ(metrics["rollout/prefill_tokens"], 150);
+  EXPECT_DOUBLE_EQ(metrics["rollout/kv_cache_gb"], 2);
+  EXPECT_DOUBLE_EQ(metrics["rollout/tool_calls_mean"], 2);  // (1 + 1 + 4) / 3
+  EXPECT_DOUBLE_EQ(metrics["actor/lr"], 2e-6);
+  EXPECT_DOUBLE_EQ(metrics["rollout/preemptions"], 3);  // new to the step
+  EXPECT_DOUBLE_EQ(timing["gen"], 5);
+  EXPECT_DOUBLE_EQ(timing["agent_loop/generate_sequences/max"], 5);
+  EXPECT_DOUBLE_EQ(timing["agent_loop/generate_sequences/min"], 0.5);
+  EXPECT_DOUBLE_EQ(timing["agent_loop/generate_sequences/mean"], 3);  // (2 + 2 + 5) / 3
+}
+
 TEST(Metrics, MarkedTimerRecordsASection) {
   TimingRaw raw;
   { MarkedTimer t("gen", raw); }
