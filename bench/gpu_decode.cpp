@@ -17,7 +17,8 @@
 // generate tokens/s (over the whole call, as HF's `generate` figure in bench/hf_grpo_baseline.py).
 // The eager and graph runs use the heads attention kernel (engine_kwargs.tessera.decode_attention
 // =heads); on a GPU the graph run is repeated with the tiled kernel (=tiled, what the default
-// `kernel` picks where it runs), so both kernels are compared in one run; a
+// `kernel` picks where it runs and a KV group has more than 4 query heads), so both kernels are
+// compared in one run; a
 // failure of that run is reported beside the other figures rather than ending the benchmark.
 //
 // The tail: `tail-rows` prompts of `tail-prompt-len` tokens (n = 1), `response` tokens each, with

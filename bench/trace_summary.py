@@ -9,8 +9,8 @@ update_actor, ...) it prints the span's wall time, how long the GPU was busy wit
 method launched (the union of their intervals), the kernels that took longest, and the CUDA
 runtime calls made (launches, copies, synchronisations: many launches and little busy time
 means the phase is launch-bound). A call on a thread with no span of its own at that moment
-(autograd's backward thread, for one) is charged to the method whose span holds it in time on
-another thread, when exactly one does; the rest are listed under "(outside a method)". Reads the
+(autograd's backward thread, for one) is charged to the method whose spans on other threads hold
+it in time, when they all name one method; the rest are listed under "(outside a method)". Reads the
 Chrome trace that LibTorch's profiler writes; needs only the standard library.
 """
 import argparse

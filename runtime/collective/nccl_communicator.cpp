@@ -117,8 +117,8 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-/// Owns one NCCL communicator, its stream, its device scratch buffers and the watchdog of its
-/// calls in flight (Note [NCCL on device tensors]).
+/// Owns one NCCL communicator, its device and page-locked staging buffers and the watchdog of its
+/// calls in flight; its stream outlives it (Note [NCCL on device tensors]).
 class NcclComm {
  public:
   NcclComm(int device, ncclComm_t comm, cudaStream_t stream)
@@ -136,7 +136,7 @@ class NcclComm {
     if (comm_ && !aborted_) {
       // Destroy only a communicator whose calls finished and whose finalisation (a collective
       // among the node's ranks, non-blocking here) completes in time; abort any other (Note
-      // [NCCL backend]).
+      // [NCCL on device tensors]).
       const auto deadline = Clock::now() + kTeardownWait;
       if (ready_ && drained(deadline) && finalized(deadline)) {
         ncclCommDestroy(comm_);
@@ -164,8 +164,8 @@ class NcclComm {
     return failure();
   }
 
-  /// Held while a thread queues work on the communicator; abort() takes it too (Note [NCCL
-  /// backend]). Recursive: a call that times out while queueing aborts under it.
+  /// Held while a thread queues work on the communicator; abort() takes it too (Note [NCCL on
+  /// device tensors]). Recursive: a call that times out while queueing aborts under it.
   std::unique_lock<std::recursive_mutex> use() { return std::unique_lock<std::recursive_mutex>(use_mu_); }
 
   int device() const { return device_; }

@@ -161,7 +161,9 @@ Status ActorRolloutRefWorker::build_actor_rollout() {
       // The infer_tp dimension of verl's (dp, infer_tp) mesh: consecutive ranks. Its dp groups are
       // never used, so they are not built (each would be one more NCCL communicator per GPU).
       std::vector<int> members(static_cast<size_t>(tp));
-      for (int64_t i = 0; i < tp; ++i) members[static_cast<size_t>(i)] = static_cast<int>(dp_rank * tp + i);
+      for (int64_t i = 0; i < tp; ++i) {
+        members[static_cast<size_t>(i)] = static_cast<int>(static_cast<int64_t>(dp_rank) * tp + i);
+      }
       TESSERA_ASSIGN_OR_RETURN(rollout_tp_, world_->new_subgroup(members, "infer_tp"));
       o.tp_group = rollout_tp_;
     }

@@ -41,7 +41,8 @@ struct PagedKV {
   /// (engine_kwargs.tessera.decode_attention=gather).
   bool use_kernel = true;
   /// On a CUDA device, the tiled kernel rather than the heads kernel
-  /// (engine_kwargs.tessera.decode_attention=tiled, or =kernel where the tiled kernel runs;
+  /// (engine_kwargs.tessera.decode_attention=tiled, or =kernel where the tiled kernel runs and a
+  /// KV group has more than 4 query heads;
   /// cuda/paged_attention.hpp).
   bool tiled = false;
   /// On a CUDA device, few rows with long contexts are cut into parts (Note [Split decode

@@ -246,7 +246,8 @@ TEST(UlyssesWorkers, RewardModelScoresEqualThePaddedScores) {
 
 // On a GPU the packed bf16 forward is one varlen flash-attention call (Note [Packed sequences]):
 // split over a group of 2 (two threads, in-process exchanges of device tensors), with the padding
-// segment among its offsets, it gives the unsplit log-probs and, summed over the group, its
+// segment among its offsets, it gives the unsplit log-probs and, averaged over the group (each
+// rank's is its slice's times the group size, Note [Ulysses sequence parallelism]), its
 // gradients, to bf16 precision. The gradients need a GPU per rank: autograd runs every CUDA node
 // of a device on one thread of its own, so two ranks sharing a GPU in one process cannot run their
 // backward exchanges together (the first rank's all-to-all would wait, on that thread, for the
@@ -255,6 +256,7 @@ TEST(UlyssesWorkers, RewardModelScoresEqualThePaddedScores) {
 TEST(OnDevice, UlyssesSplitFlashForwardEqualsTheUnsplitOneInBf16) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
   const bool gpu_per_rank = torch::cuda::device_count() >= 2;
+  if (!gpu_per_rank) std::printf("[one GPU: the split forward only; the gradients need two]\n");
   const proto::DataProto batch = make_rollout({3, 5, 2, 4, 5}, {4, 2, 6, 3, 6}, 5, 6, 23, kVocab);  // 45 tokens
   struct Pass {
     at::Tensor log_probs;

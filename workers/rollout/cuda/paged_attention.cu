@@ -14,8 +14,8 @@
 //
 // The tiled kernel: Note [Tiled decode attention] below.
 //
-// Decode is memory-bound: the time is the key and value bytes of the rows' contexts, read once
-// each; every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks (and
+// What decode attention must move is the key and value bytes of the rows' contexts, read once
+// each, and what the kernels aim at (Note [Decode loads in flight]); every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks (and
 // a few rows with long contexts are split over more: Note [Split decode attention]).
 #include "workers/rollout/cuda/paged_attention.hpp"
 
@@ -53,7 +53,8 @@ __device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, 
 }
 
 // One lane's kVec elements of a position's key or value, as stored (16 bytes in 16-bit types):
-// the tiled kernel stages them, and the heads kernel's pipeline holds them until they are used.
+// the tiled kernel stages them; PackedChunk holds the same bytes as 16-byte words for the heads
+// kernel's pipeline.
 template <class T>
 struct alignas(16) Chunk {
   T e[kVec];
@@ -168,8 +169,8 @@ struct Partial {
 // over the slot's L lanes. `valid` false: the lanes still shuffle (the whole warp must) but the
 // state is unchanged. The chunks are floats or as loaded (PackedChunk), each element converted where
 // it is used, one at a time (which keeps the registers of the heads kernel's pipeline).
-template <int G, class Chunk>
-__device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec], const Chunk& k, const Chunk& v,
+template <int G, class Elems>
+__device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec], const Elems& k, const Elems& v,
                                        bool valid, int L, float softcap) {
   float score[G];
 #pragma unroll
@@ -206,13 +207,14 @@ __device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec]
 
 // Note [Decode loads in flight]
 // The heads kernel's walk is latency-bound unless loads overlap: a position's key and value wait
-// for its block-table entry (two dependent memory trips), and loads whose results are used right
-// away leave a position's key and value (two 16-byte loads per lane) in flight, about half of what
-// the device needs to reach its bandwidth. So each slot's walk is a pipeline over its positions,
-// two buffers deep: a buffer's key and value (kept as loaded, 16 bytes a lane, converted where
-// they are used) are refilled with the position two ahead as soon as it has been attended to, so
-// the next position's loads are in flight while one is computed (four 16-byte loads per lane at
-// most), and the table entry of that position is read before the computation that hides it. No
+// for its block-table entry (two dependent memory trips), and the plain walk (still the one for
+// unaligned rows) waits for each pair of positions' loads, behind their table reads, before
+// computing the pair. On an H200 it ran at about a ninth of the bandwidth. So each slot's walk is
+// a pipeline over its positions, two buffers deep: a buffer's key and value (kept as loaded, 16
+// bytes a lane in 16-bit types, converted where they are used) are refilled with the position two
+// ahead as soon as it has been attended to, so the next position's loads are in flight while one
+// is computed (up to four 16-byte loads per lane in 16-bit types), and the table entry of that
+// position is read before the computation that hides it. No
 // condition sits between a load and its use: a slot past the end of the row (or of its part)
 // reads the last position again and drops the result. Positions fit 32 bits, so the table lookup
 // divides in 32 bits. Each position's arithmetic is attend()'s. Rows whose chunks cannot move in
@@ -258,8 +260,8 @@ __device__ __forceinline__ float part_weight(float m, float m_total) {
   return m == -INFINITY ? 0.f : __expf(m - m_total);
 }
 
-// At most 128 registers a thread (4 blocks an SM), what the measured kernel had; left to itself
-// ptxas gives the 4-head variant 136, and 3 blocks an SM.
+// At most 128 registers a thread (4 blocks an SM); the pipelined walk then spills 36 bytes in the
+// 16-bit 4-head variant (Note [Decode loads in flight]).
 template <class T, int G>
 __global__ void __launch_bounds__(kThreads, 4) paged_decode_kernel(PagedDecodeArgs a, int lanes_per_slot) {
   const int L = lanes_per_slot;
@@ -417,8 +419,7 @@ __global__ void __launch_bounds__(kThreads) merge_parts_kernel(PagedDecodeArgs a
 // Registers: the q and accumulator chunks of one head plus the staged chunks, so occupancy does not
 // fall with G as it does for the heads kernel: in 16-bit types the launch bounds ask for 6 blocks
 // of 128 threads an SM (74 registers, no spills on sm_90; 8 blocks would spill). Like the heads
-// kernel it does not split a row's context over blocks: a batch of a few rows leaves most of the
-// GPU idle (decode in RL rollouts runs hundreds of rows).
+// kernel it cuts the contexts of a few long rows into parts (Note [Split decode attention]).
 constexpr int kTileChunks = 512;  ///< 8-element chunks of keys (and of values) a tile stages.
 constexpr int kChunksPerThread = kTileChunks / kThreads;
 constexpr int kTableCache = 128;  ///< Block-table entries a block keeps in shared memory.

@@ -6,7 +6,8 @@
 // the row (len = context_lens[b]; window 0 = none), with kv = h / (heads / kv_heads):
 //   score_s = (q[b, h] . K[s, kv]) * scale, then tanh(score / softcap) * softcap if softcap > 0
 //   out[b, h] = sum_s softmax(score)_s V[s, kv]
-// in fp32 (online softmax), written in the element type of q.
+// in fp32 (online softmax), written in the element type of q. Context lengths stay below 2^31
+// and the pool's token rows below 2^32: the heads kernel walks positions in 32 bits.
 //
 // Thread-safety: re-entrant; the launch is asynchronous on `stream` and can be graph-captured.
 #pragma once

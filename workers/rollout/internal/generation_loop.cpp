@@ -59,6 +59,7 @@
 
 #include "workers/models/fused_layers.hpp"
 #include "workers/models/param_count.hpp"
+#include "workers/rollout/cuda/paged_attention.hpp"
 #include "workers/rollout/internal/block_cache.hpp"
 #include "workers/rollout/internal/decode_attention.hpp"
 #include "workers/rollout/internal/decode_runner.hpp"
@@ -570,12 +571,14 @@ Result<std::vector<GeneratedRow>> run_generation(StepModel& model, const std::ve
   const bool tiled_runs =
       paged_decode_attention_cuda_supported(pool) &&
       tiled_decode_attention_supported(heads.num_attention_heads, heads.num_key_value_heads, heads.head_dim);
-  // decode_attention=kernel takes the tiled kernel where it runs and a KV group has more than the
-  // four query heads a block of the heads kernel serves (which then reads the group's keys and
-  // values once per four heads): it decoded 3-5% faster there on an H200 (gpu_decode at 512 rows,
-  // groups of 7 and 8: Qwen2.5-0.5B's and Qwen3-30B-A3B's shapes). Smaller groups keep the heads
-  // kernel, which reads them once too.
-  if (options.prefer_tiled_attention && tiled_runs && heads.num_attention_heads > 4 * heads.num_key_value_heads) {
+  // decode_attention=kernel takes the tiled kernel where it runs and a KV group has more query
+  // heads than a block of the heads kernel serves (which then reads the group's keys and values
+  // once per block): there it decoded 3-5% faster on an H200 than the heads kernel did before its
+  // pipelined walk (gpu_decode at 512 rows, groups of 7 and 8: Qwen2.5-0.5B's and Qwen3-30B-A3B's
+  // shapes; Note [Decode loads in flight]); gpu_decode's heads and tiled columns say whether that
+  // still holds. Smaller groups keep the heads kernel, which reads them once too.
+  if (options.prefer_tiled_attention && tiled_runs &&
+      heads.num_attention_heads > cuda::kMaxHeadsPerBlock * heads.num_key_value_heads) {
     options.tiled_attention = true;
   }
   if (options.tiled_attention && !tiled_runs) {
