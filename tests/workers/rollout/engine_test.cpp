@@ -791,6 +791,22 @@ TEST(KVCacheEngine, OnCudaSplitDecodeAttentionMatchesWholeRows) {
 #endif
 }
 
+// decode_attention=heads names the heads kernel on a GPU; elsewhere it reads the cache as the
+// default does (the CPU kernel), token for token and to the bit.
+TEST(KVCacheEngine, HeadsDecodeAttentionOffCudaIsTheDefault) {
+  auto model = testing::tiny_model(21);
+  const proto::DataProto prompts = testing::prompt_batch(kLengths, kP, 23, 95);
+  RolloutConfig cfg = testing::test_config(/*response_length=*/12);
+  cfg.do_sample = false;
+  cfg.calculate_log_probs = true;
+  proto::DataProto want = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+  cfg.decode_attention = "heads";
+  ASSERT_TRUE(validate_rollout_config(cfg).ok());
+  proto::DataProto got = testing::generate(*testing::make_engine(model, cfg, 3), prompts);
+  EXPECT_TRUE(get(got, "responses").equal(get(want, "responses")));
+  EXPECT_TRUE(get(got, "rollout_log_probs").equal(get(want, "rollout_log_probs")));
+}
+
 // decode_attention=tiled where the tiled kernel cannot run (here: the CPU) is one line naming the
 // key, not a quiet fall back to another kernel.
 TEST(KVCacheEngine, TiledDecodeAttentionOffCudaIsAnErrorNamingTheKey) {
