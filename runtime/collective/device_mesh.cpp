@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <numeric>
+
 namespace tessera::collective {
 namespace {
 
@@ -51,7 +53,7 @@ Result<DeviceMesh> DeviceMesh::for_fsdp(std::shared_ptr<Communicator> world, int
     mesh.shape_ = {n};
     mesh.coords_ = {world->rank()};
     std::vector<int> members(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+    std::iota(members.begin(), members.end(), 0);
     mesh.members_ = {std::move(members)};
     mesh.groups_ = {world};
     mesh.world_ = std::move(world);

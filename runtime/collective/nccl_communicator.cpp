@@ -33,7 +33,7 @@
 //   abort takes the same lock, so a communicator is never freed under a call that is queueing. A
 //   staged call holds its buffers (staging_mu_) for the whole call but the communicator only
 //   while it queues: its bounded wait leaves the watchdog free to abort. Lock order: staging,
-//   use, then the watchdog's state. No buffer is freed before teardown (NcclComm::scratch).
+//   use, then the watchdog's state. No buffer is freed before teardown (NcclComm::Buffers).
 // * Teardown destroys a communicator whose calls all finished and whose ncclCommFinalize (a
 //   collective among the node's ranks) completes within a few seconds; one that failed, never
 //   finished initialising, or does not drain or finalise in time is aborted instead (destroying
@@ -146,10 +146,8 @@ class NcclComm {
       aborted_ = true;
     }
     for (auto& call : in_flight_) cudaEventDestroy(call.done);
-    for (void* p : scratch_) if (p) cudaFree(p);
-    for (void* p : retired_device_) cudaFree(p);
-    for (void* p : pinned_) if (p) cudaFreeHost(p);
-    for (void* p : retired_host_) cudaFreeHost(p);
+    for (void* p : device_buffers_.all()) cudaFree(p);
+    for (void* p : host_buffers_.all()) cudaFreeHost(p);
     // stream_ is not destroyed: tensors recorded on it (torch_stream) may be freed after this,
     // and the caching allocator then records an event on it.
   }
@@ -178,33 +176,15 @@ class NcclComm {
   }
 
   /// Device buffer `slot` (0 or 1) of at least `bytes`, reused across calls.
-  /// A grown buffer's predecessor is kept until teardown rather than freed: cudaFree and
-  /// cudaFreeHost wait for the whole device, which a collective hung on a dead peer never lets
-  /// finish. Sizes double from 64 KiB, so what is kept is at most what is in use.
   Result<void*> scratch(int slot, size_t bytes) {
-    if (scratch_bytes_[slot] < bytes) {
-      const size_t size = grown(scratch_bytes_[slot], bytes);
-      void* p = nullptr;
-      TESSERA_GPU_CHECK(cudaMalloc(&p, size));
-      if (scratch_[slot]) retired_device_.push_back(scratch_[slot]);
-      scratch_[slot] = p;
-      scratch_bytes_[slot] = size;
-    }
-    return scratch_[slot];
+    return device_buffers_.at_least(slot, bytes, "cudaMalloc", [](void** p, size_t n) { return cudaMalloc(p, n); });
   }
 
   /// Page-locked host buffer `slot` (0 or 1) of at least `bytes`, reused across calls (the host
   /// side of a staged call; each such call waits for its copies before the next one starts).
   Result<void*> pinned(int slot, size_t bytes) {
-    if (pinned_bytes_[slot] < bytes) {
-      const size_t size = grown(pinned_bytes_[slot], bytes);
-      void* p = nullptr;
-      TESSERA_GPU_CHECK(cudaHostAlloc(&p, size, cudaHostAllocDefault));
-      if (pinned_[slot]) retired_host_.push_back(pinned_[slot]);
-      pinned_[slot] = p;
-      pinned_bytes_[slot] = size;
-    }
-    return pinned_[slot];
+    return host_buffers_.at_least(slot, bytes, "cudaHostAlloc",
+                                 [](void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocDefault); });
   }
 
   /// The failure the watchdog saw (a timed-out call, an asynchronous NCCL error), or OK.
@@ -234,13 +214,11 @@ class NcclComm {
       TESSERA_RETURN_IF_ERROR(async_state(state));
       if (state == ncclSuccess) return Status();
       if (state != ncclInProgress) {
-        abort(gpu_status(state, "NCCL (asynchronous error)").with_context(who));
-        return failure();
+        return fail(gpu_status(state, "NCCL (asynchronous error)").with_context(who));
       }
       if (Clock::now() >= deadline) {
-        abort(make_error(ErrorCode::timeout, "{}: enqueueing did not finish within {} ms (communicator aborted)",
+        return fail(make_error(ErrorCode::timeout, "{}: enqueueing did not finish within {} ms (communicator aborted)",
                          who, timeout.count()));
-        return failure();
       }
       std::this_thread::yield();
     }
@@ -253,15 +231,13 @@ class NcclComm {
       ncclResult_t async = ncclSuccess;
       TESSERA_RETURN_IF_ERROR(async_state(async));
       if (async != ncclSuccess && async != ncclInProgress) {  // NCCL requires an abort after one
-        abort(gpu_status(async, "NCCL (asynchronous error)").with_context(who));
-        return failure();
+        return fail(gpu_status(async, "NCCL (asynchronous error)").with_context(who));
       }
       cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess && async == ncclSuccess) return Status();
       if (q != cudaSuccess && q != cudaErrorNotReady) return fail(gpu_status(q, "cudaStreamQuery").with_context(who));
       if (Clock::now() >= deadline) {
-        abort(make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted)", who, timeout.count()));
-        return failure();
+        return fail(make_error(ErrorCode::timeout, "{} timed out after {} ms (communicator aborted)", who, timeout.count()));
       }
       std::this_thread::yield();
     }
@@ -374,17 +350,34 @@ class NcclComm {
   int device_;
   ncclComm_t comm_;
   cudaStream_t stream_;
-  void* scratch_[2] = {nullptr, nullptr};
-  size_t scratch_bytes_[2] = {0, 0};
-  void* pinned_[2] = {nullptr, nullptr};
-  size_t pinned_bytes_[2] = {0, 0};
-  std::vector<void*> retired_device_, retired_host_;  // grown out of; freed at teardown (scratch())
+  // Two staging buffers of one kind. A grown buffer's predecessor is kept until teardown rather
+  // than freed: cudaFree and cudaFreeHost wait for the whole device, which a collective hung on a
+  // dead peer never lets finish. Sizes double from 64 KiB, so what is kept is at most what is in
+  // use.
+  struct Buffers {
+    void* ptr[2] = {nullptr, nullptr};
+    size_t bytes[2] = {0, 0};
+    std::vector<void*> retired;
 
-  static size_t grown(size_t have, size_t need) {
-    size_t size = std::max<size_t>(2 * have, size_t{64} << 10);
-    while (size < need) size *= 2;
-    return size;
-  }
+    template <class Alloc>
+    Result<void*> at_least(int slot, size_t need, const char* what, Alloc alloc) {
+      if (bytes[slot] >= need) return ptr[slot];
+      size_t size = std::max<size_t>(2 * bytes[slot], size_t{64} << 10);
+      while (size < need) size *= 2;
+      void* p = nullptr;
+      TESSERA_RETURN_IF_ERROR(gpu_status(alloc(&p, size), what));
+      if (ptr[slot]) retired.push_back(ptr[slot]);
+      ptr[slot] = p;
+      bytes[slot] = size;
+      return p;
+    }
+    std::vector<void*> all() const {
+      std::vector<void*> out = retired;
+      for (void* p : ptr) if (p) out.push_back(p);
+      return out;
+    }
+  };
+  Buffers device_buffers_, host_buffers_;
   bool ready_ = false;
   std::recursive_mutex use_mu_;
   mutable std::mutex mu_;
@@ -557,27 +550,23 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device).stream();
     TESSERA_RETURN_IF_ERROR(order_after(caller, comm_->stream()));
     TESSERA_GPU_CHECK(ncclGroupStart());
-    Status queued;
+    Status queued;  // the dtypes were checked above
     for (int peer = 0; peer < size() && queued.ok(); ++peer) {
       if (peer == rank()) continue;
       if (send[peer].numel() > 0) {
-        auto dt = nccl_dtype(send[peer].scalar_type());
-        queued = dt.ok() ? gpu_status(ncclSend(send[peer].data_ptr(), send[peer].numel(), *dt, peer, comm_->comm(),
-                                               comm_->stream()), "ncclSend")
-                         : dt.status();
+        queued = gpu_status(ncclSend(send[peer].data_ptr(), send[peer].numel(), *nccl_dtype(send[peer].scalar_type()),
+                                     peer, comm_->comm(), comm_->stream()), "ncclSend");
       }
       if (queued.ok() && recv[peer].numel() > 0) {
-        auto dt = nccl_dtype(recv[peer].scalar_type());
-        queued = dt.ok() ? gpu_status(ncclRecv(recv[peer].data_ptr(), recv[peer].numel(), *dt, peer, comm_->comm(),
-                                               comm_->stream()), "ncclRecv")
-                         : dt.status();
+        queued = gpu_status(ncclRecv(recv[peer].data_ptr(), recv[peer].numel(), *nccl_dtype(recv[peer].scalar_type()),
+                                     peer, comm_->comm(), comm_->stream()), "ncclRecv");
       }
     }
-    if (Status ended = gpu_status(ncclGroupEnd(), "ncclGroupEnd"); !ended.ok()) {
-      return comm_->fail(ended.with_context(peer_text(-1)));  // a group half queued: the peers would wait
-    }
+    Status ended = gpu_status(ncclGroupEnd(), "ncclGroupEnd");
+    if (ended.ok()) ended = queued;
+    // A group cut short leaves the peers waiting for the pieces never queued.
+    if (!ended.ok()) return comm_->fail(ended.with_context(peer_text(-1)));
     TESSERA_RETURN_IF_ERROR(comm_->enqueued(deadline, t, peer_text(-1)));  // Note [Non-blocking enqueue]
-    TESSERA_RETURN_IF_ERROR(queued);
     std::vector<at::Tensor> used(send);
     used.insert(used.end(), recv.begin(), recv.end());
     return finish_in_place(used, caller, deadline, t, -1);

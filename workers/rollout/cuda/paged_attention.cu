@@ -6,17 +6,18 @@
 // head vector is split into chunks of kVec elements (16 bytes for 16-bit types), one per lane, and
 // the L lanes that hold one position (L = head_dim / kVec rounded up to a power of two) form a
 // token slot: a warp holds 32 / L slots, the block kThreads / L. Each slot walks every
-// (kThreads / L)-th position of the row, the next position's loads in flight while one is computed
-// (Note [Decode loads in flight]), keeping per query head an online softmax (running max, sum, and
-// weighted value chunk) in fp32; a position's score is the L lanes' partial dot products summed by shuffles. At
-// the end the slots of a warp merge by shuffles, the warps through shared memory, and the block
-// writes its heads.
+// (kThreads / L)-th position of the row, the next position's loads in flight while one is
+// computed (Note [Decode loads in flight]), keeping per query head an online softmax (running
+// max, sum, and weighted value chunk) in fp32; a position's score is the L lanes' partial dot
+// products summed by shuffles. At the end the slots of a warp merge by shuffles, the warps
+// through shared memory, and the block writes its heads.
 //
 // The tiled kernel: Note [Tiled decode attention] below.
 //
 // What decode attention must move is the key and value bytes of the rows' contexts, read once
-// each, and what the kernels aim at (Note [Decode loads in flight]); every row and KV head is its own block, so a batch of B rows is B * kv_heads blocks (and
-// a few rows with long contexts are split over more: Note [Split decode attention]).
+// each, which is what the kernels aim at (Note [Decode loads in flight]); every row and KV head
+// is its own block, so a batch of B rows is B * kv_heads blocks (and a few rows with long
+// contexts are split over more: Note [Split decode attention]).
 #include "workers/rollout/cuda/paged_attention.hpp"
 
 #include <cuda_bf16.h>
@@ -52,44 +53,12 @@ __device__ __forceinline__ void load_chunk(const T* p, int64_t d0, int64_t dim, 
   for (int i = 0; i < kVec; ++i) out[i] = d0 + i < dim ? to_float(p[d0 + i]) : 0.f;
 }
 
-// One lane's kVec elements of a position's key or value, as stored (16 bytes in 16-bit types):
-// the tiled kernel stages them; PackedChunk holds the same bytes as 16-byte words for the heads
-// kernel's pipeline.
-template <class T>
-struct alignas(16) Chunk {
-  T e[kVec];
-};
-
-template <class T>
-__device__ __forceinline__ Chunk<T> zero_chunk() {
-  Chunk<T> c;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) c.e[i] = from_float<T>(0.f);
-  return c;
-}
-
-// Elements [d0, d0 + kVec) of p as stored; past `dim` as 0. `aligned`: dim % kVec == 0 and
-// p + d0 is 16-byte aligned, so the chunk moves in 16-byte loads.
-template <class T>
-__device__ __forceinline__ Chunk<T> load_raw(const T* p, int64_t d0, int64_t dim, bool aligned) {
-  Chunk<T> c;
-  if (aligned) {
-    constexpr int kLoads = static_cast<int>(sizeof(Chunk<T>)) / 16;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) reinterpret_cast<uint4*>(&c)[i] = reinterpret_cast<const uint4*>(p + d0)[i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) c.e[i] = d0 + i < dim ? p[d0 + i] : from_float<T>(0.f);
-  }
-  return c;
-}
-
-// A Chunk held in 16-byte words, as the heads kernel's pipeline keeps it: ptxas allocates these
-// words better than the elements (at 128 registers the 4-head bf16 variant spills 36 bytes
-// rather than 78).
+// One lane's kVec elements of a position's key or value as loaded, in 16-byte words, as the heads
+// kernel's pipeline keeps them: ptxas allocates these words better than the elements (at 128
+// registers the 4-head bf16 variant spills 36 bytes rather than 78).
 template <class T>
 struct PackedChunk {
-  static constexpr int kWords = static_cast<int>(sizeof(Chunk<T>)) / 16;
+  static constexpr int kWords = kVec * static_cast<int>(sizeof(T)) / 16;
   uint4 w[kWords];
 };
 
@@ -167,8 +136,8 @@ struct Partial {
 
 // Folds position (k, v) into `st` for every head: score = q . k (q carries the scale), reduced
 // over the slot's L lanes. `valid` false: the lanes still shuffle (the whole warp must) but the
-// state is unchanged. The chunks are floats or as loaded (PackedChunk), each element converted where
-// it is used, one at a time (which keeps the registers of the heads kernel's pipeline).
+// state is unchanged. The chunks are floats or as loaded (PackedChunk), each element converted
+// where it is used, one at a time (which keeps the registers of the heads kernel's pipeline).
 template <int G, class Elems>
 __device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec], const Elems& k, const Elems& v,
                                        bool valid, int L, float softcap) {
@@ -214,12 +183,12 @@ __device__ __forceinline__ void attend(Partial<G>& st, const float (&q)[G][kVec]
 // bytes a lane in 16-bit types, converted where they are used) are refilled with the position two
 // ahead as soon as it has been attended to, so the next position's loads are in flight while one
 // is computed (up to four 16-byte loads per lane in 16-bit types), and the table entry of that
-// position is read before the computation that hides it. No
-// condition sits between a load and its use: a slot past the end of the row (or of its part)
-// reads the last position again and drops the result. Positions fit 32 bits, so the table lookup
-// divides in 32 bits. Each position's arithmetic is attend()'s. Rows whose chunks cannot move in
-// 16-byte loads (head sizes no multiple of kVec, unaligned pools or strides) keep the plain walk.
-// At 128 registers the 4-head variant spills 36 bytes in 16-bit types (ptxas, sm_90).
+// position is read before the computation that hides it. No condition sits between a load and
+// its use: a slot past the end of the row (or of its part) reads the last position again and
+// drops the result. Positions fit 32 bits, so the table lookup divides in 32 bits. Each
+// position's arithmetic is attend()'s. Rows whose chunks cannot move in 16-byte loads (head sizes
+// no multiple of kVec, unaligned pools or strides) keep the plain walk. At 128 registers the
+// 4-head variant spills 36 bytes in 16-bit types (ptxas, sm_90).
 template <class T, int G>
 __device__ __forceinline__ void walk_row(const PagedDecodeArgs& a, const RowView<T>& view, const float (&q)[G][kVec],
                                          Partial<G>& st, int slot, int slots, int64_t d0, bool active, int L) {
@@ -424,6 +393,35 @@ constexpr int kTileChunks = 512;  ///< 8-element chunks of keys (and of values) 
 constexpr int kChunksPerThread = kTileChunks / kThreads;
 constexpr int kTableCache = 128;  ///< Block-table entries a block keeps in shared memory.
 static_assert(kTileChunks % kThreads == 0, "every thread stages the same number of chunks");
+
+template <class T>
+struct alignas(16) Chunk {
+  T e[kVec];
+};
+
+// Elements [d0, d0 + kVec) of p as stored; past `dim` as 0. `aligned`: dim % kVec == 0 and
+// p + d0 is 16-byte aligned, so the chunk moves in 16-byte loads.
+template <class T>
+__device__ __forceinline__ Chunk<T> load_raw(const T* p, int64_t d0, int64_t dim, bool aligned) {
+  Chunk<T> c;
+  if (aligned) {
+    constexpr int kLoads = static_cast<int>(sizeof(Chunk<T>)) / 16;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) reinterpret_cast<uint4*>(&c)[i] = reinterpret_cast<const uint4*>(p + d0)[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) c.e[i] = d0 + i < dim ? p[d0 + i] : from_float<T>(0.f);
+  }
+  return c;
+}
+
+template <class T>
+__device__ __forceinline__ Chunk<T> zero_chunk() {
+  Chunk<T> c;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) c.e[i] = from_float<T>(0.f);
+  return c;
+}
 
 // kLanesLog2: log2 of the lanes per position, a template argument so that the shuffle reduction
 // and the tile's index arithmetic unroll.
